@@ -1,0 +1,1 @@
+//! Inlay host library.
