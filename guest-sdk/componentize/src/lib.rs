@@ -1,0 +1,110 @@
+//! Turn a core WebAssembly module built with `wit-bindgen` into an Inlay
+//! policy component, and check that a file is a valid policy component.
+//!
+//! `wit-bindgen` leaves the policy's world in a `component-type` custom
+//! section of the core module; [`componentize`] reads it with
+//! `wit-component` (the same 0.254 line the host's wasmtime accepts), writes
+//! the component and validates it. [`check_component`] validates any file
+//! and reports which capabilities it imports, so the build can refuse a
+//! policy that does not export the `handler` interface.
+
+use std::path::Path;
+
+use wit_component::{ComponentEncoder, DecodedWasm};
+use wit_parser::{Resolve, WorldItem};
+
+/// The interface every policy component must export.
+pub const HANDLER_INTERFACE: &str = "inlay:policy/handler@0.1.0";
+
+/// Why a module could not be turned into a policy component.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The input is already a component, not a core module.
+    #[error("the input is already a component, not a core module")]
+    AlreadyComponent,
+    /// The input is not a component (for example a core module).
+    #[error("the input is not a component (is it the core module?)")]
+    NotComponent,
+    /// wit-component could not encode the module (bad or missing metadata).
+    #[error("encoding the component failed: {0:#}")]
+    Encode(anyhow::Error),
+    /// The bytes do not validate as WebAssembly.
+    #[error("the wasm does not validate: {0}")]
+    Invalid(#[from] wasmparser::BinaryReaderError),
+    /// The component's WIT could not be decoded.
+    #[error("decoding the component's WIT failed: {0:#}")]
+    Decode(anyhow::Error),
+    /// The component does not export the policy handler interface.
+    #[error("the component does not export `{HANDLER_INTERFACE}` (exports: {0:?})")]
+    MissingHandler(Vec<String>),
+    /// A WIT package could not be parsed or resolved.
+    #[error("the WIT package is invalid: {0:#}")]
+    Wit(anyhow::Error),
+}
+
+/// What [`check_component`] found in a valid policy component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComponentInfo {
+    /// Imported interfaces, for example `inlay:policy/log@0.1.0`.
+    pub imports: Vec<String>,
+    /// Exported interfaces; always includes [`HANDLER_INTERFACE`].
+    pub exports: Vec<String>,
+}
+
+/// Encode a core module carrying `wit-bindgen`'s component-type section as a
+/// component, then check it with [`check_component`].
+pub fn componentize(core: &[u8]) -> Result<Vec<u8>, Error> {
+    if wasmparser::Parser::is_component(core) {
+        return Err(Error::AlreadyComponent);
+    }
+    let component = ComponentEncoder::default()
+        .module(core)
+        .and_then(|encoder| encoder.validate(true).encode())
+        .map_err(Error::Encode)?;
+    check_component(&component)?;
+    Ok(component)
+}
+
+/// Validate `bytes` as a component (every wasm feature wasmtime may enable)
+/// and check that it exports [`HANDLER_INTERFACE`].
+pub fn check_component(bytes: &[u8]) -> Result<ComponentInfo, Error> {
+    if !wasmparser::Parser::is_component(bytes) {
+        return Err(Error::NotComponent);
+    }
+    wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all())
+        .validate_all(bytes)?;
+    let decoded = wit_component::decode(bytes).map_err(Error::Decode)?;
+    let (resolve, world) = match &decoded {
+        DecodedWasm::Component(resolve, world) => (resolve, *world),
+        // `is_component` said otherwise; treat a WIT package as "not a policy".
+        DecodedWasm::WitPackage(..) => return Err(Error::NotComponent),
+    };
+    let world = &resolve.worlds[world];
+    let names = |items: &wit_parser::IndexMap<wit_parser::WorldKey, WorldItem>| {
+        items
+            .iter()
+            .filter(|(_, item)| matches!(item, WorldItem::Interface { .. }))
+            .map(|(key, _)| resolve.name_world_key(key))
+            .collect::<Vec<_>>()
+    };
+    let info = ComponentInfo {
+        imports: names(&world.imports),
+        exports: names(&world.exports),
+    };
+    if !info.exports.iter().any(|e| e == HANDLER_INTERFACE) {
+        return Err(Error::MissingHandler(info.exports));
+    }
+    Ok(info)
+}
+
+/// Parse and resolve a WIT package directory (for example
+/// `guest-sdk/wit`), returning the names of its worlds.
+pub fn check_wit(dir: &Path) -> Result<Vec<String>, Error> {
+    let mut resolve = Resolve::default();
+    let (pkg, _files) = resolve.push_dir(dir).map_err(Error::Wit)?;
+    Ok(resolve.packages[pkg]
+        .worlds
+        .keys()
+        .map(ToString::to_string)
+        .collect())
+}

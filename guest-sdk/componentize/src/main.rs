@@ -1,0 +1,102 @@
+//! `inlay-componentize`: build and check Inlay policy components.
+//!
+//! ```text
+//! inlay-componentize encode policy.core.wasm -o policy.wasm
+//! inlay-componentize check target/policies/*.wasm
+//! inlay-componentize wit guest-sdk/wit
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+/// Build and check Inlay policy components.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Turn a core module (built with wit-bindgen) into a component.
+    Encode {
+        /// The core module.
+        input: PathBuf,
+        /// Where to write the component (written atomically).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Check that files are valid policy components; print their imports.
+    Check {
+        /// Component files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Check that a WIT package directory parses; print its worlds.
+    Wit {
+        /// The directory holding the `.wit` files.
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("inlay-componentize: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Encode { input, output } => {
+            let core = read(&input)?;
+            let component = inlay_componentize::componentize(&core)
+                .with_context(|| format!("{}", input.display()))?;
+            write_atomically(&output, &component)?;
+            println!(
+                "{} -> {} ({} bytes)",
+                input.display(),
+                output.display(),
+                component.len()
+            );
+        }
+        Command::Check { files } => {
+            for file in files {
+                let bytes = read(&file)?;
+                let info = inlay_componentize::check_component(&bytes)
+                    .with_context(|| format!("{}", file.display()))?;
+                println!(
+                    "{}: ok, {} bytes, imports [{}]",
+                    file.display(),
+                    bytes.len(),
+                    info.imports.join(", ")
+                );
+            }
+        }
+        Command::Wit { dir } => {
+            let worlds = inlay_componentize::check_wit(&dir)
+                .with_context(|| format!("{}", dir.display()))?;
+            println!("{}: ok, worlds [{}]", dir.display(), worlds.join(", "));
+        }
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Write through a temporary file in the same folder and rename it, so a
+/// running host never loads a half-written component.
+fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("wasm.tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
