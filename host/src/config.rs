@@ -1,0 +1,1066 @@
+//! The typed host configuration: read from TOML, validated at start-up.
+//!
+//! Parsing walks the TOML tree by hand instead of using serde derive so that
+//! *every* error is reported at once, each with its key path and the value
+//! that was wrong (serde stops at the first). Every setting and its default
+//! is listed in `host/CONFIG.md`; keep the two in step.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+
+/// The configuration embedded in the binary, used when no `--config` is given.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
+
+/// The whole host configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `[server]`: listeners and client-side limits.
+    pub server: ServerConfig,
+    /// `[backends.NAME]`: the origins requests and includes may go to.
+    pub backends: BTreeMap<String, BackendConfig>,
+    /// Name of the backend used when the policy does not choose one.
+    pub default_backend: String,
+    /// `[log]`: logging and the access log.
+    pub log: LogConfig,
+    /// `[cache]`: the object store and caching defaults.
+    pub cache: CacheConfig,
+    /// `[esi]`: Edge Side Includes limits.
+    pub esi: EsiConfig,
+    /// `[policy]`: the WebAssembly policy, if any.
+    pub policy: Option<PolicyConfig>,
+    /// `[admin]`: the admin listener, if any.
+    pub admin: Option<SocketAddr>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Addresses to listen on.
+    pub listen: Vec<SocketAddr>,
+    /// Maximum concurrent client connections; more wait in the accept queue.
+    pub max_connections: usize,
+    /// A client must send its whole request head within this time.
+    pub header_read_timeout: Duration,
+    /// A connection with no traffic and no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// Largest request head accepted, in bytes.
+    pub max_header_size: usize,
+    /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
+    pub shutdown_timeout: Duration,
+}
+
+/// `[backends.NAME]`.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    /// The backend's name (the table key).
+    pub name: String,
+    /// `http://host:port` of the origin.
+    pub address: Uri,
+    /// Host header sent to the backend instead of the client's.
+    pub host_header: Option<String>,
+    /// Time allowed to open a TCP connection.
+    pub connect_timeout: Duration,
+    /// Time allowed from sending the request to receiving the response head.
+    pub first_byte_timeout: Duration,
+    /// Longest pause allowed between two body chunks of the response.
+    pub between_bytes_timeout: Duration,
+    /// Maximum concurrent requests to this backend (0 = unlimited).
+    pub max_connections: usize,
+}
+
+/// Access-log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// NCSA combined log format, as Apache and varnishncsa write it.
+    Combined,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where the access log goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+    /// Appended to a file.
+    File(PathBuf),
+    /// No access log.
+    Off,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// `tracing` filter for the diagnostic log (stderr), e.g. `info` or `inlay=debug`.
+    pub level: String,
+    /// Where access-log lines go.
+    pub access_log: AccessLogTarget,
+    /// The access-log line format.
+    pub access_log_format: AccessLogFormat,
+}
+
+/// `[cache]`.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Directory of the persistent (sled) tier; none means memory only.
+    pub dir: Option<PathBuf>,
+    /// Bound of the memory tier, bytes.
+    pub memory_size: u64,
+    /// Bound of the disk tier, bytes.
+    pub disk_size: u64,
+    /// TTL when the response says nothing (Varnish's `default_ttl`).
+    pub default_ttl: Duration,
+    /// Grace when the response says nothing (Varnish's `default_grace`).
+    pub default_grace: Duration,
+    /// Keep after TTL + grace, for revalidation (Varnish's `default_keep`).
+    pub default_keep: Duration,
+    /// Responses with bodies larger than this are streamed but not stored.
+    pub max_object_size: u64,
+    /// Client addresses (CIDR) allowed to send `PURGE`.
+    pub purge_allow: Vec<IpNet>,
+}
+
+/// `[esi]`.
+#[derive(Debug, Clone)]
+pub struct EsiConfig {
+    /// Deepest nesting of includes.
+    pub max_depth: u32,
+    /// Most includes in one page, nested ones counted.
+    pub max_includes: usize,
+    /// Concurrent include fetches per page; 1 is serial ESI, as Varnish does.
+    pub max_concurrency: usize,
+    /// Time allowed for one include.
+    pub include_timeout: Duration,
+    /// Time allowed for the whole page.
+    pub page_deadline: Duration,
+    /// Client request headers forwarded to include requests (lower-case).
+    pub forward_headers: Vec<String>,
+}
+
+/// `[policy]`.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    /// Path of the policy `.wasm` (component or core module with a component-type section).
+    pub path: PathBuf,
+    /// The policy's own settings, read through the `config` interface.
+    pub config: BTreeMap<String, String>,
+    /// CPU time allowed per hook call.
+    pub cpu_time: Duration,
+    /// Linear memory cap per request, bytes.
+    pub memory: u64,
+    /// Host calls allowed per request.
+    pub max_host_calls: u32,
+    /// Subrequests allowed per request.
+    pub max_subrequests: u32,
+    /// Concurrent policy instances (requests running a policy at once).
+    pub max_instances: u32,
+}
+
+/// An IPv4 or IPv6 network in CIDR notation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// Parse `addr/prefix` or a bare address (a /32 or /128).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("not an IP address: {addr:?}"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("prefix must be 0..={max}: {p:?}"))?,
+            None => max,
+        };
+        Ok(Self { addr, prefix })
+    }
+
+    /// Whether `ip` lies in this network (IPv4-mapped IPv6 addresses match IPv4 nets).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr::*;
+        let ip = match ip {
+            V6(v6) => v6.to_ipv4_mapped().map(V4).unwrap_or(V6(v6)),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (V4(net), V4(ip)) => mask_eq(&net.octets(), &ip.octets(), self.prefix),
+            (V6(net), V6(ip)) => mask_eq(&net.octets(), &ip.octets(), self.prefix),
+            _ => false,
+        }
+    }
+}
+
+fn mask_eq(a: &[u8], b: &[u8], prefix: u8) -> bool {
+    let full = usize::from(prefix / 8);
+    if a[..full] != b[..full] {
+        return false;
+    }
+    let rem = prefix % 8;
+    if rem == 0 {
+        return true;
+    }
+    let mask = 0xffu8 << (8 - rem);
+    (a[full] & mask) == (b[full] & mask)
+}
+
+impl fmt::Display for IpNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// One thing wrong with a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Dotted key path, e.g. `backends.api.connect_timeout`.
+    pub path: String,
+    /// What is wrong, including the offending value.
+    pub message: String,
+}
+
+/// A configuration that could not be used: every problem found.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("config is not valid TOML: {0}")]
+    Syntax(String),
+    /// The TOML is valid but some settings are wrong.
+    #[error("{}", format_issues(.0))]
+    Invalid(Vec<ConfigIssue>),
+}
+
+fn format_issues(issues: &[ConfigIssue]) -> String {
+    let mut out = format!("{} error(s) in config:", issues.len());
+    for i in issues {
+        out.push_str(&format!("\n  {}: {}", i.path, i.message));
+    }
+    out
+}
+
+impl Config {
+    /// Read and validate a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The embedded default configuration.
+    pub fn embedded_default() -> Self {
+        // A unit test proves the embedded file is valid.
+        Self::from_toml(EMBEDDED_DEFAULT).expect("embedded default config is valid")
+    }
+
+    /// Parse and validate TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax(e.to_string()))?;
+        let mut r = Reader::default();
+        let cfg = r.config(&table);
+        if r.issues.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigError::Invalid(r.issues))
+        }
+    }
+
+    /// Apply `-a`, `-b`, `--policy`, `--cache-dir` overrides, then validate again.
+    pub fn apply_overrides(&mut self, o: &Overrides) -> Result<(), ConfigError> {
+        let mut issues = Vec::new();
+        if !o.listen.is_empty() {
+            self.server.listen.clear();
+            for a in &o.listen {
+                match parse_listen(a) {
+                    Ok(addr) => self.server.listen.push(addr),
+                    Err(m) => issues.push(issue("-a", m)),
+                }
+            }
+        }
+        if let Some(b) = &o.backend {
+            match parse_backend_uri(b) {
+                Ok(address) => {
+                    let name = self.default_backend.clone();
+                    let entry = self
+                        .backends
+                        .entry(name.clone())
+                        .or_insert_with(|| BackendConfig::with_defaults(name, address.clone()));
+                    entry.address = address;
+                }
+                Err(m) => issues.push(issue("-b", m)),
+            }
+        }
+        if let Some(p) = &o.policy {
+            match &mut self.policy {
+                Some(pc) => pc.path = p.clone(),
+                None => self.policy = Some(PolicyConfig::with_defaults(p.clone())),
+            }
+        }
+        if o.no_policy {
+            self.policy = None;
+        }
+        if let Some(d) = &o.cache_dir {
+            self.cache.dir = Some(d.clone());
+        }
+        if let Some(a) = &o.admin {
+            match parse_listen(a) {
+                Ok(addr) => self.admin = Some(addr),
+                Err(m) => issues.push(issue("--admin", m)),
+            }
+        }
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(issues))
+        }
+    }
+
+    /// The backend a request goes to when the policy chose none.
+    pub fn default_backend(&self) -> &BackendConfig {
+        // Validation guarantees the default backend exists.
+        &self.backends[&self.default_backend]
+    }
+}
+
+/// Command-line settings that override the file (varnishd-style quick flags).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `-a ADDR`, repeatable.
+    pub listen: Vec<String>,
+    /// `-b URL`: the default backend's address.
+    pub backend: Option<String>,
+    /// `--policy FILE.wasm`.
+    pub policy: Option<PathBuf>,
+    /// `--no-policy`: run without a policy even if the config names one.
+    pub no_policy: bool,
+    /// `--cache-dir DIR`.
+    pub cache_dir: Option<PathBuf>,
+    /// `--admin ADDR`.
+    pub admin: Option<String>,
+}
+
+impl BackendConfig {
+    fn with_defaults(name: String, address: Uri) -> Self {
+        Self {
+            name,
+            address,
+            host_header: None,
+            connect_timeout: Duration::from_millis(3500),
+            first_byte_timeout: Duration::from_secs(60),
+            between_bytes_timeout: Duration::from_secs(60),
+            max_connections: 0,
+        }
+    }
+
+    /// `host:port` of the backend, for logs and the Host header fallback.
+    pub fn authority(&self) -> String {
+        self.address
+            .authority()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl PolicyConfig {
+    fn with_defaults(path: PathBuf) -> Self {
+        Self {
+            path,
+            config: BTreeMap::new(),
+            cpu_time: Duration::from_millis(50),
+            memory: 64 << 20,
+            max_host_calls: 10_000,
+            max_subrequests: 32,
+            max_instances: 1000,
+        }
+    }
+}
+
+fn issue(path: &str, message: impl Into<String>) -> ConfigIssue {
+    ConfigIssue {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    // Accept varnishd's `:6081` shorthand for all interfaces.
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
+    full.parse()
+        .map_err(|_| format!("not an address like 127.0.0.1:6081: {s:?}"))
+}
+
+fn parse_backend_uri(s: &str) -> Result<Uri, String> {
+    let with_scheme = if s.contains("://") {
+        s.to_owned()
+    } else {
+        format!("http://{s}")
+    };
+    let uri: Uri = with_scheme
+        .parse()
+        .map_err(|_| format!("not a URL like http://127.0.0.1:8080: {s:?}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "only http:// backends are supported (TLS to origins is not built yet): {s:?}"
+        ));
+    }
+    if uri.host().is_none() {
+        return Err(format!("backend URL has no host: {s:?}"));
+    }
+    if uri.path() != "/" && !uri.path().is_empty() {
+        return Err(format!("backend URL must not have a path: {s:?}"));
+    }
+    Ok(uri)
+}
+
+/// Parse a size: an integer of bytes, or a string like `64KiB`, `256MiB`, `1GiB`, `10MB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("not a size like 64MiB: {s:?}"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "kb" => 1000,
+        "m" | "mib" => 1 << 20,
+        "mb" => 1_000_000,
+        "g" | "gib" => 1 << 30,
+        "gb" => 1_000_000_000,
+        "t" | "tib" => 1 << 40,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(format!("unknown size unit in {s:?} (use B, KiB, MiB, GiB)")),
+    };
+    let v = n * mult as f64;
+    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
+        return Err(format!("size out of range: {s:?}"));
+    }
+    Ok(v as u64)
+}
+
+/// Collects issues while reading the TOML tree.
+#[derive(Default)]
+struct Reader {
+    issues: Vec<ConfigIssue>,
+}
+
+type Table = toml::Table;
+type Value = toml::Value;
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+impl Reader {
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.issues.push(ConfigIssue {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn known_keys(&mut self, t: &Table, prefix: &str, known: &[&str]) {
+        for k in t.keys() {
+            if !known.contains(&k.as_str()) {
+                self.err(
+                    join(prefix, k),
+                    format!("unknown setting (known here: {})", known.join(", ")),
+                );
+            }
+        }
+    }
+
+    fn table<'a>(&mut self, t: &'a Table, prefix: &str, key: &str) -> Option<&'a Table> {
+        match t.get(key) {
+            None => None,
+            Some(Value::Table(inner)) => Some(inner),
+            Some(v) => {
+                self.err(join(prefix, key), format!("expected a table, got {v}"));
+                None
+            }
+        }
+    }
+
+    fn string(&mut self, t: &Table, prefix: &str, key: &str) -> Option<String> {
+        match t.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            v => {
+                self.err(join(prefix, key), format!("expected a string, got {v}"));
+                None
+            }
+        }
+    }
+
+    fn uint(
+        &mut self,
+        t: &Table,
+        prefix: &str,
+        key: &str,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> u64 {
+        match t.get(key) {
+            None => default,
+            Some(Value::Integer(i)) if *i >= min as i64 && (*i as u64) <= max => *i as u64,
+            Some(v) => {
+                self.err(
+                    join(prefix, key),
+                    format!("expected an integer in {min}..={max}, got {v}"),
+                );
+                default
+            }
+        }
+    }
+
+    fn duration(&mut self, t: &Table, prefix: &str, key: &str, default: Duration) -> Duration {
+        match t.get(key) {
+            None => default,
+            Some(Value::String(s)) => match humantime::parse_duration(s) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.err(
+                        join(prefix, key),
+                        format!("{e} in {s:?} (use e.g. \"500ms\", \"30s\", \"5m\")"),
+                    );
+                    default
+                }
+            },
+            Some(Value::Integer(i)) if *i >= 0 => Duration::from_secs(*i as u64),
+            Some(v) => {
+                self.err(
+                    join(prefix, key),
+                    format!("expected a duration like \"30s\", got {v}"),
+                );
+                default
+            }
+        }
+    }
+
+    fn size(&mut self, t: &Table, prefix: &str, key: &str, default: u64) -> u64 {
+        match t.get(key) {
+            None => default,
+            Some(Value::Integer(i)) if *i >= 0 => *i as u64,
+            Some(Value::String(s)) => match parse_size(s) {
+                Ok(n) => n,
+                Err(m) => {
+                    self.err(join(prefix, key), m);
+                    default
+                }
+            },
+            Some(v) => {
+                self.err(
+                    join(prefix, key),
+                    format!("expected a size like \"64MiB\", got {v}"),
+                );
+                default
+            }
+        }
+    }
+
+    fn strings(&mut self, t: &Table, prefix: &str, key: &str) -> Option<Vec<String>> {
+        match t.get(key)? {
+            Value::String(s) => Some(vec![s.clone()]),
+            Value::Array(items) => {
+                let mut out = Vec::new();
+                for (i, v) in items.iter().enumerate() {
+                    match v {
+                        Value::String(s) => out.push(s.clone()),
+                        v => self.err(
+                            format!("{}[{i}]", join(prefix, key)),
+                            format!("expected a string, got {v}"),
+                        ),
+                    }
+                }
+                Some(out)
+            }
+            v => {
+                self.err(
+                    join(prefix, key),
+                    format!("expected a list of strings, got {v}"),
+                );
+                None
+            }
+        }
+    }
+
+    fn config(&mut self, root: &Table) -> Config {
+        self.known_keys(
+            root,
+            "",
+            &[
+                "server",
+                "backends",
+                "default_backend",
+                "log",
+                "cache",
+                "esi",
+                "policy",
+                "admin",
+            ],
+        );
+        let empty = Table::new();
+        let t = self.table(root, "", "server").unwrap_or(&empty);
+        let server = self.server(t);
+        let mut backends = BTreeMap::new();
+        if let Some(bt) = self.table(root, "", "backends") {
+            for (name, v) in bt {
+                let path = format!("backends.{name}");
+                if !valid_name(name) {
+                    self.err(&path, "backend names use letters, digits, '-' and '_'");
+                }
+                match v {
+                    Value::Table(t) => {
+                        if let Some(b) = self.backend(t, &path, name) {
+                            backends.insert(name.clone(), b);
+                        }
+                    }
+                    v => self.err(&path, format!("expected a table, got {v}")),
+                }
+            }
+        }
+        let default_backend = self
+            .string(root, "", "default_backend")
+            .or_else(|| {
+                (backends.len() == 1)
+                    .then(|| backends.keys().next().cloned())
+                    .flatten()
+            })
+            .unwrap_or_else(|| "default".to_owned());
+        if !backends.contains_key(&default_backend) {
+            if backends.is_empty() {
+                self.err(
+                    "backends",
+                    "at least one backend is required (or pass -b URL)",
+                );
+            } else {
+                self.err(
+                    "default_backend",
+                    format!(
+                        "{default_backend:?} is not a configured backend (have: {})",
+                        backends.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                );
+            }
+        }
+        let t = self.table(root, "", "log").unwrap_or(&empty);
+        let log = self.log(t);
+        let t = self.table(root, "", "cache").unwrap_or(&empty);
+        let cache = self.cache(t);
+        let t = self.table(root, "", "esi").unwrap_or(&empty);
+        let esi = self.esi(t);
+        let policy = self.table(root, "", "policy").and_then(|t| self.policy(t));
+        let admin = self.table(root, "", "admin").and_then(|t| {
+            self.known_keys(t, "admin", &["listen"]);
+            let s = self.string(t, "admin", "listen")?;
+            match parse_listen(&s) {
+                Ok(a) => Some(a),
+                Err(m) => {
+                    self.err("admin.listen", m);
+                    None
+                }
+            }
+        });
+        Config {
+            server,
+            backends,
+            default_backend,
+            log,
+            cache,
+            esi,
+            policy,
+            admin,
+        }
+    }
+
+    fn server(&mut self, t: &Table) -> ServerConfig {
+        let p = "server";
+        self.known_keys(
+            t,
+            p,
+            &[
+                "listen",
+                "max_connections",
+                "header_read_timeout",
+                "idle_timeout",
+                "max_header_size",
+                "shutdown_timeout",
+            ],
+        );
+        let mut listen = Vec::new();
+        for (i, a) in self
+            .strings(t, p, "listen")
+            .unwrap_or_else(|| vec!["127.0.0.1:6081".into()])
+            .iter()
+            .enumerate()
+        {
+            match parse_listen(a) {
+                Ok(addr) => listen.push(addr),
+                Err(m) => self.err(format!("server.listen[{i}]"), m),
+            }
+        }
+        let max_header_size = self.size(t, p, "max_header_size", 64 << 10);
+        if !(8192..=1 << 24).contains(&max_header_size) {
+            self.err(
+                "server.max_header_size",
+                format!("must be between 8KiB and 16MiB, got {max_header_size}"),
+            );
+        }
+        ServerConfig {
+            listen,
+            max_connections: self.uint(t, p, "max_connections", 10_000, 1, 1_000_000) as usize,
+            header_read_timeout: self.duration(
+                t,
+                p,
+                "header_read_timeout",
+                Duration::from_secs(10),
+            ),
+            idle_timeout: self.duration(t, p, "idle_timeout", Duration::from_secs(60)),
+            max_header_size: max_header_size as usize,
+            shutdown_timeout: self.duration(t, p, "shutdown_timeout", Duration::from_secs(30)),
+        }
+    }
+
+    fn backend(&mut self, t: &Table, p: &str, name: &str) -> Option<BackendConfig> {
+        self.known_keys(
+            t,
+            p,
+            &[
+                "address",
+                "host_header",
+                "connect_timeout",
+                "first_byte_timeout",
+                "between_bytes_timeout",
+                "max_connections",
+            ],
+        );
+        let address = match self.string(t, p, "address") {
+            Some(a) => match parse_backend_uri(&a) {
+                Ok(u) => Some(u),
+                Err(m) => {
+                    self.err(join(p, "address"), m);
+                    None
+                }
+            },
+            None => {
+                self.err(
+                    join(p, "address"),
+                    "missing (e.g. address = \"http://127.0.0.1:8080\")",
+                );
+                None
+            }
+        };
+        let d = BackendConfig::with_defaults(name.to_owned(), Uri::from_static("http://x"));
+        let b = BackendConfig {
+            name: name.to_owned(),
+            address: address.clone().unwrap_or(d.address),
+            host_header: self.string(t, p, "host_header"),
+            connect_timeout: self.duration(t, p, "connect_timeout", d.connect_timeout),
+            first_byte_timeout: self.duration(t, p, "first_byte_timeout", d.first_byte_timeout),
+            between_bytes_timeout: self.duration(
+                t,
+                p,
+                "between_bytes_timeout",
+                d.between_bytes_timeout,
+            ),
+            max_connections: self.uint(t, p, "max_connections", 0, 0, 1_000_000) as usize,
+        };
+        address.map(|_| b)
+    }
+
+    fn log(&mut self, t: &Table) -> LogConfig {
+        let p = "log";
+        self.known_keys(t, p, &["level", "access_log", "access_log_format"]);
+        let level = self.string(t, p, "level").unwrap_or_else(|| "info".into());
+        if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
+            self.err(
+                "log.level",
+                format!("not a log filter like \"info\" or \"inlay=debug\": {level:?}"),
+            );
+        }
+        let access_log = match self.string(t, p, "access_log").as_deref() {
+            None | Some("stdout") => AccessLogTarget::Stdout,
+            Some("stderr") => AccessLogTarget::Stderr,
+            Some("off") | Some("") => AccessLogTarget::Off,
+            Some(path) => AccessLogTarget::File(PathBuf::from(path)),
+        };
+        let access_log_format = match self.string(t, p, "access_log_format").as_deref() {
+            None | Some("combined") => AccessLogFormat::Combined,
+            Some("json") => AccessLogFormat::Json,
+            Some(other) => {
+                self.err(
+                    "log.access_log_format",
+                    format!("expected \"combined\" or \"json\", got {other:?}"),
+                );
+                AccessLogFormat::Combined
+            }
+        };
+        LogConfig {
+            level,
+            access_log,
+            access_log_format,
+        }
+    }
+
+    fn cache(&mut self, t: &Table) -> CacheConfig {
+        let p = "cache";
+        self.known_keys(
+            t,
+            p,
+            &[
+                "dir",
+                "memory_size",
+                "disk_size",
+                "default_ttl",
+                "default_grace",
+                "default_keep",
+                "max_object_size",
+                "purge_allow",
+            ],
+        );
+        let mut purge_allow = Vec::new();
+        for (i, s) in self
+            .strings(t, p, "purge_allow")
+            .unwrap_or_else(|| vec!["127.0.0.1/32".into(), "::1/128".into()])
+            .iter()
+            .enumerate()
+        {
+            match IpNet::parse(s) {
+                Ok(n) => purge_allow.push(n),
+                Err(m) => self.err(format!("cache.purge_allow[{i}]"), m),
+            }
+        }
+        let memory_size = self.size(t, p, "memory_size", 256 << 20);
+        if memory_size < 1 << 20 {
+            self.err(
+                "cache.memory_size",
+                format!("must be at least 1MiB, got {memory_size}"),
+            );
+        }
+        CacheConfig {
+            dir: self.string(t, p, "dir").map(PathBuf::from),
+            memory_size,
+            disk_size: self.size(t, p, "disk_size", 1 << 30),
+            default_ttl: self.duration(t, p, "default_ttl", Duration::from_secs(120)),
+            default_grace: self.duration(t, p, "default_grace", Duration::from_secs(10)),
+            default_keep: self.duration(t, p, "default_keep", Duration::ZERO),
+            max_object_size: self.size(t, p, "max_object_size", 64 << 20),
+            purge_allow,
+        }
+    }
+
+    fn esi(&mut self, t: &Table) -> EsiConfig {
+        let p = "esi";
+        self.known_keys(
+            t,
+            p,
+            &[
+                "max_depth",
+                "max_includes",
+                "max_concurrency",
+                "include_timeout",
+                "page_deadline",
+                "forward_headers",
+            ],
+        );
+        let forward_headers = self
+            .strings(t, p, "forward_headers")
+            .unwrap_or_else(|| {
+                ["accept-language", "user-agent", "accept"]
+                    .map(String::from)
+                    .to_vec()
+            })
+            .into_iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        EsiConfig {
+            max_depth: self.uint(t, p, "max_depth", 5, 0, 64) as u32,
+            max_includes: self.uint(t, p, "max_includes", 256, 1, 100_000) as usize,
+            max_concurrency: self.uint(t, p, "max_concurrency", 64, 1, 10_000) as usize,
+            include_timeout: self.duration(t, p, "include_timeout", Duration::from_secs(10)),
+            page_deadline: self.duration(t, p, "page_deadline", Duration::from_secs(30)),
+            forward_headers,
+        }
+    }
+
+    fn policy(&mut self, t: &Table) -> Option<PolicyConfig> {
+        let p = "policy";
+        self.known_keys(
+            t,
+            p,
+            &[
+                "path",
+                "config",
+                "cpu_time",
+                "memory",
+                "max_host_calls",
+                "max_subrequests",
+                "max_instances",
+            ],
+        );
+        let path = self.string(t, p, "path");
+        if path.is_none() {
+            self.err("policy.path", "missing: the policy's .wasm file");
+        }
+        let d = PolicyConfig::with_defaults(PathBuf::new());
+        let mut config = BTreeMap::new();
+        if let Some(ct) = self.table(t, p, "config") {
+            for (k, v) in ct {
+                let val = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Integer(_) | Value::Float(_) | Value::Boolean(_) => v.to_string(),
+                    v => {
+                        self.err(
+                            format!("policy.config.{k}"),
+                            format!("expected a string, number or boolean, got {v}"),
+                        );
+                        continue;
+                    }
+                };
+                config.insert(k.clone(), val);
+            }
+        }
+        let pc = PolicyConfig {
+            path: PathBuf::from(path.clone().unwrap_or_default()),
+            config,
+            cpu_time: self.duration(t, p, "cpu_time", d.cpu_time),
+            memory: self.size(t, p, "memory", d.memory),
+            max_host_calls: self.uint(
+                t,
+                p,
+                "max_host_calls",
+                d.max_host_calls.into(),
+                1,
+                u32::MAX.into(),
+            ) as u32,
+            max_subrequests: self.uint(t, p, "max_subrequests", d.max_subrequests.into(), 0, 10_000)
+                as u32,
+            max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
+                as u32,
+        };
+        path.map(|_| pc)
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(c.default_backend().name, "default");
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_path_and_value() {
+        let text = r#"
+            [server]
+            listen = ["nonsense"]
+            idle_timeout = "forever"
+            [backends.api]
+            address = "ftp://x"
+            connect_timeout = 3.5
+            colour = "red"
+        "#;
+        let err = Config::from_toml(text).unwrap_err();
+        let ConfigError::Invalid(issues) = err else {
+            panic!("expected Invalid, got {err:?}")
+        };
+        let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+        for want in [
+            "server.listen[0]",
+            "server.idle_timeout",
+            "backends.api.address",
+            "backends.api.connect_timeout",
+            "backends.api.colour",
+        ] {
+            assert!(paths.contains(&want), "missing {want} in {issues:#?}");
+        }
+        let text = format!("{}", ConfigError::Invalid(issues));
+        assert!(text.contains("\"nonsense\""), "{text}");
+        assert!(text.contains("forever"), "{text}");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported() {
+        let err = Config::from_toml("[server\nlisten=").unwrap_err();
+        assert!(matches!(err, ConfigError::Syntax(_)));
+    }
+
+    #[test]
+    fn quick_flags_override_the_file() {
+        let mut c = Config::embedded_default();
+        c.apply_overrides(&Overrides {
+            listen: vec![":7000".into()],
+            backend: Some("127.0.0.1:9000".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.server.listen, vec!["0.0.0.0:7000".parse().unwrap()]);
+        assert_eq!(c.default_backend().authority(), "127.0.0.1:9000");
+    }
+
+    #[test]
+    fn sizes_and_networks_parse() {
+        assert_eq!(parse_size("64KiB").unwrap(), 65536);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("12").unwrap(), 12);
+        assert!(parse_size("12 parsecs").is_err());
+        let n = IpNet::parse("10.0.0.0/8").unwrap();
+        assert!(n.contains("10.2.3.4".parse().unwrap()));
+        assert!(!n.contains("11.0.0.1".parse().unwrap()));
+        assert!(
+            IpNet::parse("127.0.0.1")
+                .unwrap()
+                .contains("::ffff:127.0.0.1".parse().unwrap())
+        );
+        assert!(IpNet::parse("1.2.3.4/33").is_err());
+    }
+}
