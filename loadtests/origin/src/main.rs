@@ -47,6 +47,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    // Before the listening line: a test may signal as soon as it reads it.
+    let shutdown = shutdown_signal()?;
     let socket = if args.listen.is_ipv4() {
         TcpSocket::new_v4()
     } else {
@@ -66,7 +68,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     stdout.flush().context("flushing stdout")?;
     drop(stdout);
 
-    let shutdown = shutdown_signal()?;
     server::serve(listener, shutdown).await;
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -23,6 +23,8 @@ pub struct Origin {
     /// `http://127.0.0.1:PORT`
     pub base: String,
     pub child: Child,
+    /// The rest of the origin's stdout, after the listening line.
+    pub stdout: BufReader<ChildStdout>,
     http1: Client<HttpConnector, ReqBody>,
     h2c: Client<HttpConnector, ReqBody>,
 }
@@ -74,8 +76,9 @@ impl Origin {
             .spawn()
             .expect("spawn inlay-origin");
         let stdout = child.stdout.take().expect("stdout");
+        let mut stdout = BufReader::new(stdout);
         let mut line = String::new();
-        BufReader::new(stdout)
+        stdout
             .read_line(&mut line)
             .expect("read the listening line");
         let base = line
@@ -86,6 +89,7 @@ impl Origin {
         Self {
             base,
             child,
+            stdout,
             http1: Client::builder(TokioExecutor::new()).build_http(),
             h2c: Client::builder(TokioExecutor::new())
                 .http2_only(true)
