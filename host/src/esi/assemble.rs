@@ -1,0 +1,779 @@
+//! Parallel page assembly: parse the page as it streams, start every
+//! include's fetch as soon as its tag is parsed, and write the output in
+//! document order as soon as each piece and everything before it is ready.
+//!
+//! Structure: one *driver* per document (the page, each ESI fragment, each
+//! `esi:attempt`/`esi:except`) keeps an ordered queue of slots: ready bytes,
+//! or a child task (an include, a try block) that streams its output through
+//! a channel. The driver reads its input and the head slot at the same time;
+//! children run in their own tasks, so their fetches (and their own nested
+//! includes) proceed while earlier slots are still being written. Dropping a
+//! slot aborts its task, so dropping the output stream cancels everything.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::stream::{BoxStream, Stream, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout_at};
+use tracing::{debug, warn};
+
+use super::BoxError;
+use super::parser::{EsiParser, Node, Try};
+use super::vars::EsiVars;
+
+/// Output chunks buffered between the page driver and the consumer.
+const OUTPUT_BUFFER: usize = 16;
+
+/// Limits applied to one page (counting its nested fragments).
+#[derive(Debug, Clone)]
+pub struct EsiLimits {
+    /// Deepest fragment nesting: the page is depth 0, its includes depth 1.
+    /// An include that would go deeper fails.
+    pub max_depth: u32,
+    /// Most fetches per page, counting nested includes and `alt` fetches.
+    /// Further includes fail.
+    pub max_includes: usize,
+    /// Concurrent fragment fetches per page (1 = serial; 0 is taken as 1).
+    pub max_concurrency: usize,
+    /// Time allowed for one fragment, from when it may start (after waiting
+    /// for a concurrency slot) to the end of its own body.
+    pub include_timeout: Duration,
+    /// Time allowed for the whole page, from the call to [`assemble`].
+    pub page_deadline: Duration,
+}
+
+impl Default for EsiLimits {
+    fn default() -> Self {
+        EsiLimits {
+            max_depth: 5,
+            max_includes: 256,
+            max_concurrency: 16,
+            include_timeout: Duration::from_secs(5),
+            page_deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A fetched fragment.
+pub struct Fragment {
+    /// HTTP status; anything but 2xx is a failure of the include.
+    pub status: u16,
+    /// The fragment body.
+    pub body: BoxStream<'static, Result<Bytes, BoxError>>,
+    /// Process this fragment's body as ESI too (nested includes).
+    pub esi: bool,
+}
+
+impl std::fmt::Debug for Fragment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fragment")
+            .field("status", &self.status)
+            .field("esi", &self.esi)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a fetcher could not produce a fragment.
+#[derive(Debug, thiserror::Error)]
+pub enum FragmentError {
+    /// The src maps to no configured backend (includes go nowhere else).
+    #[error("include source not allowed: {0}")]
+    NotAllowed(String),
+    /// The src is not a URL the fetcher understands.
+    #[error("invalid include source: {0}")]
+    InvalidSrc(String),
+    /// The backend could not be reached or did not answer properly.
+    #[error("fetch failed: {0}")]
+    Fetch(#[source] BoxError),
+}
+
+/// Fetches include sources. The host implements it with its backend
+/// fetcher; tests use fakes.
+pub trait FragmentFetcher: Send + Sync + 'static {
+    /// Start fetching `src` (after variable substitution, as written in the
+    /// page: relative or absolute).
+    fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>>;
+}
+
+/// Why one include failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FailureReason {
+    /// The fragment answered with a non-2xx status.
+    #[error("status {0}")]
+    Status(u16),
+    /// The fetcher failed.
+    #[error(transparent)]
+    Fetch(FragmentError),
+    /// The fragment body stream failed.
+    #[error("reading the body failed: {0}")]
+    Body(#[source] BoxError),
+    /// The fragment took longer than the include timeout.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The page deadline passed.
+    #[error("page deadline reached")]
+    PageDeadline,
+    /// The include would nest deeper than the depth limit.
+    #[error("include depth limit {0} exceeded")]
+    DepthExceeded(u32),
+    /// The page already used its include budget.
+    #[error("limit of {0} includes per page exceeded")]
+    TooManyIncludes(usize),
+    /// The fragment failed after part of it had been sent; the rest of the
+    /// page cannot be trusted.
+    #[error("failed after part of the fragment was sent")]
+    Truncated,
+    /// An include inside this (ESI) fragment failed without fallback.
+    #[error("nested include {src:?} failed: {reason}")]
+    Nested {
+        /// The nested include's src.
+        src: String,
+        /// Why it failed.
+        reason: Box<FailureReason>,
+    },
+    /// The task serving the include ended without an answer (a panic).
+    #[error("include task ended unexpectedly")]
+    TaskLost,
+}
+
+/// Why the assembled page ended early. The output stream yields this after
+/// the bytes already sent; the host then aborts the response, so the client
+/// sees a truncated page.
+#[derive(Debug, thiserror::Error)]
+pub enum EsiError {
+    /// An include failed with no `alt` success, no `onerror="continue"` and
+    /// no enclosing `esi:try` to fall back on.
+    #[error("include {src:?} failed: {reason}")]
+    Include {
+        /// The include's src (after variable substitution).
+        src: String,
+        /// Why it failed.
+        reason: FailureReason,
+    },
+    /// The page body stream failed.
+    #[error("reading the page body failed: {0}")]
+    Body(#[source] BoxError),
+    /// The page deadline passed before the page body was fully read.
+    #[error("page deadline reached while reading the page body")]
+    PageDeadline,
+}
+
+/// A failure that ends a document (page, fragment, attempt).
+#[derive(Debug)]
+struct Failed {
+    src: String,
+    reason: FailureReason,
+}
+
+/// What a child task sends to its slot.
+#[derive(Debug)]
+enum Ev {
+    /// Output bytes.
+    Data(Bytes),
+    /// Discard the data sent so far: the source failed, a fallback follows.
+    Reset,
+    /// The child is complete.
+    End,
+    /// The child failed without fallback.
+    Fail(Failed),
+}
+
+/// Why a driver stopped early.
+#[derive(Debug)]
+enum DriveError {
+    /// Nobody reads the output any more.
+    Closed,
+    /// The document's own body failed or timed out.
+    Source(FailureReason),
+    /// An include in the document failed without fallback.
+    Include(Failed),
+}
+
+/// Shared per-page state.
+struct Page {
+    vars: Arc<EsiVars>,
+    fetcher: Arc<dyn FragmentFetcher>,
+    limits: EsiLimits,
+    permits: Arc<Semaphore>,
+    includes: AtomicUsize,
+    deadline: Instant,
+}
+
+/// Aborts a task when dropped, so dropping a slot cancels its fetch.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Where a driver writes.
+enum Out {
+    /// The page output (bounded: a slow client holds the page driver back).
+    Page(mpsc::Sender<Result<Bytes, EsiError>>),
+    /// A slot of the parent document; `sent` records whether data went out
+    /// since the last reset.
+    Slot {
+        tx: mpsc::UnboundedSender<Ev>,
+        sent: bool,
+    },
+    /// An `esi:attempt`, released only when all of it succeeded.
+    Buffer(Vec<Bytes>),
+}
+
+impl Out {
+    async fn data(&mut self, b: Bytes) -> Result<(), DriveError> {
+        if b.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Out::Page(tx) => tx.send(Ok(b)).await.map_err(|_| DriveError::Closed),
+            Out::Slot { tx, sent } => {
+                *sent = true;
+                tx.send(Ev::Data(b)).map_err(|_| DriveError::Closed)
+            }
+            Out::Buffer(v) => {
+                v.push(b);
+                Ok(())
+            }
+        }
+    }
+
+    /// Was data sent to a slot since the last call? Resets the flag.
+    fn take_sent(&mut self) -> bool {
+        match self {
+            Out::Slot { sent, .. } => std::mem::take(sent),
+            _ => false,
+        }
+    }
+}
+
+/// A child whose output is not fully written yet.
+struct Child {
+    rx: mpsc::UnboundedReceiver<Ev>,
+    _task: AbortOnDrop,
+    /// The include src (or `esi:try`), for logs.
+    label: String,
+    onerror_continue: bool,
+    /// Some of its data was written.
+    forwarded: bool,
+    /// It failed after data was written and `onerror="continue"` applies:
+    /// ignore the rest of it.
+    broken: bool,
+}
+
+impl Child {
+    /// Apply a batch of events; returns the data to write and whether the
+    /// child is complete.
+    fn apply(&mut self, events: Vec<Ev>) -> Result<(Vec<Bytes>, bool), DriveError> {
+        let mut data = Vec::new();
+        if events.is_empty() {
+            // The channel closed without End or Fail: the task died.
+            if self.broken {
+                return Ok((data, true));
+            }
+            return Err(DriveError::Include(Failed {
+                src: self.label.clone(),
+                reason: FailureReason::TaskLost,
+            }));
+        }
+        for ev in events {
+            if self.broken {
+                if matches!(ev, Ev::End | Ev::Fail(_)) {
+                    return Ok((data, true));
+                }
+                continue;
+            }
+            match ev {
+                Ev::Data(b) => data.push(b),
+                Ev::Reset if !self.forwarded => data.clear(),
+                Ev::Reset if self.onerror_continue => {
+                    warn!(
+                        src = %self.label,
+                        "esi include failed after part of it was sent; rest of it skipped (onerror=continue)"
+                    );
+                    self.broken = true;
+                }
+                Ev::Reset => {
+                    return Err(DriveError::Include(Failed {
+                        src: self.label.clone(),
+                        reason: FailureReason::Truncated,
+                    }));
+                }
+                Ev::End => return Ok((data, true)),
+                Ev::Fail(f) => return Err(DriveError::Include(f)),
+            }
+        }
+        Ok((data, false))
+    }
+}
+
+enum Slot {
+    Ready(Bytes),
+    Child(Child),
+}
+
+/// What the document's time limit means when it expires.
+#[derive(Debug, Clone, Copy)]
+enum Expiry {
+    Include(Duration),
+    Page,
+}
+
+impl Expiry {
+    fn reason(self) -> FailureReason {
+        match self {
+            Expiry::Include(d) => FailureReason::Timeout(d),
+            Expiry::Page => FailureReason::PageDeadline,
+        }
+    }
+}
+
+/// Where a driver's nodes come from.
+enum Source {
+    /// Already parsed (attempt/except content).
+    Nodes(Option<Vec<Node>>),
+    /// A body to parse as it arrives.
+    Stream {
+        body: BoxStream<'static, Result<Bytes, BoxError>>,
+        parser: Option<EsiParser>,
+        until: Instant,
+        expiry: Expiry,
+        /// The concurrency slot held while this fragment's body is read.
+        permit: Option<OwnedSemaphorePermit>,
+    },
+}
+
+impl Source {
+    /// The next nodes; `None` at the end. Cancel-safe: the only await point
+    /// is the body read.
+    async fn next(&mut self) -> Result<Option<Vec<Node>>, FailureReason> {
+        match self {
+            Source::Nodes(n) => Ok(n.take()),
+            Source::Stream {
+                body,
+                parser,
+                until,
+                expiry,
+                permit,
+            } => {
+                let Some(p) = parser.as_mut() else {
+                    return Ok(None);
+                };
+                match timeout_at(*until, body.next()).await {
+                    Ok(Some(Ok(chunk))) => Ok(Some(p.feed_bytes(chunk))),
+                    Ok(None) => {
+                        *permit = None;
+                        Ok(parser.take().map(EsiParser::finish))
+                    }
+                    Ok(Some(Err(e))) => {
+                        *permit = None;
+                        *parser = None;
+                        Err(FailureReason::Body(e))
+                    }
+                    Err(_) => {
+                        *permit = None;
+                        *parser = None;
+                        Err(expiry.reason())
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum Step {
+    Input(Result<Option<Vec<Node>>, FailureReason>),
+    Head(Vec<Ev>),
+}
+
+/// Wait for whichever comes first: new input nodes or events of the head slot.
+async fn next_step(
+    head: Option<&mut mpsc::UnboundedReceiver<Ev>>,
+    source: &mut Source,
+    input_open: bool,
+) -> Step {
+    let head_events = async move {
+        let Some(rx) = head else {
+            return std::future::pending().await;
+        };
+        let Some(first) = rx.recv().await else {
+            return Vec::new();
+        };
+        // Take everything already queued so a reset can cancel data that
+        // was never written.
+        let mut evs = vec![first];
+        while let Ok(e) = rx.try_recv() {
+            evs.push(e);
+        }
+        evs
+    };
+    let input = async {
+        if input_open {
+            source.next().await
+        } else {
+            std::future::pending().await
+        }
+    };
+    tokio::select! {
+        r = input => Step::Input(r),
+        evs = head_events => Step::Head(evs),
+    }
+}
+
+/// Assemble one document into `out`.
+fn drive<'a>(
+    mut source: Source,
+    page: Arc<Page>,
+    depth: u32,
+    out: &'a mut Out,
+) -> BoxFuture<'a, Result<(), DriveError>> {
+    Box::pin(async move {
+        let mut slots: VecDeque<Slot> = VecDeque::new();
+        let mut input_open = true;
+        loop {
+            while let Some(Slot::Ready(_)) = slots.front() {
+                if let Some(Slot::Ready(b)) = slots.pop_front() {
+                    out.data(b).await?;
+                }
+            }
+            if !input_open && slots.is_empty() {
+                return Ok(());
+            }
+            let head = match slots.front_mut() {
+                Some(Slot::Child(c)) => Some(&mut c.rx),
+                _ => None,
+            };
+            match next_step(head, &mut source, input_open).await {
+                Step::Input(Ok(Some(nodes))) => eval_nodes(nodes, &page, depth, &mut slots),
+                Step::Input(Ok(None)) => input_open = false,
+                Step::Input(Err(reason)) => return Err(DriveError::Source(reason)),
+                Step::Head(events) => {
+                    let Some(Slot::Child(child)) = slots.front_mut() else {
+                        continue;
+                    };
+                    let (data, done) = child.apply(events)?;
+                    if !data.is_empty() {
+                        child.forwarded = true;
+                    }
+                    if done {
+                        slots.pop_front();
+                    }
+                    for b in data {
+                        out.data(b).await?;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Turn parsed nodes into slots: text is ready, includes and try blocks
+/// start their tasks now, choose picks its branch now.
+fn eval_nodes(nodes: Vec<Node>, page: &Arc<Page>, depth: u32, slots: &mut VecDeque<Slot>) {
+    for node in nodes {
+        match node {
+            Node::Text(b) => {
+                if !b.is_empty() {
+                    slots.push_back(Slot::Ready(b));
+                }
+            }
+            Node::Vars(t) => {
+                let b = t.render(&page.vars);
+                if !b.is_empty() {
+                    slots.push_back(Slot::Ready(b));
+                }
+            }
+            Node::Include(inc) => {
+                let src = inc.src.render_string(&page.vars);
+                let alt = inc.alt.map(|a| a.render_string(&page.vars));
+                let (tx, rx) = mpsc::unbounded_channel();
+                debug!(src = %src, depth = depth + 1, "esi include seen");
+                let task = tokio::spawn(include_task(
+                    src.clone(),
+                    alt,
+                    inc.onerror_continue,
+                    Arc::clone(page),
+                    depth + 1,
+                    tx,
+                ));
+                slots.push_back(Slot::Child(Child {
+                    rx,
+                    _task: AbortOnDrop(task),
+                    label: src,
+                    onerror_continue: inc.onerror_continue,
+                    forwarded: false,
+                    broken: false,
+                }));
+            }
+            Node::Choose(c) => {
+                let chosen = c.into_selected(&page.vars);
+                eval_nodes(chosen, page, depth, slots);
+            }
+            Node::Try(t) => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let task = tokio::spawn(try_task(t, Arc::clone(page), depth, tx));
+                slots.push_back(Slot::Child(Child {
+                    rx,
+                    _task: AbortOnDrop(task),
+                    label: "esi:try".to_owned(),
+                    onerror_continue: false,
+                    forwarded: false,
+                    broken: false,
+                }));
+            }
+        }
+    }
+}
+
+/// Serve one include into its slot: src, else alt, else continue or fail.
+async fn include_task(
+    src: String,
+    alt: Option<String>,
+    onerror_continue: bool,
+    page: Arc<Page>,
+    depth: u32,
+    tx: mpsc::UnboundedSender<Ev>,
+) {
+    let mut out = Out::Slot {
+        tx: tx.clone(),
+        sent: false,
+    };
+    let first = match serve(&src, &page, depth, &mut out).await {
+        Ok(()) => {
+            let _ = tx.send(Ev::End);
+            return;
+        }
+        Err(DriveError::Closed) => return,
+        Err(e) => failure_reason(e),
+    };
+    warn!(src = %src, reason = %first, "esi include failed");
+    if let Some(alt) = alt {
+        if out.take_sent() {
+            let _ = tx.send(Ev::Reset);
+        }
+        match serve(&alt, &page, depth, &mut out).await {
+            Ok(()) => {
+                let _ = tx.send(Ev::End);
+                return;
+            }
+            Err(DriveError::Closed) => return,
+            Err(e) => {
+                warn!(src = %alt, reason = %failure_reason(e), "esi include alt failed");
+            }
+        }
+    }
+    if onerror_continue {
+        if out.take_sent() {
+            let _ = tx.send(Ev::Reset);
+        }
+        let _ = tx.send(Ev::End);
+    } else {
+        let _ = tx.send(Ev::Fail(Failed { src, reason: first }));
+    }
+}
+
+fn failure_reason(e: DriveError) -> FailureReason {
+    match e {
+        DriveError::Source(r) => r,
+        DriveError::Include(f) => FailureReason::Nested {
+            src: f.src,
+            reason: Box::new(f.reason),
+        },
+        // Callers handle Closed before; keep a reason anyway.
+        DriveError::Closed => FailureReason::TaskLost,
+    }
+}
+
+/// Fetch one source and write its (possibly assembled) body to `out`.
+async fn serve(src: &str, page: &Arc<Page>, depth: u32, out: &mut Out) -> Result<(), DriveError> {
+    let fail = |r| Err(DriveError::Source(r));
+    if depth > page.limits.max_depth {
+        return fail(FailureReason::DepthExceeded(page.limits.max_depth));
+    }
+    if page.includes.fetch_add(1, Ordering::Relaxed) >= page.limits.max_includes {
+        return fail(FailureReason::TooManyIncludes(page.limits.max_includes));
+    }
+    if Instant::now() >= page.deadline {
+        return fail(FailureReason::PageDeadline);
+    }
+    let permit = match timeout_at(page.deadline, Arc::clone(&page.permits).acquire_owned()).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(_)) => return fail(FailureReason::TaskLost),
+        Err(_) => return fail(FailureReason::PageDeadline),
+    };
+    let started = Instant::now();
+    let (until, expiry) = match started.checked_add(page.limits.include_timeout) {
+        Some(t) if t < page.deadline => (t, Expiry::Include(page.limits.include_timeout)),
+        _ => (page.deadline, Expiry::Page),
+    };
+    debug!(src, depth, "esi fragment fetch started");
+    let frag = match timeout_at(until, page.fetcher.fetch(src)).await {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => return fail(FailureReason::Fetch(e)),
+        Err(_) => return fail(expiry.reason()),
+    };
+    if !(200..300).contains(&frag.status) {
+        return fail(FailureReason::Status(frag.status));
+    }
+    if frag.esi {
+        let source = Source::Stream {
+            body: frag.body,
+            parser: Some(EsiParser::new()),
+            until,
+            expiry,
+            permit: Some(permit),
+        };
+        return drive(source, Arc::clone(page), depth, out).await;
+    }
+    let mut body = frag.body;
+    loop {
+        match timeout_at(until, body.next()).await {
+            Ok(Some(Ok(b))) => out.data(b).await?,
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return fail(FailureReason::Body(e)),
+            Err(_) => return fail(expiry.reason()),
+        }
+    }
+    drop(permit);
+    Ok(())
+}
+
+/// Run `esi:attempt` into a buffer; on any failure run `esi:except` instead.
+async fn try_task(t: Try, page: Arc<Page>, depth: u32, tx: mpsc::UnboundedSender<Ev>) {
+    let mut buf = Out::Buffer(Vec::new());
+    let attempt = drive(
+        Source::Nodes(Some(t.attempt)),
+        Arc::clone(&page),
+        depth,
+        &mut buf,
+    )
+    .await;
+    match attempt {
+        Ok(()) => {
+            if let Out::Buffer(chunks) = buf {
+                for b in chunks {
+                    if tx.send(Ev::Data(b)).is_err() {
+                        return;
+                    }
+                }
+            }
+            let _ = tx.send(Ev::End);
+        }
+        Err(DriveError::Closed) => {}
+        Err(e) => {
+            warn!(reason = %failure_reason(e), "esi:attempt failed; using esi:except");
+            drop(buf);
+            let mut out = Out::Slot {
+                tx: tx.clone(),
+                sent: false,
+            };
+            match drive(Source::Nodes(Some(t.except)), page, depth, &mut out).await {
+                Ok(()) => {
+                    let _ = tx.send(Ev::End);
+                }
+                Err(DriveError::Closed) => {}
+                Err(DriveError::Include(f)) => {
+                    let _ = tx.send(Ev::Fail(f));
+                }
+                Err(DriveError::Source(reason)) => {
+                    let _ = tx.send(Ev::Fail(Failed {
+                        src: "esi:except".to_owned(),
+                        reason,
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// The assembled page.
+struct Assembled {
+    rx: mpsc::Receiver<Result<Bytes, EsiError>>,
+    _driver: AbortOnDrop,
+}
+
+impl Stream for Assembled {
+    type Item = Result<Bytes, EsiError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().rx.poll_recv(cx)
+    }
+}
+
+/// Assemble an ESI page.
+///
+/// Text before the first include is yielded at once; every include's fetch
+/// starts (in its own task, at most `max_concurrency` at a time per page) as
+/// soon as its tag is parsed; ESI fragments are assembled recursively and
+/// eagerly; output is in document order, each piece as soon as it and
+/// everything before it is ready. Failures (non-2xx, fetch error, timeout,
+/// limits) fall back to `alt`, then `onerror="continue"`, then an enclosing
+/// `esi:try`; otherwise the stream yields an [`EsiError`] after what was
+/// already sent and ends. Dropping the stream cancels outstanding fetches.
+///
+/// Must be called within a tokio runtime.
+pub fn assemble(
+    input: BoxStream<'static, Result<Bytes, BoxError>>,
+    vars: Arc<EsiVars>,
+    fetcher: Arc<dyn FragmentFetcher>,
+    limits: EsiLimits,
+) -> BoxStream<'static, Result<Bytes, EsiError>> {
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(limits.page_deadline)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+    let permits = limits.max_concurrency.clamp(1, Semaphore::MAX_PERMITS);
+    let page = Arc::new(Page {
+        vars,
+        fetcher,
+        permits: Arc::new(Semaphore::new(permits)),
+        includes: AtomicUsize::new(0),
+        deadline,
+        limits,
+    });
+    let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
+    let driver = tokio::spawn(page_task(input, page, tx));
+    Box::pin(Assembled {
+        rx,
+        _driver: AbortOnDrop(driver),
+    })
+}
+
+async fn page_task(
+    input: BoxStream<'static, Result<Bytes, BoxError>>,
+    page: Arc<Page>,
+    tx: mpsc::Sender<Result<Bytes, EsiError>>,
+) {
+    let source = Source::Stream {
+        body: input,
+        parser: Some(EsiParser::new()),
+        until: page.deadline,
+        expiry: Expiry::Page,
+        permit: None,
+    };
+    let mut out = Out::Page(tx.clone());
+    let err = match drive(source, page, 0, &mut out).await {
+        Ok(()) | Err(DriveError::Closed) => return,
+        Err(DriveError::Source(FailureReason::Body(e))) => EsiError::Body(e),
+        Err(DriveError::Source(_)) => EsiError::PageDeadline,
+        Err(DriveError::Include(f)) => EsiError::Include {
+            src: f.src,
+            reason: f.reason,
+        },
+    };
+    warn!(error = %err, "esi page ended early");
+    let _ = tx.send(Err(err)).await;
+}
+
+#[cfg(test)]
+mod tests;
