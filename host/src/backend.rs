@@ -143,10 +143,10 @@ impl Backend {
             if let Ok(v) = header::HeaderValue::from_str(h) {
                 headers.insert(header::HOST, v);
             }
-        } else if !headers.contains_key(header::HOST) {
-            if let Ok(v) = header::HeaderValue::from_str(&self.config.authority()) {
-                headers.insert(header::HOST, v);
-            }
+        } else if !headers.contains_key(header::HOST)
+            && let Ok(v) = header::HeaderValue::from_str(&self.config.authority())
+        {
+            headers.insert(header::HOST, v);
         }
         let timeout = self.config.first_byte_timeout;
         let resp = match tokio::time::timeout(timeout, self.client.request(req)).await {

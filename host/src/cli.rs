@@ -8,7 +8,10 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
+use inlay_storage::{ObjectStore, StoreConfig, TieredStore};
+
 use crate::access_log::AccessLog;
+use crate::cache::HttpCache;
 use crate::config::{Config, Overrides};
 use crate::pipeline::Pipeline;
 
@@ -134,6 +137,7 @@ fn init_tracing(level: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
@@ -151,9 +155,30 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         info!("listening on http://{}", l.local_addr()?);
         listeners.push(l);
     }
-    let pipeline = Arc::new(Pipeline::new(cfg.clone(), access_log));
+    let store = open_store(&cfg)?;
+    let pipeline = Arc::new(Pipeline::new(
+        cfg.clone(),
+        HttpCache::new(store),
+        access_log,
+    ));
     crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown_signal()).await;
     Ok(())
+}
+
+/// Open the object store: memory only, or memory in front of sled on disk.
+fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    let mut sc = match &cfg.cache.dir {
+        Some(dir) => StoreConfig::on_disk(dir),
+        None => StoreConfig::memory_only(cfg.cache.memory_size),
+    };
+    sc.memory_bytes = cfg.cache.memory_size;
+    sc.disk_bytes = cfg.cache.disk_size;
+    let store = TieredStore::open(sc).context("opening the cache")?;
+    match &cfg.cache.dir {
+        Some(d) => info!(dir = %d.display(), "persistent cache open"),
+        None => info!("memory-only cache (no cache.dir / --cache-dir)"),
+    }
+    Ok(Arc::new(store))
 }
 
 async fn shutdown_signal() {

@@ -54,7 +54,7 @@ pub fn add_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
 }
 
 /// The first value of a header as text, if present and valid UTF-8.
-pub fn get_str<'a>(headers: &'a HeaderMap, name: impl header::AsHeaderName) -> Option<&'a str> {
+pub fn get_str(headers: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 

@@ -8,6 +8,7 @@
 pub mod access_log;
 pub mod backend;
 pub mod body;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod error;

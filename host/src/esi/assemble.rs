@@ -277,8 +277,10 @@ impl Child {
     fn apply(&mut self, events: Vec<Ev>) -> Result<(Vec<Bytes>, bool), DriveError> {
         let mut data = Vec::new();
         if events.is_empty() {
-            // The channel closed without End or Fail: the task died.
-            if self.broken {
+            // The channel closed without End or Fail: the task died (a
+            // panic), so alt cannot be tried; onerror="continue" still applies.
+            if self.broken || self.onerror_continue {
+                warn!(src = %self.label, reason = %FailureReason::TaskLost, "esi include failed");
                 return Ok((data, true));
             }
             return Err(DriveError::Include(Failed {

@@ -57,7 +57,21 @@ pub fn normalise(
     })
 }
 
-/// The built-in route: everything passes to the backend.
-pub fn route(_head: &RequestHead) -> Route {
-    Route::Pass
+/// The built-in route, as Varnish's built-in VCL: only GET and HEAD are
+/// looked up, and requests with `Authorization` or `Cookie` pass.
+pub fn route(head: &RequestHead) -> Route {
+    builtin(head)
+}
+
+/// Varnish's built-in `vcl_recv` decision.
+pub fn builtin(head: &RequestHead) -> Route {
+    let cacheable_method = head.method == http::Method::GET || head.method == http::Method::HEAD;
+    if !cacheable_method
+        || head.headers.contains_key(header::AUTHORIZATION)
+        || head.headers.contains_key(header::COOKIE)
+    {
+        Route::Pass
+    } else {
+        Route::Lookup
+    }
 }

@@ -1,0 +1,63 @@
+//! The command line: `inlay check` and start-up errors.
+
+use std::process::Command;
+
+fn inlay() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_inlay"))
+}
+
+#[test]
+fn check_reports_every_error_with_its_key_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[server]\nlisten = [\"nowhere\"]\n[backends.web]\naddress = \"ftp://x\"\nfirst_byte_timeout = \"soon\"\n[cache]\nmemory_size = \"12 parsecs\"\n",
+    )
+    .unwrap();
+    let out = inlay()
+        .arg("check")
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "server.listen[0]",
+        "backends.web.address",
+        "backends.web.first_byte_timeout",
+        "cache.memory_size",
+        "\"soon\"",
+    ] {
+        assert!(err.contains(want), "missing {want}: {err}");
+    }
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "[backends.web]\naddress = \"http://127.0.0.1:1\"\n").unwrap();
+    let out = inlay()
+        .arg("check")
+        .arg("--config")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn serve_refuses_a_bad_config_without_panicking() {
+    let out = inlay()
+        .args(["serve", "-a", "not-an-address"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("-a") && err.contains("not-an-address"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install what a fresh machine lacks. `build`: a Rust toolchain with cargo.
+# `bench`: also wrk, varnish and k6. Idempotent; quiet when all is present.
+set -euo pipefail
+what="${1:-build}"
+
+apt_updated=0
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "ensure-deps: need root to apt-get install $*" >&2
+    return 1
+  fi
+  if [ "$apt_updated" = 0 ]; then
+    apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    echo "ensure-deps: cargo is in ~/.cargo/bin; add it to PATH" >&2
+  else
+    echo "ensure-deps: installing Debian's Rust toolchain" >&2
+    apt_install rustc-web cargo-web rust-web-src
+  fi
+fi
+
+if [ "$what" = bench ]; then
+  command -v wrk >/dev/null 2>&1 || apt_install wrk
+  command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || apt_install varnish
+  if ! command -v k6 >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/k6" ]; then
+    echo "ensure-deps: building k6 v1.8.1 with go install (a few minutes)" >&2
+    GOFLAGS=-mod=mod go install go.k6.io/k6@v1.8.1
+  fi
+fi
