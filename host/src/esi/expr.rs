@@ -373,10 +373,11 @@ impl Value<'_> {
 /// A variable's value is numeric when it is entirely a decimal number.
 fn numeric_value(s: Cow<'_, str>) -> Value<'_> {
     let t = s.trim();
-    if !t.is_empty() && number_len(t.as_bytes()) == t.len() {
-        if let Ok(n) = t.parse::<f64>() {
-            return Value::Num(n, s);
-        }
+    if !t.is_empty()
+        && number_len(t.as_bytes()) == t.len()
+        && let Ok(n) = t.parse::<f64>()
+    {
+        return Value::Num(n, s);
     }
     Value::Str(s)
 }

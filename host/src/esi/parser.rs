@@ -356,31 +356,31 @@ fn decode_entities(v: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(v.len());
     let mut i = 0;
     while i < v.len() {
-        if v[i] == b'&' {
-            if let Some(end) = v[i..].iter().take(12).position(|&c| c == b';') {
-                let name = &v[i + 1..i + end];
-                let decoded: Option<char> = match name {
-                    b"amp" => Some('&'),
-                    b"lt" => Some('<'),
-                    b"gt" => Some('>'),
-                    b"quot" => Some('"'),
-                    b"apos" => Some('\''),
-                    [b'#', b'x' | b'X', hex @ ..] => std::str::from_utf8(hex)
-                        .ok()
-                        .and_then(|h| u32::from_str_radix(h, 16).ok())
-                        .and_then(char::from_u32),
-                    [b'#', dec @ ..] => std::str::from_utf8(dec)
-                        .ok()
-                        .and_then(|d| d.parse::<u32>().ok())
-                        .and_then(char::from_u32),
-                    _ => None,
-                };
-                if let Some(c) = decoded {
-                    let mut tmp = [0u8; 4];
-                    out.extend_from_slice(c.encode_utf8(&mut tmp).as_bytes());
-                    i += end + 1;
-                    continue;
-                }
+        if v[i] == b'&'
+            && let Some(end) = v[i..].iter().take(12).position(|&c| c == b';')
+        {
+            let name = &v[i + 1..i + end];
+            let decoded: Option<char> = match name {
+                b"amp" => Some('&'),
+                b"lt" => Some('<'),
+                b"gt" => Some('>'),
+                b"quot" => Some('"'),
+                b"apos" => Some('\''),
+                [b'#', b'x' | b'X', hex @ ..] => std::str::from_utf8(hex)
+                    .ok()
+                    .and_then(|h| u32::from_str_radix(h, 16).ok())
+                    .and_then(char::from_u32),
+                [b'#', dec @ ..] => std::str::from_utf8(dec)
+                    .ok()
+                    .and_then(|d| d.parse::<u32>().ok())
+                    .and_then(char::from_u32),
+                _ => None,
+            };
+            if let Some(c) = decoded {
+                let mut tmp = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut tmp).as_bytes());
+                i += end + 1;
+                continue;
             }
         }
         out.push(v[i]);

@@ -139,7 +139,11 @@ impl FragmentFetcher for Fake {
                 armed: true,
             };
             sleep(f.delay).await;
-            let state = (f.chunks.into_iter(), f.body_error, Some(probe_take(&mut probe)));
+            let state = (
+                f.chunks.into_iter(),
+                f.body_error,
+                Some(probe_take(&mut probe)),
+            );
             let body = stream::unfold(state, move |(mut chunks, err, mut probe)| {
                 let log = Arc::clone(&log);
                 let src = src.clone();
@@ -151,12 +155,12 @@ impl FragmentFetcher for Fake {
                     let mut p = probe.take()?;
                     p.armed = false;
                     if err {
-                        return Some((Err::<Bytes, BoxError>("body broke".into()), (chunks, false, None)));
+                        return Some((
+                            Err::<Bytes, BoxError>("body broke".into()),
+                            (chunks, false, None),
+                        ));
                     }
-                    log.lock()
-                        .expect("log")
-                        .finished
-                        .push((src, t0.elapsed()));
+                    log.lock().expect("log").finished.push((src, t0.elapsed()));
                     None
                 }
             });
@@ -248,7 +252,11 @@ async fn text_before_the_first_include_is_yielded_at_once() {
     );
     let first = out.next().await.expect("an item").expect("ok");
     assert_eq!(&first[..], b"Hello ");
-    assert_eq!(t0.elapsed(), Duration::ZERO, "TTFB does not wait for includes");
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "TTFB does not wait for includes"
+    );
     let mut rest = Vec::new();
     while let Some(item) = out.next().await {
         rest.extend_from_slice(&item.expect("ok"));
@@ -372,7 +380,10 @@ async fn depth_limit_stops_a_fragment_that_includes_itself() {
     }
     // Includes at depths 1..=5 each wrap the failure of the one below.
     assert_eq!(levels, 5);
-    assert!(matches!(reason, FailureReason::DepthExceeded(5)), "{reason}");
+    assert!(
+        matches!(reason, FailureReason::DepthExceeded(5)),
+        "{reason}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -386,7 +397,13 @@ async fn include_budget_caps_fan_out() {
 
     // Nested includes count against the same page budget.
     let fake = Fake::new([
-        ("/n", esi_frag(1, r#"<esi:include src="/a" onerror="continue"/><esi:include src="/a" onerror="continue"/>"#)),
+        (
+            "/n",
+            esi_frag(
+                1,
+                r#"<esi:include src="/a" onerror="continue"/><esi:include src="/a" onerror="continue"/>"#,
+            ),
+        ),
         ("/a", frag(1, "a")),
     ]);
     let r = run(
@@ -503,7 +520,11 @@ async fn page_deadline_bounds_a_slow_page_body() {
     )
     .await;
     assert_eq!(r.text, "a");
-    assert!(matches!(r.error, Some(EsiError::PageDeadline)), "{:?}", r.error);
+    assert!(
+        matches!(r.error, Some(EsiError::PageDeadline)),
+        "{:?}",
+        r.error
+    );
     assert_eq!(r.elapsed, Duration::from_secs(2));
 }
 
@@ -517,7 +538,12 @@ async fn alt_and_onerror() {
     let r = run(r#"<esi:include src="/404" alt="/a"/>"#, &fake, limits()).await;
     assert_eq!(r.text, "A");
     // A fetch error (unknown to the fetcher) with continue: nothing.
-    let r = run(r#"x<esi:include src="/nope" onerror="continue"/>y"#, &fake, limits()).await;
+    let r = run(
+        r#"x<esi:include src="/nope" onerror="continue"/>y"#,
+        &fake,
+        limits(),
+    )
+    .await;
     assert_eq!(r.text, "xy");
     assert!(r.error.is_none());
     // Both fail, continue: nothing.
@@ -529,7 +555,12 @@ async fn alt_and_onerror() {
     .await;
     assert_eq!(r.text, "xy");
     // Both fail, no continue: the page ends after what was sent.
-    let r = run(r#"before<esi:include src="/404" alt="/500"/>after"#, &fake, limits()).await;
+    let r = run(
+        r#"before<esi:include src="/404" alt="/500"/>after"#,
+        &fake,
+        limits(),
+    )
+    .await;
     assert_eq!(r.text, "before");
     match r.error {
         Some(EsiError::Include {
@@ -621,10 +652,7 @@ async fn try_selects_except_on_failure() {
 
 #[tokio::test(start_paused = true)]
 async fn only_the_chosen_branch_is_fetched_and_variables_apply() {
-    let fake = Fake::new([
-        ("/gold/42", frag(0, "G")),
-        ("/std", frag(0, "S")),
-    ]);
+    let fake = Fake::new([("/gold/42", frag(0, "G")), ("/std", frag(0, "S"))]);
     let mut headers = HeaderMap::new();
     headers.insert("cookie", HeaderValue::from_static("tier=gold; id=42"));
     let vars = EsiVars::from_request("example.com", "/p?x=1", &headers);
@@ -642,10 +670,18 @@ async fn only_the_chosen_branch_is_fetched_and_variables_apply() {
 async fn non_esi_fragments_pass_through_and_esi_ones_are_processed() {
     let fake = Fake::new([
         ("/raw", frag(0, r#"<esi:include src="/a"/>"#)),
-        ("/esi", esi_frag(0, r#"<esi:include src="/a"/><esi:remove>x</esi:remove>"#)),
+        (
+            "/esi",
+            esi_frag(0, r#"<esi:include src="/a"/><esi:remove>x</esi:remove>"#),
+        ),
         ("/a", frag(0, "A")),
     ]);
-    let r = run(r#"<esi:include src="/raw"/>|<esi:include src="/esi"/>"#, &fake, limits()).await;
+    let r = run(
+        r#"<esi:include src="/raw"/>|<esi:include src="/esi"/>"#,
+        &fake,
+        limits(),
+    )
+    .await;
     assert_eq!(r.text, r#"<esi:include src="/a"/>|A"#);
 }
 
@@ -663,7 +699,12 @@ async fn failure_after_part_of_a_fragment_was_written() {
     ]);
     // At the head: "p1" is already out when the body fails; alt cannot
     // replace it, so the page ends ("p2", queued with the failure, is not written).
-    let r = run(r#"<esi:include src="/broken" alt="/a"/>after"#, &fake, limits()).await;
+    let r = run(
+        r#"<esi:include src="/broken" alt="/a"/>after"#,
+        &fake,
+        limits(),
+    )
+    .await;
     assert_eq!(r.text, "p1");
     assert!(matches!(
         r.error,
@@ -700,7 +741,10 @@ async fn dropping_the_output_cancels_outstanding_fetches() {
     ]);
     let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(&fake) as _;
     let mut out = assemble(
-        page(vec![(0, r#"x<esi:include src="/a"/><esi:include src="/n"/>"#)]),
+        page(vec![(
+            0,
+            r#"x<esi:include src="/a"/><esi:include src="/n"/>"#,
+        )]),
         Arc::new(EsiVars::new()),
         fetcher,
         limits(),
@@ -711,7 +755,11 @@ async fn dropping_the_output_cancels_outstanding_fetches() {
     drop(out);
     sleep(5_000 * MS).await;
     let log = fake.log.lock().expect("log");
-    assert!(log.finished.iter().all(|(s, _)| s == "/n"), "{:?}", log.finished);
+    assert!(
+        log.finished.iter().all(|(s, _)| s == "/n"),
+        "{:?}",
+        log.finished
+    );
     assert_eq!(log.dropped, 2, "/a and /b were cancelled");
 }
 
@@ -724,7 +772,12 @@ async fn a_panicking_fetcher_is_a_failure() {
             ..frag(0, "")
         },
     )]);
-    let r = run(r#"a<esi:include src="/boom" onerror="continue"/>b"#, &fake, limits()).await;
+    let r = run(
+        r#"a<esi:include src="/boom" onerror="continue"/>b"#,
+        &fake,
+        limits(),
+    )
+    .await;
     assert_eq!(r.text, "ab");
     let r = run(r#"a<esi:include src="/boom"/>b"#, &fake, limits()).await;
     assert_eq!(r.text, "a");
@@ -754,7 +807,11 @@ async fn page_body_error_ends_the_page() {
 async fn unclosed_blocks_and_streamed_tags_still_assemble() {
     let fake = Fake::new([("/a", frag(3, "A"))]);
     // The tag arrives split over three chunks.
-    let body = page(vec![(0, "1<esi:inc"), (1, "lude src=\"/"), (1, "a\"/>2<esi:try><esi:attempt>t")]);
+    let body = page(vec![
+        (0, "1<esi:inc"),
+        (1, "lude src=\"/"),
+        (1, "a\"/>2<esi:try><esi:attempt>t"),
+    ]);
     let r = run_with(body, &fake, EsiVars::new(), limits()).await;
     assert_eq!(r.text, "1A2t");
 }
