@@ -12,6 +12,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod esi;
 pub mod headers;
 pub mod pipeline;
 pub mod server;
