@@ -10,6 +10,7 @@ pub mod backend;
 pub mod body;
 pub mod cache;
 pub mod cli;
+pub mod codec;
 pub mod config;
 pub mod error;
 pub mod esi;

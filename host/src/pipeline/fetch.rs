@@ -41,6 +41,11 @@ pub async fn send(
         h.remove(header::CONTENT_LENGTH);
         h.extend(validators);
     }
+    // Tell the origin we process ESI (Edge Architecture Specification).
+    h.insert(
+        "surrogate-capability",
+        http::HeaderValue::from_static("inlay=\"Surrogate/1.0 ESI/1.0\""),
+    );
     headers::add_via(h);
     headers::add_forwarded_for(h, head.client_ip);
     tracing::debug!(backend = backend.name(), method = %req.method(), uri = %req.uri(), "backend fetch");

@@ -6,13 +6,15 @@
 //! 2. [`lookup`]: the cache key and what the cache holds (coalescing, grace).
 //! 3. [`fetch`]: the backend request, with Via / X-Forwarded-For.
 //! 4. [`backend_response`]: cacheability, TTL, grace; storing while streaming.
-//! 5. [`deliver`]: the response headers for the client, conditional and Range.
-//! 6. [`log`]: always runs: one access-log line when the body is done.
+//! 5. [`esi`]: pages that opted in are assembled, includes in parallel.
+//! 6. [`deliver`]: the response headers for the client, conditional and Range.
+//! 7. [`log`]: always runs: one access-log line when the body is done.
 //!
 //! [`purge`] answers the PURGE method. This file only sequences the phases.
 
 pub mod backend_response;
 pub mod deliver;
+pub mod esi;
 pub mod fetch;
 pub mod log;
 pub mod lookup;
@@ -31,7 +33,7 @@ use tracing::{Instrument, debug, debug_span, warn};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::backend::Backends;
 use crate::body::{self, ProxyBody};
-use crate::cache::rules::Defaults;
+use crate::cache::rules::{Defaults, SurrogateControl};
 use crate::cache::{Flight, HttpCache, Lookup, PrimaryKey};
 use crate::config::Config;
 use crate::error::ProxyError;
@@ -77,7 +79,7 @@ pub struct Pipeline {
 }
 
 /// A response on its way to deliver, with what deliver must know about it.
-struct Outcome {
+pub struct Outcome {
     resp: Response<ProxyBody>,
     /// RFC 9211 Cache-Status value.
     cache_status: String,
@@ -86,6 +88,8 @@ struct Outcome {
     /// The complete cached object the response was made from (for
     /// conditional and Range answers).
     object: Option<StoredObject>,
+    /// The body is an ESI template to assemble.
+    esi: bool,
 }
 
 impl Outcome {
@@ -95,7 +99,13 @@ impl Outcome {
             cache_status,
             log,
             object: None,
+            esi: false,
         }
+    }
+
+    fn with_esi(mut self, esi: bool) -> Self {
+        self.esi = esi;
+        self
     }
 }
 
@@ -128,7 +138,11 @@ impl Pipeline {
     }
 
     /// Serve one request. Never fails: errors become responses here.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    pub async fn handle(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
         let (parts, body) = req.into_parts();
         let mut record = log::start(&parts, peer);
@@ -150,7 +164,7 @@ impl Pipeline {
     }
 
     async fn process(
-        &self,
+        self: &Arc<Self>,
         parts: http::request::Parts,
         body: ProxyBody,
         peer: SocketAddr,
@@ -169,7 +183,8 @@ impl Pipeline {
                 let resp =
                     fetch::send(self.backend(&head)?, &head, head.method.clone(), body, None)
                         .await?;
-                Outcome::new(resp, "inlay; fwd=bypass".into(), "pass")
+                let esi = SurrogateControl::parse(resp.headers()).esi;
+                Outcome::new(resp, "inlay; fwd=bypass".into(), "pass").with_esi(esi)
             }
             Route::Lookup => {
                 drop(body);
@@ -177,9 +192,16 @@ impl Pipeline {
             }
         };
         record.cache = out.log;
-        let resp = match &out.object {
-            Some(obj) => deliver::conditional_and_range(&head, out.resp, obj),
-            None => out.resp,
+        let resp = match (&out.object, out.esi) {
+            (_, true) if head.method == Method::HEAD => {
+                // The assembled length is unknown without assembling.
+                let mut resp = out.resp;
+                resp.headers_mut().remove(header::CONTENT_LENGTH);
+                resp
+            }
+            (_, true) => esi::process(self, &head, out.resp, &[]),
+            (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
+            (None, false) => out.resp,
         };
         Ok(deliver::finish(resp, &out.cache_status))
     }
@@ -220,13 +242,21 @@ impl Pipeline {
         }
     }
 
+    /// An ESI include: through the cache, without the client's conditional
+    /// or Range fields (they are not forwarded to includes).
+    pub async fn fetch_for_include(&self, head: &RequestHead) -> Result<Outcome, ProxyError> {
+        self.lookup_and_fetch(head).await
+    }
+
     fn hit(&self, obj: StoredObject, cache_status: String, log: &'static str, now: u64) -> Outcome {
-        let (resp, _esi) = deliver::from_object(&obj, now);
+        let (resp, esi) = deliver::from_object(&obj, now);
         Outcome {
             resp,
             cache_status,
             log,
-            object: Some(obj),
+            // An ESI template is assembled, not answered in ranges.
+            object: (!esi).then_some(obj),
+            esi,
         }
     }
 
@@ -291,7 +321,7 @@ impl Pipeline {
         } else {
             "inlay; fwd=miss"
         };
-        Ok(Outcome::new(resp, status.into(), "miss"))
+        Ok(Outcome::new(resp, status.into(), "miss").with_esi(settings.esi))
     }
 
     /// Serve an expired object when the backend failed, if it is still within
