@@ -1,0 +1,288 @@
+//! ESI through the real binary: opt-in, parallel fetch, order, limits,
+//! failures, safety, gzip.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Inlay, Origin, get, request};
+
+/// A `/resp` URL whose body is `markup`, opted in to ESI unless `opt_in` is false.
+fn page(markup: &str, opt_in: bool) -> String {
+    let mut q = format!("/resp?ct=text/html&cc=no-store&body={}", urlencode(markup));
+    if opt_in {
+        q.push_str("&sc=content%3D%22ESI/1.0%22");
+    }
+    q
+}
+
+fn urlencode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_opt_in_tags_pass_through_and_nothing_is_fetched() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let markup = "a<esi:include src=\"/bytes/7\"/>b";
+    let r = get(&inlay.url(&page(markup, false))).await;
+    assert_eq!(r.text(), markup);
+    assert_eq!(origin.count("/bytes/7").await, 0);
+    let r = get(&inlay.url(&page(markup, true))).await;
+    assert_eq!(r.text(), "aabcdefgb");
+    assert_eq!(origin.count("/bytes/7").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn includes_are_fetched_at_once_and_written_in_document_order() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    // Fragment 0 is the slowest: order must still be 0, 1, 2, 3.
+    let started = Instant::now();
+    let r = get(&inlay.url("/esi/page?n=4&delays=600,100,300,200&cacheable=0")).await;
+    let took = started.elapsed();
+    let text = r.text();
+    let pos: Vec<usize> = (0..4)
+        .map(|i| {
+            text.find(&format!("data-id=\"{i}\""))
+                .unwrap_or_else(|| panic!("fragment {i} missing: {text}"))
+        })
+        .collect();
+    assert!(pos.windows(2).all(|w| w[0] < w[1]), "out of order: {text}");
+    // Serial would be 1200 ms; parallel is the slowest fragment.
+    assert!(took < Duration::from_millis(1100), "took {took:?}");
+    assert!(!text.contains("<esi:"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serial_mode_takes_the_sum_of_the_delays() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml("[esi]\nmax_concurrency = 1")
+        .start();
+    let started = Instant::now();
+    let r = get(&inlay.url("/esi/page?n=4&delay_ms=150&cacheable=0")).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "serial: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alt_and_onerror_continue() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let markup = "[<esi:include src=\"/resp?status=500\" alt=\"/bytes/3\"/>]\
+                  [<esi:include src=\"/resp?status=404\" onerror=\"continue\"/>]\
+                  [<esi:try><esi:attempt><esi:include src=\"/resp?status=503\"/></esi:attempt><esi:except>fallback</esi:except></esi:try>]";
+    let r = get(&inlay.url(&page(markup, true))).await;
+    assert_eq!(r.text(), "[abc][][fallback]");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_include_without_fallback_ends_the_page() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let markup = "before<esi:include src=\"/resp?status=500\"/>after";
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::get(inlay.url(&page(markup, true)))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(
+        resp.status(),
+        200,
+        "headers were sent before the include failed"
+    );
+    let body = http_body_util::BodyExt::collect(resp.into_body()).await;
+    assert!(
+        body.is_err(),
+        "the client must see a truncated page, not a silently broken one"
+    );
+    assert!(
+        inlay
+            .log
+            .wait_for("/resp?status=500", Duration::from_secs(5)),
+        "{}",
+        inlay.log.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn includes_to_unknown_hosts_are_refused() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let markup = "<esi:include src=\"http://169.254.169.254/latest/meta-data\" onerror=\"continue\"/>\
+                  <esi:include src=\"https://example.com/\" onerror=\"continue\"/>ok";
+    let r = get(&inlay.url(&page(markup, true))).await;
+    assert_eq!(r.text(), "ok");
+    assert!(
+        inlay
+            .log
+            .wait_for("not a configured backend", Duration::from_secs(5)),
+        "{}",
+        inlay.log.text()
+    );
+    // An absolute URL naming the configured backend is allowed.
+    let markup = format!("<esi:include src=\"{}/bytes/2\"/>", origin.url());
+    assert_eq!(get(&inlay.url(&page(&markup, true))).await.text(), "ab");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookies_and_authorization_are_not_forwarded_to_includes() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let markup = "<esi:include src=\"/echo?cc=no-store\"/>";
+    let r = request(
+        "GET",
+        &inlay.url(&page(markup, true)),
+        &[
+            ("cookie", "session=secret"),
+            ("authorization", "Bearer x"),
+            ("accept-language", "fr"),
+        ],
+        Bytes::new(),
+    )
+    .await;
+    let text = r.text().to_lowercase();
+    assert!(
+        text.contains("accept-language"),
+        "forwarded header missing: {text}"
+    );
+    assert!(
+        !text.contains("session=secret"),
+        "cookie leaked to include: {text}"
+    );
+    assert!(!text.contains("bearer"), "authorization leaked: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fragments_are_cached_by_their_own_headers() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    // The page is not cacheable; its fragments are (max-age=60).
+    for _ in 0..3 {
+        let r = get(&inlay.url("/esi/page?n=3&cacheable=1&x=nocache")).await;
+        assert!(r.text().contains("data-id=\"2\""));
+    }
+    assert_eq!(origin.count("/esi/fragment/0").await, 1);
+    assert_eq!(origin.count("/esi/fragment/2").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_includes_and_the_depth_limit() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml("[esi]\nmax_depth = 3")
+        .start();
+    let ok = get(&inlay.url("/esi/page?n=2&nested=2&cacheable=0")).await;
+    assert!(ok.text().contains("data-id=\"1.1.0\""), "{}", ok.text());
+    // Nested 5 deep exceeds max_depth 3: the page is ended.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::get(inlay.url("/esi/page?n=1&nested=5&cacheable=0"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert!(
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .is_err()
+    );
+    assert!(
+        inlay.log.wait_for("depth", Duration::from_secs(5)),
+        "{}",
+        inlay.log.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn include_count_cap_and_include_timeout() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml("[esi]\nmax_includes = 5\ninclude_timeout = \"300ms\"")
+        .start();
+    let markup: String = (0..8)
+        .map(|i| {
+            format!(
+                "<esi:include src=\"/bytes/{}\" onerror=\"continue\"/>",
+                i + 1
+            )
+        })
+        .collect();
+    let r = get(&inlay.url(&page(&markup, true))).await;
+    // 5 included, 3 refused by the cap: each fragment is a run starting with 'a'.
+    assert_eq!(r.text().matches('a').count(), 5, "{}", r.text());
+    assert!(
+        inlay
+            .log
+            .wait_for("includes per page", Duration::from_secs(5)),
+        "{}",
+        inlay.log.text()
+    );
+    let started = Instant::now();
+    let markup = "x<esi:include src=\"/bytes/5?delay_ms=3000\" onerror=\"continue\"/>y";
+    let r = get(&inlay.url(&page(markup, true))).await;
+    assert_eq!(r.text(), "xy");
+    assert!(started.elapsed() < Duration::from_millis(2000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_pages_are_decoded_and_re_encoded_for_gzip_clients() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let url = inlay.url("/gzip/esi/page?n=2&cacheable=0");
+    let plain = get(&url).await;
+    assert_eq!(plain.header("content-encoding"), None);
+    assert!(plain.text().contains("data-id=\"1\""), "{}", plain.text());
+    let zipped = request("GET", &url, &[("accept-encoding", "gzip")], Bytes::new()).await;
+    assert_eq!(zipped.header("content-encoding"), Some("gzip"));
+    let mut out = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(&zipped.body[..]),
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, plain.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_bytes_do_not_wait_for_includes() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let started = Instant::now();
+    let req = http::Request::get(inlay.url("/esi/page?n=3&delay_ms=800&cacheable=0"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let mut resp = client.request(req).await.unwrap();
+    let f = http_body_util::BodyExt::frame(resp.body_mut())
+        .await
+        .unwrap()
+        .unwrap();
+    let ttfb = started.elapsed();
+    assert!(
+        f.data_ref()
+            .is_some_and(|d| String::from_utf8_lossy(d).contains("<html"))
+    );
+    assert!(
+        ttfb < Duration::from_millis(400),
+        "first bytes after {ttfb:?}"
+    );
+}
