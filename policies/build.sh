@@ -75,6 +75,9 @@ else
     debian_toolchain_ready || die "Debian's ${debian_packages[*]} did not install"
     host=$(rustc -vV | sed -n 's/^host: //p')
     linker="${INLAY_WASM_LINKER:-$(rustc --print sysroot)/lib/rustlib/$host/bin/rust-lld}"
+    if [ -z "${INLAY_WASM_LINKER:-}" ] && [ ! -x "$linker" ] && command -v wasm-ld >/dev/null; then
+        linker=$(command -v wasm-ld)
+    fi
     [ -x "$linker" ] || die "no wasm linker at $linker (set INLAY_WASM_LINKER to a rust-lld or wasm-ld)"
     log "guest toolchain: Debian $(/usr/bin/rustc --version) with -Zbuild-std, linker $linker"
     wasm_build=(/usr/bin/cargo build --release --target wasm32-unknown-unknown

@@ -1,4 +1,4 @@
-//! Write [Inlay](https://example.invalid/inlay) policies in Rust.
+//! Write Inlay policies in Rust.
 //!
 //! A policy is a WebAssembly component that the `inlay` host calls at three
 //! points of a request's life, like VCL subroutines in Varnish:
