@@ -10,6 +10,11 @@ pub struct Trap;
 
 impl Policy for Trap {
     fn on_request(&self, req: &Request) -> Action {
+        // Misbehave only under /trap, so tests can show that other requests
+        // on the same server keep working.
+        if !req.path().starts_with("/trap") {
+            return inlay_policy::builtin::recv(req);
+        }
         panic!("trap fixture: refusing {} {}", req.method(), req.url());
     }
 }
@@ -21,8 +26,8 @@ mod tests {
     use inlay_policy::{Policy, Request};
 
     #[test]
-    #[should_panic(expected = "trap fixture: refusing GET /x")]
+    #[should_panic(expected = "trap fixture: refusing GET /trap/x")]
     fn on_request_panics() {
-        super::Trap.on_request(&Request::new_local("GET", "/x"));
+        super::Trap.on_request(&Request::new_local("GET", "/trap/x"));
     }
 }
