@@ -1,0 +1,4 @@
+// `inlay:policy/config@0.1.0` for policies run natively under node (register.mjs).
+import { interfaces } from '../host.mjs';
+
+export const { get, all } = interfaces.config;

@@ -1,0 +1,4 @@
+// `inlay:policy/fetch@0.1.0` for policies run natively under node (register.mjs).
+import { interfaces } from '../host.mjs';
+
+export const { send, sendMany } = interfaces.fetch;

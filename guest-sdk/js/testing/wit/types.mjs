@@ -1,0 +1,4 @@
+// `inlay:policy/types@0.1.0` for policies run natively under node (register.mjs).
+import { interfaces } from '../host.mjs';
+
+export const { Request, Response } = interfaces.types;
