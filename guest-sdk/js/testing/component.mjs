@@ -7,13 +7,15 @@
 import { readFileSync } from 'node:fs';
 import { mkdir, writeFile, readFile, stat } from 'node:fs/promises';
 import { createHash } from 'node:crypto';
+import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
+import { pathToFileURL } from 'node:url';
 import { transpile } from '@bytecodealliance/jco';
 
 import { interfaces } from './host.mjs';
 
-const CACHE = join(dirname(fileURLToPath(import.meta.url)), '..', 'test', '.transpiled');
+// Transpiled components, by content hash (INLAY_JCO_CACHE or the temp folder).
+const CACHE = process.env.INLAY_JCO_CACHE ?? join(tmpdir(), 'inlay-jco');
 const VERSION = '0.1.0';
 
 /** The import object: every interface under both its versioned and bare name. */
