@@ -1,0 +1,272 @@
+"""What every scenario of the harness shares: the run mode, the running
+origin, starting inlay/varnishd instances, warming and filling caches, A/B
+alternation, and the result types (Section, Ratio) the report is built from.
+"""
+
+from __future__ import annotations
+
+import http.client
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Hashable
+
+from loadgen import LoadGen
+from procs import BenchError, Inlay, Origin, Registry, Varnish, http_get, is_hit
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How long and how often: `quick` for everyday checks, `full` for the README."""
+
+    name: str
+    pairs: int  # A/B pairs per measurement
+    budget_s: int  # no new section starts after this many seconds
+    wrk_seconds: float
+    esi_sizes: tuple[int, ...]
+    esi_nested_sizes: tuple[int, ...]
+    esi_vus: int
+    esi_iterations: int
+    ttfb_runs: int
+    ttfb_conns: int
+    vod_objects: int
+    vod_requests: int
+    vod_vus: int
+    vod_origin_delay_ms: int
+    dyn_seconds: float
+    dyn_concurrency: tuple[int, ...]
+
+
+QUICK = Mode(
+    name="quick", pairs=1, budget_s=140, wrk_seconds=2,
+    esi_sizes=(1, 5, 10, 20), esi_nested_sizes=(5,), esi_vus=10, esi_iterations=20,
+    ttfb_runs=2, ttfb_conns=100,
+    vod_objects=200, vod_requests=5000, vod_vus=16, vod_origin_delay_ms=50,
+    dyn_seconds=1.5, dyn_concurrency=(1, 50, 100),
+)
+FULL = Mode(
+    name="full", pairs=3, budget_s=1020, wrk_seconds=5,
+    esi_sizes=(1, 5, 10, 20), esi_nested_sizes=(1, 5, 10, 20), esi_vus=20, esi_iterations=40,
+    ttfb_runs=5, ttfb_conns=100,
+    vod_objects=1000, vod_requests=50000, vod_vus=16, vod_origin_delay_ms=50,
+    dyn_seconds=3, dyn_concurrency=(1, 50, 100),
+)
+MODES = {m.name: m for m in (QUICK, FULL)}
+
+
+@dataclass
+class Ratio:
+    """One headline figure: usually a ratio, sometimes an absolute check (unit)."""
+
+    label: str
+    value: float | None
+    target: float | None = None
+    higher_is_better: bool = True
+    unit: str = "x"
+    detail: str = ""  # e.g. the per-pair values
+    source: str = ""  # the section id
+
+    @property
+    def ok(self) -> bool | None:
+        if self.value is None or self.target is None:
+            return None
+        return self.value >= self.target if self.higher_is_better else self.value <= self.target
+
+
+@dataclass
+class Table:
+    caption: str
+    headers: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Section:
+    """One scenario's results, as the report shows them."""
+
+    id: str
+    title: str
+    about: str = ""  # markdown: what is measured and how
+    tables: list[Table] = field(default_factory=list)
+    ratios: list[Ratio] = field(default_factory=list)
+    plots: list[tuple[str, str, str]] = field(default_factory=list)  # (file, caption, svg)
+    notes: list[str] = field(default_factory=list)
+    raw: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: str = ""
+
+    def ratio(self, *args, **kw) -> Ratio:
+        r = Ratio(*args, source=self.id, **kw)
+        self.ratios.append(r)
+        return r
+
+
+Target = Inlay | Varnish | Origin
+
+
+class Context:
+    """The state shared by the scenarios of one harness run."""
+
+    def __init__(self, mode: Mode, reg: Registry, gen: LoadGen, origin: Origin, *,
+                 inlay_bin: Path, varnishd: str, vcl_dir: Path, policy_dir: Path):
+        self.mode = mode
+        self.reg = reg
+        self.gen = gen
+        self.origin = origin
+        self.inlay_bin = inlay_bin
+        self.varnishd = varnishd
+        self.vcl_dir = vcl_dir
+        self.policy_dir = policy_dir
+        self.workdir = reg.workdir
+        self._servers: list[Target] = []
+
+    # -- servers ---------------------------------------------------------
+
+    def inlay(self, name: str, **kw) -> Inlay:
+        """Start an inlay in front of the origin; stopped by release()."""
+        inst = Inlay(self.reg, self.inlay_bin, self.origin, name, **kw)
+        self._servers.append(inst)
+        return inst
+
+    def varnish(self, vcl: str, storage: str = "malloc,256m") -> Varnish:
+        """Start varnishd with loadtests/varnish/VCL; stopped by release()."""
+        inst = Varnish(self.reg, self.varnishd, self.vcl_dir, self.origin, vcl, storage)
+        self._servers.append(inst)
+        return inst
+
+    def release(self) -> None:
+        """Stop every server the current section started."""
+        for s in reversed(self._servers):
+            s.stop()
+        self._servers.clear()
+
+    # -- requests --------------------------------------------------------
+
+    def warm(self, url: str, *, expect_hit: bool = True) -> None:
+        """Fetch twice; with expect_hit the second answer must come from the cache."""
+        status, _, _ = http_get(url, timeout=30)
+        if status != 200:
+            raise BenchError(f"warming {url}: status {status}")
+        status, headers, _ = http_get(url, timeout=30)
+        if expect_hit and not is_hit(headers):
+            raise BenchError(f"warming {url}: second request was not a cache hit ({headers})")
+
+    def fill(self, base: str, paths: list[str], threads: int = 16) -> float:
+        """GET every path once (keep-alive, `threads` at a time); returns seconds."""
+        host, port = base.removeprefix("http://").split(":")
+        queue = list(reversed(paths))
+        lock = threading.Lock()
+        errors: list[str] = []
+
+        def worker() -> None:
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            while True:
+                with lock:
+                    if not queue or errors:
+                        break
+                    path = queue.pop()
+                try:
+                    conn.request("GET", path)
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.status != 200:
+                        errors.append(f"{path}: {resp.status}")
+                except (OSError, http.client.HTTPException) as e:
+                    errors.append(f"{path}: {e}")
+            conn.close()
+
+        t0 = time.monotonic()
+        ts = [threading.Thread(target=worker) for _ in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errors:
+            raise BenchError(f"filling {base}: {errors[:3]}")
+        return time.monotonic() - t0
+
+    def wrk(self, target: Target, path: str, *, env: dict[str, str] | None = None,
+            connections: int = 64) -> dict:
+        """One wrk run against target+path; also counts the origin requests it caused."""
+        self.origin.reset()
+        r = self.gen.wrk_run(target.url + path, duration=self.mode.wrk_seconds, connections=connections,
+                             pids=target.pids, env=env)
+        r["origin_requests"] = self.origin.total()
+        if r["errors"] > 0.01 * max(r["requests"], 1):
+            raise BenchError(f"wrk {target.url}{path}: {r['errors']} errors in {r['requests']} requests: {r['error_detail']}")
+        return r
+
+    def k6(self, script: str, target: Target, env: dict[str, str], timeout: float) -> dict:
+        """One k6 run of loadtests/k6/SCRIPT with TARGET set; also counts origin requests."""
+        self.origin.reset()
+        r = self.gen.k6_run(script, {"TARGET": target.url, **env}, timeout=timeout, pids=target.pids)
+        r["origin_requests"] = self.origin.total()
+        return r
+
+    def alternate(self, cases: list[Hashable], targets: list[str], run: Callable[[Hashable, str], dict],
+                  pairs: int | None = None) -> dict:
+        """A B A B: for each pair, each case, each target in turn: results[case][target] = [runs]."""
+        res: dict = {c: {t: [] for t in targets} for c in cases}
+        for _ in range(pairs or self.mode.pairs):
+            for c in cases:
+                for t in targets:
+                    res[c][t].append(run(c, t))
+        return res
+
+
+# -- statistics ------------------------------------------------------------
+
+def med(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def pair_ratios(a: list[dict], b: list[dict], f: Callable[[dict], float]) -> list[float]:
+    """a_i / b_i for each A/B pair (the alternation cancels slow drift of a shared machine)."""
+    return [f(x) / f(y) for x, y in zip(a, b) if f(y)]
+
+
+def ratio_detail(rs: list[float]) -> str:
+    if len(rs) <= 1:
+        return f"1 pair" if rs else "no data"
+    return f"{len(rs)} pairs: " + ", ".join(f"{r:.2f}" for r in rs)
+
+
+def trend_median(runs: list[dict], metric: str) -> dict:
+    """Per percentile, the median over runs of a k6 trend (ms)."""
+    keys = set()
+    for r in runs:
+        keys |= set(r.get(metric, {}))
+    return {k: med([r.get(metric, {}).get(k) for r in runs]) for k in keys}
+
+
+def ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} M"
+    if v >= 1e4:
+        return f"{v / 1e3:.1f} k"
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def gbps(bytes_per_s: float | None) -> str:
+    return "-" if bytes_per_s is None else f"{bytes_per_s / 1e9:.2f} GB/s"
+
+
+def xr(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"

@@ -1,0 +1,146 @@
+"""The load generators: wrk for raw throughput ceilings, k6 for the scenarios.
+
+Each run is bounded in time (wrk -d, k6 maxDuration, and a hard subprocess
+timeout on top) and reports the proxy's CPU time over the run, read from
+/proc before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from procs import BenchError, Registry, cpu_seconds
+
+HERE = Path(__file__).resolve().parent
+WRK_LUA = HERE / "wrk" / "report.lua"
+K6_DIR = HERE.parent / "k6"
+
+
+class LoadGen:
+    """Runs wrk and k6, records their commands in the registry."""
+
+    def __init__(self, reg: Registry, wrk: str, k6: str):
+        self.reg = reg
+        self.wrk = wrk
+        self.k6 = k6
+        self._k6_runs = 0
+
+    def wrk_run(
+        self,
+        url: str,
+        *,
+        duration: float,
+        connections: int = 64,
+        threads: int = 2,
+        pids: Callable[[], list[int]] = lambda: [],
+        env: dict[str, str] | None = None,
+    ) -> dict:
+        """One wrk run; returns req/s, bytes/s, latency (ms), errors, CPU µs per request."""
+        argv = [
+            self.wrk, f"-t{threads}", f"-c{connections}", f"-d{duration:g}s",
+            "--timeout", "5s", "-s", str(WRK_LUA), url,
+        ]
+        self.reg.note_command(argv, env)
+        watched = pids()
+        cpu0 = cpu_seconds(watched)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=duration + 30,
+            env=dict(os.environ, **(env or {})),
+        )
+        wall = time.monotonic() - t0
+        cpu1 = cpu_seconds(watched)
+        m = re.search(r"^WRK_JSON (\{.*\})$", proc.stdout, re.M)
+        if proc.returncode != 0 or not m:
+            raise BenchError(f"wrk failed ({proc.returncode}): {proc.stderr.strip()[-500:]} {proc.stdout[-500:]}")
+        r = json.loads(m.group(1))
+        secs = r["duration_us"] / 1e6
+        errors = sum(r["errors"].values())
+        lat = {k: v / 1000.0 for k, v in r["latency_us"].items()}
+        return {
+            "requests": r["requests"],
+            "seconds": secs,
+            "wall_seconds": wall,
+            "rps": r["requests"] / secs,
+            "bytes_per_s": r["bytes"] / secs,
+            "errors": errors,
+            "error_detail": r["errors"],
+            "latency_ms": {"mean": lat["mean"], "p50": lat["p50"], "p90": lat["p90"],
+                           "p99": lat["p99"], "p99.9": lat["p999"], "max": lat["max"]},
+            "cpu_s": cpu1 - cpu0,
+            "cpu_us_per_req": (cpu1 - cpu0) * 1e6 / max(r["requests"], 1),
+        }
+
+    def k6_run(
+        self,
+        script: str,
+        env: dict[str, str],
+        *,
+        timeout: float,
+        pids: Callable[[], list[int]] = lambda: [],
+    ) -> dict:
+        """One k6 run of loadtests/k6/SCRIPT; returns the summary's metrics, flattened."""
+        self._k6_runs += 1
+        summary = self.reg.workdir / f"k6-{self._k6_runs}-{Path(script).stem}.json"
+        argv = [self.k6, "run", "-q", "--no-color"]
+        for k, v in env.items():
+            argv += ["-e", f"{k}={v}"]
+        argv += ["-e", f"SUMMARY={summary}", str(K6_DIR / script)]
+        self.reg.note_command(argv, {"K6_NO_USAGE_REPORT": "true"})
+        watched = pids()
+        cpu0 = cpu_seconds(watched)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout,
+            env=dict(os.environ, K6_NO_USAGE_REPORT="true"),
+        )
+        wall = time.monotonic() - t0
+        cpu1 = cpu_seconds(watched)
+        # 99: thresholds crossed (a finding, reported); anything else is a failure.
+        if proc.returncode not in (0, 99) or not summary.exists():
+            raise BenchError(f"k6 {script} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+        data = json.loads(summary.read_text())
+        summary.unlink()
+        return flatten_k6(data, wall, cpu1 - cpu0, proc.returncode)
+
+
+# The k6 metrics the report uses (the rest would only bloat report.json).
+KEPT_METRICS = {
+    "http_req_duration", "http_req_waiting", "http_req_connecting", "ttfb", "http_reqs",
+    "data_received", "cache_hit", "checks", "http_req_failed",
+}
+
+
+def flatten_k6(data: dict, wall: float, cpu_s: float, rc: int) -> dict:
+    """The parts of a k6 summary the report uses: trends (ms), counters, rates, thresholds."""
+    out: dict = {
+        "wall_seconds": wall,
+        "run_seconds": data["state"]["testRunDurationMs"] / 1000.0,
+        "cpu_s": cpu_s,
+        "thresholds_ok": rc == 0,
+        "failed_thresholds": [],
+    }
+    for name, m in data["metrics"].items():
+        if name not in KEPT_METRICS:
+            continue
+        v = m["values"]
+        if m["type"] == "trend":
+            # "p(99.9)" -> "p99.9"; "med" duplicates p(50).
+            out[name] = {k.replace("p(", "p").replace(")", ""): x for k, x in v.items() if k != "med"}
+        elif m["type"] == "rate":
+            out[name] = v["rate"]
+        elif m["type"] == "counter":
+            out[name] = {"count": v["count"], "rate": v["rate"]}
+        for th, res in (m.get("thresholds") or {}).items():
+            if not res.get("ok", True):
+                out["failed_thresholds"].append(f"{name}: {th}")
+    reqs = out.get("http_reqs", {}).get("count", 0)
+    out["requests"] = reqs
+    out["cpu_us_per_req"] = cpu_s * 1e6 / reqs if reqs else None
+    return out

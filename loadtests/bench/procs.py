@@ -1,0 +1,376 @@
+"""The processes of a benchmark run: the test origin, inlay and varnishd.
+
+Every process is started in its own session (process group), registered,
+and written to a pid file, so the harness (and run.sh's EXIT trap, should
+the harness itself die) can stop exactly what it started. CPU time and
+resident memory are read from /proc.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+LOOPBACK = "127.0.0.1"
+
+
+class BenchError(RuntimeError):
+    """A process did not start or a precondition of a measurement failed."""
+
+
+class Registry:
+    """The processes this harness started, and the commands it ran."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.pidfile = workdir / "pids"
+        self.procs: list[subprocess.Popen] = []
+        self.commands: list[str] = []
+
+    def note_command(self, argv: list[str], env: dict[str, str] | None = None) -> str:
+        """Record a command line (with the env vars that matter) for the report."""
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        cmd = (prefix + " " if prefix else "") + shlex.join(argv)
+        self.commands.append(cmd)
+        return cmd
+
+    def spawn(self, argv: list[str], log: Path) -> subprocess.Popen:
+        """Start a long-running server in its own process group, output appended to `log`."""
+        self.note_command(argv)
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append(proc)
+        with self.pidfile.open("a") as f:
+            f.write(f"{proc.pid}\n")
+        return proc
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, wait: float = 10.0) -> None:
+        """Stop one process group: `sig`, then SIGKILL after `wait` seconds."""
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=5)
+        # The group may outlive its leader (varnishd's child): end it too.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        """Stop everything still running (on exit, error or signal)."""
+        for proc in list(reversed(self.procs)):
+            self.stop(proc, wait=5.0)
+        try:
+            self.pidfile.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (for varnishd, which cannot report one)."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (varnishd's manager forks the cache child)."""
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: split after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        parent_of[int(entry)] = int(fields[1])
+    found = [pid]
+    frontier = [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent_of.items() if pp == p]
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (all their threads)."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        # Fields 14 and 15 of stat(5) (utime, stime); index 0 here is field 3.
+        total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of `pid` (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class RssSampler:
+    """Samples a process's resident memory every `interval` seconds in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.1):
+        self.pid = pid
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = 0.0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic() - self._t0, rss_bytes(self.pid)))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "RssSampler":
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def max(self) -> int:
+        return max((r for _, r in self.samples), default=0)
+
+
+def http_get(url: str, timeout: float = 10.0, headers: dict | None = None):
+    """One GET over a fresh connection: (status, headers dict lower-cased, body)."""
+    m = re.match(r"http://([^/:]+):(\d+)(/.*)?$", url)
+    if not m:
+        raise BenchError(f"not a loopback http URL: {url}")
+    conn = http.client.HTTPConnection(m.group(1), int(m.group(2)), timeout=timeout)
+    try:
+        conn.request("GET", m.group(3) or "/", headers=headers or {})
+        resp = conn.getresponse()
+        body = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+    finally:
+        conn.close()
+
+
+def is_hit(headers: dict) -> bool:
+    """Inlay's Cache-Status `hit`, or Varnish's two ids in X-Varnish."""
+    if "cache-status" in headers:
+        return re.search(r";\s*hit\b", headers["cache-status"], re.I) is not None
+    return len(headers.get("x-varnish", "").split()) == 2
+
+
+def wait_listening_line(log: Path, proc: subprocess.Popen, timeout: float, since: int = 0) -> str:
+    """Wait for `listening on http://ADDR` in a log file, after byte `since`; return the URL.
+
+    A restarted inlay appends to the same log, so its old port must not be read.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = ""
+        if log.exists():
+            with log.open("rb") as f:
+                f.seek(since)
+                text = f.read().decode(errors="replace")
+        m = re.search(r"listening on (http://[0-9.]+:\d+)", text)
+        if m:
+            return m.group(1)
+        if proc.poll() is not None:
+            raise BenchError(f"{log.name}: exited with {proc.returncode}: {text.strip()[-800:]}")
+        time.sleep(0.005)
+    raise BenchError(f"{log.name}: no 'listening on' line within {timeout}s: {tail(log)}")
+
+
+def tail(path: Path, lines: int = 8) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Origin:
+    """The test origin (`inlay-origin`), shared by every scenario of a run."""
+
+    def __init__(self, reg: Registry, binary: Path):
+        self.log = reg.workdir / "origin.log"
+        self.proc = reg.spawn([str(binary), "--listen", f"{LOOPBACK}:0"], self.log)
+        self.url = wait_listening_line(self.log, self.proc, 10)
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def reset(self) -> None:
+        http_get(self.url + "/__reset")
+
+    def count(self, path: str) -> int:
+        """Requests seen for `path` (without query) since the last reset."""
+        return int(http_get(f"{self.url}/__count?path={path}")[2].decode().strip() or 0)
+
+    def total(self) -> int:
+        """All requests seen since the last reset."""
+        return sum(json.loads(http_get(self.url + "/__counts")[2]).values())
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid]
+
+
+class Inlay:
+    """One `inlay serve` with a generated TOML config."""
+
+    def __init__(
+        self,
+        reg: Registry,
+        binary: Path,
+        origin: Origin,
+        name: str,
+        *,
+        memory_size: str = "256MiB",
+        cache_dir: Path | None = None,
+        disk_size: str = "1GiB",
+        esi_concurrency: int | None = None,
+        policy: Path | None = None,
+    ):
+        self.reg = reg
+        self.binary = binary
+        self.name = name
+        self.config = reg.workdir / f"inlay-{name}.toml"
+        self.policy = policy
+        self.cache_dir = cache_dir
+        lines = [
+            "# Generated by loadtests/bench/harness.py",
+            "[server]",
+            f'listen = ["{LOOPBACK}:0"]',
+            "[backends.default]",
+            f'address = "{origin.url}"',
+            "[log]",
+            # info: the "listening on" line is an info event; no per-request lines.
+            'level = "info"',
+            'access_log = "off"',
+            "[cache]",
+            f'memory_size = "{memory_size}"',
+        ]
+        if cache_dir is not None:
+            lines += [f'dir = "{cache_dir}"', f'disk_size = "{disk_size}"']
+        if esi_concurrency is not None:
+            lines += ["[esi]", f"max_concurrency = {esi_concurrency}"]
+        self.config.write_text("\n".join(lines) + "\n")
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.start()
+
+    def argv(self) -> list[str]:
+        argv = [str(self.binary), "serve", "--config", str(self.config)]
+        if self.policy is not None:
+            argv += ["--policy", str(self.policy)]
+        return argv
+
+    def start(self) -> float:
+        """Start (or restart, on the same config and cache dir); returns seconds to listening."""
+        log = self.reg.workdir / f"inlay-{self.name}.log"
+        since = log.stat().st_size if log.exists() else 0
+        t0 = time.monotonic()
+        self.proc = self.reg.spawn(self.argv(), log)
+        self.url = wait_listening_line(log, self.proc, 30, since)
+        return time.monotonic() - t0
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc else []
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.reg.stop(self.proc)
+            self.proc = None
+
+    def kill9(self) -> None:
+        """SIGKILL, as a crash: no shutdown path runs."""
+        if self.proc is not None:
+            self.reg.stop(self.proc, sig=signal.SIGKILL)
+            self.proc = None
+
+
+class Varnish:
+    """One foreground varnishd with a scenario VCL from loadtests/varnish/."""
+
+    def __init__(self, reg: Registry, varnishd: str, vcl_dir: Path, origin: Origin, vcl: str, storage: str = "malloc,256m"):
+        self.reg = reg
+        self.dir = reg.workdir / f"varnish-{vcl.removesuffix('.vcl')}-{len(reg.commands)}"
+        self.dir.mkdir(mode=0o755)
+        # The VCLs include "backend.vcl", written here for this run's origin port.
+        (self.dir / "backend.vcl").write_text(
+            f'backend default {{ .host = "{LOOPBACK}"; .port = "{origin.port}"; }}\n'
+        )
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        argv = [
+            varnishd, "-F",
+            "-a", f"{LOOPBACK}:{self.port}",
+            "-f", str(vcl_dir / vcl),
+            "-n", str(self.dir / "n"),
+            "-p", f"vcl_path={self.dir}:{vcl_dir}",
+            "-s", storage,
+        ]
+        self.log = self.dir / "varnishd.log"
+        self.proc = reg.spawn(argv, self.log)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"varnishd exited with {self.proc.returncode}: {tail(self.log, 15)}")
+            try:
+                http_get(self.url + "/resp?cc=no-store", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"varnishd did not answer within 30s: {tail(self.log)}")
+                time.sleep(0.05)
+
+    def pids(self) -> list[int]:
+        return descendants(self.proc.pid) if self.proc.poll() is None else []
+
+    def stop(self) -> None:
+        self.reg.stop(self.proc)
+
+
+def ensure_world_readable_dirs(path: Path) -> None:
+    """varnishd's compiler and child run as an unprivileged user: let them in."""
+    for p in [path, *path.parents]:
+        if str(p) in ("/", "/tmp"):
+            break
+        os.chmod(p, os.stat(p).st_mode | 0o755)

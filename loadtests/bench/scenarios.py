@@ -1,0 +1,559 @@
+"""The measurements of the harness, one function per report section.
+
+wrk gives the raw throughput ceilings (hits, tiers, pass-through, policy,
+cached ESI); k6 runs the four scenarios of loadtests/k6/ (ESI, TTFB, VOD,
+dynamic origin). Every function starts the servers it needs, alternates the
+targets (A B A B), and returns a Section.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+
+import svg
+from context import (
+    Context, Section, Table, gbps, med, ms, num, pair_ratios, ratio_detail, trend_median, xr,
+)
+from procs import BenchError, RssSampler, http_get, is_hit
+
+MiB = 1 << 20
+
+
+# -- wrk ceilings -------------------------------------------------------------
+
+def wrk_hits(ctx: Context) -> Section:
+    sec = Section("hits", "Cache-hit throughput ceilings (wrk)")
+    sec.about = (
+        f"`wrk -t2 -c64 -d{ctx.mode.wrk_seconds:g}s` on one cached object (`/static/N`, "
+        "`Cache-Control: public, max-age=3600`), warmed before the runs; Inlay "
+        "(memory tier 256 MiB) vs Varnish (`hits.vcl`, `-s malloc,256m`). The origin "
+        "counts requests during each run (should be 0). CPU is the proxy's user+system "
+        "time over the run divided by the requests."
+    )
+    inlay = ctx.inlay("hits")
+    varnish = ctx.varnish("hits.vcl")
+    targets = {"inlay": inlay, "varnish": varnish}
+    cases = {"177 B": "/static/177", "16 KiB": "/static/16384", "1 MiB": "/static/1048576"}
+    for path in cases.values():
+        for t in targets.values():
+            ctx.warm(t.url + path)
+    res = ctx.alternate(list(cases), list(targets), lambda c, t: ctx.wrk(targets[t], cases[c]))
+    sec.raw = res
+    rows = []
+    for case, by in res.items():
+        key = "bytes_per_s" if case == "1 MiB" else "rps"
+        rs = pair_ratios(by["inlay"], by["varnish"], lambda r: r[key])
+        what = "bytes/s" if key == "bytes_per_s" else "req/s"
+        target = 0.8 if case == "1 MiB" else 1.0
+        sec.ratio(f"Cache hits {case}: Inlay / Varnish {what}", med(rs), target, detail=ratio_detail(rs))
+        rows.append([
+            case,
+            num(med([r["rps"] for r in by["inlay"]])), num(med([r["rps"] for r in by["varnish"]])),
+            gbps(med([r["bytes_per_s"] for r in by["inlay"]])), gbps(med([r["bytes_per_s"] for r in by["varnish"]])),
+            xr(med(rs)),
+            num(med([r["cpu_us_per_req"] for r in by["inlay"]])), num(med([r["cpu_us_per_req"] for r in by["varnish"]])),
+            ms(med([r["latency_ms"]["p99"] for r in by["inlay"]])), ms(med([r["latency_ms"]["p99"] for r in by["varnish"]])),
+            str(sum(r["origin_requests"] for r in by["inlay"] + by["varnish"])),
+        ])
+    sec.tables.append(Table("Medians over the pairs", [
+        "object", "Inlay req/s", "Varnish req/s", "Inlay bytes/s", "Varnish bytes/s", "Inlay/Varnish",
+        "Inlay CPU µs/req", "Varnish CPU µs/req", "Inlay p99 ms", "Varnish p99 ms", "origin requests",
+    ], rows))
+    sec.plots.append(("hits.svg", "Cache-hit requests/s", svg.bar_chart(
+        "Cache hits: requests/s (wrk, median of pairs)", list(res),
+        {"Inlay": [med([r["rps"] for r in res[c]["inlay"]]) for c in res],
+         "Varnish": [med([r["rps"] for r in res[c]["varnish"]]) for c in res]},
+        "requests/s", log=True)))
+    return sec
+
+
+def wrk_tiers(ctx: Context) -> Section:
+    n = 2000
+    sec = Section("tiers", "Disk-tier hits vs memory-tier hits (wrk, Inlay)")
+    sec.about = (
+        f"{n} objects of 16 KiB (`/static/16384?id=N`, {n * 16 // 1024} MiB), all cached, requested at "
+        "random by wrk (`wrk/report.lua` with `WRK_PATHS_COUNT`). Both instances use `--cache-dir`; "
+        "the memory-tier one has `memory_size = 256MiB` (everything in memory), the disk-tier one "
+        "`memory_size = 1MiB` (the minimum: almost every hit is read from sled)."
+    )
+    mem = ctx.inlay("tier-mem", cache_dir=ctx.workdir / "tier-mem", memory_size="256MiB")
+    disk = ctx.inlay("tier-disk", cache_dir=ctx.workdir / "tier-disk", memory_size="1MiB")
+    targets = {"memory tier": mem, "disk tier": disk}
+    paths = [f"/static/16384?id={i}" for i in range(n)]
+    for t in targets.values():
+        ctx.fill(t.url, paths)
+        ctx.warm(t.url + paths[0])
+    env = {"WRK_PATHS_COUNT": str(n), "WRK_PATHS_PREFIX": "/static/16384?id="}
+    res = ctx.alternate(["16 KiB random"], list(targets), lambda c, t: ctx.wrk(targets[t], "/static/16384", env=env))
+    sec.raw = res
+    by = res["16 KiB random"]
+    rs = pair_ratios(by["disk tier"], by["memory tier"], lambda r: r["rps"])
+    sec.ratio("Disk-tier hits / memory-tier hits (req/s)", med(rs), 0.5, detail=ratio_detail(rs))
+    sec.tables.append(Table("Medians over the pairs", [
+        "tier", "req/s", "bytes/s", "p50 ms", "p99 ms", "CPU µs/req", "origin requests"],
+        [[name, num(med([r["rps"] for r in runs])), gbps(med([r["bytes_per_s"] for r in runs])),
+          ms(med([r["latency_ms"]["p50"] for r in runs])), ms(med([r["latency_ms"]["p99"] for r in runs])),
+          num(med([r["cpu_us_per_req"] for r in runs])), str(sum(r["origin_requests"] for r in runs))]
+         for name, runs in by.items()]))
+    return sec
+
+
+def wrk_pass(ctx: Context) -> Section:
+    sec = Section("pass", "Pass-through proxying vs the origin directly (wrk)")
+    path = "/static/177?cc=no-store"
+    sec.about = (
+        f"`{path}`: the origin answers `Cache-Control: no-store`, so Inlay fetches every request "
+        "from the origin (hit-for-miss); Varnish runs `pass.vcl` (`return (pass)` for everything). "
+        "`origin` is wrk straight at the origin. The proxy and the origin share the two cores "
+        "with wrk, so the ratio is the cost of the extra hop on this machine."
+    )
+    inlay = ctx.inlay("pass")
+    varnish = ctx.varnish("pass.vcl")
+    targets = {"origin": ctx.origin, "inlay": inlay, "varnish": varnish}
+    for t in (inlay, varnish):
+        status, headers, _ = http_get(t.url + path)
+        if status != 200 or is_hit(headers):
+            raise BenchError(f"pass-through check failed on {t.url}: {status} {headers}")
+    res = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], path))
+    sec.raw = res
+    by = res["177 B"]
+    ri = pair_ratios(by["inlay"], by["origin"], lambda r: r["rps"])
+    rv = pair_ratios(by["varnish"], by["origin"], lambda r: r["rps"])
+    riv = pair_ratios(by["inlay"], by["varnish"], lambda r: r["rps"])
+    sec.ratio("Pass-through: Inlay / origin direct (req/s)", med(ri), detail=ratio_detail(ri))
+    sec.ratio("Pass-through: Inlay / Varnish (req/s)", med(riv), detail=ratio_detail(riv))
+    sec.tables.append(Table("Medians over the pairs", [
+        "target", "req/s", "vs origin", "p50 ms", "p99 ms", "proxy CPU µs/req", "origin requests / requests"],
+        [[name, num(med([r["rps"] for r in runs])),
+          {"origin": "1.00x", "inlay": xr(med(ri)), "varnish": xr(med(rv))}[name],
+          ms(med([r["latency_ms"]["p50"] for r in runs])), ms(med([r["latency_ms"]["p99"] for r in runs])),
+          "-" if name == "origin" else num(med([r["cpu_us_per_req"] for r in runs])),
+          f"{sum(r['origin_requests'] for r in runs) / max(sum(r['requests'] for r in runs), 1):.2f}"]
+         for name, runs in by.items()]))
+    return sec
+
+
+def wrk_policy(ctx: Context) -> Section:
+    sec = Section("policy", "`headers` policy vs no policy on the same cached object (wrk)")
+    sec.about = (
+        "`/static/177`, cached, `wrk -t2 -c64`: Inlay without a policy vs Inlay with "
+        "`--policy target/policies/headers.wasm` (build it with `make policies`). The policy runs "
+        "on every request (on-request, on-deliver) and adds `x-inlay-policy: headers`."
+    )
+    wasm = ctx.policy_dir / "headers.wasm"
+    if not wasm.exists():
+        sec.skipped = f"{wasm} is missing: run `make policies` first."
+        return sec
+    plain = ctx.inlay("policy-none")
+    try:
+        pol = ctx.inlay("policy-headers", policy=wasm)
+    except BenchError as e:
+        sec.skipped = f"`inlay serve --policy {wasm.name}` did not start (policy runtime not available?): {e}"
+        return sec
+    status, headers, _ = http_get(pol.url + "/static/177")
+    if headers.get("x-inlay-policy") != "headers":
+        sec.skipped = (
+            "`inlay serve --policy headers.wasm` starts, but responses carry no `x-inlay-policy: headers`: "
+            "the policy is not run on requests yet (policy runtime not wired in this build), so there "
+            "is nothing to measure."
+        )
+        return sec
+    targets = {"no policy": plain, "headers policy": pol}
+    for t in targets.values():
+        ctx.warm(t.url + "/static/177")
+    res = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], "/static/177"))
+    sec.raw = res
+    by = res["177 B"]
+    rs = pair_ratios(by["headers policy"], by["no policy"], lambda r: r["rps"])
+    sec.ratio("`headers` policy / no policy (req/s, cached 177 B)", med(rs), 0.85, detail=ratio_detail(rs))
+    sec.tables.append(Table("Medians over the pairs", ["inlay", "req/s", "p50 ms", "p99 ms", "CPU µs/req"],
+        [[name, num(med([r["rps"] for r in runs])), ms(med([r["latency_ms"]["p50"] for r in runs])),
+          ms(med([r["latency_ms"]["p99"] for r in runs])), num(med([r["cpu_us_per_req"] for r in runs]))]
+         for name, runs in by.items()]))
+    return sec
+
+
+def wrk_esi_cached(ctx: Context) -> Section:
+    sec = Section("esi-cached", "ESI page from 10 cached fragments (wrk)")
+    path = "/esi/page?n=10"
+    sec.about = (
+        f"`{path}`: the template and its 10 fragments are cacheable (`max-age=60`), so every "
+        "request is assembled from the cache: the cost of ESI processing itself. Inlay (default "
+        "ESI settings) vs Varnish (`esi.vcl`)."
+    )
+    inlay = ctx.inlay("esi-cached")
+    varnish = ctx.varnish("esi.vcl")
+    targets = {"inlay": inlay, "varnish": varnish}
+    for t in targets.values():
+        ctx.warm(t.url + path, expect_hit=False)
+        _, _, body = http_get(t.url + path)
+        if body.count(b'class="fragment"') != 10 or b"<esi:" in body:
+            raise BenchError(f"ESI not assembled by {t.url}: {body[:300]!r}")
+    res = ctx.alternate(["10 fragments"], list(targets), lambda c, t: ctx.wrk(targets[t], path))
+    sec.raw = res
+    by = res["10 fragments"]
+    rs = pair_ratios(by["inlay"], by["varnish"], lambda r: r["rps"])
+    sec.ratio("ESI page from 10 cached fragments: Inlay / Varnish pages/s", med(rs), 1.0, detail=ratio_detail(rs))
+    sec.tables.append(Table("Medians over the pairs", ["target", "pages/s", "p50 ms", "p99 ms", "CPU µs/page", "origin requests"],
+        [[name, num(med([r["rps"] for r in runs])), ms(med([r["latency_ms"]["p50"] for r in runs])),
+          ms(med([r["latency_ms"]["p99"] for r in runs])), num(med([r["cpu_us_per_req"] for r in runs])),
+          str(sum(r["origin_requests"] for r in runs))]
+         for name, runs in by.items()]))
+    return sec
+
+
+# -- k6 scenarios -------------------------------------------------------------
+
+def fragment_delays(n: int, lo: int = 50, hi: int = 200) -> list[int]:
+    """Delays spread evenly over [lo, hi] in a scrambled order; one include gets `hi`."""
+    if n <= 1:
+        return [hi]
+    k = next(p for p in (7, 11, 13, 17, 19, 23, 29) if math.gcd(p, n) == 1)
+    return [lo + round((hi - lo) * ((i * k) % n) / (n - 1)) for i in range(n)]
+
+
+def k6_esi(ctx: Context) -> Section:
+    m = ctx.mode
+    sec = Section("esi", "Scenario 1: parallel vs serial ESI (k6 `esi.js`)")
+    sec.about = (
+        "An ESI page (`/esi/page`, uncacheable: `no-store, private`) with 1, 5, 10 or 20 includes of "
+        "uncacheable fragments, each delayed 50-200 ms at the origin (spread evenly, scrambled so they "
+        "finish out of order; the slowest is 200 ms), flat or nested one level (each fragment includes "
+        "another with the same delay). "
+        f"{m.esi_vus} virtual users share {m.esi_iterations} page requests per run. Time to last byte "
+        "(k6 `http_req_duration`) p50/p90/p99 are medians over the runs; CPU ms/page is the proxy "
+        "process's user+system time over the run (from /proc/PID/stat, varnishd's manager and child "
+        "summed) divided by the pages. Targets: Inlay parallel (`esi.max_concurrency = 64`, default), "
+        "Varnish 7 (serial ESI, `esi.vcl`), Inlay serial (`esi.max_concurrency = 1`)."
+    )
+    targets = {
+        "inlay parallel": ctx.inlay("esi-parallel"),
+        "varnish": ctx.varnish("esi.vcl"),
+        "inlay serial": ctx.inlay("esi-serial", esi_concurrency=1),
+    }
+    cases = [(n, 0) for n in m.esi_sizes] + [(n, 1) for n in m.esi_nested_sizes]
+
+    def run(case, tname):
+        n, nested = case
+        delays = fragment_delays(n)
+        chain = max(delays) * (nested + 1)
+        serial_page_s = sum(delays) * (nested + 1) / 1000
+        rounds = math.ceil(m.esi_iterations / m.esi_vus)
+        env = {
+            "INCLUDES": str(n), "NESTED": str(nested), "DELAYS": ",".join(map(str, delays)),
+            "VUS": str(m.esi_vus), "ITERATIONS": str(m.esi_iterations),
+            "MAX_DURATION": f"{int(rounds * serial_page_s * 3 + 30)}s",
+        }
+        if tname == "inlay parallel":
+            env["P50_MAX_MS"] = str(int(chain * 1.2))
+            env["TTFB_P50_MAX_MS"] = "10"
+        r = ctx.k6("esi.js", targets[tname], env, timeout=rounds * serial_page_s * 3 + 90)
+        r["slowest_chain_ms"] = chain
+        return r
+
+    res = ctx.alternate(cases, list(targets), run)
+    sec.raw = {f"n={n} nested={k}": v for (n, k), v in res.items()}
+    rows = []
+    for (n, nested), by in res.items():
+        chain = by["inlay parallel"][0]["slowest_chain_ms"]
+        p = {t: trend_median(runs, "http_req_duration") for t, runs in by.items()}
+        speed = pair_ratios(by["varnish"], by["inlay parallel"], lambda r: r["http_req_duration"]["p50"])
+        cpu = {t: med([r["cpu_us_per_req"] for r in runs]) for t, runs in by.items()}
+        failed = sorted({f for runs in by.values() for r in runs for f in r["failed_thresholds"]})
+        rows.append([
+            str(n), "nested" if nested else "flat", f"{chain}",
+            *[f"{ms(p[t].get('p50'))} / {ms(p[t].get('p90'))} / {ms(p[t].get('p99'))}" for t in targets],
+            xr(med(speed)),
+            " / ".join(ms(None if cpu[t] is None else cpu[t] / 1000) for t in targets),
+            ms(med([r["http_req_waiting"]["p50"] for r in by["inlay parallel"]])),
+        ])
+        if failed:
+            sec.notes.append(f"n={n} {'nested' if nested else 'flat'}: thresholds crossed: {'; '.join(failed)}")
+    sec.tables.append(Table(
+        "Time to last byte in ms, p50 / p90 / p99 (median over runs)",
+        ["includes", "layout", "slowest include (chain) ms", "Inlay parallel", "Varnish (serial)",
+         "Inlay serial", "Varnish p50 / Inlay parallel p50", "CPU ms/page: Inlay par / Varnish / Inlay ser",
+         "Inlay parallel TTFB p50 ms"],
+        rows))
+    key = (10, 0) if (10, 0) in res else next(iter(res))
+    by = res[key]
+    chain = by["inlay parallel"][0]["slowest_chain_ms"]
+    rel = [r["http_req_duration"]["p50"] / chain for r in by["inlay parallel"]]
+    sec.ratio(f"ESI, {key[0]} uncacheable includes: Inlay p50 page time / slowest include", med(rel), 1.2,
+              higher_is_better=False, detail=ratio_detail(rel))
+    sp = pair_ratios(by["varnish"], by["inlay parallel"], lambda r: r["http_req_duration"]["p50"])
+    sec.ratio(f"ESI, {key[0]} uncacheable includes: Varnish p50 / Inlay parallel p50 (speed-up)", med(sp),
+              detail=ratio_detail(sp))
+    sps = pair_ratios(by["inlay serial"], by["inlay parallel"], lambda r: r["http_req_duration"]["p50"])
+    sec.ratio(f"ESI, {key[0]} uncacheable includes: Inlay serial p50 / Inlay parallel p50", med(sps),
+              detail=ratio_detail(sps))
+    ttfb = [r["http_req_waiting"]["p50"] for r in by["inlay parallel"]]
+    sec.ratio(f"ESI, {key[0]} includes: Inlay parallel TTFB p50", med(ttfb), 10, higher_is_better=False,
+              unit="ms", detail=ratio_detail(ttfb))
+    for nested, fname in ((0, "esi_flat.svg"), (1, "esi_nested.svg")):
+        sizes = [n for (n, k) in res if k == nested]
+        if not sizes:
+            continue
+        sec.plots.append((fname, f"ESI p50 time to last byte, {'nested' if nested else 'flat'}", svg.bar_chart(
+            f"ESI page, {'nested one level' if nested else 'flat'}: p50 time to last byte",
+            [f"{n} include{'s' if n > 1 else ''}" for n in sizes],
+            {t: [trend_median(res[(n, nested)][t], "http_req_duration").get("p50") for n in sizes] for t in targets},
+            "ms", log=True)))
+    sec.plots.append(("esi_distribution.svg", f"ESI latency distribution, {key[0]} includes", svg.quantile_chart(
+        f"ESI page with {key[0]} includes ({'nested' if key[1] else 'flat'}): time to last byte by percentile",
+        {t: trend_median(by[t], "http_req_duration") for t in targets})))
+    return sec
+
+
+def k6_ttfb(ctx: Context) -> Section:
+    m = ctx.mode
+    sec = Section("ttfb", "Scenario 2: time to first byte on a cache hit (k6 `ttfb.js`)")
+    sec.about = (
+        f"A 177-byte cached object (`/static/177`). {m.ttfb_runs} runs of {m.ttfb_conns} requests per "
+        "target, alternating Inlay and Varnish (`hits.vcl`); one k6 virtual user, requests one after "
+        "another. *new connection*: k6 `noConnectionReuse` (connect, GET, read the first byte, close), "
+        "TTFB measured from the connect; *keep-alive*: one connection. Percentiles are medians over "
+        "the runs; every request is checked to be a hit."
+    )
+    targets = {"inlay": ctx.inlay("ttfb"), "varnish": ctx.varnish("hits.vcl")}
+    for t in targets.values():
+        ctx.warm(t.url + "/static/177")
+    variants = {"new connection": "0", "keep-alive": "1"}
+    res = ctx.alternate(list(variants), list(targets), lambda v, t: ctx.k6(
+        "ttfb.js", targets[t], {"CONNS": str(m.ttfb_conns), "REUSE": variants[v]}, timeout=60),
+        pairs=m.ttfb_runs)
+    sec.raw = res
+    rows = []
+    for v, by in res.items():
+        p = {t: trend_median(runs, "ttfb") for t, runs in by.items()}
+        rs = pair_ratios(by["inlay"], by["varnish"], lambda r: r["ttfb"]["p50"])
+        sec.ratio(f"TTFB on a hit ({v}): Inlay p50 / Varnish p50", med(rs), higher_is_better=False,
+                  detail=ratio_detail(rs))
+        rows.append([v, *[f"{ms(p[t].get('p50'))} / {ms(p[t].get('p90'))} / {ms(p[t].get('p99'))}" for t in targets],
+                     xr(med(rs)),
+                     ", ".join(ms(r["ttfb"]["p50"]) for r in by["inlay"]),
+                     ", ".join(ms(r["ttfb"]["p50"]) for r in by["varnish"])])
+        failed = sorted({f for runs in by.values() for r in runs for f in r["failed_thresholds"]})
+        if failed:
+            sec.notes.append(f"{v}: thresholds crossed: {'; '.join(failed)}")
+    sec.tables.append(Table("TTFB in ms, p50 / p90 / p99 (median over runs)",
+                            ["variant", "Inlay", "Varnish", "Inlay/Varnish p50 (lower is better)",
+                             "Inlay p50 per run", "Varnish p50 per run"], rows))
+    sec.plots.append(("ttfb.svg", "TTFB distribution", svg.quantile_chart(
+        "Time to first byte on a 177 B cache hit, by percentile",
+        {f"{t} ({v})": trend_median(res[v][t], "ttfb") for v in variants for t in targets})))
+    return sec
+
+
+def drop_page_cache() -> str:
+    """Drop the kernel page cache (needs root); returns what happened, for the report."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "dropped (`echo 3 > /proc/sys/vm/drop_caches`)"
+    except OSError as e:
+        return f"not dropped ({e.strerror}): the restart read from a warm page cache"
+
+
+def k6_vod(ctx: Context) -> Section:
+    m = ctx.mode
+    n, reqs = m.vod_objects, m.vod_requests
+    sec = Section("vod", "Scenario 3: persistent vs memory storage, video on demand (k6 `vod.js`)")
+    mem_size = n + 64
+    pers_mem = max(32, n // 4)
+    sec.about = (
+        f"{n} objects of 1 MiB (`/bytes/1048576?id=N&cc=max-age%3D3600&delay_ms={m.vod_origin_delay_ms}`: "
+        f"the origin waits {m.vod_origin_delay_ms} ms per object, like a remote object store), "
+        f"{reqs} random requests (the same sequence every run) from {m.vod_vus} k6 virtual users. "
+        f"*memory-only*: Inlay with `memory_size = {mem_size}MiB` (everything fits), warmed with one "
+        f"request per object, then the run. *persistent*: `--cache-dir`, `memory_size = {pers_mem}MiB` "
+        f"(a quarter of the set: most hits come from sled), `disk_size = {2 * n + 256}MiB`; a *cold* run "
+        "on an empty cache (each object fetched from the origin once: the refetch baseline), a *warm* "
+        "run, then `kill -9`, page cache dropped, restart, and the run again. Varnish (`vod.vcl`, "
+        f"`-s malloc,{n + 128}m`) warmed like memory-only; its storages are not persistent, so after a "
+        "restart it is cold (the persistent *cold* row is what that costs). Resident memory of inlay "
+        "is sampled every 100 ms."
+    )
+    delay = m.vod_origin_delay_ms
+    k6_env = {"OBJECTS": str(n), "REQUESTS": str(reqs), "VUS": str(m.vod_vus),
+              "ORIGIN_DELAY_MS": str(delay), "SEED": "1", "MAX_DURATION": "300s"}
+    paths = [f"/bytes/1048576?id={i}&cc=max-age%3D3600&delay_ms={delay}" for i in range(n)]
+    runs: dict[str, list[dict]] = {k: [] for k in (
+        "inlay memory-only", "varnish malloc", "inlay persistent cold", "inlay persistent warm",
+        "inlay persistent after kill -9")}
+    restarts: list[dict] = []
+    rss_series: dict[str, list[tuple[float, float]]] = {}
+
+    def measured(label: str, target, limit_mib: int | None) -> dict:
+        if limit_mib is not None:
+            with RssSampler(target.proc.pid) as s:
+                r = ctx.k6("vod.js", target, k6_env, timeout=400)
+            r["rss_max_mib"] = s.max / MiB
+            r["rss_limit_mib"] = limit_mib
+            if label not in rss_series:
+                rss_series[label] = [(t, b / MiB) for t, b in s.samples]
+        else:
+            r = ctx.k6("vod.js", target, k6_env, timeout=400)
+        runs[label].append(r)
+        return r
+
+    for pair in range(m.pairs):
+        # memory-only
+        inl = ctx.inlay(f"vod-mem-{pair}", memory_size=f"{mem_size}MiB")
+        ctx.fill(inl.url, paths)
+        measured("inlay memory-only", inl, mem_size + 100)
+        ctx.release()
+        # varnish, memory
+        var = ctx.varnish("vod.vcl", storage=f"malloc,{n + 128}m")
+        ctx.fill(var.url, paths)
+        measured("varnish malloc", var, None)
+        ctx.release()
+        # persistent: cold, warm, kill -9, restart
+        cdir = ctx.workdir / f"vod-cache-{pair}"
+        inl = ctx.inlay(f"vod-pers-{pair}", cache_dir=cdir, memory_size=f"{pers_mem}MiB", disk_size=f"{2 * n + 256}MiB")
+        measured("inlay persistent cold", inl, pers_mem + 100)
+        measured("inlay persistent warm", inl, pers_mem + 100)
+        ctx.warm(inl.url + paths[0])  # object 0 is cached: the probe after the restart
+        time.sleep(1.0)  # let sled's periodic flush (500 ms) pass, as a quiet production box would
+        inl.kill9()
+        page_cache = drop_page_cache()
+        t0 = time.monotonic()
+        to_listen = inl.start()
+        first = None
+        first_status = None
+        while time.monotonic() - t0 < 30:
+            try:
+                status, headers, body = http_get(inl.url + paths[0], timeout=30)
+            except OSError:
+                time.sleep(0.005)
+                continue
+            first = time.monotonic() - t0
+            first_status = f"{status} {'hit' if is_hit(headers) else 'MISS'} {len(body)} B"
+            break
+        restarts.append({"to_listening_s": to_listen, "to_first_response_s": first, "first_response": first_status,
+                         "page_cache": page_cache})
+        measured("inlay persistent after kill -9", inl, pers_mem + 100)
+        ctx.release()
+        du = sum(f.stat().st_size for f in cdir.rglob("*") if f.is_file())
+        restarts[-1]["cache_dir_bytes"] = du
+        shutil.rmtree(cdir, ignore_errors=True)
+
+    sec.raw = {"runs": runs, "restarts": restarts}
+    rows = []
+    for label, rs in runs.items():
+        if not rs:
+            continue
+        t = med([r["run_seconds"] for r in rs])
+        rows.append([
+            label, f"{t:.2f}", gbps(med([r["data_received"]["rate"] for r in rs])),
+            f"{med([r.get('cache_hit', 0) for r in rs]):.3f}",
+            ms(med([r["http_req_duration"]["p50"] for r in rs])), ms(med([r["http_req_duration"]["p99"] for r in rs])),
+            str(int(med([r["origin_requests"] for r in rs]))),
+            "-" if "rss_max_mib" not in rs[0] else f"{max(r['rss_max_mib'] for r in rs):.0f} / {rs[0]['rss_limit_mib']}",
+        ])
+    sec.tables.append(Table(f"{reqs} requests over {n} objects of 1 MiB (medians over {m.pairs} pair(s))", [
+        "configuration", "run time s", "throughput", "hit rate", "p50 ms", "p99 ms", "origin requests",
+        "inlay max RSS / limit MiB"], rows))
+    sec.tables.append(Table("Restart after kill -9", [
+        "pair", "to listening ms", "to first response ms", "first response", "page cache", "cache dir size"],
+        [[str(i + 1), ms(r["to_listening_s"] * 1000), ms(None if r["to_first_response_s"] is None else r["to_first_response_s"] * 1000),
+          str(r["first_response"]), r["page_cache"], f"{r['cache_dir_bytes'] / MiB:.0f} MiB"] for i, r in enumerate(restarts)]))
+    t = lambda label: [r["run_seconds"] for r in runs[label]]  # noqa: E731
+    pm = [a / b for a, b in zip(t("inlay persistent warm"), t("inlay memory-only"))]
+    sec.ratio("VOD: persistent / memory-only run time", med(pm), 1.2, higher_is_better=False, detail=ratio_detail(pm))
+    rc = [a / b for a, b in zip(t("inlay persistent after kill -9"), t("inlay persistent cold"))]
+    sec.ratio("VOD: after kill -9 restart / cold refetch run time", med(rc), 1.0, higher_is_better=False,
+              detail=ratio_detail(rc))
+    firsts = [r["to_first_response_s"] * 1000 for r in restarts if r["to_first_response_s"] is not None]
+    sec.ratio("VOD: restart to first cached response", max(firsts) if firsts else None, 1000,
+              higher_is_better=False, unit="ms", detail=", ".join(str(r["first_response"]) for r in restarts))
+    iv = [b / a for a, b in zip(t("inlay memory-only"), t("varnish malloc"))]
+    sec.ratio("VOD warm, memory: Inlay / Varnish throughput", med(iv), detail=ratio_detail(iv))
+    over = [r["rss_max_mib"] - r["rss_limit_mib"] + 100 for rs in runs.values() for r in rs if "rss_max_mib" in r]
+    sec.ratio("VOD: inlay max RSS above the memory tier size", max(over) if over else None, 100,
+              higher_is_better=False, unit="MiB")
+    if any("not dropped" in r["page_cache"] for r in restarts):
+        sec.notes.append("The page cache could not be dropped: the restart runs read from a warm page cache.")
+    if any(r["first_response"] and "MISS" in r["first_response"] for r in restarts):
+        sec.notes.append("After the restart the probe object was a MISS: the persisted cache was not used.")
+    sec.plots.append(("vod_runtime.svg", "VOD run times", svg.bar_chart(
+        f"VOD: {reqs} random 1 MiB requests, run time (median)", [k.replace("inlay ", "") for k in runs],
+        {"run time (s)": [med([r["run_seconds"] for r in rs]) for rs in runs.values()]}, "seconds")))
+    sec.plots.append(("vod_rss.svg", "inlay resident memory during the VOD runs", svg.line_chart(
+        "inlay resident memory during the VOD runs (first pair)", rss_series, "seconds", "MiB",
+        hlines={f"memory-only limit {mem_size + 100} MiB": mem_size + 100,
+                f"persistent limit {pers_mem + 100} MiB": pers_mem + 100})))
+    return sec
+
+
+def k6_dynamic(ctx: Context) -> Section:
+    m = ctx.mode
+    sec = Section("dynamic", "Scenario 4: cache vs no cache in front of a slow dynamic origin (k6 `dynamic.js`)")
+    sec.about = (
+        "`/dynamic?delay_ms=150&size=8192`: the origin renders an 8 KiB page in 150 ms. *no cache*: as "
+        "the origin sends it (`no-store`: every request waits for the origin); *cache*: the same page "
+        f"with `cc=public, max-age=3600` (warmed: all hits). Concurrency {', '.join(map(str, m.dyn_concurrency))} "
+        f"k6 virtual users for {m.dyn_seconds:g} s each. `origin` is k6 straight at the origin (no cache "
+        "only, first pair). Requests/s and latency are medians over the pairs."
+    )
+    targets = {"inlay": ctx.inlay("dynamic"), "varnish": ctx.varnish("dynamic.vcl")}
+    cache_path = "/dynamic?delay_ms=150&size=8192&cc=public%2C%20max-age%3D3600"
+    for t in targets.values():
+        ctx.warm(t.url + cache_path)
+    cases = [(mode, c) for mode in ("cache", "nocache") for c in m.dyn_concurrency]
+
+    def run(case, tname):
+        mode, c = case
+        env = {"MODE": mode, "VUS": str(c), "DURATION": f"{m.dyn_seconds:g}s",
+               "MAX_REQUESTS": str(int(m.dyn_seconds * 200000))}
+        return ctx.k6("dynamic.js", targets[tname], env, timeout=m.dyn_seconds + 60)
+
+    res = ctx.alternate(cases, list(targets), run)
+    origin_runs = {c: ctx.k6("dynamic.js", ctx.origin, {
+        "MODE": "nocache", "VUS": str(c), "DURATION": f"{m.dyn_seconds:g}s",
+        "MAX_REQUESTS": str(int(m.dyn_seconds * 200000))}, timeout=m.dyn_seconds + 60) for c in m.dyn_concurrency}
+    sec.raw = {f"{mode} c={c}": v for (mode, c), v in res.items()} | {f"origin c={c}": v for c, v in origin_runs.items()}
+    rps = lambda r: r["http_reqs"]["count"] / r["run_seconds"]  # noqa: E731
+    rows = []
+    for (mode, c), by in res.items():
+        p = {t: trend_median(runs, "http_req_duration") for t, runs in by.items()}
+        rs = pair_ratios(by["inlay"], by["varnish"], rps)
+        rows.append([mode, str(c), num(med([rps(r) for r in by["inlay"]])), num(med([rps(r) for r in by["varnish"]])),
+                     num(rps(origin_runs[c])) if mode == "nocache" else "-", xr(med(rs)),
+                     *[f"{ms(p[t].get('p50'))} / {ms(p[t].get('p90'))} / {ms(p[t].get('p99'))}" for t in targets],
+                     f"{med([r.get('cache_hit', 0) for r in by['inlay']]):.2f} / {med([r.get('cache_hit', 0) for r in by['varnish']]):.2f}"])
+    sec.tables.append(Table("Requests/s and latency in ms (p50 / p90 / p99), medians over the pairs", [
+        "mode", "concurrency", "Inlay req/s", "Varnish req/s", "origin req/s", "Inlay/Varnish req/s",
+        "Inlay latency", "Varnish latency", "hit rate Inlay / Varnish"], rows))
+    c_mid = 50 if 50 in m.dyn_concurrency else m.dyn_concurrency[-1]
+    for t in targets:
+        sp = [rps(a) / rps(b) for a, b in zip(res[("cache", c_mid)][t], res[("nocache", c_mid)][t])]
+        sec.ratio(f"Slow origin, {c_mid} users: {t} cache / no cache req/s", med(sp), detail=ratio_detail(sp))
+    rs = pair_ratios(res[("cache", c_mid)]["inlay"], res[("cache", c_mid)]["varnish"], rps)
+    sec.ratio(f"Slow origin, cached, {c_mid} users: Inlay / Varnish req/s", med(rs), detail=ratio_detail(rs))
+    sec.plots.append(("dynamic_rps.svg", "requests/s by concurrency", svg.bar_chart(
+        "Slow dynamic origin: requests/s (median of pairs)", [f"{mode} c={c}" for mode, c in cases],
+        {t: [med([rps(r) for r in res[cs][t]]) for cs in cases] for t in targets}
+        | {"origin": [rps(origin_runs[c]) if mode == "nocache" else None for mode, c in cases]},
+        "requests/s", log=True)))
+    sec.plots.append(("dynamic_latency.svg", f"latency distribution at {c_mid} users", svg.quantile_chart(
+        f"Slow dynamic origin, {c_mid} users: latency by percentile",
+        {f"{t} {mode}": trend_median(res[(mode, c_mid)][t], "http_req_duration") for mode in ("cache", "nocache") for t in targets})))
+    return sec
+
+
+SECTIONS = {
+    "hits": wrk_hits,
+    "tiers": wrk_tiers,
+    "pass": wrk_pass,
+    "policy": wrk_policy,
+    "esi-cached": wrk_esi_cached,
+    "esi": k6_esi,
+    "ttfb": k6_ttfb,
+    "vod": k6_vod,
+    "dynamic": k6_dynamic,
+}
