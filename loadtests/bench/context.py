@@ -205,11 +205,33 @@ class Context:
         r["origin_requests"] = self.origin.total()
         return r
 
+    def get_all(self, urls: list[str]) -> None:
+        """GET every URL at once (one thread each), e.g. to warm hit-for-miss state."""
+        errors: list[str] = []
+
+        def one(url: str) -> None:
+            try:
+                status, _, _ = http_get(url, timeout=120)
+                if status != 200:
+                    errors.append(f"{url}: {status}")
+            except OSError as e:
+                errors.append(f"{url}: {e}")
+
+        ts = [threading.Thread(target=one, args=(u,)) for u in urls]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errors:
+            raise BenchError(f"GET failed: {errors[:3]}")
+
     def alternate(self, cases: list[Hashable], targets: list[str], run: Callable[[Hashable, str], dict],
-                  pairs: int | None = None) -> dict:
+                  pairs: int | None = None, before_pair: Callable[[], None] | None = None) -> dict:
         """A B A B: for each pair, each case, each target in turn: results[case][target] = [runs]."""
         res: dict = {c: {t: [] for t in targets} for c in cases}
         for _ in range(pairs or self.mode.pairs):
+            if before_pair is not None:
+                before_pair()
             for c in cases:
                 for t in targets:
                     res[c][t].append(run(c, t))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from procs import BenchError, Registry, cpu_seconds
+from procs import BenchError, CpuMeter, Registry
 
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk" / "report.lua"
@@ -47,15 +47,14 @@ class LoadGen:
             "--timeout", "5s", "-s", str(WRK_LUA), url,
         ]
         self.reg.note_command(argv, env)
-        watched = pids()
-        cpu0 = cpu_seconds(watched)
+        cpu = CpuMeter(pids()).start()
         t0 = time.monotonic()
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=duration + 30,
             env=dict(os.environ, **(env or {})),
         )
         wall = time.monotonic() - t0
-        cpu1 = cpu_seconds(watched)
+        cpu_s = cpu.stop()
         m = re.search(r"^WRK_JSON (\{.*\})$", proc.stdout, re.M)
         if proc.returncode != 0 or not m:
             raise BenchError(f"wrk failed ({proc.returncode}): {proc.stderr.strip()[-500:]} {proc.stdout[-500:]}")
@@ -73,8 +72,8 @@ class LoadGen:
             "error_detail": r["errors"],
             "latency_ms": {"mean": lat["mean"], "p50": lat["p50"], "p90": lat["p90"],
                            "p99": lat["p99"], "p99.9": lat["p999"], "max": lat["max"]},
-            "cpu_s": cpu1 - cpu0,
-            "cpu_us_per_req": (cpu1 - cpu0) * 1e6 / max(r["requests"], 1),
+            "cpu_s": cpu_s,
+            "cpu_us_per_req": cpu_s * 1e6 / max(r["requests"], 1),
         }
 
     def k6_run(
@@ -93,21 +92,20 @@ class LoadGen:
             argv += ["-e", f"{k}={v}"]
         argv += ["-e", f"SUMMARY={summary}", str(K6_DIR / script)]
         self.reg.note_command(argv, {"K6_NO_USAGE_REPORT": "true"})
-        watched = pids()
-        cpu0 = cpu_seconds(watched)
+        cpu = CpuMeter(pids()).start()
         t0 = time.monotonic()
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout,
             env=dict(os.environ, K6_NO_USAGE_REPORT="true"),
         )
         wall = time.monotonic() - t0
-        cpu1 = cpu_seconds(watched)
+        cpu_s = cpu.stop()
         # 99: thresholds crossed (a finding, reported); anything else is a failure.
         if proc.returncode not in (0, 99) or not summary.exists():
             raise BenchError(f"k6 {script} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
         data = json.loads(summary.read_text())
         summary.unlink()
-        return flatten_k6(data, wall, cpu1 - cpu0, proc.returncode)
+        return flatten_k6(data, wall, cpu_s, proc.returncode)
 
 
 # The k6 metrics the report uses (the rest would only bloat report.json).
