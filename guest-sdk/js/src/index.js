@@ -94,15 +94,24 @@ export const builtin = Object.freeze({
   deliver: (_req, _resp) => {},
 });
 
+// Unicode White_Space, as Rust's `str::trim` (JS's own trim differs on
+// U+0085 and U+FEFF), so cookies parse the same in every SDK.
+const EDGE_SPACE = /^[\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+|[\t\n\v\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/g;
+
+/** `s` without leading and trailing Unicode white space. */
+function trim(s) {
+  return s.replace(EDGE_SPACE, '');
+}
+
 /** The non-empty, trimmed `name=value` pieces of one `Cookie` line. */
 function cookiePairs(line) {
-  return line.split(';').map((pair) => pair.trim()).filter((pair) => pair !== '');
+  return line.split(';').map(trim).filter((pair) => pair !== '');
 }
 
 /** The name of one cookie piece (the whole piece if it has no `=`). */
 function cookieName(pair) {
   const eq = pair.indexOf('=');
-  return eq < 0 ? pair : pair.slice(0, eq).trim();
+  return eq < 0 ? pair : trim(pair.slice(0, eq));
 }
 
 /** The value of the first cookie called `name`, or undefined. */
@@ -111,7 +120,7 @@ export function cookie(req, name) {
     for (const pair of cookiePairs(line)) {
       if (cookieName(pair) === name) {
         const eq = pair.indexOf('=');
-        return eq < 0 ? '' : pair.slice(eq + 1).trim();
+        return eq < 0 ? '' : trim(pair.slice(eq + 1));
       }
     }
   }

@@ -191,6 +191,14 @@ for (const [suffix, path] of components('ab-test')) {
       assert.deepEqual(req.headerAll('cookie'), ['x=1']);
     });
 
+    await t.test('cookies are trimmed of Unicode white space as Rust trims', () => {
+      // Rust's str::trim: U+00A0, U+0085, U+3000, U+2003 are white space, U+FEFF is not.
+      const req = request('\u00a0inlay_ab=b\u0085;x=1\ufeff; \u3000y=2\u2003');
+      assert.deepEqual(policy.onRequest(req), { tag: 'pass' });
+      assert.equal(req.header('x-ab-bucket'), 'b');
+      assert.deepEqual(req.headerAll('cookie'), ['x=1\ufeff; y=2']);
+    });
+
     await t.test('post still passes, with the bucket', () => {
       const req = new Request({ method: 'POST', headers: [['cookie', 'inlay_ab=a']] });
       assert.deepEqual(policy.onRequest(req), { tag: 'pass' });

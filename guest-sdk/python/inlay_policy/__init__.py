@@ -177,13 +177,22 @@ class builtin:  # noqa: N801
         """Change nothing."""
 
 
+# Unicode White_Space, as Rust's `str::trim` (Python's own strip also
+# removes U+001C-U+001F), so cookies parse the same in every SDK.
+_SPACE = "\t\n\v\f\r \u0085\u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+
+
+def _trim(s: str) -> str:
+    return s.strip(_SPACE)
+
+
 def _cookie_pairs(line: str) -> list[str]:
-    return [pair.strip() for pair in line.split(";") if pair.strip()]
+    return [pair for pair in map(_trim, line.split(";")) if pair]
 
 
 def _cookie_name(pair: str) -> str:
     name, eq, _ = pair.partition("=")
-    return name.strip() if eq else pair
+    return _trim(name) if eq else pair
 
 
 def cookie(req: Request, name: str) -> Optional[str]:
@@ -192,7 +201,7 @@ def cookie(req: Request, name: str) -> Optional[str]:
         for pair in _cookie_pairs(line):
             if _cookie_name(pair) == name:
                 _, _, value = pair.partition("=")
-                return value.strip()
+                return _trim(value)
     return None
 
 
