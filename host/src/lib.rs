@@ -1,1 +1,3 @@
 //! Inlay host library.
+
+pub mod runtime;
