@@ -307,6 +307,8 @@ async fn probe_hooks_round_trip_and_edit_the_heads() {
         Some("x-deliver,x-bres-url,x-bres-status,x-bad-status-refused")
     );
     assert_eq!(header(&resp.headers, "x-via-count"), Some("1"));
+    // The backend was chosen long ago: a late set-backend is refused.
+    assert_eq!(header(&resp.headers, "x-late-backend"), Some("refused"));
     // The request survived three trips into the store unchanged otherwise.
     assert_eq!(req.backend, "origin");
     assert_eq!(req.uri.path(), "/page");
@@ -395,6 +397,68 @@ async fn config_kv_clock_and_esi_imports() {
         }
     );
     run_path(&policy, services, "/log").await.expect("log");
+}
+
+#[tokio::test]
+async fn kv_refuses_oversized_keys_and_values() {
+    let services = FakeServices::new();
+    let s = synthetic(
+        run_path(&probe(), services.clone(), "/kv-big")
+            .await
+            .expect("kv-big"),
+    );
+    assert_eq!(
+        header(&s.headers, "x-big-value"),
+        Some("Err(KvError::TooLarge)")
+    );
+    assert_eq!(
+        header(&s.headers, "x-big-key"),
+        Some("Err(KvError::TooLarge)")
+    );
+    assert!(services.kv.lock().is_empty(), "nothing reached the store");
+}
+
+#[tokio::test]
+async fn invalid_synthetic_responses_are_refused() {
+    for path in ["/bad-synth-status", "/bad-synth-header"] {
+        let err = run_path(&probe(), FakeServices::new(), path)
+            .await
+            .expect_err(path);
+        assert!(
+            matches!(
+                err,
+                PolicyError::InvalidResult {
+                    hook: Hook::OnRequest,
+                    ..
+                }
+            ),
+            "{path}: {err}"
+        );
+        assert_eq!(err.client_status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}
+
+#[tokio::test]
+async fn a_full_pool_refuses_new_instances_until_one_is_dropped() {
+    let small = PolicyEngine::new(&PolicyLimits {
+        max_instances: 2,
+        ..PolicyLimits::default()
+    })
+    .expect("engine");
+    let policy = LoadedPolicy::compile(&small, probe_source(test_limits())).expect("compile");
+    let first = policy.start(FakeServices::new()).await.expect("first");
+    let _second = policy.start(FakeServices::new()).await.expect("second");
+    let err = policy
+        .start(FakeServices::new())
+        .await
+        .expect_err("pool is full");
+    assert!(matches!(err, PolicyError::Instantiate { .. }), "{err}");
+    assert_eq!(err.client_status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(first);
+    policy
+        .start(FakeServices::new())
+        .await
+        .expect("a slot was returned");
 }
 
 #[tokio::test]
@@ -794,6 +858,8 @@ mod example_policies {
         let policy = load("headers", test_limits()).await;
         let mut call = policy.start(FakeServices::new()).await.expect("start");
         let mut req = request("/article?id=7&utm_source=news&fbclid=x");
+        // The built-in recv passes requests with credentials.
+        req.headers.remove("cookie");
         let action = call.on_request(&mut req).await.expect("on_request");
         assert_eq!(action, RequestAction::Lookup);
         assert_eq!(req.uri.to_string(), "/article?id=7");
@@ -837,7 +903,7 @@ mod example_policies {
         let headers = load("headers", test_limits()).await;
         let task = tokio::spawn(async move {
             let started = Instant::now();
-            let result = run_path(&looping, FakeServices::new(), "/").await;
+            let result = run_path(&looping, FakeServices::new(), "/loop").await;
             (result, started.elapsed())
         });
         for _ in 0..20 {
@@ -863,7 +929,7 @@ mod example_policies {
         .await;
         let before = rss_bytes();
         for _ in 0..5 {
-            let err = run_path(&policy, FakeServices::new(), "/")
+            let err = run_path(&policy, FakeServices::new(), "/oom")
                 .await
                 .expect_err("oom");
             assert!(matches!(err, PolicyError::OutOfMemory { .. }), "{err}");
@@ -874,10 +940,17 @@ mod example_policies {
     #[tokio::test]
     async fn trap_policy_traps() {
         let policy = load("trap", test_limits()).await;
-        let err = run_path(&policy, FakeServices::new(), "/")
+        let err = run_path(&policy, FakeServices::new(), "/trap")
             .await
             .expect_err("trap");
         assert!(matches!(err, PolicyError::Trap { .. }), "{err}");
         assert_eq!(err.client_status(), StatusCode::INTERNAL_SERVER_ERROR);
+        // Elsewhere the fixture behaves (the built-in recv: cookie -> pass).
+        assert_eq!(
+            run_path(&policy, FakeServices::new(), "/fine")
+                .await
+                .expect("other paths work"),
+            RequestAction::Pass
+        );
     }
 }

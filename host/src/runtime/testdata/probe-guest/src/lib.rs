@@ -68,6 +68,20 @@ impl Guest for Probe {
                 "short and stout",
             ),
             "/pass" => RequestAction::Pass,
+            "/bad-synth-status" => synth(42, vec![], ""),
+            "/bad-synth-header" => synth(200, vec![("bad name".into(), "v".into())], ""),
+            "/kv-big" => {
+                let big_value = kv::set("v", &vec![0u8; (1 << 20) + 1]);
+                let big_key = kv::get(&"k".repeat(2000));
+                synth(
+                    200,
+                    vec![
+                        ("x-big-value".into(), format!("{big_value:?}")),
+                        ("x-big-key".into(), format!("{big_key:?}")),
+                    ],
+                    "",
+                )
+            }
             "/config" => {
                 let all = config::all()
                     .into_iter()
@@ -271,6 +285,8 @@ impl Guest for Probe {
             .collect::<Vec<_>>()
             .join(",");
         let _ = resp.set_header("x-names", &names);
+        let late = if req.set_backend("second").is_err() { "refused" } else { "accepted" };
+        let _ = resp.set_header("x-late-backend", late);
         let _ = resp.append_header("via", "probe");
         let vias = resp.header_all("via").len();
         let _ = resp.set_header("x-via-count", &vias.to_string());
