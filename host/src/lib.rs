@@ -16,4 +16,5 @@ pub mod error;
 pub mod esi;
 pub mod headers;
 pub mod pipeline;
+pub mod runtime;
 pub mod server;

@@ -1,0 +1,207 @@
+//! Per-request cost of a policy: a fresh instance from the pool, the three
+//! hooks, and dropping the instance.
+//!
+//! Run: `cargo bench -p inlay --bench policy_call`
+//! (uses `target/policies/headers.wasm` from `make policies`, or
+//! `$INLAY_POLICY_DIR/headers.wasm`; the runtime's probe guest always).
+//! After criterion's report it prints p50/p90/p99 of single requests.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use inlay::runtime::{
+    CacheSettings, CachedObject, FetchError, LoadedPolicy, NewObject, PolicyEngine, PolicyLimits,
+    PolicyServices, PolicySource, RequestHead, ResponseHead, SubRequest, SubResponse,
+};
+
+/// Services that are never called by the benchmarked hooks.
+struct NullServices;
+
+impl PolicyServices for NullServices {
+    fn backend_exists(&self, name: &str) -> bool {
+        name == "origin"
+    }
+    fn cache_lookup(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> BoxFuture<'static, Result<Option<CachedObject>, String>> {
+        Box::pin(async { Ok(None) })
+    }
+    fn cache_insert(
+        &self,
+        _: &str,
+        _: &str,
+        _: NewObject,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn cache_purge_url(
+        &self,
+        _: &str,
+        _: &str,
+        _: bool,
+    ) -> BoxFuture<'static, Result<u32, String>> {
+        Box::pin(async { Ok(0) })
+    }
+    fn cache_purge_key(&self, _: &str, _: bool) -> BoxFuture<'static, Result<u32, String>> {
+        Box::pin(async { Ok(0) })
+    }
+    fn kv_get(&self, _: &str, _: &str) -> Result<Option<Vec<u8>>, String> {
+        Ok(None)
+    }
+    fn kv_set(&self, _: &str, _: &str, _: &[u8]) -> Result<(), String> {
+        Ok(())
+    }
+    fn kv_delete(&self, _: &str, _: &str) -> Result<bool, String> {
+        Ok(false)
+    }
+    fn fetch(&self, _: SubRequest, _: &str) -> BoxFuture<'static, Result<SubResponse, FetchError>> {
+        Box::pin(async { Err(FetchError::Timeout) })
+    }
+}
+
+fn request() -> RequestHead {
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("host", "www.example.com"),
+        ("user-agent", "Mozilla/5.0 (X11; Linux x86_64) bench"),
+        ("accept", "text/html,application/xhtml+xml"),
+        ("accept-language", "en-GB,en;q=0.9"),
+        ("accept-encoding", "gzip, br"),
+        ("cookie", "session=abc123"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    RequestHead {
+        method: Method::GET,
+        uri: "/articles/42?utm_source=news&page=2".parse().expect("uri"),
+        headers,
+        client_ip: "192.0.2.1".parse().expect("ip"),
+        backend: "origin".into(),
+        cache_key_extra: Vec::new(),
+    }
+}
+
+fn response() -> ResponseHead {
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("content-type", "text/html; charset=utf-8"),
+        ("cache-control", "public, max-age=60"),
+        ("server", "origin/1.0"),
+        ("x-powered-by", "php"),
+        ("etag", "\"abc\""),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    ResponseHead {
+        status: StatusCode::OK,
+        headers,
+    }
+}
+
+/// One whole request through the policy.
+async fn one_request(policy: &LoadedPolicy, services: &Arc<dyn PolicyServices>) {
+    let mut call = policy.start(Arc::clone(services)).await.expect("start");
+    let mut req = request();
+    call.on_request(&mut req).await.expect("on_request");
+    let mut resp = response();
+    let defaults = CacheSettings {
+        cacheable: true,
+        ttl: Duration::from_secs(60),
+        ..CacheSettings::default()
+    };
+    call.on_backend_response(&mut req, &mut resp, defaults)
+        .await
+        .expect("on_backend_response");
+    call.on_deliver(&mut req, &mut resp)
+        .await
+        .expect("on_deliver");
+    drop(call);
+}
+
+fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::var_os("INLAY_POLICY_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest.join("../target/policies"));
+    let mut out = Vec::new();
+    let candidates = [
+        ("headers", dir.join("headers.wasm")),
+        (
+            "probe",
+            manifest.join("src/runtime/testdata/probe.core.wasm"),
+        ),
+    ];
+    for (name, path) in candidates {
+        if !path.exists() {
+            eprintln!(
+                "skipping {name}: {} not found (run `make policies`)",
+                path.display()
+            );
+            continue;
+        }
+        let source = PolicySource {
+            path,
+            config: BTreeMap::new(),
+            limits: PolicyLimits::default(),
+            name: name.to_string(),
+        };
+        out.push((
+            name.to_string(),
+            LoadedPolicy::compile(engine, source).expect("compile"),
+        ));
+    }
+    out
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let engine = PolicyEngine::new(&PolicyLimits::default()).expect("engine");
+    let services: Arc<dyn PolicyServices> = Arc::new(NullServices);
+    let policies = policies(&engine);
+
+    let mut criterion = Criterion::default().configure_from_args();
+    {
+        let mut group = criterion.benchmark_group("policy_call");
+        for (name, policy) in &policies {
+            group.bench_function(format!("{name}/request"), |b| {
+                b.to_async(&runtime).iter(|| one_request(policy, &services));
+            });
+        }
+        group.finish();
+    }
+    criterion.final_summary();
+
+    // Criterion reports means; the target is a median, so measure that too.
+    for (name, policy) in &policies {
+        let mut samples = Vec::with_capacity(20_000);
+        runtime.block_on(async {
+            for _ in 0..2_000 {
+                one_request(policy, &services).await;
+            }
+            for _ in 0..20_000 {
+                let started = Instant::now();
+                one_request(policy, &services).await;
+                samples.push(started.elapsed());
+            }
+        });
+        samples.sort();
+        let pct = |p: usize| samples[samples.len() * p / 100];
+        println!(
+            "policy_call/{name}: p50 {:?}  p90 {:?}  p99 {:?}  ({} requests)",
+            pct(50),
+            pct(90),
+            pct(99),
+            samples.len()
+        );
+    }
+}

@@ -1,0 +1,18 @@
+//! `inlay:policy/clock`: the wall clock. Policies get no WASI, so this is
+//! their only time source.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::bindings::inlay::policy::clock::Host;
+use super::state::StoreState;
+
+impl Host for StoreState {
+    fn now_unix_ms(&mut self) -> wasmtime::Result<u64> {
+        let _span = self.hostcall("clock.now-unix-ms")?;
+        // A clock set before 1970 reads as the epoch rather than trapping.
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Ok(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+    }
+}

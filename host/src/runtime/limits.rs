@@ -1,0 +1,284 @@
+//! What one request may cost a policy: CPU time, memory, host calls and
+//! subrequests; and the two store hooks that enforce the first two (the
+//! epoch-deadline clock and the memory limiter).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+/// Per-request limits for a policy (`[policy.limits]` in the host config).
+///
+/// Every field has a default, so an empty table is valid. Durations are in
+/// milliseconds and sizes in bytes so that the config stays plain TOML.
+#[derive(Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyLimits {
+    /// CPU time one hook call (and instantiation) may use, in milliseconds.
+    /// Time spent waiting for the host (cache, fetch) does not count.
+    pub cpu_time_ms: u64,
+    /// Linear memory one request's instance may use, in bytes (all memories
+    /// of the component together).
+    pub memory: u64,
+    /// Host calls one request may make across all hooks.
+    pub max_host_calls: u32,
+    /// Subrequests (`fetch.send` / `fetch.send-many` entries) per request.
+    pub max_subrequests: u32,
+    /// Concurrent policy instances (stores) in the pooling allocator. Read
+    /// once when the engine is created: changing it needs a restart.
+    pub max_instances: u32,
+    /// Largest kv key, in bytes.
+    pub kv_max_key: usize,
+    /// Largest kv value, in bytes.
+    pub kv_max_value: usize,
+    /// Longest log line a policy may write, in bytes; longer ones are cut.
+    pub log_max_line: usize,
+}
+
+impl Default for PolicyLimits {
+    fn default() -> Self {
+        Self {
+            cpu_time_ms: 50,
+            memory: 64 << 20,
+            max_host_calls: 10_000,
+            max_subrequests: 32,
+            max_instances: 1000,
+            kv_max_key: 1024,
+            kv_max_value: 1 << 20,
+            log_max_line: 8 << 10,
+        }
+    }
+}
+
+impl PolicyLimits {
+    /// The CPU budget of one hook call.
+    pub fn cpu_time(&self) -> Duration {
+        Duration::from_millis(self.cpu_time_ms)
+    }
+
+    /// Checks the values a config could get wrong; returns every problem.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        if self.cpu_time_ms == 0 {
+            problems.push("cpu_time_ms must be at least 1".to_string());
+        }
+        if self.memory < 64 << 10 {
+            problems.push("memory must be at least 65536 bytes (one wasm page)".to_string());
+        }
+        if self.max_instances == 0 {
+            problems.push("max_instances must be at least 1".to_string());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// Caps linear memory and table growth of one store, and remembers whether
+/// it refused a growth so that the trap that follows (a Rust guest aborts
+/// when `alloc` fails) is reported as out-of-memory rather than a bug.
+pub(crate) struct MemoryLimiter {
+    cap: usize,
+    used: usize,
+    /// Set when a memory growth was refused.
+    pub(crate) denied: bool,
+}
+
+/// Table elements a policy may have; generous for any real toolchain.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+impl MemoryLimiter {
+    pub(crate) fn new(cap: u64) -> Self {
+        Self {
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            used: 0,
+            denied: false,
+        }
+    }
+}
+
+impl wasmtime::ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // Count every memory of the store together: a component may have more
+        // than one, and the cap is for the request, not per memory.
+        let grow = desired.saturating_sub(current);
+        let total = self.used.saturating_add(grow);
+        if total > self.cap {
+            self.denied = true;
+            tracing::debug!(
+                current,
+                desired,
+                cap = self.cap,
+                "policy memory growth refused"
+            );
+            return Ok(false);
+        }
+        self.used = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// Measures the guest's CPU time for one hook call with the epoch ticker.
+///
+/// The engine's epoch counts wall time, so time the guest spends waiting
+/// for an async host call (a fetch, a cache lookup) or yielded to the
+/// executor is recorded here and subtracted: a policy that waits 200 ms on
+/// a subrequest has not used 200 ms of CPU.
+pub(crate) struct CpuClock {
+    started: Instant,
+    budget: Duration,
+    tick: Duration,
+    /// Nanoseconds not spent running guest code; shared with the yield
+    /// future, which has no access to the store.
+    excluded: Arc<AtomicU64>,
+    /// Set when the budget ran out (the trap that follows is a timeout).
+    pub(crate) expired: bool,
+}
+
+/// How often a running guest yields to the executor, in epoch ticks, so that
+/// a busy policy shares its tokio worker with other tasks.
+const YIELD_EVERY_TICKS: u64 = 5;
+
+impl CpuClock {
+    pub(crate) fn new(budget: Duration, tick: Duration) -> Self {
+        Self {
+            started: Instant::now(),
+            budget,
+            tick,
+            excluded: Arc::new(AtomicU64::new(0)),
+            expired: false,
+        }
+    }
+
+    /// Starts a new budget (one per hook call); returns the first deadline
+    /// in ticks.
+    pub(crate) fn restart(&mut self) -> u64 {
+        self.started = Instant::now();
+        self.excluded.store(0, Ordering::Relaxed);
+        self.expired = false;
+        self.next_deadline(self.budget)
+    }
+
+    /// Records time spent outside guest code (awaiting the host).
+    pub(crate) fn exclude(&self, spent: Duration) {
+        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
+        self.excluded.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Guest CPU time used in this hook call so far.
+    pub(crate) fn used(&self) -> Duration {
+        let excluded = Duration::from_nanos(self.excluded.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(excluded)
+    }
+
+    fn next_deadline(&self, remaining: Duration) -> u64 {
+        let tick_nanos = self.tick.as_nanos().max(1);
+        // Round up, plus one: the current tick may be almost over already.
+        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
+        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Called by the store when the epoch deadline is reached: trap if the
+    /// budget is spent, otherwise yield to the executor and set the next
+    /// deadline for what is left.
+    pub(crate) fn on_deadline(&mut self) -> wasmtime::UpdateDeadline {
+        let used = self.used();
+        if used >= self.budget {
+            self.expired = true;
+            return wasmtime::UpdateDeadline::Interrupt;
+        }
+        let next = self
+            .next_deadline(self.budget - used)
+            .min(YIELD_EVERY_TICKS);
+        let excluded = Arc::clone(&self.excluded);
+        wasmtime::UpdateDeadline::YieldCustom(
+            next,
+            Box::pin(async move {
+                // Time queued behind other tasks is not the guest's CPU time.
+                let start = Instant::now();
+                tokio::task::yield_now().await;
+                let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                excluded.fetch_add(nanos, Ordering::Relaxed);
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime::ResourceLimiter;
+
+    #[test]
+    fn limits_parse_with_defaults_and_reject_unknown_fields() {
+        let limits: PolicyLimits = toml::from_str("cpu_time_ms = 10").expect("parses");
+        assert_eq!(limits.cpu_time(), Duration::from_millis(10));
+        assert_eq!(limits.memory, 64 << 20);
+        assert_eq!(limits.max_host_calls, 10_000);
+        assert!(toml::from_str::<PolicyLimits>("cpu_time = 10").is_err());
+        let bad = PolicyLimits {
+            cpu_time_ms: 0,
+            max_instances: 0,
+            ..PolicyLimits::default()
+        };
+        let err = bad.validate().expect_err("two problems");
+        assert!(
+            err.contains("cpu_time_ms") && err.contains("max_instances"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn limiter_counts_all_memories_together() {
+        let mut limiter = MemoryLimiter::new(10 << 20);
+        assert!(limiter.memory_growing(0, 6 << 20, None).expect("no error"));
+        assert!(!limiter.denied);
+        // A second memory of 6 MiB would bring the store to 12 MiB.
+        assert!(!limiter.memory_growing(0, 6 << 20, None).expect("no error"));
+        assert!(limiter.denied);
+        assert!(
+            limiter
+                .memory_growing(6 << 20, 10 << 20, None)
+                .expect("no error")
+        );
+    }
+
+    #[test]
+    fn clock_excludes_host_time() {
+        let mut clock = CpuClock::new(Duration::from_millis(20), Duration::from_millis(1));
+        let first = clock.restart();
+        assert_eq!(first, 21);
+        std::thread::sleep(Duration::from_millis(30));
+        // 30 ms passed but 25 ms were spent in the host: not expired yet.
+        clock.exclude(Duration::from_millis(25));
+        assert!(clock.used() < Duration::from_millis(20));
+        assert!(matches!(
+            clock.on_deadline(),
+            wasmtime::UpdateDeadline::YieldCustom(..)
+        ));
+        assert!(!clock.expired);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(matches!(
+            clock.on_deadline(),
+            wasmtime::UpdateDeadline::Interrupt
+        ));
+        assert!(clock.expired);
+    }
+}

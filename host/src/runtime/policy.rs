@@ -1,0 +1,324 @@
+//! Loading a policy: read the file, turn a core module into a component if
+//! needed, compile once, link against the host's imports and
+//! pre-instantiate; and the hot-swappable slot that holds the current one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use wasmtime::component::{Component, HasSelf, Linker};
+
+use super::bindings::{Policy, PolicyPre};
+use super::call::PolicyCall;
+use super::engine::PolicyEngine;
+use super::errors::PolicyError;
+use super::limits::PolicyLimits;
+use super::services::{NoServices, PolicyServices};
+use super::state::StoreState;
+
+/// Where a policy comes from and what it is given (one `[policy]` section
+/// of the host config).
+#[derive(Clone, Debug)]
+pub struct PolicySource {
+    /// The `.wasm` file: a component, or a core module carrying
+    /// wit-bindgen's component-type section.
+    pub path: PathBuf,
+    /// Settings served to the guest by the `config` interface.
+    pub config: BTreeMap<String, String>,
+    /// Per-request limits.
+    pub limits: PolicyLimits,
+    /// The policy's name: its kv namespace and its name in logs.
+    pub name: String,
+}
+
+/// What every request of one loaded policy shares.
+pub(crate) struct PolicyShared {
+    pub(crate) name: String,
+    pub(crate) path: PathBuf,
+    pub(crate) config: BTreeMap<String, String>,
+    pub(crate) limits: PolicyLimits,
+    pub(crate) generation: u64,
+}
+
+/// A compiled, linked and pre-instantiated policy. Cloning is cheap; a
+/// request keeps its clone for its whole life, so a reload never pulls a
+/// policy from under a request.
+#[derive(Clone)]
+pub struct LoadedPolicy {
+    inner: Arc<LoadedInner>,
+}
+
+struct LoadedInner {
+    shared: Arc<PolicyShared>,
+    pre: PolicyPre<StoreState>,
+    engine: PolicyEngine,
+}
+
+impl std::fmt::Debug for LoadedPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPolicy")
+            .field("name", &self.inner.shared.name)
+            .field("path", &self.inner.shared.path)
+            .field("generation", &self.inner.shared.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Numbers loads, so logs can tell an old policy from its replacement.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// What the first bytes of a `.wasm` file say it is.
+#[derive(Debug, PartialEq, Eq)]
+enum WasmKind {
+    Component,
+    CoreModule,
+}
+
+fn wasm_kind(bytes: &[u8]) -> Option<WasmKind> {
+    match bytes.get(..8)? {
+        [0, b'a', b's', b'm', 1, 0, 0, 0] => Some(WasmKind::CoreModule),
+        // Component binaries use version 0x0d and layer 1.
+        [0, b'a', b's', b'm', _, _, 1, 0] => Some(WasmKind::Component),
+        _ => None,
+    }
+}
+
+/// Turns a core module with wit-bindgen's component-type section into a
+/// component.
+fn componentize(module: &[u8]) -> Result<Vec<u8>, String> {
+    wit_component::ComponentEncoder::default()
+        .module(module)
+        .and_then(|encoder| encoder.validate(true).encode())
+        .map_err(|e| format!("cannot make a component of this core module: {e:#}"))
+}
+
+fn linker(engine: &PolicyEngine) -> Result<Linker<StoreState>, PolicyError> {
+    let mut linker = Linker::new(engine.engine());
+    Policy::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state).map_err(
+        |e| PolicyError::Instantiate {
+            message: format!("cannot link the host's imports: {e:#}"),
+        },
+    )?;
+    Ok(linker)
+}
+
+impl LoadedPolicy {
+    /// Reads, compiles and links a policy. Blocking (compilation takes
+    /// tens of milliseconds to seconds): prefer [`LoadedPolicy::load`] on
+    /// an async runtime.
+    pub fn compile(engine: &PolicyEngine, source: PolicySource) -> Result<Self, PolicyError> {
+        source
+            .limits
+            .validate()
+            .map_err(PolicyError::InvalidLimits)?;
+        let path = source.path.clone();
+        let bytes = std::fs::read(&path).map_err(|e| PolicyError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
+        Self::compile_bytes(engine, source, &bytes)
+    }
+
+    fn compile_bytes(
+        engine: &PolicyEngine,
+        source: PolicySource,
+        bytes: &[u8],
+    ) -> Result<Self, PolicyError> {
+        let path = source.path.clone();
+        let compile_err = |message: String| PolicyError::Compile {
+            path: path.clone(),
+            message,
+        };
+        let _span =
+            tracing::debug_span!("policy.compile", policy = %source.name, path = %path.display())
+                .entered();
+        let component_bytes = match wasm_kind(bytes) {
+            Some(WasmKind::Component) => std::borrow::Cow::Borrowed(bytes),
+            Some(WasmKind::CoreModule) => {
+                std::borrow::Cow::Owned(componentize(bytes).map_err(compile_err)?)
+            }
+            None => {
+                return Err(compile_err(
+                    "not a WebAssembly file (no `\\0asm` header)".to_string(),
+                ));
+            }
+        };
+        let component = Component::from_binary(engine.engine(), &component_bytes)
+            .map_err(|e| compile_err(format!("{e:#}")))?;
+        let mismatch = |e: wasmtime::Error| PolicyError::WorldMismatch {
+            path: path.clone(),
+            message: format!("{e:#}"),
+        };
+        let instance_pre = linker(engine)?
+            .instantiate_pre(&component)
+            .map_err(mismatch)?;
+        let pre = PolicyPre::new(instance_pre).map_err(mismatch)?;
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(policy = %source.name, generation, "policy compiled");
+        Ok(Self {
+            inner: Arc::new(LoadedInner {
+                shared: Arc::new(PolicyShared {
+                    name: source.name,
+                    path: source.path,
+                    config: source.config,
+                    limits: source.limits,
+                    generation,
+                }),
+                pre,
+                engine: engine.clone(),
+            }),
+        })
+    }
+
+    /// Compiles the policy on a blocking thread, then instantiates it once
+    /// to prove that it starts; only then is it returned.
+    pub async fn load(engine: &PolicyEngine, source: PolicySource) -> Result<Self, PolicyError> {
+        let engine2 = engine.clone();
+        let policy = tokio::task::spawn_blocking(move || Self::compile(&engine2, source))
+            .await
+            .map_err(|e| PolicyError::Instantiate {
+                message: format!("the compile task failed: {e}"),
+            })??;
+        policy.start(Arc::new(NoServices)).await?;
+        tracing::info!(
+            policy = %policy.name(),
+            path = %policy.path().display(),
+            generation = policy.generation(),
+            "policy loaded"
+        );
+        Ok(policy)
+    }
+
+    /// Creates one request's instance: a fresh store from the pool, with
+    /// its limits, instantiated from the pre-instantiated component.
+    pub async fn start(
+        &self,
+        services: Arc<dyn PolicyServices>,
+    ) -> Result<PolicyCall, PolicyError> {
+        PolicyCall::start(
+            self.clone(),
+            self.inner.engine.engine(),
+            &self.inner.pre,
+            Arc::clone(&self.inner.shared),
+            services,
+        )
+        .await
+    }
+
+    /// The same compiled policy with another name, config and limits: a
+    /// config-only reload needs no recompilation. A new generation.
+    pub fn reconfigured(
+        &self,
+        name: String,
+        config: BTreeMap<String, String>,
+        limits: PolicyLimits,
+    ) -> Result<Self, PolicyError> {
+        limits.validate().map_err(PolicyError::InvalidLimits)?;
+        Ok(Self {
+            inner: Arc::new(LoadedInner {
+                shared: Arc::new(PolicyShared {
+                    name,
+                    path: self.inner.shared.path.clone(),
+                    config,
+                    limits,
+                    generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+                }),
+                pre: self.inner.pre.clone(),
+                engine: self.inner.engine.clone(),
+            }),
+        })
+    }
+
+    /// The policy's name (its kv namespace).
+    pub fn name(&self) -> &str {
+        &self.inner.shared.name
+    }
+
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.inner.shared.path
+    }
+
+    /// Its per-request limits.
+    pub fn limits(&self) -> &PolicyLimits {
+        &self.inner.shared.limits
+    }
+
+    /// A number that grows with every load, to tell reloads apart in logs.
+    pub fn generation(&self) -> u64 {
+        self.inner.shared.generation
+    }
+}
+
+/// The current policy, replaceable while requests run.
+///
+/// A request takes [`PolicySlot::current`] once and uses that policy for
+/// all its hooks; [`PolicySlot::reload`] swaps in a new one only after it
+/// compiled and instantiated, so a bad file never replaces a good policy
+/// and no request is dropped.
+pub struct PolicySlot {
+    engine: PolicyEngine,
+    current: RwLock<LoadedPolicy>,
+}
+
+impl std::fmt::Debug for PolicySlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicySlot")
+            .field("current", &*self.current.read())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicySlot {
+    /// Loads the first policy.
+    pub async fn load(engine: &PolicyEngine, source: PolicySource) -> Result<Self, PolicyError> {
+        let policy = LoadedPolicy::load(engine, source).await?;
+        Ok(Self {
+            engine: engine.clone(),
+            current: RwLock::new(policy),
+        })
+    }
+
+    /// Loads `source` and, if it compiles and instantiates, makes it the
+    /// current policy. On error the old policy stays and the error says why.
+    pub async fn reload(&self, source: PolicySource) -> Result<LoadedPolicy, PolicyError> {
+        let policy = match LoadedPolicy::load(&self.engine, source).await {
+            Ok(policy) => policy,
+            Err(e) => {
+                tracing::warn!(error = %e, "policy reload refused; keeping the current policy");
+                return Err(e);
+            }
+        };
+        let old = std::mem::replace(&mut *self.current.write(), policy.clone());
+        tracing::info!(
+            policy = %policy.name(),
+            generation = policy.generation(),
+            replaced = old.generation(),
+            "policy reloaded"
+        );
+        Ok(policy)
+    }
+
+    /// The policy new requests should use.
+    pub fn current(&self) -> LoadedPolicy {
+        self.current.read().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wasm_kind_reads_the_header() {
+        assert_eq!(
+            wasm_kind(b"\0asm\x01\0\0\0rest"),
+            Some(WasmKind::CoreModule)
+        );
+        assert_eq!(wasm_kind(b"\0asm\x0d\0\x01\0"), Some(WasmKind::Component));
+        assert_eq!(wasm_kind(b"\0asm"), None);
+        assert_eq!(wasm_kind(b"garbage garbage"), None);
+    }
+}

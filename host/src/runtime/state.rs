@@ -1,0 +1,119 @@
+//! One request's store data: the resource table, the services, the caps and
+//! their counters. Every interface's `Host` trait is implemented on it, one
+//! file per interface.
+
+use std::sync::Arc;
+
+use wasmtime::component::{Resource, ResourceTable};
+
+use super::call::EsiOverrides;
+use super::errors::{Hook, HostLimitTrap};
+use super::limits::{CpuClock, MemoryLimiter};
+use super::policy::PolicyShared;
+use super::services::PolicyServices;
+use super::types::RequestHead;
+
+/// The `T` of `Store<T>` for one request.
+pub(crate) struct StoreState {
+    /// Request and response heads lent to the guest during a hook.
+    pub(crate) table: ResourceTable,
+    /// The host's cache, kv and fetcher.
+    pub(crate) services: Arc<dyn PolicyServices>,
+    /// The policy's name, config and limits.
+    pub(crate) policy: Arc<PolicyShared>,
+    /// Memory cap.
+    pub(crate) limiter: MemoryLimiter,
+    /// CPU budget of the current hook.
+    pub(crate) clock: CpuClock,
+    /// The hook running now.
+    pub(crate) hook: Hook,
+    /// The request head while a hook runs (for the fetch default backend).
+    pub(crate) current_request: Option<Resource<RequestHead>>,
+    /// Host calls made so far in this request.
+    host_calls: u32,
+    /// Subrequests made so far in this request.
+    subrequests: u32,
+    /// Set when a cap was reached (the trap that follows is a limit).
+    pub(crate) limit_hit: Option<HostLimitTrap>,
+    /// What the policy asked of ESI.
+    pub(crate) esi: EsiOverrides,
+}
+
+impl StoreState {
+    pub(crate) fn new(
+        services: Arc<dyn PolicyServices>,
+        policy: Arc<PolicyShared>,
+        tick: std::time::Duration,
+    ) -> Self {
+        let limits = &policy.limits;
+        Self {
+            table: ResourceTable::new(),
+            services,
+            limiter: MemoryLimiter::new(limits.memory),
+            clock: CpuClock::new(limits.cpu_time(), tick),
+            hook: Hook::Instantiate,
+            current_request: None,
+            host_calls: 0,
+            subrequests: 0,
+            limit_hit: None,
+            esi: EsiOverrides::default(),
+            policy,
+        }
+    }
+
+    /// Counts a host call; `false` once the cap is reached.
+    pub(crate) fn count_call(&mut self) -> bool {
+        let limit = self.policy.limits.max_host_calls;
+        if self.host_calls >= limit {
+            self.limit_hit.get_or_insert(HostLimitTrap {
+                what: "host calls",
+                limit,
+            });
+            return false;
+        }
+        self.host_calls += 1;
+        true
+    }
+
+    /// Counts a host call for a function without an error variant: over the
+    /// cap the guest traps. Returns the call's tracing span, entered.
+    pub(crate) fn hostcall(
+        &mut self,
+        name: &'static str,
+    ) -> wasmtime::Result<tracing::span::EnteredSpan> {
+        if !self.count_call() {
+            return Err(wasmtime::Error::new(HostLimitTrap {
+                what: "host calls",
+                limit: self.policy.limits.max_host_calls,
+            }));
+        }
+        Ok(tracing::debug_span!("hostcall", call = name).entered())
+    }
+
+    /// Takes up to `wanted` subrequests from the cap; returns how many may go.
+    pub(crate) fn take_subrequests(&mut self, wanted: usize) -> usize {
+        let limit = self.policy.limits.max_subrequests;
+        let left = usize::try_from(limit.saturating_sub(self.subrequests)).unwrap_or(usize::MAX);
+        let granted = wanted.min(left);
+        // `granted <= left <= u32::MAX`, so this cannot saturate.
+        self.subrequests = self
+            .subrequests
+            .saturating_add(u32::try_from(granted).unwrap_or(u32::MAX));
+        if granted < wanted {
+            self.limit_hit.get_or_insert(HostLimitTrap {
+                what: "subrequests",
+                limit,
+            });
+        }
+        granted
+    }
+
+    /// The backend of the request being handled, for subrequests without one.
+    pub(crate) fn default_backend(&self) -> String {
+        self.current_request
+            .as_ref()
+            .and_then(|r| self.table.get(r).ok())
+            .map(|r| r.backend.clone())
+            .unwrap_or_default()
+    }
+}

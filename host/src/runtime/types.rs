@@ -1,0 +1,402 @@
+//! `inlay:policy/types`: the request and response handles.
+//!
+//! For one hook call the host moves its [`RequestHead`] (and
+//! [`ResponseHead`]) into the store's resource table and lends the guest a
+//! borrow handle; header accessors work on the `HeaderMap` in place and the
+//! heads are moved back out when the hook returns. Nothing is copied per
+//! access except the strings the guest asks for.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method, StatusCode, Uri};
+use wasmtime::component::Resource;
+
+use super::bindings::inlay::policy::types::{Headers, Host, HostRequest, HostResponse};
+use super::errors::Hook;
+use super::state::StoreState;
+
+/// The client's request as a policy sees and edits it.
+#[derive(Clone, Debug)]
+pub struct RequestHead {
+    /// The method.
+    pub method: Method,
+    /// Path and query only (a scheme or authority, if present, is ignored
+    /// by `url()` and replaced by `set-url`).
+    pub uri: Uri,
+    /// Header fields.
+    pub headers: HeaderMap,
+    /// The client's address.
+    pub client_ip: IpAddr,
+    /// The configured backend the request goes to.
+    pub backend: String,
+    /// Data the policy added to the cache key (`add-to-cache-key`), in order.
+    pub cache_key_extra: Vec<String>,
+}
+
+impl Default for RequestHead {
+    /// An empty `GET /`; also what is left in the caller's place while a
+    /// hook holds the real head.
+    fn default() -> Self {
+        Self {
+            method: Method::GET,
+            uri: Uri::from_static("/"),
+            headers: HeaderMap::new(),
+            client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            backend: String::new(),
+            cache_key_extra: Vec::new(),
+        }
+    }
+}
+
+/// A response's status and headers as a policy sees and edits them.
+#[derive(Clone, Debug, Default)]
+pub struct ResponseHead {
+    /// The status code.
+    pub status: StatusCode,
+    /// Header fields.
+    pub headers: HeaderMap,
+}
+
+/// The path and query of a URI, `/` when it has none.
+pub(crate) fn path_and_query(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |pq| pq.as_str())
+}
+
+/// Parses a guest-supplied path and query; it must start with `/`.
+pub(crate) fn parse_path_and_query(url: &str) -> Result<Uri, String> {
+    if !url.starts_with('/') {
+        return Err(format!("url must start with `/`: {url:?}"));
+    }
+    let pq =
+        http::uri::PathAndQuery::try_from(url).map_err(|e| format!("invalid url {url:?}: {e}"))?;
+    Ok(Uri::from(pq))
+}
+
+/// Parses a guest-supplied header name (lower-cased by `http`).
+pub(crate) fn parse_name(name: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name {name:?}"))
+}
+
+/// Parses a guest-supplied header value (no control characters).
+pub(crate) fn parse_value(name: &str, value: &str) -> Result<HeaderValue, String> {
+    HeaderValue::from_str(value).map_err(|_| format!("invalid value for header {name:?}"))
+}
+
+/// Builds a header map from a WIT header list, refusing the first bad field.
+pub(crate) fn headers_from_list(list: Headers) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::with_capacity(list.len());
+    for (name, value) in list {
+        let value = parse_value(&name, &value)?;
+        map.append(parse_name(&name)?, value);
+    }
+    Ok(map)
+}
+
+/// A header map as a WIT header list, in the map's order.
+pub(crate) fn headers_to_list(map: &HeaderMap) -> Headers {
+    map.iter()
+        .map(|(name, value)| (name.as_str().to_string(), lossy(value)))
+        .collect()
+}
+
+/// Header values may hold non-UTF-8 bytes; the guest gets them lossily.
+fn lossy(value: &HeaderValue) -> String {
+    String::from_utf8_lossy(value.as_bytes()).into_owned()
+}
+
+fn header_first(map: &HeaderMap, name: &str) -> Option<String> {
+    // An invalid name cannot be present: answer "absent" rather than fail.
+    let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+    map.get(name).map(lossy)
+}
+
+fn header_all(map: &HeaderMap, name: &str) -> Vec<String> {
+    match HeaderName::from_bytes(name.as_bytes()) {
+        Ok(name) => map.get_all(name).iter().map(lossy).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn set_header(map: &mut HeaderMap, name: &str, value: &str) -> Result<(), String> {
+    let value = parse_value(name, value)?;
+    map.insert(parse_name(name)?, value);
+    Ok(())
+}
+
+fn append_header(map: &mut HeaderMap, name: &str, value: &str) -> Result<(), String> {
+    let value = parse_value(name, value)?;
+    map.append(parse_name(name)?, value);
+    Ok(())
+}
+
+fn remove_header(map: &mut HeaderMap, name: &str) {
+    if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
+        map.remove(name);
+    }
+}
+
+impl Host for StoreState {}
+
+impl HostRequest for StoreState {
+    fn method(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
+        let _span = self.hostcall("request.method")?;
+        Ok(self.table.get(&this)?.method.as_str().to_string())
+    }
+
+    fn set_method(&mut self, this: Resource<RequestHead>, method: String) -> wasmtime::Result<()> {
+        let _span = self.hostcall("request.set-method")?;
+        // No error variant in the WIT: an invalid token is a guest bug.
+        let method = Method::from_bytes(method.as_bytes())
+            .map_err(|_| wasmtime::format_err!("set-method: invalid method {method:?}"))?;
+        self.table.get_mut(&this)?.method = method;
+        Ok(())
+    }
+
+    fn url(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
+        let _span = self.hostcall("request.url")?;
+        Ok(path_and_query(&self.table.get(&this)?.uri).to_string())
+    }
+
+    fn set_url(
+        &mut self,
+        this: Resource<RequestHead>,
+        url: String,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let _span = self.hostcall("request.set-url")?;
+        let uri = match parse_path_and_query(&url) {
+            Ok(uri) => uri,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.table.get_mut(&this)?.uri = uri;
+        Ok(Ok(()))
+    }
+
+    fn header(
+        &mut self,
+        this: Resource<RequestHead>,
+        name: String,
+    ) -> wasmtime::Result<Option<String>> {
+        let _span = self.hostcall("request.header")?;
+        Ok(header_first(&self.table.get(&this)?.headers, &name))
+    }
+
+    fn header_all(
+        &mut self,
+        this: Resource<RequestHead>,
+        name: String,
+    ) -> wasmtime::Result<Vec<String>> {
+        let _span = self.hostcall("request.header-all")?;
+        Ok(header_all(&self.table.get(&this)?.headers, &name))
+    }
+
+    fn headers(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<Headers> {
+        let _span = self.hostcall("request.headers")?;
+        Ok(headers_to_list(&self.table.get(&this)?.headers))
+    }
+
+    fn set_header(
+        &mut self,
+        this: Resource<RequestHead>,
+        name: String,
+        value: String,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let _span = self.hostcall("request.set-header")?;
+        Ok(set_header(
+            &mut self.table.get_mut(&this)?.headers,
+            &name,
+            &value,
+        ))
+    }
+
+    fn append_header(
+        &mut self,
+        this: Resource<RequestHead>,
+        name: String,
+        value: String,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let _span = self.hostcall("request.append-header")?;
+        Ok(append_header(
+            &mut self.table.get_mut(&this)?.headers,
+            &name,
+            &value,
+        ))
+    }
+
+    fn remove_header(&mut self, this: Resource<RequestHead>, name: String) -> wasmtime::Result<()> {
+        let _span = self.hostcall("request.remove-header")?;
+        remove_header(&mut self.table.get_mut(&this)?.headers, &name);
+        Ok(())
+    }
+
+    fn client_ip(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
+        let _span = self.hostcall("request.client-ip")?;
+        Ok(self.table.get(&this)?.client_ip.to_string())
+    }
+
+    fn backend(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
+        let _span = self.hostcall("request.backend")?;
+        Ok(self.table.get(&this)?.backend.clone())
+    }
+
+    fn set_backend(
+        &mut self,
+        this: Resource<RequestHead>,
+        name: String,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let _span = self.hostcall("request.set-backend")?;
+        // Later hooks run after the backend was contacted (or the response
+        // came from the cache): a change would silently do nothing.
+        if self.hook != Hook::OnRequest {
+            return Ok(Err(format!(
+                "set-backend is only possible in on-request, not in {}",
+                self.hook
+            )));
+        }
+        if !self.services.backend_exists(&name) {
+            return Ok(Err(format!("unknown backend {name:?}")));
+        }
+        self.table.get_mut(&this)?.backend = name;
+        Ok(Ok(()))
+    }
+
+    fn add_to_cache_key(
+        &mut self,
+        this: Resource<RequestHead>,
+        data: String,
+    ) -> wasmtime::Result<()> {
+        let _span = self.hostcall("request.add-to-cache-key")?;
+        self.table.get_mut(&this)?.cache_key_extra.push(data);
+        Ok(())
+    }
+
+    fn drop(&mut self, _rep: Resource<RequestHead>) -> wasmtime::Result<()> {
+        // The guest only ever gets borrows; the host takes the head back
+        // out of the table itself when the hook returns.
+        Ok(())
+    }
+}
+
+impl HostResponse for StoreState {
+    fn status(&mut self, this: Resource<ResponseHead>) -> wasmtime::Result<u16> {
+        let _span = self.hostcall("response.status")?;
+        Ok(self.table.get(&this)?.status.as_u16())
+    }
+
+    fn set_status(
+        &mut self,
+        this: Resource<ResponseHead>,
+        status: u16,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let _span = self.hostcall("response.set-status")?;
+        match StatusCode::from_u16(status) {
+            Ok(status) => {
+                self.table.get_mut(&this)?.status = status;
+                Ok(Ok(()))
+            }
+            Err(_) => Ok(Err(format!("invalid status {status}: must be 100-999"))),
+        }
+    }
+
+    fn header(
+        &mut self,
+        this: Resource<ResponseHead>,
+        name: String,
+    ) -> wasmtime::Result<Option<String>> {
+        let _span = self.hostcall("response.header")?;
+        Ok(header_first(&self.table.get(&this)?.headers, &name))
+    }
+
+    fn header_all(
+        &mut self,
+        this: Resource<ResponseHead>,
+        name: String,
+    ) -> wasmtime::Result<Vec<String>> {
+        let _span = self.hostcall("response.header-all")?;
+        Ok(header_all(&self.table.get(&this)?.headers, &name))
+    }
+
+    fn headers(&mut self, this: Resource<ResponseHead>) -> wasmtime::Result<Headers> {
+        let _span = self.hostcall("response.headers")?;
+        Ok(headers_to_list(&self.table.get(&this)?.headers))
+    }
+
+    fn set_header(
+        &mut self,
+        this: Resource<ResponseHead>,
+        name: String,
+        value: String,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let _span = self.hostcall("response.set-header")?;
+        Ok(set_header(
+            &mut self.table.get_mut(&this)?.headers,
+            &name,
+            &value,
+        ))
+    }
+
+    fn append_header(
+        &mut self,
+        this: Resource<ResponseHead>,
+        name: String,
+        value: String,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let _span = self.hostcall("response.append-header")?;
+        Ok(append_header(
+            &mut self.table.get_mut(&this)?.headers,
+            &name,
+            &value,
+        ))
+    }
+
+    fn remove_header(
+        &mut self,
+        this: Resource<ResponseHead>,
+        name: String,
+    ) -> wasmtime::Result<()> {
+        let _span = self.hostcall("response.remove-header")?;
+        remove_header(&mut self.table.get_mut(&this)?.headers, &name);
+        Ok(())
+    }
+
+    fn drop(&mut self, _rep: Resource<ResponseHead>) -> wasmtime::Result<()> {
+        // As for requests: the guest never owns a response handle.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_helpers_validate_and_keep_order() {
+        let mut map = HeaderMap::new();
+        assert!(set_header(&mut map, "X-A", "1").is_ok());
+        assert!(append_header(&mut map, "x-a", "2").is_ok());
+        assert_eq!(header_all(&map, "X-A"), vec!["1", "2"]);
+        assert_eq!(header_first(&map, "x-a").as_deref(), Some("1"));
+        assert!(set_header(&mut map, "bad name", "v").is_err());
+        assert!(set_header(&mut map, "x-b", "line\nbreak").is_err());
+        assert_eq!(header_first(&map, "bad name"), None);
+        remove_header(&mut map, "x-a");
+        assert!(map.is_empty());
+        let list = vec![("b".to_string(), "1".to_string()), ("a".into(), "2".into())];
+        let map = headers_from_list(list).expect("valid");
+        assert_eq!(headers_to_list(&map).len(), 2);
+        assert!(headers_from_list(vec![("".into(), "x".into())]).is_err());
+    }
+
+    #[test]
+    fn urls_must_be_path_and_query() {
+        assert_eq!(
+            parse_path_and_query("/a?b=c").map(|u| path_and_query(&u).to_string()),
+            Ok("/a?b=c".to_string())
+        );
+        assert!(parse_path_and_query("a").is_err());
+        assert!(parse_path_and_query("/a b").is_err());
+        assert!(parse_path_and_query("").is_err());
+        let absolute: Uri = "http://example.com/x?y".parse().expect("valid");
+        assert_eq!(path_and_query(&absolute), "/x?y");
+    }
+}
