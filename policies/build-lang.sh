@@ -5,9 +5,10 @@
 #
 #   policies/build-lang.sh              build what changed, every language
 #   policies/build-lang.sh js c         only these languages (js, py, c)
-#   policies/build-lang.sh --test       then run the conformance tests: every
-#                                       language's headers and ab-test (Rust
-#                                       included when built) in node via jco
+#   policies/build-lang.sh --test       then run the JS SDK's tests and the
+#                                       conformance tests: every language's
+#                                       headers and ab-test, and the Rust ones
+#                                       (build.sh first), in node via jco
 #
 # Toolchains, installed when missing, pinned (registries only, no downloads
 # of prebuilt toolchains):
@@ -226,5 +227,6 @@ if $run_tests; then
     fi
     suffixes=",$(printf -- '-%s,' "${langs[@]}")"
     log "conformance tests: headers and ab-test, suffixes [${suffixes%,}]"
-    (cd "$sdk/js" && INLAY_POLICY_SUFFIXES="${suffixes%,}" node "${flags[@]}" --test test/)
+    (cd "$sdk/js" && INLAY_POLICY_SUFFIXES="${suffixes%,}" \
+        node "${flags[@]}" --import ./testing/register.mjs --test test/)
 fi
