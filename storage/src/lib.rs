@@ -1,1 +1,280 @@
-//! Inlay storage.
+//! Inlay's object store: a bounded memory tier in front of an optional disk
+//! tier on sled.
+//!
+//! # Model
+//!
+//! An object is a response body plus its [`ObjectMeta`], stored under a
+//! string key the host builds as `<primary>\u{1}<variant>` (primary: hash of
+//! host, URL and policy additions; variant: the Vary values). All methods of
+//! [`ObjectStore`] are synchronous and safe to call from many threads; the
+//! host calls them from `spawn_blocking` or directly when they hit memory.
+//!
+//! * **Memory tier** ([`MemoryStore`]): a `quick_cache` (CLOCK-PRO style,
+//!   weighted by bytes) plus ordered indexes for prefix purge, surrogate keys
+//!   and expiry. Used alone it is the memory-only store.
+//! * **Disk tier** (inside [`TieredStore`]): sled 0.34, behind the internal
+//!   `DiskEngine` trait so the engine can be swapped. Bodies are split in
+//!   chunks (64 KiB by default) in their own tree; the metadata record is
+//!   written last, so a torn write leaves no record or a record whose chunks
+//!   fail verification. Every body carries a CRC-32 and every record carries
+//!   its own: a corrupt, torn or partial object is a miss, is removed and is
+//!   logged at `warn`. Objects load lazily (no scan at open); byte counters
+//!   are recomputed by a background thread. A database that will not open is
+//!   moved aside to `<dir>.corrupt-<unix_ts>` and a fresh one is created.
+//!
+//! # Disk layout (sled trees)
+//!
+//! | tree | key | value |
+//! |---|---|---|
+//! | `meta` | object key | record: magic, CRC, chunk id, FIFO seq, chunk size, [`ObjectMeta`] |
+//! | `chunks` | len(key) · key · chunk id · index | body bytes |
+//! | `fifo` | seq | object key (eviction order) |
+//! | `expiry` | removable_at · object key | empty |
+//! | `surrogate` | len(tag) · tag · object key | empty |
+//! | `kv` | len(ns) · ns · key | CRC · value |
+//! | `pending` | chunk id | object key (writes in flight, cleaned after a crash) |
+//!
+//! # sled's limits and what we do about them
+//!
+//! * values over ~128 KiB become one blob file each: bodies are chunked;
+//! * files can grow to several times the live data: `disk_bytes` bounds
+//!   the logical data, so budget the directory accordingly;
+//! * fsync is periodic (`flush_every_ms`): the last window of writes can be
+//!   lost in a crash; purges and removals call `flush` before returning so a
+//!   purged object never comes back;
+//! * after ENOSPC sled refuses further writes until it is reopened: `put`
+//!   then fails with [`StoreError::Full`] (or [`StoreError::Degraded`]),
+//!   reads keep working, and the host serves uncached.
+
+mod codec;
+mod config;
+mod disk;
+mod engine;
+mod error;
+mod memory;
+mod meta;
+mod tiered;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Serialize;
+
+pub use config::{MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, StoreConfig};
+pub use error::StoreError;
+pub use memory::MemoryStore;
+pub use meta::{ObjectMeta, StoredObject};
+pub use tiered::TieredStore;
+
+/// Longest accepted object key in bytes.
+pub const MAX_KEY_LEN: usize = 8 * 1024;
+/// Longest accepted surrogate key in bytes.
+pub const MAX_SURROGATE_KEY_LEN: usize = 1024;
+/// Most surrogate keys accepted on one object.
+pub const MAX_SURROGATE_KEYS: usize = 1024;
+/// Longest accepted kv namespace or kv key in bytes.
+pub const MAX_KV_KEY_LEN: usize = 1024;
+/// Largest accepted kv value in bytes (kept at the chunk size so kv nodes
+/// stay under sled's blob threshold too).
+pub const MAX_KV_VALUE_LEN: usize = 64 * 1024;
+/// Largest accepted encoded metadata (headers, keys) of one object.
+pub const MAX_META_LEN: usize = 64 * 1024;
+
+/// The operations the host needs from an object store.
+///
+/// Reads never return corrupt data: anything that fails verification is a
+/// miss. Writes either complete or return an error and leave the previous
+/// object (if any) readable.
+pub trait ObjectStore: Send + Sync {
+    /// Looks up an object: memory first, then disk (promoting it to memory).
+    /// Objects past their keep window are misses.
+    fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError>;
+
+    /// Stores an object, replacing any previous one under `key`. Fills
+    /// `body_len` and `checksum` and returns the stored metadata.
+    fn put(
+        &self,
+        key: &str,
+        meta: ObjectMeta,
+        body: Bytes,
+    ) -> Result<std::sync::Arc<ObjectMeta>, StoreError>;
+
+    /// Replaces the metadata of a stored object and keeps its body (for a
+    /// 304 revalidation). `body_len` and `checksum` of `meta` are ignored.
+    /// Returns whether the object existed.
+    fn update_meta(&self, key: &str, meta: ObjectMeta) -> Result<bool, StoreError>;
+
+    /// Removes one object durably. Returns whether it existed.
+    fn remove(&self, key: &str) -> Result<bool, StoreError>;
+
+    /// Removes every object whose key starts with `prefix` (all variants of
+    /// a URL: `<primary>\u{1}`), durably. Returns how many were removed.
+    fn remove_prefix(&self, prefix: &str) -> Result<u64, StoreError>;
+
+    /// Marks every object whose key starts with `prefix` stale (expired now,
+    /// grace and keep kept). Returns how many were marked.
+    fn soft_purge_prefix(&self, prefix: &str) -> Result<u64, StoreError>;
+
+    /// Keys of the objects tagged with surrogate key `skey`.
+    fn keys_for_surrogate(&self, skey: &str) -> Result<Vec<String>, StoreError>;
+
+    /// Removes (or with `soft`, marks stale) every object tagged with
+    /// `skey`. Returns how many objects were affected.
+    fn purge_surrogate(&self, skey: &str, soft: bool) -> Result<u64, StoreError>;
+
+    /// Reads a small record from namespace `ns`.
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError>;
+
+    /// Writes a small record to namespace `ns`.
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError>;
+
+    /// Deletes a small record; returns whether it existed.
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError>;
+
+    /// Removes every object removable at `now_ms`; returns how many.
+    fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError>;
+
+    /// The largest body `put` accepts, so the host can stop buffering a
+    /// response that will not be stored.
+    fn max_object_bytes(&self) -> u64;
+
+    /// A snapshot of sizes and counters.
+    fn stats(&self) -> StoreStats;
+
+    /// Makes every completed write durable (fsync).
+    fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// Sizes and counters of a store, for metrics and the admin endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StoreStats {
+    /// Bytes held by the memory tier (its weight).
+    pub memory_bytes: u64,
+    /// The memory tier's budget.
+    pub memory_capacity: u64,
+    /// Objects held by the memory tier.
+    pub memory_objects: u64,
+    /// Whether a disk tier is configured and open.
+    pub disk_enabled: bool,
+    /// Logical bytes on disk (keys, records, bodies); approximate until
+    /// `disk_counted` is true.
+    pub disk_bytes: u64,
+    /// The disk bound (`disk_bytes` of the config).
+    pub disk_capacity: u64,
+    /// Objects on disk; approximate until `disk_counted` is true.
+    pub disk_objects: u64,
+    /// Size of sled's files, as sled reports it.
+    pub disk_file_bytes: u64,
+    /// Whether the background count of the disk tier after open finished.
+    pub disk_counted: bool,
+    /// Whether the disk tier refuses writes after a write error.
+    pub disk_degraded: bool,
+    /// Whether the database was moved aside at open because it was corrupt.
+    pub disk_recreated: bool,
+    /// Gets served from memory.
+    pub hits_memory: u64,
+    /// Gets served from disk.
+    pub hits_disk: u64,
+    /// Gets that found nothing usable.
+    pub misses: u64,
+    /// Objects dropped because they failed verification.
+    pub corrupt_dropped: u64,
+    /// Objects evicted from memory to respect the memory budget.
+    pub evicted_memory: u64,
+    /// Objects evicted from disk to respect the disk bound.
+    pub evicted_disk: u64,
+    /// Objects removed because they were past their keep window.
+    pub expired_removed: u64,
+    /// Writes that failed (disk full, I/O error).
+    pub write_errors: u64,
+    /// Bytes of kv records.
+    pub kv_bytes: u64,
+}
+
+/// Current unix time in milliseconds (0 if the clock is before 1970).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Checks an object key.
+pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
+    if key.is_empty() {
+        return Err(StoreError::InvalidKey("empty object key".into()));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(StoreError::TooLarge {
+            what: "object key",
+            len: key.len() as u64,
+            limit: MAX_KEY_LEN as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Checks the metadata of an object about to be stored: its size and its
+/// surrogate keys.
+pub(crate) fn check_meta(meta: &ObjectMeta) -> Result<(), StoreError> {
+    let size = meta.approx_size();
+    if size > MAX_META_LEN {
+        return Err(StoreError::TooLarge {
+            what: "metadata",
+            len: size as u64,
+            limit: MAX_META_LEN as u64,
+        });
+    }
+    if meta.surrogate_keys.len() > MAX_SURROGATE_KEYS {
+        return Err(StoreError::TooLarge {
+            what: "surrogate key list",
+            len: meta.surrogate_keys.len() as u64,
+            limit: MAX_SURROGATE_KEYS as u64,
+        });
+    }
+    for k in &meta.surrogate_keys {
+        if k.is_empty() {
+            return Err(StoreError::InvalidKey("empty surrogate key".into()));
+        }
+        if k.len() > MAX_SURROGATE_KEY_LEN {
+            return Err(StoreError::TooLarge {
+                what: "surrogate key",
+                len: k.len() as u64,
+                limit: MAX_SURROGATE_KEY_LEN as u64,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks a kv namespace, key and optionally value.
+pub(crate) fn check_kv(ns: &str, key: &str, value: Option<&[u8]>) -> Result<(), StoreError> {
+    if ns.is_empty() {
+        return Err(StoreError::InvalidKey("empty kv namespace".into()));
+    }
+    for (what, s) in [("kv namespace", ns), ("kv key", key)] {
+        if s.len() > MAX_KV_KEY_LEN {
+            return Err(StoreError::TooLarge {
+                what,
+                len: s.len() as u64,
+                limit: MAX_KV_KEY_LEN as u64,
+            });
+        }
+    }
+    if let Some(v) = value
+        && v.len() > MAX_KV_VALUE_LEN
+    {
+        return Err(StoreError::TooLarge {
+            what: "kv value",
+            len: v.len() as u64,
+            limit: MAX_KV_VALUE_LEN as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Fills `body_len` and `checksum` of `meta` from `body`.
+pub(crate) fn seal(mut meta: ObjectMeta, body: &[u8]) -> ObjectMeta {
+    meta.body_len = body.len() as u64;
+    meta.checksum = crc32fast::hash(body);
+    meta
+}

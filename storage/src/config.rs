@@ -1,0 +1,146 @@
+//! Store configuration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::StoreError;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// Smallest accepted chunk size.
+pub const MIN_CHUNK_SIZE: usize = 4 * 1024;
+/// Largest accepted chunk size. sled writes any log item (a value, or a whole
+/// tree node of up to ~17 values) over a quarter of its segment size to a
+/// blob file of its own; a failed blob write (ENOSPC) leaks a log
+/// reservation and hangs every later flush. With 8 MiB segments (see
+/// `SEGMENT_SIZE` in the engine) a leaf of 64 KiB chunks stays well under
+/// the 2 MiB threshold, so the store never makes blobs.
+pub const MAX_CHUNK_SIZE: usize = 64 * 1024;
+
+/// How a [`crate::TieredStore`] is set up.
+///
+/// | field | default | meaning |
+/// |---|---|---|
+/// | `dir` | none | sled directory; none = memory only |
+/// | `memory_bytes` | 256 MiB | memory tier budget (bodies + metadata) |
+/// | `disk_bytes` | 1 GiB | bound on the logical bytes kept on disk |
+/// | `chunk_size` | 64 KiB | body chunk size on disk |
+/// | `flush_every_ms` | 500 | sled's periodic fsync interval |
+/// | `sweep_interval` | 30 s | how often expired objects are removed |
+/// | `disk_cache_bytes` | 32 MiB | sled's own page cache |
+/// | `kv_bytes` | 64 MiB | bound on all kv records together |
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Directory of the disk tier; `None` keeps everything in memory.
+    pub dir: Option<PathBuf>,
+    /// Memory tier budget in bytes.
+    pub memory_bytes: u64,
+    /// Disk tier bound in logical bytes (keys, records and bodies). sled's
+    /// files can be a few times larger than this (see the crate docs).
+    pub disk_bytes: u64,
+    /// Body chunk size on disk, within
+    /// [`MIN_CHUNK_SIZE`]..=[`MAX_CHUNK_SIZE`].
+    pub chunk_size: usize,
+    /// sled fsyncs its log this often; writes in the last window can be lost
+    /// in a crash (they are then misses, never corrupt hits).
+    pub flush_every_ms: u64,
+    /// Interval of the background sweeper that removes expired objects and
+    /// enforces the disk bound.
+    pub sweep_interval: Duration,
+    /// sled's page cache in bytes; small, since the memory tier caches bodies.
+    pub disk_cache_bytes: u64,
+    /// Bound on the bytes of all kv records (keys and values) together.
+    pub kv_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            dir: None,
+            memory_bytes: 256 * MIB,
+            disk_bytes: 1024 * MIB,
+            chunk_size: 64 * KIB as usize,
+            flush_every_ms: 500,
+            sweep_interval: Duration::from_secs(30),
+            disk_cache_bytes: 32 * MIB,
+            kv_bytes: 64 * MIB,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// A memory-only configuration with the given memory budget.
+    pub fn memory_only(memory_bytes: u64) -> Self {
+        StoreConfig {
+            memory_bytes,
+            ..StoreConfig::default()
+        }
+    }
+
+    /// A configuration with a disk tier in `dir` and default sizes.
+    pub fn on_disk(dir: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            dir: Some(dir.into()),
+            ..StoreConfig::default()
+        }
+    }
+
+    /// Checks the values; every problem is reported, not only the first.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let mut problems = Vec::new();
+        if self.memory_bytes < 64 * KIB {
+            problems.push(format!(
+                "memory_bytes {} is below 64 KiB",
+                self.memory_bytes
+            ));
+        }
+        if self.dir.is_some() && self.disk_bytes < MIB {
+            problems.push(format!("disk_bytes {} is below 1 MiB", self.disk_bytes));
+        }
+        if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&self.chunk_size) {
+            problems.push(format!(
+                "chunk_size {} is outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE}",
+                self.chunk_size
+            ));
+        }
+        if self.flush_every_ms == 0 {
+            problems.push("flush_every_ms must be at least 1".to_string());
+        }
+        if self.sweep_interval.is_zero() {
+            problems.push("sweep_interval must not be zero".to_string());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Config(problems.join("; ")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid() {
+        StoreConfig::default().validate().unwrap();
+        StoreConfig::on_disk("/tmp/x").validate().unwrap();
+    }
+
+    #[test]
+    fn validate_reports_every_problem() {
+        let c = StoreConfig {
+            memory_bytes: 1,
+            chunk_size: 1,
+            sweep_interval: std::time::Duration::ZERO,
+            ..StoreConfig::default()
+        };
+        let Err(StoreError::Config(msg)) = c.validate() else {
+            panic!("invalid config accepted");
+        };
+        assert!(
+            msg.contains("memory_bytes") && msg.contains("chunk_size") && msg.contains("sweep")
+        );
+    }
+}

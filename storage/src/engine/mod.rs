@@ -1,0 +1,110 @@
+//! The disk engine seam: a few ordered byte-trees, ids and flush.
+//!
+//! Everything about the layout (chunks, records, checksums, indexes) lives
+//! in `disk.rs` on top of this trait, so replacing sled means writing one
+//! small adapter. Tests wrap the sled engine to inject write failures.
+
+mod sled_engine;
+
+use std::ops::Deref;
+
+pub(crate) use sled_engine::open_sled;
+
+use crate::StoreError;
+
+/// The trees of the layout (see the crate docs for their keys and values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TreeId {
+    Meta,
+    Chunks,
+    Fifo,
+    Expiry,
+    Surrogate,
+    Kv,
+    Pending,
+}
+
+impl TreeId {
+    pub(crate) const ALL: [TreeId; 7] = [
+        TreeId::Meta,
+        TreeId::Chunks,
+        TreeId::Fifo,
+        TreeId::Expiry,
+        TreeId::Surrogate,
+        TreeId::Kv,
+        TreeId::Pending,
+    ];
+
+    /// The on-disk name; stable, the layout depends on it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            TreeId::Meta => "meta",
+            TreeId::Chunks => "chunks",
+            TreeId::Fifo => "fifo",
+            TreeId::Expiry => "expiry",
+            TreeId::Surrogate => "surrogate",
+            TreeId::Kv => "kv",
+            TreeId::Pending => "pending",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A value read from an engine, without copying where the engine allows.
+#[derive(Clone)]
+pub(crate) enum Value {
+    Sled(sled::IVec),
+    #[allow(dead_code)] // for engines that hand out owned buffers
+    Owned(Vec<u8>),
+}
+
+impl Deref for Value {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Value::Sled(v) => v,
+            Value::Owned(v) => v,
+        }
+    }
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        **self == **other
+    }
+}
+
+/// Key-value pairs from a scan.
+pub(crate) type Entries<'a> = Box<dyn Iterator<Item = Result<(Value, Value), StoreError>> + 'a>;
+
+/// An ordered key-value engine with named trees.
+///
+/// Single-key operations are atomic. There is no cross-key atomicity: the
+/// layout orders its writes so any prefix of them is detectable.
+pub(crate) trait DiskEngine: Send + Sync {
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError>;
+    fn insert(&self, tree: TreeId, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError>;
+    fn remove(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError>;
+    /// Atomically replaces `old` (None: absent) by `new` (None: remove).
+    /// Returns false, changing nothing, if the current value is not `old`.
+    fn compare_and_swap(
+        &self,
+        tree: TreeId,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, StoreError>;
+    /// Entries whose key starts with `prefix`, in key order.
+    fn scan_prefix(&self, tree: TreeId, prefix: &[u8]) -> Entries<'_>;
+    /// Entries with key >= `start`, in key order.
+    fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_>;
+    /// A new id, larger than every id handed out before (also across restarts).
+    fn generate_id(&self) -> Result<u64, StoreError>;
+    /// Makes all completed writes durable.
+    fn flush(&self) -> Result<(), StoreError>;
+    /// Bytes of the engine's files.
+    fn size_on_disk(&self) -> Result<u64, StoreError>;
+}

@@ -1,0 +1,258 @@
+//! The sled 0.34 engine, and opening it without ever failing on a corrupt
+//! database: one that will not open is moved aside and replaced.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use super::{DiskEngine, Entries, TreeId, Value};
+use crate::error::from_io;
+use crate::{StoreConfig, StoreError};
+
+/// How many moved-aside databases are kept next to the live one; older ones
+/// are deleted so repeated corruption cannot fill the disk.
+const KEEP_CORRUPT_COPIES: usize = 2;
+
+/// sled's log segment size. Items over a quarter of it become blob files;
+/// 8 MiB keeps every node of 64 KiB chunks inline (see [`crate::MAX_CHUNK_SIZE`]).
+/// sled stores it in the database: changing it makes old databases fail to
+/// open (they are then moved aside).
+const SEGMENT_SIZE: usize = 8 * 1024 * 1024;
+
+pub(crate) struct SledEngine {
+    db: sled::Db,
+    trees: Vec<sled::Tree>,
+}
+
+/// An opened engine and, if the old database was unusable, where it went.
+pub(crate) struct OpenedSled {
+    pub(crate) engine: SledEngine,
+    pub(crate) moved_aside: Option<PathBuf>,
+}
+
+fn map_sled(e: sled::Error) -> StoreError {
+    match e {
+        sled::Error::Io(io) => from_io(io),
+        sled::Error::Corruption { at, .. } => {
+            StoreError::Corrupt(format!("sled reported corruption at {at:?}"))
+        }
+        other => StoreError::Engine(other.to_string()),
+    }
+}
+
+enum OpenFailure {
+    /// Another process (or store) holds the directory: never move it aside.
+    Locked,
+    /// No space to open it: the database is fine, moving it would not help.
+    NoSpace,
+    /// The database is unusable.
+    Broken(String),
+}
+
+fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure> {
+    let sled_config = sled::Config::new()
+        .path(dir)
+        .cache_capacity(config.disk_cache_bytes)
+        .flush_every_ms(Some(config.flush_every_ms))
+        .segment_size(SEGMENT_SIZE)
+        .mode(sled::Mode::LowSpace);
+    // sled 0.34 has been seen to panic, not only fail, on some damaged files.
+    let opened = catch_unwind(AssertUnwindSafe(|| {
+        let db = sled_config.open()?;
+        let trees = TreeId::ALL
+            .iter()
+            .map(|t| db.open_tree(t.name()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok::<_, sled::Error>(SledEngine { db, trees })
+    }));
+    match opened {
+        Ok(Ok(engine)) => Ok(engine),
+        Ok(Err(sled::Error::Io(e))) if e.to_string().contains("could not acquire lock") => {
+            Err(OpenFailure::Locked)
+        }
+        Ok(Err(sled::Error::Io(e)))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) =>
+        {
+            Err(OpenFailure::NoSpace)
+        }
+        Ok(Err(e)) => Err(OpenFailure::Broken(e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(OpenFailure::Broken(format!(
+                "sled panicked while opening: {what}"
+            )))
+        }
+    }
+}
+
+/// Opens sled in `dir`; a database that cannot be opened is renamed to
+/// `<dir>.corrupt-<unix_ts>` and a fresh one is created in its place.
+pub(crate) fn open_sled(dir: &Path, config: &StoreConfig) -> Result<OpenedSled, StoreError> {
+    match try_open(dir, config) {
+        Ok(engine) => Ok(OpenedSled {
+            engine,
+            moved_aside: None,
+        }),
+        Err(OpenFailure::Locked) => Err(StoreError::Locked(dir.to_path_buf())),
+        Err(OpenFailure::NoSpace) => {
+            tracing::error!(dir = %dir.display(), "no space left to open the cache database");
+            Err(StoreError::Full)
+        }
+        Err(OpenFailure::Broken(why)) => {
+            let aside = move_aside(dir)?;
+            tracing::error!(
+                dir = %dir.display(),
+                moved_to = %aside.display(),
+                error = %why,
+                "cache database could not be opened; moved it aside and starting empty"
+            );
+            prune_corrupt_copies(dir);
+            match try_open(dir, config) {
+                Ok(engine) => Ok(OpenedSled {
+                    engine,
+                    moved_aside: Some(aside),
+                }),
+                Err(OpenFailure::Locked) => Err(StoreError::Locked(dir.to_path_buf())),
+                Err(OpenFailure::NoSpace) => Err(StoreError::Full),
+                Err(OpenFailure::Broken(why)) => Err(StoreError::Engine(format!(
+                    "a fresh database could not be created in {}: {why}",
+                    dir.display()
+                ))),
+            }
+        }
+    }
+}
+
+fn move_aside(dir: &Path) -> Result<PathBuf, StoreError> {
+    let ts = crate::now_ms() / 1000;
+    let base = format!("{}.corrupt-{ts}", dir.display());
+    let mut target = PathBuf::from(&base);
+    let mut n = 1;
+    while target.exists() {
+        target = PathBuf::from(format!("{base}-{n}"));
+        n += 1;
+    }
+    std::fs::rename(dir, &target).map_err(from_io)?;
+    Ok(target)
+}
+
+/// Deletes all but the newest [`KEEP_CORRUPT_COPIES`] moved-aside copies.
+fn prune_corrupt_copies(dir: &Path) {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return;
+    };
+    let prefix = format!("{}.corrupt-", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    }) else {
+        return;
+    };
+    let mut copies: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    copies.sort();
+    let excess = copies.len().saturating_sub(KEEP_CORRUPT_COPIES);
+    for (_, path) in copies.into_iter().take(excess) {
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match removed {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "deleted an old moved-aside cache database")
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not delete an old moved-aside cache database")
+            }
+        }
+    }
+}
+
+/// Adapts a sled iterator. It ends after the first error: a failing sled
+/// iterator can return the same error forever.
+fn entries(iter: sled::Iter) -> Entries<'static> {
+    let mut failed = false;
+    Box::new(iter.map_while(move |r| {
+        if failed {
+            return None;
+        }
+        failed = r.is_err();
+        Some(
+            r.map(|(k, v)| (Value::Sled(k), Value::Sled(v)))
+                .map_err(map_sled),
+        )
+    }))
+}
+
+impl SledEngine {
+    fn tree(&self, t: TreeId) -> &sled::Tree {
+        &self.trees[t.index()]
+    }
+}
+
+impl DiskEngine for SledEngine {
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        Ok(self.tree(tree).get(key).map_err(map_sled)?.map(Value::Sled))
+    }
+
+    fn insert(&self, tree: TreeId, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError> {
+        Ok(self
+            .tree(tree)
+            .insert(key, value)
+            .map_err(map_sled)?
+            .map(Value::Sled))
+    }
+
+    fn remove(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        Ok(self
+            .tree(tree)
+            .remove(key)
+            .map_err(map_sled)?
+            .map(Value::Sled))
+    }
+
+    fn compare_and_swap(
+        &self,
+        tree: TreeId,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, StoreError> {
+        let r = self
+            .tree(tree)
+            .compare_and_swap(key, old, new.map(sled::IVec::from))
+            .map_err(map_sled)?;
+        Ok(r.is_ok())
+    }
+
+    fn scan_prefix(&self, tree: TreeId, prefix: &[u8]) -> Entries<'_> {
+        entries(self.tree(tree).scan_prefix(prefix))
+    }
+
+    fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_> {
+        entries(self.tree(tree).range(start.to_vec()..))
+    }
+
+    fn generate_id(&self) -> Result<u64, StoreError> {
+        self.db.generate_id().map_err(map_sled)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map(|_| ()).map_err(map_sled)
+    }
+
+    fn size_on_disk(&self) -> Result<u64, StoreError> {
+        self.db.size_on_disk().map_err(map_sled)
+    }
+}

@@ -1,0 +1,472 @@
+//! [`TieredStore`]: the memory tier in front of the optional disk tier, and
+//! the maintenance thread (crash cleanup, recount, sweeping, disk bound).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+
+use crate::disk::DiskTier;
+#[cfg(test)]
+use crate::engine::DiskEngine;
+use crate::engine::open_sled;
+use crate::memory::Counters;
+use crate::{
+    MemoryStore, ObjectMeta, ObjectStore, StoreConfig, StoreError, StoreStats, StoredObject,
+    check_key, check_kv, check_meta, now_ms, seal,
+};
+
+struct Inner {
+    memory: MemoryStore,
+    disk: Option<DiskTier>,
+    counters: Counters,
+    stopping: AtomicBool,
+}
+
+/// The object store the host uses: a bounded memory tier in front of an
+/// optional sled disk tier (see the crate docs).
+///
+/// Dropping the store stops its maintenance thread and flushes the disk.
+pub struct TieredStore {
+    inner: Arc<Inner>,
+    stop: Option<mpsc::Sender<()>>,
+    maintenance: Option<JoinHandle<()>>,
+}
+
+impl TieredStore {
+    /// Opens the store. With `config.dir`, opens (or creates) the sled
+    /// database there; a database that cannot be opened is moved aside and
+    /// replaced by an empty one. Fails only on an invalid config, a
+    /// directory locked by another process, or when not even a fresh
+    /// database can be created.
+    pub fn open(config: StoreConfig) -> Result<TieredStore, StoreError> {
+        config.validate()?;
+        let disk = match &config.dir {
+            Some(dir) => {
+                let opened = open_sled(dir, &config)?;
+                Some(DiskTier::new(
+                    Arc::new(opened.engine),
+                    &config,
+                    opened.moved_aside,
+                )?)
+            }
+            None => None,
+        };
+        Ok(Self::start(config, disk))
+    }
+
+    /// Opens the store on a given engine (tests inject faulty engines).
+    #[cfg(test)]
+    pub(crate) fn with_engine(
+        config: StoreConfig,
+        engine: Arc<dyn DiskEngine>,
+    ) -> Result<TieredStore, StoreError> {
+        config.validate()?;
+        let disk = DiskTier::new(engine, &config, None)?;
+        Ok(Self::start(config, Some(disk)))
+    }
+
+    fn start(config: StoreConfig, disk: Option<DiskTier>) -> TieredStore {
+        let inner = Arc::new(Inner {
+            memory: MemoryStore::new(config.memory_bytes, config.kv_bytes),
+            disk,
+            counters: Counters::default(),
+            stopping: AtomicBool::new(false),
+        });
+        let (stop, stopped) = mpsc::channel();
+        let worker = inner.clone();
+        let interval = config.sweep_interval;
+        let maintenance = std::thread::Builder::new()
+            .name("inlay-store-maint".into())
+            .spawn(move || worker.maintain(&stopped, interval))
+            .map_err(|e| tracing::error!(error = %e, "could not start the store maintenance thread; expired objects are removed on access only"))
+            .ok();
+        TieredStore {
+            inner,
+            stop: Some(stop),
+            maintenance,
+        }
+    }
+
+    /// The disk tier, for white-box tests.
+    #[cfg(test)]
+    pub(crate) fn disk(&self) -> Option<&DiskTier> {
+        self.inner.disk.as_ref()
+    }
+
+    /// The memory tier, for white-box tests.
+    #[cfg(test)]
+    pub(crate) fn memory(&self) -> &MemoryStore {
+        &self.inner.memory
+    }
+
+    /// Evicts disk objects now if the disk tier is over its bound (the put
+    /// path and the maintenance thread do this on their own). Returns how
+    /// many objects were evicted.
+    pub fn enforce_disk_bound(&self) -> Result<u64, StoreError> {
+        match &self.inner.disk {
+            Some(d) => d.evict_to_bound(),
+            None => Ok(0),
+        }
+    }
+
+    /// Whether the background count of the disk tier has finished (stats are
+    /// exact from then on). Always true without a disk tier.
+    pub fn disk_counted(&self) -> bool {
+        self.inner.disk.as_ref().is_none_or(|d| d.usage().counted)
+    }
+}
+
+impl Drop for TieredStore {
+    fn drop(&mut self) {
+        self.inner.stopping.store(true, Ordering::Relaxed);
+        drop(self.stop.take());
+        if let Some(h) = self.maintenance.take()
+            && h.join().is_err()
+        {
+            tracing::error!("store maintenance thread panicked");
+        }
+        if let Err(e) = self.flush() {
+            tracing::warn!(error = %e, "flushing the cache database on close failed");
+        }
+    }
+}
+
+impl Inner {
+    fn maintain(&self, stopped: &mpsc::Receiver<()>, interval: std::time::Duration) {
+        if let Some(disk) = &self.disk {
+            if let Err(e) = disk.recover_pending() {
+                tracing::warn!(error = %e, "cleaning up interrupted writes failed");
+            }
+            match disk.recount(&self.stopping) {
+                Ok(()) => {
+                    let u = disk.usage();
+                    tracing::info!(objects = u.objects, bytes = u.bytes, "disk tier counted");
+                }
+                Err(e) => tracing::warn!(error = %e, "counting the disk tier failed"),
+            }
+            if let Err(e) = disk.evict_to_bound() {
+                tracing::warn!(error = %e, "disk eviction failed");
+            }
+        }
+        loop {
+            match stopped.recv_timeout(interval) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                // A message or a dropped sender both mean stop.
+                Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            match self.sweep(now_ms()) {
+                Ok(n) if n > 0 => tracing::debug!(removed = n, "swept expired objects"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "sweeping expired objects failed"),
+            }
+            if let Some(disk) = &self.disk
+                && let Err(e) = disk.evict_to_bound()
+            {
+                tracing::warn!(error = %e, "disk eviction failed");
+            }
+        }
+    }
+
+    fn sweep(&self, now: u64) -> Result<u64, StoreError> {
+        let in_memory = self.memory.tier.sweep(now);
+        let n = match &self.disk {
+            Some(d) => d.sweep_expired(now)?,
+            None => in_memory,
+        };
+        Counters::add(&self.counters.expired_removed, n);
+        Ok(n)
+    }
+
+    /// Removes one object from both tiers (not flushed).
+    fn remove_one(&self, key: &str) -> Result<bool, StoreError> {
+        match &self.disk {
+            None => Ok(self.memory.tier.remove(key).is_some()),
+            Some(disk) => {
+                let g = disk.lock_key(key);
+                // Memory first: even if the disk fails, the purge takes effect
+                // here, and holding the stripe stops a re-promotion.
+                let in_memory = self.memory.tier.remove(key).is_some();
+                let on_disk = disk.remove_locked(&g, key)?;
+                Ok(in_memory || on_disk)
+            }
+        }
+    }
+
+    /// Applies `f` to the metadata of one object in both tiers.
+    fn modify_one(
+        &self,
+        key: &str,
+        f: &dyn Fn(&ObjectMeta) -> ObjectMeta,
+    ) -> Result<bool, StoreError> {
+        match &self.disk {
+            None => Ok(self.memory.tier.update(key, f).is_some()),
+            Some(disk) => {
+                let g = disk.lock_key(key);
+                let on_disk = match disk.update_meta_locked(&g, key, f) {
+                    Ok(m) => m.is_some(),
+                    Err(e) => {
+                        // Never leave memory newer than disk.
+                        self.memory.tier.remove(key);
+                        return Err(e);
+                    }
+                };
+                let in_memory = self.memory.tier.update(key, f).is_some();
+                Ok(on_disk || in_memory)
+            }
+        }
+    }
+
+    /// Removes or marks stale every key in `keys`, then flushes. Every key
+    /// is attempted; the first error is returned after the others ran.
+    fn purge(&self, keys: BTreeSet<String>, soft: bool) -> Result<u64, StoreError> {
+        let now = now_ms();
+        let stale = |m: &ObjectMeta| m.made_stale(now);
+        let mut n = 0;
+        let mut first_err = None;
+        for k in &keys {
+            let r = if soft {
+                self.modify_one(k, &stale)
+            } else {
+                self.remove_one(k)
+            };
+            match r {
+                Ok(hit) => n += u64::from(hit),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(disk) = &self.disk {
+            // Purged objects must not come back after a crash.
+            if let Err(e) = disk.flush() {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    fn keys_with_prefix(&self, prefix: &str) -> Result<BTreeSet<String>, StoreError> {
+        let mut keys: BTreeSet<String> = self
+            .memory
+            .tier
+            .keys_with_prefix(prefix)
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        if let Some(disk) = &self.disk {
+            keys.extend(disk.keys_with_prefix(prefix)?);
+        }
+        Ok(keys)
+    }
+
+    fn keys_for_surrogate(&self, skey: &str) -> Result<BTreeSet<String>, StoreError> {
+        let mut keys: BTreeSet<String> = self
+            .memory
+            .tier
+            .keys_for_surrogate(skey)
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        if let Some(disk) = &self.disk {
+            keys.extend(disk.keys_for_surrogate(skey)?);
+        }
+        Ok(keys)
+    }
+}
+
+impl ObjectStore for TieredStore {
+    fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        check_key(key)?;
+        let inner = &*self.inner;
+        let now = now_ms();
+        if let Some(obj) = inner.memory.tier.get(key, now) {
+            Counters::bump(&inner.counters.hits_memory);
+            return Ok(Some(obj));
+        }
+        let Some(disk) = &inner.disk else {
+            Counters::bump(&inner.counters.misses);
+            return Ok(None);
+        };
+        let found = match disk.get(key) {
+            Ok(found) => found,
+            Err(e) => {
+                Counters::bump(&inner.counters.misses);
+                if disk.is_degraded() {
+                    // After a write failure sled cannot read what it had not
+                    // yet written out; that is a miss, served uncached.
+                    tracing::debug!(error = %e, "disk read failed on a degraded disk tier");
+                    return Ok(None);
+                }
+                return Err(e);
+            }
+        };
+        let Some((obj, raw)) = found else {
+            Counters::bump(&inner.counters.misses);
+            return Ok(None);
+        };
+        if obj.meta.is_removable(now) {
+            // The sweeper deletes it; until then it is a miss.
+            Counters::bump(&inner.counters.misses);
+            return Ok(None);
+        }
+        {
+            // Promote only if no writer replaced the object since we read
+            // it, or memory would keep serving the older version.
+            let _g = disk.lock_key(key);
+            if disk.current_record(key).ok().flatten().as_ref() == Some(&raw) {
+                inner.memory.tier.insert(key, obj.clone());
+            }
+        }
+        Counters::bump(&inner.counters.hits_disk);
+        Ok(Some(obj))
+    }
+
+    fn put(&self, key: &str, meta: ObjectMeta, body: Bytes) -> Result<Arc<ObjectMeta>, StoreError> {
+        check_key(key)?;
+        check_meta(&meta)?;
+        let inner = &*self.inner;
+        let Some(disk) = &inner.disk else {
+            return inner.memory.put(key, meta, body);
+        };
+        let meta = Arc::new(seal(meta, &body));
+        {
+            let g = disk.lock_key(key);
+            if let Err(e) = disk.put_locked(&g, key, &meta, &body) {
+                if matches!(
+                    e,
+                    StoreError::Full | StoreError::Io(_) | StoreError::Degraded(_)
+                ) {
+                    Counters::bump(&inner.counters.write_errors);
+                }
+                return Err(e);
+            }
+            // Too large for memory is fine: it is served from disk.
+            inner.memory.tier.insert(
+                key,
+                StoredObject {
+                    meta: meta.clone(),
+                    body,
+                },
+            );
+        }
+        if let Err(e) = disk.evict_to_bound() {
+            tracing::warn!(error = %e, "disk eviction failed");
+        }
+        Ok(meta)
+    }
+
+    fn update_meta(&self, key: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
+        check_key(key)?;
+        check_meta(&meta)?;
+        self.inner.modify_one(key, &|_| meta.clone())
+    }
+
+    fn remove(&self, key: &str) -> Result<bool, StoreError> {
+        check_key(key)?;
+        let removed = self.inner.remove_one(key)?;
+        self.flush()?;
+        Ok(removed)
+    }
+
+    fn remove_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let keys = self.inner.keys_with_prefix(prefix)?;
+        self.inner.purge(keys, false)
+    }
+
+    fn soft_purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let keys = self.inner.keys_with_prefix(prefix)?;
+        self.inner.purge(keys, true)
+    }
+
+    fn keys_for_surrogate(&self, skey: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self.inner.keys_for_surrogate(skey)?.into_iter().collect())
+    }
+
+    fn purge_surrogate(&self, skey: &str, soft: bool) -> Result<u64, StoreError> {
+        let keys = self.inner.keys_for_surrogate(skey)?;
+        self.inner.purge(keys, soft)
+    }
+
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
+        check_kv(ns, key, None)?;
+        match &self.inner.disk {
+            Some(d) => d.kv_get(ns, key),
+            None => self.inner.memory.kv_get(ns, key),
+        }
+    }
+
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        check_kv(ns, key, Some(value))?;
+        match &self.inner.disk {
+            Some(d) => d.kv_set(ns, key, value),
+            None => self.inner.memory.kv_set(ns, key, value),
+        }
+    }
+
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
+        check_kv(ns, key, None)?;
+        match &self.inner.disk {
+            Some(d) => d.kv_delete(ns, key),
+            None => self.inner.memory.kv_delete(ns, key),
+        }
+    }
+
+    fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {
+        self.inner.sweep(now_ms)
+    }
+
+    fn max_object_bytes(&self) -> u64 {
+        match &self.inner.disk {
+            Some(d) => d.max_body(),
+            None => self.inner.memory.max_object_bytes(),
+        }
+    }
+
+    fn stats(&self) -> StoreStats {
+        let inner = &*self.inner;
+        let mem = inner.memory.stats();
+        let mut s = StoreStats {
+            memory_bytes: mem.memory_bytes,
+            memory_capacity: mem.memory_capacity,
+            memory_objects: mem.memory_objects,
+            evicted_memory: mem.evicted_memory,
+            kv_bytes: mem.kv_bytes,
+            disk_counted: true,
+            ..StoreStats::default()
+        };
+        inner.counters.fill(&mut s);
+        if let Some(d) = &inner.disk {
+            let u = d.usage();
+            s.disk_enabled = true;
+            s.disk_bytes = u.bytes;
+            s.disk_objects = u.objects;
+            s.disk_capacity = d.capacity();
+            s.disk_file_bytes = d.size_on_disk();
+            s.disk_counted = u.counted;
+            s.disk_degraded = u.degraded;
+            s.disk_recreated = d.moved_aside.is_some();
+            s.evicted_disk = u.evicted;
+            s.corrupt_dropped += u.corrupt_dropped;
+            s.kv_bytes = u.kv_bytes;
+        }
+        s
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        match &self.inner.disk {
+            Some(d) => d.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tiered_tests.rs"]
+mod tests;

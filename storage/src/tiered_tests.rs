@@ -1,0 +1,735 @@
+//! White-box tests of the tiered store: they reach into the disk engine to
+//! damage data and inject faults.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::engine::{DiskEngine, Entries, TreeId, Value, open_sled};
+use crate::{MAX_KEY_LEN, MAX_KV_VALUE_LEN, MAX_META_LEN};
+
+fn config(dir: &std::path::Path) -> StoreConfig {
+    StoreConfig {
+        dir: Some(dir.to_path_buf()),
+        memory_bytes: 64 << 20,
+        disk_bytes: 64 << 20,
+        flush_every_ms: 100,
+        sweep_interval: Duration::from_secs(3600),
+        ..StoreConfig::default()
+    }
+}
+
+fn meta(ttl_ms: u64, skeys: &[&str]) -> ObjectMeta {
+    ObjectMeta {
+        status: 200,
+        headers: vec![("content-type".into(), b"text/plain".to_vec())],
+        stored_at_ms: now_ms(),
+        ttl_ms,
+        surrogate_keys: skeys.iter().map(|s| s.to_string()).collect(),
+        ..ObjectMeta::default()
+    }
+}
+
+fn body(seed: u64, len: usize) -> Bytes {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    Bytes::from(
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (x >> 33) as u8
+            })
+            .collect::<Vec<u8>>(),
+    )
+}
+
+/// Opens a store and waits for its background count, so tests that check
+/// byte counts do not race it.
+fn open_counted(cfg: StoreConfig) -> TieredStore {
+    let s = TieredStore::open(cfg).unwrap();
+    for _ in 0..500 {
+        if s.disk_counted() {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("background count did not finish");
+}
+
+/// Forces the next get to read from disk.
+fn forget_memory(s: &TieredStore) {
+    s.memory().tier.clear();
+}
+
+fn count(engine: &dyn DiskEngine, tree: TreeId) -> usize {
+    engine.range_from(tree, &[]).count()
+}
+
+#[test]
+fn round_trip_small_and_multi_chunk_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    let small = body(1, 100);
+    let big = body(2, 1 << 20);
+    let empty = Bytes::new();
+    s.put("small\u{1}", meta(60_000, &[]), small.clone())
+        .unwrap();
+    let m = s.put("big\u{1}", meta(60_000, &[]), big.clone()).unwrap();
+    s.put("empty\u{1}", meta(60_000, &[]), empty.clone())
+        .unwrap();
+    assert_eq!(m.body_len, 1 << 20);
+    // 1 MiB at 64 KiB per chunk: 16 chunks, plus 1 for the small body.
+    assert_eq!(count(s.disk().unwrap().engine(), TreeId::Chunks), 17);
+    assert_eq!(s.get("big\u{1}").unwrap().unwrap().body, big);
+    assert_eq!(s.stats().hits_memory, 1);
+    forget_memory(&s);
+    let got = s.get("big\u{1}").unwrap().unwrap();
+    assert_eq!(got.body, big);
+    assert_eq!(*got.meta, *m);
+    assert_eq!(s.get("small\u{1}").unwrap().unwrap().body, small);
+    assert_eq!(s.get("empty\u{1}").unwrap().unwrap().body, empty);
+    assert_eq!(s.stats().hits_disk, 3);
+    // Promoted: the next read is a memory hit.
+    s.get("big\u{1}").unwrap().unwrap();
+    assert_eq!(s.stats().hits_memory, 2);
+}
+
+#[test]
+fn overwrite_replaces_chunks_and_index_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    s.put("k", meta(60_000, &["a", "b"]), body(1, 200_000))
+        .unwrap();
+    s.put("k", meta(120_000, &["b", "c"]), body(2, 70_000))
+        .unwrap();
+    let e = s.disk().unwrap().engine();
+    assert_eq!(count(e, TreeId::Chunks), 2, "old chunks must be deleted");
+    assert_eq!(count(e, TreeId::Fifo), 1);
+    assert_eq!(count(e, TreeId::Expiry), 1);
+    assert_eq!(count(e, TreeId::Surrogate), 2);
+    assert_eq!(count(e, TreeId::Pending), 0);
+    assert!(s.keys_for_surrogate("a").unwrap().is_empty());
+    assert_eq!(s.keys_for_surrogate("c").unwrap(), vec!["k".to_string()]);
+    forget_memory(&s);
+    assert_eq!(s.get("k").unwrap().unwrap().body, body(2, 70_000));
+}
+
+/// Finds the first chunk key of `key`.
+fn first_chunk(engine: &dyn DiskEngine, key: &str) -> (Value, Value) {
+    let mut prefix = (key.len() as u32).to_be_bytes().to_vec();
+    prefix.extend_from_slice(key.as_bytes());
+    engine
+        .scan_prefix(TreeId::Chunks, &prefix)
+        .next()
+        .unwrap()
+        .unwrap()
+}
+
+#[test]
+fn flipped_byte_in_a_chunk_is_a_miss_and_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    s.put("victim", meta(60_000, &["t"]), body(3, 1 << 20))
+        .unwrap();
+    s.put("bystander", meta(60_000, &["t"]), body(4, 1000))
+        .unwrap();
+    let e = s.disk().unwrap().engine();
+    let (k, v) = first_chunk(e, "victim");
+    let mut bad = v.to_vec();
+    bad[1234] ^= 0x20;
+    e.insert(TreeId::Chunks, &k, &bad).unwrap();
+    forget_memory(&s);
+    assert!(s.get("victim").unwrap().is_none());
+    let st = s.stats();
+    assert_eq!(st.corrupt_dropped, 1);
+    assert_eq!(st.misses, 1);
+    // Removed, with all its parts; the bystander is untouched.
+    assert!(e.get(TreeId::Meta, b"victim").unwrap().is_none());
+    assert_eq!(count(e, TreeId::Chunks), 1);
+    assert_eq!(
+        s.keys_for_surrogate("t").unwrap(),
+        vec!["bystander".to_string()]
+    );
+    assert_eq!(s.get("bystander").unwrap().unwrap().body, body(4, 1000));
+    assert_eq!(s.stats().disk_objects, 1);
+}
+
+#[test]
+fn missing_or_extra_chunks_and_bad_records_are_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    let e = s.disk().unwrap().engine();
+
+    // A torn write: the record made it, a chunk did not.
+    s.put("torn", meta(60_000, &[]), body(5, 300_000)).unwrap();
+    let (k, _) = first_chunk(e, "torn");
+    e.remove(TreeId::Chunks, &k).unwrap();
+
+    // A truncated last chunk.
+    s.put("short", meta(60_000, &[]), body(6, 100_000)).unwrap();
+    let mut prefix = 5u32.to_be_bytes().to_vec();
+    prefix.extend_from_slice(b"short");
+    let last = e
+        .scan_prefix(TreeId::Chunks, &prefix)
+        .last()
+        .unwrap()
+        .unwrap();
+    e.insert(TreeId::Chunks, &last.0, &last.1[..last.1.len() - 1])
+        .unwrap();
+
+    // A record with a flipped bit.
+    s.put("badmeta", meta(60_000, &[]), body(7, 10)).unwrap();
+    let mut rec = e.get(TreeId::Meta, b"badmeta").unwrap().unwrap().to_vec();
+    let n = rec.len();
+    rec[n - 10] ^= 1;
+    e.insert(TreeId::Meta, b"badmeta", &rec).unwrap();
+
+    // Garbage instead of a record.
+    e.insert(TreeId::Meta, b"garbage", b"\x00\x01junk").unwrap();
+
+    forget_memory(&s);
+    for k in ["torn", "short", "badmeta", "garbage"] {
+        assert!(s.get(k).unwrap().is_none(), "{k} served");
+        assert!(
+            e.get(TreeId::Meta, k.as_bytes()).unwrap().is_none(),
+            "{k} kept"
+        );
+    }
+    assert_eq!(s.stats().corrupt_dropped, 4);
+    assert_eq!(
+        count(e, TreeId::Chunks),
+        0,
+        "chunks of dropped objects remain"
+    );
+}
+
+#[test]
+fn persistence_across_reopen_and_exact_recount() {
+    let dir = tempfile::tempdir().unwrap();
+    let before;
+    {
+        let s = TieredStore::open(config(dir.path())).unwrap();
+        for i in 0..20 {
+            s.put(
+                &format!("k{i}"),
+                meta(60_000, &["x"]),
+                body(i, 10_000 * i as usize),
+            )
+            .unwrap();
+        }
+        s.kv_set("policy-a", "counter", b"41").unwrap();
+        before = s.stats();
+    }
+    let s = open_counted(config(dir.path()));
+    let after = s.stats();
+    assert_eq!(
+        after.disk_bytes, before.disk_bytes,
+        "recount differs from live count"
+    );
+    assert_eq!(after.disk_objects, 20);
+    assert_eq!(after.kv_bytes, before.kv_bytes);
+    for i in 0..20 {
+        let got = s.get(&format!("k{i}")).unwrap().unwrap();
+        assert_eq!(got.body, body(i, 10_000 * i as usize));
+    }
+    assert_eq!(s.stats().hits_disk, 20);
+    assert_eq!(s.keys_for_surrogate("x").unwrap().len(), 20);
+    assert_eq!(
+        s.kv_get("policy-a", "counter").unwrap().unwrap(),
+        Bytes::from_static(b"41")
+    );
+}
+
+#[test]
+fn interrupted_writes_are_cleaned_up_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = TieredStore::open(config(dir.path())).unwrap();
+        s.put("kept", meta(60_000, &[]), body(1, 100_000)).unwrap();
+        let e = s.disk().unwrap().engine();
+        // What a crash between steps 2 and 4 of a put leaves behind: a
+        // pending entry and chunks, for a new key and for an existing one.
+        for key in ["ghost", "kept"] {
+            let id = e.generate_id().unwrap();
+            e.insert(TreeId::Pending, &id.to_be_bytes(), key.as_bytes())
+                .unwrap();
+            let mut ck = (key.len() as u32).to_be_bytes().to_vec();
+            ck.extend_from_slice(key.as_bytes());
+            ck.extend_from_slice(&id.to_be_bytes());
+            ck.extend_from_slice(&0u32.to_be_bytes());
+            e.insert(TreeId::Chunks, &ck, b"half written").unwrap();
+        }
+        assert_eq!(count(e, TreeId::Chunks), 4);
+    }
+    let s = open_counted(config(dir.path()));
+    let e = s.disk().unwrap().engine();
+    assert_eq!(count(e, TreeId::Pending), 0);
+    assert_eq!(
+        count(e, TreeId::Chunks),
+        2,
+        "only the kept object's chunks remain"
+    );
+    assert_eq!(s.get("kept").unwrap().unwrap().body, body(1, 100_000));
+    assert!(s.get("ghost").unwrap().is_none());
+}
+
+#[test]
+fn disk_bound_evicts_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        disk_bytes: 2 << 20,
+        memory_bytes: 256 << 10,
+        ..config(dir.path())
+    };
+    let s = open_counted(cfg);
+    for i in 0..100 {
+        s.put(&format!("k{i:03}"), meta(60_000, &["all"]), body(i, 60_000))
+            .unwrap();
+        let st = s.stats();
+        assert!(st.disk_bytes <= 2 << 20, "over the bound after {i}: {st:?}");
+    }
+    let st = s.stats();
+    assert!(st.evicted_disk >= 60, "{st:?}");
+    forget_memory(&s);
+    assert!(s.get("k000").unwrap().is_none(), "oldest survived");
+    assert_eq!(s.get("k099").unwrap().unwrap().body, body(99, 60_000));
+    // Evicted objects took their index entries with them.
+    let e = s.disk().unwrap().engine();
+    assert_eq!(count(e, TreeId::Meta), count(e, TreeId::Fifo));
+    assert_eq!(
+        count(e, TreeId::Meta),
+        s.keys_for_surrogate("all").unwrap().len()
+    );
+}
+
+#[test]
+fn sweep_removes_expired_objects_from_both_tiers() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    let now = now_ms();
+    let mut old = meta(1_000, &[]);
+    old.stored_at_ms = now - 10_000;
+    old.grace_ms = 1_000;
+    old.keep_ms = 1_000;
+    s.put("old", old, body(1, 100_000)).unwrap();
+    s.put("fresh", meta(600_000, &[]), body(2, 100)).unwrap();
+    // Already past keep: a miss even before the sweep.
+    assert!(s.get("old").unwrap().is_none());
+    assert_eq!(s.sweep_expired(now).unwrap(), 1);
+    let e = s.disk().unwrap().engine();
+    assert!(e.get(TreeId::Meta, b"old").unwrap().is_none());
+    assert_eq!(count(e, TreeId::Expiry), 1);
+    assert_eq!(count(e, TreeId::Chunks), 1);
+    assert_eq!(s.stats().memory_objects, 1);
+    assert!(s.get("fresh").unwrap().is_some());
+    // The fresh object goes when its time comes.
+    assert_eq!(s.sweep_expired(now + 700_000).unwrap(), 1);
+    assert_eq!(count(e, TreeId::Meta), 0);
+}
+
+#[test]
+fn sweeper_thread_runs_on_its_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        sweep_interval: Duration::from_millis(20),
+        ..config(dir.path())
+    };
+    let s = TieredStore::open(cfg).unwrap();
+    let mut m = meta(50, &[]);
+    m.stored_at_ms = now_ms();
+    s.put("short-lived", m, body(1, 10)).unwrap();
+    for _ in 0..200 {
+        if s.stats().expired_removed > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(s.stats().expired_removed, 1);
+    assert_eq!(s.stats().disk_objects, 0);
+}
+
+#[test]
+fn update_and_soft_purge_persist() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = TieredStore::open(config(dir.path())).unwrap();
+        let mut m = meta(600_000, &["t"]);
+        m.grace_ms = 600_000;
+        s.put("a", m.clone(), body(1, 70_000)).unwrap();
+        s.put("b", m, body(2, 10)).unwrap();
+        let mut refreshed = meta(900_000, &["t", "u"]);
+        refreshed.grace_ms = 600_000;
+        refreshed.status = 203;
+        refreshed.etag = Some("\"v2\"".into());
+        assert!(s.update_meta("a", refreshed).unwrap());
+        assert!(!s.update_meta("absent", meta(1, &[])).unwrap());
+        assert_eq!(s.purge_surrogate("u", true).unwrap(), 1);
+        let a = s.get("a").unwrap().unwrap();
+        assert!(!a.meta.is_fresh(now_ms()) && a.meta.in_grace(now_ms()));
+    }
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    let a = s.get("a").unwrap().unwrap();
+    assert_eq!(a.meta.status, 203);
+    assert_eq!(a.meta.etag.as_deref(), Some("\"v2\""));
+    assert_eq!(a.body, body(1, 70_000));
+    assert!(!a.meta.is_fresh(now_ms()), "soft purge lost on restart");
+    assert!(a.meta.in_grace(now_ms()));
+    assert!(s.get("b").unwrap().unwrap().meta.is_fresh(now_ms()));
+    assert_eq!(s.keys_for_surrogate("u").unwrap(), vec!["a".to_string()]);
+}
+
+#[test]
+fn prefix_and_surrogate_purges_stay_purged_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = TieredStore::open(config(dir.path())).unwrap();
+        for v in ["gzip", "br", ""] {
+            s.put(
+                &format!("p1\u{1}{v}"),
+                meta(60_000, &["page"]),
+                body(1, 100),
+            )
+            .unwrap();
+        }
+        s.put("p10\u{1}", meta(60_000, &["other"]), body(2, 100))
+            .unwrap();
+        s.put("p2\u{1}", meta(60_000, &["page", "other"]), body(3, 100))
+            .unwrap();
+        assert_eq!(s.remove_prefix("p1\u{1}").unwrap(), 3);
+        assert_eq!(s.purge_surrogate("page", false).unwrap(), 1);
+        assert!(s.get("p1\u{1}gzip").unwrap().is_none());
+        assert!(s.get("p10\u{1}").unwrap().is_some());
+    }
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    assert!(s.get("p1\u{1}gzip").unwrap().is_none());
+    assert!(s.get("p1\u{1}").unwrap().is_none());
+    assert!(s.get("p2\u{1}").unwrap().is_none());
+    assert!(s.get("p10\u{1}").unwrap().is_some());
+    assert!(s.keys_for_surrogate("page").unwrap().is_empty());
+    assert_eq!(
+        s.keys_for_surrogate("other").unwrap(),
+        vec!["p10\u{1}".to_string()]
+    );
+    assert_eq!(s.remove_prefix("p1\u{1}").unwrap(), 0);
+}
+
+#[test]
+fn stale_surrogate_entries_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    s.put("k", meta(60_000, &["t"]), body(1, 10)).unwrap();
+    let e = s.disk().unwrap().engine();
+    // An entry a crash left behind (its object never got the tag).
+    let mut stale = 1u32.to_be_bytes().to_vec();
+    stale.extend_from_slice(b"tother");
+    e.insert(TreeId::Surrogate, &stale, &[]).unwrap();
+    assert_eq!(s.keys_for_surrogate("t").unwrap(), vec!["k".to_string()]);
+    assert_eq!(count(e, TreeId::Surrogate), 1);
+}
+
+#[test]
+fn kv_on_disk_round_trip_budget_and_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        kv_bytes: 4096,
+        ..config(dir.path())
+    };
+    {
+        let s = TieredStore::open(cfg.clone()).unwrap();
+        s.kv_set("p", "a", b"1").unwrap();
+        s.kv_set("p", "b", b"2").unwrap();
+        s.kv_set("q", "a", b"3").unwrap();
+        assert!(s.kv_delete("p", "b").unwrap());
+        assert!(matches!(
+            s.kv_set("p", "big", &[0u8; 5000]),
+            Err(StoreError::Full)
+        ));
+        assert!(matches!(
+            s.kv_set("p", "huge", &vec![0u8; MAX_KV_VALUE_LEN + 1]),
+            Err(StoreError::TooLarge { .. })
+        ));
+    }
+    let s = TieredStore::open(cfg).unwrap();
+    assert_eq!(
+        s.kv_get("p", "a").unwrap().unwrap(),
+        Bytes::from_static(b"1")
+    );
+    assert!(s.kv_get("p", "b").unwrap().is_none());
+    assert_eq!(
+        s.kv_get("q", "a").unwrap().unwrap(),
+        Bytes::from_static(b"3")
+    );
+    // Namespaces are separate even when the strings could run together.
+    s.kv_set("pa", "", b"x").unwrap();
+    assert_eq!(
+        s.kv_get("p", "a").unwrap().unwrap(),
+        Bytes::from_static(b"1")
+    );
+    // A damaged value is dropped, not returned.
+    let e = s.disk().unwrap().engine();
+    let mut k = 1u32.to_be_bytes().to_vec();
+    k.extend_from_slice(b"qa");
+    let mut v = e.get(TreeId::Kv, &k).unwrap().unwrap().to_vec();
+    v[4] ^= 0xff;
+    e.insert(TreeId::Kv, &k, &v).unwrap();
+    assert!(s.kv_get("q", "a").unwrap().is_none());
+    assert!(e.get(TreeId::Kv, &k).unwrap().is_none());
+}
+
+#[test]
+fn concurrent_writers_and_readers_never_see_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        memory_bytes: 1 << 20,
+        ..config(dir.path())
+    };
+    let s = Arc::new(TieredStore::open(cfg).unwrap());
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..150u64 {
+                    let k = format!("k{}", i % 7);
+                    if t % 2 == 0 {
+                        let seed = t * 1000 + i;
+                        let mut m = meta(60_000, &[]);
+                        m.status = 200 + (seed % 50) as u16;
+                        m.etag = Some(seed.to_string());
+                        s.put(&k, m, body(seed, 20_000 + (seed as usize % 5) * 30_000))
+                            .unwrap();
+                    } else if i % 10 == 0 {
+                        s.remove(&k).unwrap();
+                    } else if let Some(obj) = s.get(&k).unwrap() {
+                        // The body must be the one its own metadata names.
+                        let seed: u64 = obj.meta.etag.as_deref().unwrap().parse().unwrap();
+                        assert_eq!(obj.body, body(seed, 20_000 + (seed as usize % 5) * 30_000));
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(s.stats().corrupt_dropped, 0);
+    let e = s.disk().unwrap().engine();
+    assert_eq!(count(e, TreeId::Pending), 0);
+    // No chunk leaked: every chunk belongs to a live record.
+    let live: usize = (0..7)
+        .filter_map(|i| s.get(&format!("k{i}")).unwrap())
+        .map(|o| o.meta.body_len.div_ceil(64 * 1024) as usize)
+        .sum();
+    assert_eq!(count(e, TreeId::Chunks), live);
+}
+
+/// Wraps an engine and fails writes on demand, as a full disk would.
+struct FaultyEngine {
+    inner: Arc<dyn DiskEngine>,
+    /// Inserts of values longer than this fail with `Full`.
+    max_value: AtomicUsize,
+    /// Every write fails with `Full`.
+    all: AtomicBool,
+}
+
+impl FaultyEngine {
+    fn check(&self, len: usize) -> Result<(), StoreError> {
+        if self.all.load(Ordering::SeqCst) || len > self.max_value.load(Ordering::SeqCst) {
+            return Err(StoreError::Full);
+        }
+        Ok(())
+    }
+}
+
+impl DiskEngine for FaultyEngine {
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.inner.get(tree, key)
+    }
+    fn insert(&self, tree: TreeId, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.check(value.len())?;
+        self.inner.insert(tree, key, value)
+    }
+    fn remove(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.check(0)?;
+        self.inner.remove(tree, key)
+    }
+    fn compare_and_swap(
+        &self,
+        tree: TreeId,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, StoreError> {
+        self.check(new.map_or(0, <[u8]>::len))?;
+        self.inner.compare_and_swap(tree, key, old, new)
+    }
+    fn scan_prefix(&self, tree: TreeId, prefix: &[u8]) -> Entries<'_> {
+        self.inner.scan_prefix(tree, prefix)
+    }
+    fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_> {
+        self.inner.range_from(tree, start)
+    }
+    fn generate_id(&self) -> Result<u64, StoreError> {
+        self.inner.generate_id()
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.check(0)?;
+        self.inner.flush()
+    }
+    fn size_on_disk(&self) -> Result<u64, StoreError> {
+        self.inner.size_on_disk()
+    }
+}
+
+fn faulty_store(dir: &std::path::Path) -> (TieredStore, Arc<FaultyEngine>) {
+    let cfg = config(dir);
+    let sled = open_sled(dir, &cfg).unwrap().engine;
+    let faulty = Arc::new(FaultyEngine {
+        inner: Arc::new(sled),
+        max_value: AtomicUsize::new(usize::MAX),
+        all: AtomicBool::new(false),
+    });
+    let store = TieredStore::with_engine(cfg, faulty.clone()).unwrap();
+    (store, faulty)
+}
+
+#[test]
+fn failed_put_keeps_the_previous_object_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, faults) = faulty_store(dir.path());
+    s.put("k", meta(60_000, &[]), body(1, 200_000)).unwrap();
+    // Big writes fail (chunks), small ones (records, cleanup) still work.
+    faults.max_value.store(1000, Ordering::SeqCst);
+    let err = s.put("k", meta(60_000, &[]), body(2, 200_000)).unwrap_err();
+    assert!(err.is_full(), "{err:?}");
+    assert_eq!(s.stats().write_errors, 1);
+    assert!(!s.stats().disk_degraded, "a small write still works");
+    forget_memory(&s);
+    assert_eq!(s.get("k").unwrap().unwrap().body, body(1, 200_000));
+    let e = s.disk().unwrap().engine();
+    assert_eq!(
+        count(e, TreeId::Chunks),
+        4,
+        "partial chunks of the failed put remain"
+    );
+    assert_eq!(count(e, TreeId::Pending), 0);
+    // Space is back: writes work again.
+    faults.max_value.store(usize::MAX, Ordering::SeqCst);
+    s.put("k", meta(60_000, &[]), body(3, 200_000)).unwrap();
+    forget_memory(&s);
+    assert_eq!(s.get("k").unwrap().unwrap().body, body(3, 200_000));
+}
+
+#[test]
+fn engine_refusing_all_writes_degrades_to_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, faults) = faulty_store(dir.path());
+    s.put("k", meta(60_000, &[]), body(1, 100_000)).unwrap();
+    s.kv_set("p", "a", b"1").unwrap();
+    faults.all.store(true, Ordering::SeqCst);
+    assert!(
+        s.put("k2", meta(60_000, &[]), body(2, 10))
+            .unwrap_err()
+            .is_full()
+    );
+    assert!(s.stats().disk_degraded);
+    // Fails fast from now on, without touching the engine.
+    assert!(matches!(
+        s.put("k3", meta(60_000, &[]), body(3, 10)),
+        Err(StoreError::Degraded(_))
+    ));
+    assert!(matches!(
+        s.kv_set("p", "b", b"2"),
+        Err(StoreError::Degraded(_))
+    ));
+    // Reads keep working.
+    forget_memory(&s);
+    assert_eq!(s.get("k").unwrap().unwrap().body, body(1, 100_000));
+    assert_eq!(
+        s.kv_get("p", "a").unwrap().unwrap(),
+        Bytes::from_static(b"1")
+    );
+    // A purge that cannot reach the disk says so, and still purges memory.
+    s.get("k").unwrap().unwrap();
+    assert!(s.remove("k").is_err());
+    assert_eq!(s.stats().memory_objects, 0);
+}
+
+#[test]
+fn memory_only_mode_is_complete() {
+    let s = TieredStore::open(StoreConfig {
+        memory_bytes: 1 << 20,
+        kv_bytes: 1024,
+        ..StoreConfig::default()
+    })
+    .unwrap();
+    assert!(!s.stats().disk_enabled);
+    let mut graced = meta(60_000, &["t"]);
+    graced.grace_ms = 60_000;
+    s.put("a\u{1}x", graced.clone(), body(1, 1000)).unwrap();
+    s.put("a\u{1}y", graced, body(2, 1000)).unwrap();
+    s.put("b\u{1}", meta(60_000, &["t", "u"]), body(3, 1000))
+        .unwrap();
+    assert_eq!(s.get("a\u{1}x").unwrap().unwrap().body, body(1, 1000));
+    assert_eq!(s.soft_purge_prefix("a\u{1}").unwrap(), 2);
+    assert!(!s.get("a\u{1}y").unwrap().unwrap().meta.is_fresh(now_ms()));
+    assert_eq!(s.remove_prefix("a\u{1}").unwrap(), 2);
+    assert_eq!(
+        s.keys_for_surrogate("t").unwrap(),
+        vec!["b\u{1}".to_string()]
+    );
+    assert_eq!(s.purge_surrogate("u", false).unwrap(), 1);
+    assert!(s.get("b\u{1}").unwrap().is_none());
+    s.kv_set("ns", "k", b"v").unwrap();
+    assert_eq!(
+        s.kv_get("ns", "k").unwrap().unwrap(),
+        Bytes::from_static(b"v")
+    );
+    assert!(matches!(
+        s.kv_set("ns", "k2", &[0; 2000]),
+        Err(StoreError::Full)
+    ));
+    // Bounded.
+    for i in 0..200 {
+        s.put(&format!("fill{i}"), meta(60_000, &[]), body(i, 20_000))
+            .unwrap();
+    }
+    assert!(s.stats().memory_bytes <= 1 << 20);
+    assert!(s.stats().evicted_memory > 0);
+    assert!(matches!(
+        s.put("huge", meta(60_000, &[]), body(9, 2 << 20)),
+        Err(StoreError::TooLarge { .. })
+    ));
+    s.flush().unwrap();
+}
+
+#[test]
+fn invalid_input_is_refused() {
+    let s = TieredStore::open(StoreConfig::memory_only(1 << 20)).unwrap();
+    assert!(matches!(
+        s.put("", meta(1, &[]), Bytes::new()),
+        Err(StoreError::InvalidKey(_))
+    ));
+    let long = "x".repeat(MAX_KEY_LEN + 1);
+    assert!(matches!(s.get(&long), Err(StoreError::TooLarge { .. })));
+    assert!(matches!(
+        s.put("k", meta(1, &[""]), Bytes::new()),
+        Err(StoreError::InvalidKey(_))
+    ));
+    let mut m = meta(1, &[]);
+    m.headers = vec![("x".into(), vec![0; MAX_META_LEN])];
+    assert!(matches!(
+        s.put("k", m, Bytes::new()),
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        TieredStore::open(StoreConfig {
+            chunk_size: 1,
+            ..StoreConfig::default()
+        }),
+        Err(StoreError::Config(_))
+    ));
+}
