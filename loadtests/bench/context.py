@@ -32,7 +32,7 @@ class Mode:
     ttfb_runs: int
     ttfb_conns: int
     vod_objects: int
-    vod_requests: int
+    vod_requests: int  # per configuration, split into one slice per pair
     vod_vus: int
     vod_origin_delay_ms: int
     dyn_seconds: float
@@ -47,11 +47,11 @@ QUICK = Mode(
     dyn_seconds=1.5, dyn_concurrency=(1, 50, 100),
 )
 FULL = Mode(
-    name="full", pairs=3, budget_s=1020, wrk_seconds=5,
+    name="full", pairs=3, budget_s=1020, wrk_seconds=4,
     esi_sizes=(1, 5, 10, 20), esi_nested_sizes=(1, 5, 10, 20), esi_vus=20, esi_iterations=40,
     ttfb_runs=5, ttfb_conns=100,
     vod_objects=1000, vod_requests=50000, vod_vus=16, vod_origin_delay_ms=50,
-    dyn_seconds=3, dyn_concurrency=(1, 50, 100),
+    dyn_seconds=2.5, dyn_concurrency=(1, 50, 100),
 )
 MODES = {m.name: m for m in (QUICK, FULL)}
 

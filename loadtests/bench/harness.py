@@ -173,6 +173,7 @@ def main() -> int:
         "mode": mode.name,
         "date": date,
         "root": str(ROOT),
+        "workdir": str(workdir),
         "invocation": f"make bench{'-quick' if mode.name == 'quick' else ''}"
                       f" (bash loadtests/bench/run.sh {mode.name})" + (f" --only {args.only}" if only else ""),
         "elapsed_s": elapsed,
@@ -188,7 +189,7 @@ def main() -> int:
         ),
     }
     out = Path(args.out)
-    report.write(out, meta, sections, reg.commands)
+    report.write(out, meta, sections, reg.commands, reg.configs)
     print(f"[bench] done in {elapsed:.0f}s: {out / 'report.md'}", file=sys.stderr)
     return 0
 

@@ -91,7 +91,9 @@ class LoadGen:
         for k, v in env.items():
             argv += ["-e", f"{k}={v}"]
         argv += ["-e", f"SUMMARY={summary}", str(K6_DIR / script)]
-        self.reg.note_command(argv, {"K6_NO_USAGE_REPORT": "true"})
+        # Recorded with a fixed summary name, so repeated runs read as one command.
+        self.reg.note_command(argv[:-2] + [f"SUMMARY={self.reg.workdir}/summary.json", argv[-1]],
+                              {"K6_NO_USAGE_REPORT": "true"})
         cpu = CpuMeter(pids()).start()
         t0 = time.monotonic()
         proc = subprocess.run(

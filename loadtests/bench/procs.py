@@ -36,6 +36,7 @@ class Registry:
         self.pidfile = workdir / "pids"
         self.procs: list[subprocess.Popen] = []
         self.commands: list[str] = []
+        self.configs: dict[str, str] = {}  # generated inlay configs, for the report
 
     def note_command(self, argv: list[str], env: dict[str, str] | None = None) -> str:
         """Record a command line (with the env vars that matter) for the report."""
@@ -328,6 +329,7 @@ class Inlay:
         if esi_concurrency is not None:
             lines += ["[esi]", f"max_concurrency = {esi_concurrency}"]
         self.config.write_text("\n".join(lines) + "\n")
+        reg.configs[self.config.name] = self.config.read_text()
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.start()

@@ -37,7 +37,7 @@ def _verdict(r: Ratio) -> str:
     return {None: "-", True: "met", False: "**not met**"}[r.ok]
 
 
-def write(out: Path, meta: dict, sections: list[Section], commands: list[str]) -> None:
+def write(out: Path, meta: dict, sections: list[Section], commands: list[str], configs: dict[str, str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("*.svg")) + list(out.glob("report.*")):
         old.unlink()
@@ -90,13 +90,20 @@ def write(out: Path, meta: dict, sections: list[Section], commands: list[str]) -
     lines += [
         "## Commands",
         "",
-        "Every distinct command the harness ran, in order (servers are started in their own process "
-        "group and stopped at the end; temp paths are per run). The full list, with repeats, is in "
-        "`report.json`.",
+        "Every distinct command the harness ran, in order, from the repository root (servers are "
+        "started in their own process group and stopped at the end; `$WORKDIR` is the run's temp "
+        "dir, holding the generated inlay configs and Varnish work dirs). The full list, with "
+        "repeats, is in `report.json`.",
         "",
         "```sh",
-        *dict.fromkeys(c.replace(meta["root"] + "/", "") for c in commands),
+        *dict.fromkeys(c.replace(meta["root"] + "/", "").replace(meta["workdir"], "$WORKDIR") for c in commands),
         "```",
+        "",
+        "<details><summary>The generated inlay configs</summary>",
+        "",
+        *[line for name, text in configs.items()
+          for line in (f"`$WORKDIR/{name}`:", "", "```toml", text.replace(meta["workdir"], "$WORKDIR").rstrip(), "```", "")],
+        "</details>",
         "",
     ]
     (out / "report.md").write_text("\n".join(lines))
@@ -111,6 +118,7 @@ def write(out: Path, meta: dict, sections: list[Section], commands: list[str]) -
             for s in sections
         ],
         "commands": commands,
+        "inlay_configs": configs,
     }
     (out / "report.json").write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
 

@@ -149,6 +149,7 @@ def bar_chart(title: str, categories: list[str], series: dict[str, list[float | 
 
 
 PERCENTILES = [10, 25, 50, 75, 90, 95, 99, 99.9]
+DASHES = ["none", "9,4", "3,3", "12,3,3,3", "6,6", "2,6"]
 
 
 def quantile_chart(title: str, series: dict[str, dict[str, float]], ylabel: str = "latency (ms)") -> str:
@@ -167,14 +168,18 @@ def quantile_chart(title: str, series: dict[str, dict[str, float]], ylabel: str 
     def xpos(p: float) -> float:
         f = -math.log10(1 - p / 100.0)
         return ML + 20 + f / 3.0 * (W - ML - MR - 40)
+    last_label = -1e9
     for p in PERCENTILES:
         x = xpos(p)
         c.line(x, ax.top, x, ax.bottom, color="#eeeeee")
-        c.text(x, ax.bottom + 16, f"p{p:g}", size=11)
+        if x - last_label > 28:
+            c.text(x, ax.bottom + 16, f"p{p:g}", size=11)
+            last_label = x
     for si, (name, ps) in enumerate(pts.items()):
         color = COLORS[si % len(COLORS)]
         path = " ".join(f"{'M' if i == 0 else 'L'}{xpos(p):.1f},{ax.y(v):.1f}" for i, (p, v) in enumerate(ps) if v > 0)
-        c.add(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        # Dashes differ per series, so equal curves stay visible on top of each other.
+        c.add(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2" stroke-dasharray="{DASHES[si % len(DASHES)]}"/>')
         for p, v in ps:
             if v > 0:
                 c.add(f'<circle cx="{xpos(p):.1f}" cy="{ax.y(v):.1f}" r="3" fill="{color}"><title>{escape(name)} p{p:g}: {v:.4g}</title></circle>')
@@ -213,38 +218,45 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel:
     return c.done()
 
 
-def ratio_chart(title: str, rows: list[tuple[str, float | None, float | None, bool]]) -> str:
+def ratio_chart(title: str, rows: list[tuple[str, float | None, float | None, bool]], cap: float = 3.0) -> str:
     """Horizontal bars of ratios: (label, value, target, higher_is_better).
 
     Green when the target is met (or there is none), red when it is not; a
-    black line at 1.0 and a tick at each target.
+    black line at 1.0 and a tick at each target. The axis stops at `cap`;
+    longer bars end in a break mark with their value.
     """
+    w = 1000
     h = MT + 50 + 26 * len(rows)
     c = _Canvas(title)
-    c.parts[0] = c.parts[0].replace(f'height="{H}"', f'height="{h}"').replace(f"0 0 {W} {H}", f"0 0 {W} {h}")
-    c.parts[1] = f'<rect width="{W}" height="{h}" fill="white"/>'
-    left = 360
+    c.parts[0] = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+                  'font-family="sans-serif" font-size="12">')
+    c.parts[1] = f'<rect width="{w}" height="{h}" fill="white"/>'
+    c.parts[2] = c.parts[2].replace(f'x="{W / 2}"', f'x="{w / 2}"')
+    left = 520
     vals = [v for _, v, _, _ in rows if v is not None] + [t for _, _, t, _ in rows if t is not None] + [1.0]
-    hi = max(vals) * 1.15
+    hi = min(max(vals) * 1.1, cap)
     def xpos(v: float) -> float:
-        return left + min(v, hi) / hi * (W - left - MR - 40)
+        return left + min(v, hi) / hi * (w - left - MR - 60)
     bottom = MT + 26 * len(rows)
     for t in _nice_ticks(0, hi):
         if t <= hi:
             c.line(xpos(t), MT, xpos(t), bottom, color="#eeeeee")
             c.text(xpos(t), bottom + 14, f"{t:g}x", size=10)
-    c.line(xpos(1.0), MT, xpos(1.0), bottom, color="#000")
     for i, (label, v, target, higher) in enumerate(rows):
         y = MT + 26 * i
-        c.text(left - 8, y + 16, label, anchor="end", size=11)
+        c.text(left - 8, y + 16, label + ("" if higher else " (lower is better)"), anchor="end", size=11)
         if v is None:
             c.text(left + 4, y + 16, "skipped", anchor="start", size=11, color="#888")
             continue
         ok = target is None or (v >= target if higher else v <= target)
         color = "#2ca02c" if ok else "#d62728"
         c.add(f'<rect x="{left}" y="{y + 4}" width="{max(xpos(v) - left, 1):.1f}" height="16" fill="{color}" opacity="0.8"/>')
+        if v > hi:
+            bx = xpos(hi) - 12
+            c.add(f'<path d="M{bx},{y + 2} l6,20 M{bx + 5},{y + 2} l6,20" stroke="white" stroke-width="3"/>')
         c.text(xpos(v) + 4, y + 16, f"{v:.2f}x", anchor="start", size=11)
         if target is not None:
             c.line(xpos(target), y + 1, xpos(target), y + 23, color="#000", width=2)
-    c.text(left, bottom + 30, "green: target met (or no target); black tick: target; lower-is-better rows say so", anchor="start", size=10)
+    c.line(xpos(1.0), MT, xpos(1.0), bottom, color="#000")
+    c.text(left, bottom + 30, "green: target met or no target; red: target missed; black tick: the target", anchor="start", size=10)
     return c.done()

@@ -2,8 +2,8 @@
 // OBJECTS objects of SIZE bytes (/bytes/SIZE?id=N, cacheable for an hour,
 // the origin waiting ORIGIN_DELAY_MS before each, like a remote object
 // store), REQUESTS requests for random objects from VUS virtual users. The
-// sequence is a fixed function of the request number (SEED), so every
-// target and every run sees the same requests. The harness compares run
+// sequence is a fixed function of the request number and SEED, so every
+// target and every run sees the same requests (FIRST: start further on). The harness compares run
 // times (state.testRunDurationMs) and samples the proxy's resident memory.
 //
 //   K6_NO_USAGE_REPORT=true k6 run -e TARGET=http://127.0.0.1:6081 \
@@ -19,6 +19,9 @@ const OBJECTS = envInt('OBJECTS', 1000);
 const SIZE = envInt('SIZE', 1048576);
 const DELAY = envInt('ORIGIN_DELAY_MS', 50);
 const SEED = envInt('SEED', 1);
+// Index of this run's first request in the SEED sequence: the harness splits
+// the seed's 50,000 requests into one slice per A/B pair.
+const FIRST = envInt('FIRST', 0);
 const hits = new Rate('cache_hit');
 
 export const options = {
@@ -45,7 +48,7 @@ export function objectUrl(id) {
 }
 
 export default function () {
-  const id = mix32(exec.scenario.iterationInTest ^ Math.imul(SEED, 0x9e3779b1)) % OBJECTS;
+  const id = mix32((exec.scenario.iterationInTest + FIRST) ^ Math.imul(SEED, 0x9e3779b1)) % OBJECTS;
   const res = http.get(objectUrl(id), { tags: { name: 'object' } });
   hits.add(isHit(res));
   check(res, { 'status 200': (r) => r.status === 200 });

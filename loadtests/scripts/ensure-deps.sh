@@ -29,8 +29,15 @@ fi
 if [ "$what" = bench ]; then
   command -v wrk >/dev/null 2>&1 || apt_install wrk
   command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || apt_install varnish
+  command -v python3 >/dev/null 2>&1 || apt_install python3
   if ! command -v k6 >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/k6" ]; then
+    gobin="$(command -v go || true)"
+    [ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
+    if [ -z "$gobin" ]; then
+      echo "ensure-deps: k6 is missing and so is Go (k6 v1.8.1 needs a recent Go: https://go.dev/dl)" >&2
+      exit 1
+    fi
     echo "ensure-deps: building k6 v1.8.1 with go install (a few minutes)" >&2
-    GOFLAGS=-mod=mod go install go.k6.io/k6@v1.8.1
+    GOFLAGS=-mod=mod "$gobin" install go.k6.io/k6@v1.8.1
   fi
 fi
