@@ -437,7 +437,9 @@ def k6_vod(ctx: Context) -> Section:
         measured("inlay persistent warm", inl, pers_mem + 100)
         ctx.warm(inl.url + paths[0])  # object 0 is cached: the probe after the restart
         time.sleep(1.0)  # let sled's periodic flush (500 ms) pass, as a quiet production box would
+        ctx.reg.note_command(["kill", "-KILL", str(inl.proc.pid)])
         inl.kill9()
+        ctx.reg.note_command(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
         page_cache = drop_page_cache()
         t0 = time.monotonic()
         to_listen = inl.start()
