@@ -12,8 +12,9 @@ use inlay_storage::{ObjectStore, StoreConfig, TieredStore};
 
 use crate::access_log::AccessLog;
 use crate::cache::HttpCache;
-use crate::config::{Config, Overrides};
+use crate::config::{Config, Overrides, PolicyConfig};
 use crate::pipeline::Pipeline;
+use crate::runtime::{PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 
 /// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
 #[derive(Debug, Parser)]
@@ -146,6 +147,11 @@ fn init_tracing(level: &str) {
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
+    // The policy is compiled before we listen: a bad one stops start-up here.
+    let policy = load_policy(&cfg).await?;
+    if cfg.admin.is_some() {
+        tracing::warn!("admin.listen is reserved: the admin API is not built yet; ignoring it");
+    }
     let mut listeners = Vec::new();
     for addr in &cfg.server.listen {
         let l = TcpListener::bind(addr)
@@ -159,10 +165,65 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     let pipeline = Arc::new(Pipeline::new(
         cfg.clone(),
         HttpCache::new(store),
+        policy.clone(),
         access_log,
     ));
+    if let (Some(slot), Some(pc)) = (policy, cfg.policy.clone()) {
+        tokio::spawn(reload_on_sighup(slot, pc));
+    }
     crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown_signal()).await;
     Ok(())
+}
+
+/// What the runtime needs to load the configured policy.
+pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
+    PolicySource {
+        path: pc.path.clone(),
+        config: pc.config.clone(),
+        limits: PolicyLimits {
+            cpu_time_ms: pc.cpu_time.as_millis().max(1) as u64,
+            memory: pc.memory,
+            max_host_calls: pc.max_host_calls,
+            max_subrequests: pc.max_subrequests,
+            max_instances: pc.max_instances,
+            ..PolicyLimits::default()
+        },
+        name: pc
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "policy".into()),
+    }
+}
+
+async fn load_policy(cfg: &Config) -> anyhow::Result<Option<Arc<PolicySlot>>> {
+    let Some(pc) = &cfg.policy else {
+        info!("no policy: built-in rules (as Varnish's built-in VCL)");
+        return Ok(None);
+    };
+    let source = policy_source(pc);
+    let engine = PolicyEngine::new(&source.limits)
+        .with_context(|| format!("cannot set up the policy runtime for {}", pc.path.display()))?;
+    let slot = PolicySlot::load(&engine, source)
+        .await
+        .with_context(|| format!("cannot load policy {}", pc.path.display()))?;
+    Ok(Some(Arc::new(slot)))
+}
+
+/// SIGHUP loads the policy file again: new requests get the new policy,
+/// requests in flight finish on the old one; a file that does not load is
+/// refused and the old policy stays.
+async fn reload_on_sighup(slot: Arc<PolicySlot>, pc: PolicyConfig) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        error!("cannot install the SIGHUP handler: policy reload is unavailable");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        info!(path = %pc.path.display(), "SIGHUP: reloading the policy");
+        // Success and refusal are both logged by the slot.
+        let _ = slot.reload(policy_source(&pc)).await;
+    }
 }
 
 /// Open the object store: memory only, or memory in front of sled on disk.

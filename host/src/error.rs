@@ -71,6 +71,15 @@ pub enum ProxyError {
     Internal(String),
 }
 
+impl From<crate::runtime::PolicyError> for ProxyError {
+    fn from(e: crate::runtime::PolicyError) -> Self {
+        Self::Policy {
+            status: e.client_status(),
+            message: e.to_string(),
+        }
+    }
+}
+
 impl ProxyError {
     /// The status the client sees. The only place this mapping is made.
     pub fn status(&self) -> StatusCode {

@@ -16,5 +16,6 @@ pub mod error;
 pub mod esi;
 pub mod headers;
 pub mod pipeline;
+pub mod policy_services;
 pub mod runtime;
 pub mod server;

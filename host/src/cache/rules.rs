@@ -7,22 +7,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode, header};
 
 /// How the host stores a backend response (the policy may change any field).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheSettings {
-    /// Store the response at all.
-    pub cacheable: bool,
-    /// Time the object is fresh.
-    pub ttl: Duration,
-    /// Time after expiry it may be served stale while one background fetch
-    /// refreshes it (`stale-while-revalidate`).
-    pub grace: Duration,
-    /// Time after ttl+grace it is kept for revalidation and `stale-if-error`.
-    pub keep: Duration,
-    /// Surrogate keys for purging by key.
-    pub surrogate_keys: Vec<String>,
-    /// Process the body as ESI.
-    pub esi: bool,
-}
+pub use crate::runtime::CacheSettings;
 
 /// Defaults used when a response says nothing (from `[cache]`).
 #[derive(Debug, Clone, Copy)]

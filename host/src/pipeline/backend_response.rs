@@ -14,11 +14,34 @@ use tracing::{debug, warn};
 use crate::body::{self, BoxError, ProxyBody};
 use crate::cache::rules::{self, CacheSettings, Defaults};
 use crate::cache::{ESI_MARK, Flight, HttpCache, PrimaryKey, vary_names};
+use crate::error::ProxyError;
 use crate::headers;
+use crate::runtime::{PolicyCall, RequestHead, ResponseHead};
 
 /// The host's default cache settings for a response.
 pub fn default_settings(resp: &Response<ProxyBody>, defaults: &Defaults) -> CacheSettings {
     rules::decide(resp.status(), resp.headers(), defaults, SystemTime::now())
+}
+
+/// The policy's `on-backend-response`: it may edit the response's status and
+/// headers and change how it is cached, starting from `defaults`.
+pub async fn run_policy(
+    policy: Option<&mut PolicyCall>,
+    head: &mut RequestHead,
+    resp: &mut Response<ProxyBody>,
+    defaults: CacheSettings,
+) -> Result<CacheSettings, ProxyError> {
+    let Some(call) = policy else {
+        return Ok(defaults);
+    };
+    let mut rh = ResponseHead {
+        status: resp.status(),
+        headers: std::mem::take(resp.headers_mut()),
+    };
+    let result = call.on_backend_response(head, &mut rh, defaults).await;
+    *resp.status_mut() = rh.status;
+    *resp.headers_mut() = rh.headers;
+    Ok(result?)
 }
 
 /// Response fields never stored: hop-by-hop ones and what is computed on delivery.

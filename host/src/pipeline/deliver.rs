@@ -8,7 +8,9 @@ use inlay_storage::StoredObject;
 use super::RequestHead;
 use crate::body::{self, ProxyBody};
 use crate::cache::ESI_MARK;
+use crate::error::ProxyError;
 use crate::headers;
+use crate::runtime::{PolicyCall, ResponseHead};
 
 /// Build the response for a cached object. Returns it and whether its body
 /// is an ESI template.
@@ -198,6 +200,26 @@ fn not_modified(req: &HeaderMap, resp: &HeaderMap) -> bool {
         }
     }
     false
+}
+
+/// The policy's `on-deliver`: the last edits of status and headers.
+pub async fn run_policy(
+    policy: Option<&mut PolicyCall>,
+    head: &mut RequestHead,
+    mut resp: Response<ProxyBody>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Some(call) = policy else {
+        return Ok(resp);
+    };
+    let mut rh = ResponseHead {
+        status: resp.status(),
+        headers: std::mem::take(resp.headers_mut()),
+    };
+    let result = call.on_deliver(head, &mut rh).await;
+    *resp.status_mut() = rh.status;
+    *resp.headers_mut() = rh.headers;
+    result?;
+    Ok(resp)
 }
 
 /// Final edits for every response: our own fields out, hop-by-hop fields

@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header};
+use http::{HeaderMap, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use inlay_storage::StoredObject;
 use tracing::{Instrument, debug, debug_span, warn};
@@ -33,29 +33,18 @@ use tracing::{Instrument, debug, debug_span, warn};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::backend::Backends;
 use crate::body::{self, ProxyBody};
-use crate::cache::rules::{Defaults, SurrogateControl};
+use crate::cache::rules::Defaults;
 use crate::cache::{Flight, HttpCache, Lookup, PrimaryKey};
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::policy_services::HostServices;
+use crate::runtime::{PolicyCall, PolicyServices, PolicySlot};
 
 use backend_response::StoreTarget;
 
-/// The client request as the phases see it: the head only; the body travels separately.
-#[derive(Debug, Clone)]
-pub struct RequestHead {
-    /// Method.
-    pub method: Method,
-    /// Path and query only.
-    pub uri: Uri,
-    /// Header fields, hop-by-hop ones removed.
-    pub headers: HeaderMap,
-    /// The client's address.
-    pub client_ip: std::net::IpAddr,
-    /// The backend the request goes to.
-    pub backend: String,
-    /// Data the policy added to the cache key.
-    pub cache_key_extra: Vec<String>,
-}
+/// The client request as the phases (and the policy) see it: the head only;
+/// the body travels separately.
+pub use crate::runtime::RequestHead;
 
 /// What recv decided.
 #[derive(Debug)]
@@ -69,13 +58,23 @@ pub enum Route {
 }
 
 /// Everything a request needs, shared by all connections.
-#[derive(Debug)]
 pub struct Pipeline {
     config: Arc<Config>,
     backends: Backends,
     cache: HttpCache,
     defaults: Defaults,
     access_log: AccessLog,
+    policy: Option<Arc<PolicySlot>>,
+    services: Arc<dyn PolicyServices>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("backends", &self.backends)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A response on its way to deliver, with what deliver must know about it.
@@ -110,9 +109,17 @@ impl Outcome {
 }
 
 impl Pipeline {
-    /// Build the pipeline from a validated config and an open cache.
-    pub fn new(config: Arc<Config>, cache: HttpCache, access_log: AccessLog) -> Self {
+    /// Build the pipeline from a validated config, an open cache and the
+    /// policy slot (if a policy is configured).
+    pub fn new(
+        config: Arc<Config>,
+        cache: HttpCache,
+        policy: Option<Arc<PolicySlot>>,
+        access_log: AccessLog,
+    ) -> Self {
         let backends = Backends::new(&config);
+        let services: Arc<dyn PolicyServices> =
+            Arc::new(HostServices::new(cache.clone(), backends.clone()));
         let defaults = Defaults {
             ttl: config.cache.default_ttl,
             grace: config.cache.default_grace,
@@ -124,6 +131,16 @@ impl Pipeline {
             cache,
             defaults,
             access_log,
+            policy,
+            services,
+        }
+    }
+
+    /// A fresh instance of the current policy for one request, if any.
+    async fn start_policy(&self) -> Result<Option<PolicyCall>, ProxyError> {
+        match &self.policy {
+            Some(slot) => Ok(Some(slot.current().start(self.services.clone()).await?)),
+            None => Ok(None),
         }
     }
 
@@ -170,27 +187,43 @@ impl Pipeline {
         peer: SocketAddr,
         record: &mut AccessRecord,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let head = recv::normalise(parts, peer, self.backends.default_name())?;
+        let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
         if head.method.as_str() == "PURGE" {
             record.cache = "purge";
             return purge::purge(&self.cache, &self.config.cache, &head);
         }
-        let route = recv::route(&head);
+        let mut policy = self.start_policy().await?;
+        let route = recv::route(&mut head, policy.as_mut()).await?;
         record.backend = Some(head.backend.clone());
-        let out = match route {
+        let mut out = match route {
             Route::Synthetic(resp) => Outcome::new(resp, "inlay; detail=synthetic".into(), "synth"),
             Route::Pass => {
-                let resp =
+                let mut resp =
                     fetch::send(self.backend(&head)?, &head, head.method.clone(), body, None)
                         .await?;
-                let esi = SurrogateControl::parse(resp.headers()).esi;
-                Outcome::new(resp, "inlay; fwd=bypass".into(), "pass").with_esi(esi)
+                let defaults = backend_response::default_settings(&resp, &self.defaults);
+                let settings =
+                    backend_response::run_policy(policy.as_mut(), &mut head, &mut resp, defaults)
+                        .await?;
+                Outcome::new(resp, "inlay; fwd=bypass".into(), "pass").with_esi(settings.esi)
             }
             Route::Lookup => {
                 drop(body);
-                self.lookup_and_fetch(&head).await?
+                self.lookup_and_fetch(&mut head, policy.as_mut()).await?
             }
         };
+        let mut esi_vars = Vec::new();
+        if let Some(call) = &policy {
+            let o = call.esi_overrides();
+            if let Some(enabled) = o.enabled {
+                out.esi = enabled;
+                if enabled {
+                    // A template the policy turns on is assembled, not answered in ranges.
+                    out.object = None;
+                }
+            }
+            esi_vars = o.vars.clone();
+        }
         record.cache = out.log;
         let resp = match (&out.object, out.esi) {
             (_, true) if head.method == Method::HEAD => {
@@ -199,11 +232,12 @@ impl Pipeline {
                 resp.headers_mut().remove(header::CONTENT_LENGTH);
                 resp
             }
-            (_, true) => esi::process(self, &head, out.resp, &[]),
+            (_, true) => esi::process(self, &head, out.resp, &esi_vars),
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
         };
-        Ok(deliver::finish(resp, &out.cache_status))
+        let resp = deliver::finish(resp, &out.cache_status);
+        deliver::run_policy(policy.as_mut(), &mut head, resp).await
     }
 
     fn backend(&self, head: &RequestHead) -> Result<&crate::backend::Backend, ProxyError> {
@@ -215,7 +249,11 @@ impl Pipeline {
             })
     }
 
-    async fn lookup_and_fetch(&self, head: &RequestHead) -> Result<Outcome, ProxyError> {
+    async fn lookup_and_fetch(
+        &self,
+        head: &mut RequestHead,
+        policy: Option<&mut PolicyCall>,
+    ) -> Result<Outcome, ProxyError> {
         let primary = lookup::primary_key(head);
         let now = inlay_storage::now_ms();
         match lookup::lookup(&self.cache, &primary, head).await {
@@ -236,16 +274,18 @@ impl Pipeline {
                 ))
             }
             Lookup::Miss { flight, expired } => {
-                self.miss(head, primary, Some(flight), expired).await
+                self.miss(head, primary, Some(flight), expired, policy)
+                    .await
             }
-            Lookup::HitForMiss { expired } => self.miss(head, primary, None, expired).await,
+            Lookup::HitForMiss { expired } => self.miss(head, primary, None, expired, policy).await,
         }
     }
 
     /// An ESI include: through the cache, without the client's conditional
     /// or Range fields (they are not forwarded to includes).
     pub async fn fetch_for_include(&self, head: &RequestHead) -> Result<Outcome, ProxyError> {
-        self.lookup_and_fetch(head).await
+        let mut head = head.clone();
+        self.lookup_and_fetch(&mut head, None).await
     }
 
     fn hit(&self, obj: StoredObject, cache_status: String, log: &'static str, now: u64) -> Outcome {
@@ -264,10 +304,11 @@ impl Pipeline {
     /// object has validators), store, and stream.
     async fn miss(
         &self,
-        head: &RequestHead,
+        head: &mut RequestHead,
         primary: PrimaryKey,
         flight: Option<Flight>,
         expired: Option<StoredObject>,
+        policy: Option<&mut PolicyCall>,
     ) -> Result<Outcome, ProxyError> {
         let backend = self.backend(head)?;
         let validators = expired.as_ref().map(validators).unwrap_or_default();
@@ -283,11 +324,12 @@ impl Pipeline {
             Ok(resp) => resp,
             Err(e) => return self.stale_if_error(expired, now, e.to_string()).ok_or(e),
         };
-        let settings = backend_response::default_settings(&resp, &self.defaults);
+        let mut resp = resp;
+        let defaults = backend_response::default_settings(&resp, &self.defaults);
         if resp.status() == StatusCode::NOT_MODIFIED
             && let Some(old) = expired
         {
-            let meta = backend_response::refreshed_meta(&old.meta, resp.headers(), &settings);
+            let meta = backend_response::refreshed_meta(&old.meta, resp.headers(), &defaults);
             if let Err(e) = self.cache.refresh(&primary, &head.headers, meta.clone()) {
                 warn!(error = %e, "could not refresh the cached object after a 304");
             }
@@ -304,6 +346,7 @@ impl Pipeline {
             ));
         }
 
+        let settings = backend_response::run_policy(policy, head, &mut resp, defaults).await?;
         let stored = settings.cacheable;
         let resp = backend_response::store_while_streaming(
             resp,

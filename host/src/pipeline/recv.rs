@@ -3,11 +3,13 @@
 
 use std::net::SocketAddr;
 
-use http::{HeaderValue, Uri, header};
+use http::{HeaderValue, Response, Uri, header};
 
 use super::{RequestHead, Route};
+use crate::body;
 use crate::error::ProxyError;
 use crate::headers;
+use crate::runtime::{PolicyCall, RequestAction};
 
 /// Turn the client's request head into the form every later phase relies on:
 /// a `Host` header (taken from the URI authority for HTTP/2 and absolute-form
@@ -57,10 +59,25 @@ pub fn normalise(
     })
 }
 
-/// The built-in route, as Varnish's built-in VCL: only GET and HEAD are
-/// looked up, and requests with `Authorization` or `Cookie` pass.
-pub fn route(head: &RequestHead) -> Route {
-    builtin(head)
+/// The route: the policy's `on-request` decides when there is a policy (it
+/// may also rewrite `head`); otherwise the built-in rules.
+pub async fn route(
+    head: &mut RequestHead,
+    policy: Option<&mut PolicyCall>,
+) -> Result<Route, ProxyError> {
+    let Some(call) = policy else {
+        return Ok(builtin(head));
+    };
+    Ok(match call.on_request(head).await? {
+        RequestAction::Lookup => Route::Lookup,
+        RequestAction::Pass => Route::Pass,
+        RequestAction::Synthetic(s) => {
+            let mut resp = Response::new(body::full(s.body));
+            *resp.status_mut() = s.status;
+            *resp.headers_mut() = s.headers;
+            Route::Synthetic(resp)
+        }
+    })
 }
 
 /// Varnish's built-in `vcl_recv` decision.

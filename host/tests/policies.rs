@@ -1,0 +1,433 @@
+//! Every example policy through the real host, and the sandbox fixtures.
+//! `headers` and `ab-test` run unchanged for every language's port.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Inlay, Origin, get, policy, request};
+
+fn with_policy(origin: &Origin, name: &str) -> Inlay {
+    Inlay::builder()
+        .backend(origin)
+        .arg("--policy")
+        .arg(policy(name).display().to_string())
+        .start()
+}
+
+fn echo_headers(r: &common::Reply) -> Vec<(String, String)> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    v["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_str().unwrap().to_lowercase(),
+                p[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn echoed(r: &common::Reply, name: &str) -> Option<String> {
+    echo_headers(r)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+}
+
+/// The `headers` policy (any language): tracking parameters stripped before
+/// lookup, `Server`/`X-Powered-By` removed, `x-inlay-policy` added.
+async fn check_headers(name: &str) {
+    let origin = Origin::start();
+    let inlay = with_policy(&origin, name);
+    let url = inlay.url(
+        "/echo?b=2&utm_source=x&a=1&fbclid=f&cc=max-age%3D60&h=Server:Apache&h=X-Powered-By:PHP",
+    );
+    let r = get(&url).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        v["query"],
+        "b=2&a=1&cc=max-age%3D60&h=Server:Apache&h=X-Powered-By:PHP"
+    );
+    assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+    assert_eq!(r.header("server"), None);
+    assert_eq!(r.header("x-powered-by"), None);
+    // Other tracking values map to the same cache object.
+    let r = get(&inlay.url(
+        "/echo?b=2&utm_campaign=y&a=1&gclid=g&cc=max-age%3D60&h=Server:Apache&h=X-Powered-By:PHP",
+    ))
+    .await;
+    assert!(
+        r.header("cache-status").unwrap().contains("hit"),
+        "{:?}",
+        r.headers
+    );
+    assert_eq!(
+        r.header("x-inlay-policy"),
+        Some("headers"),
+        "on_deliver runs on hits too"
+    );
+    assert_eq!(origin.count("/echo").await, 1);
+}
+
+/// The `ab-test` policy (any language): sticky bucket, exposed to the
+/// origin, cached per bucket.
+async fn check_ab_test(name: &str) {
+    let origin = Origin::start();
+    let inlay = with_policy(&origin, name);
+    let url = inlay.url("/echo?cc=max-age%3D60");
+    let first = get(&url).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let cookie = first
+        .header("set-cookie")
+        .expect("a new client gets a bucket cookie")
+        .to_owned();
+    assert!(
+        cookie.starts_with("inlay_ab=a;") || cookie.starts_with("inlay_ab=b;"),
+        "{cookie}"
+    );
+    assert!(cookie.contains("Path=/"), "{cookie}");
+    let bucket = &cookie["inlay_ab=".len().."inlay_ab=".len() + 1];
+    assert_eq!(echoed(&first, "x-ab-bucket").as_deref(), Some(bucket));
+    assert_eq!(
+        echoed(&first, "cookie"),
+        None,
+        "the bucket cookie does not reach the origin"
+    );
+    // Same bucket: a hit, and no new cookie.
+    let again = request(
+        "GET",
+        &url,
+        &[("cookie", &format!("inlay_ab={bucket}"))],
+        Bytes::new(),
+    )
+    .await;
+    assert!(
+        again.header("cache-status").unwrap().contains("hit"),
+        "{:?}",
+        again.headers
+    );
+    assert_eq!(again.header("set-cookie"), None);
+    assert_eq!(echoed(&again, "x-ab-bucket").as_deref(), Some(bucket));
+    // The other bucket is its own cache object.
+    let other = if bucket == "a" { "b" } else { "a" };
+    let r = request(
+        "GET",
+        &url,
+        &[("cookie", &format!("inlay_ab={other}"))],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(echoed(&r, "x-ab-bucket").as_deref(), Some(other));
+    assert_eq!(origin.count("/echo").await, 2);
+    // Any other cookie still passes, as in the built-in rules.
+    let r = request(
+        "GET",
+        &url,
+        &[("cookie", &format!("inlay_ab={other}; session=1"))],
+        Bytes::new(),
+    )
+    .await;
+    assert!(
+        r.header("cache-status").unwrap().contains("bypass"),
+        "{:?}",
+        r.headers
+    );
+    // Sticky: the same client without a cookie gets the same bucket again.
+    let r = get(&inlay.url("/echo?cc=max-age%3D60&again=1")).await;
+    assert!(
+        r.header("set-cookie")
+            .unwrap()
+            .starts_with(&format!("inlay_ab={bucket};"))
+    );
+}
+
+macro_rules! per_language {
+    ($($lang:ident => $suffix:literal),* $(,)?) => {$(
+        mod $lang {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn headers() {
+                super::check_headers(concat!("headers", $suffix)).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn ab_test() {
+                super::check_ab_test(concat!("ab-test", $suffix)).await;
+            }
+        }
+    )*};
+}
+
+per_language!(rust => "");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_policy_passes_cookies_unless_configured() {
+    let origin = Origin::start();
+    let inlay = with_policy(&origin, "default");
+    for _ in 0..2 {
+        request(
+            "GET",
+            &inlay.url("/bytes/11?cc=max-age%3D60"),
+            &[("cookie", "s=1")],
+            Bytes::new(),
+        )
+        .await;
+        get(&inlay.url("/bytes/12?cc=max-age%3D60")).await;
+    }
+    assert_eq!(origin.count("/bytes/11").await, 2, "cookie requests pass");
+    assert_eq!(origin.count("/bytes/12").await, 1, "others are cached");
+    let configured = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = \"{}\"\n[policy.config]\ncache_cookies = \"true\"",
+            policy("default").display()
+        ))
+        .start();
+    for _ in 0..2 {
+        request(
+            "GET",
+            &configured.url("/bytes/13?cc=max-age%3D60"),
+            &[("cookie", "s=1")],
+            Bytes::new(),
+        )
+        .await;
+    }
+    assert_eq!(origin.count("/bytes/13").await, 1);
+}
+
+fn token(key: &str, path: &str, expiry: u64) -> String {
+    use hmac::{Mac, SimpleHmac};
+    let mut mac = SimpleHmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(format!("{expiry}:{path}").as_bytes());
+    format!("{expiry}.{}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_policy_checks_signed_expiring_tokens() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = \"{}\"\n[policy.config]\nkey = \"s3cret\"",
+            policy("auth").display()
+        ))
+        .start();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let good = token("s3cret", "/bytes/10", now + 600);
+    let r = request(
+        "GET",
+        &inlay.url("/bytes/10"),
+        &[("authorization", &format!("Bearer {good}"))],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        get(&inlay.url(&format!("/bytes/10?token={good}")))
+            .await
+            .status,
+        200
+    );
+    for bad in [
+        token("wrong", "/bytes/10", now + 600),
+        token("s3cret", "/bytes/10", now - 10),
+        token("s3cret", "/bytes/99", now + 600),
+        "garbage".to_string(),
+    ] {
+        let r = request(
+            "GET",
+            &inlay.url("/bytes/10"),
+            &[("authorization", &format!("Bearer {bad}"))],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, 403, "{bad}");
+    }
+    assert_eq!(get(&inlay.url("/bytes/10")).await.status, 403);
+    assert_eq!(
+        origin.count("/bytes/10").await,
+        2,
+        "refused requests never reach the origin"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_policy_answers_at_the_edge() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = \"{}\"\n[policy.config]\n\"/old\" = \"301 /new\"\n\"/blog/*\" = \"308 /news/*\"",
+            policy("redirects").display()
+        ))
+        .start();
+    let r = get(&inlay.url("/old?x=1")).await;
+    assert_eq!((r.status, r.header("location")), (301, Some("/new?x=1")));
+    let r = get(&inlay.url("/blog/2024/post")).await;
+    assert_eq!(
+        (r.status, r.header("location")),
+        (308, Some("/news/2024/post"))
+    );
+    assert_eq!(get(&inlay.url("/resp")).await.status, 200);
+    assert_eq!(origin.count("/old").await, 0);
+}
+
+/// Run `bad` requests while good ones run on other connections; the bad ones
+/// fail with a 5xx within `deadline`, the good ones all succeed.
+async fn isolated(name: &str, bad_path: &str, deadline: Duration) -> Inlay {
+    let origin = Origin::start();
+    let inlay = with_policy(&origin, name);
+    let bad_url = inlay.url(bad_path);
+    let bad = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = get(&bad_url).await;
+        (r.status, started.elapsed())
+    });
+    let mut good = Vec::new();
+    for i in 0..20 {
+        let u = inlay.url(&format!("/bytes/{}", i + 1));
+        good.push(tokio::spawn(async move { get(&u).await.status }));
+    }
+    for g in good {
+        assert_eq!(g.await.unwrap(), 200);
+    }
+    let (status, took) = bad.await.unwrap();
+    assert!((500..600).contains(&status), "{name}: got {status}");
+    assert!(took < deadline, "{name}: took {took:?}");
+    // Still serving after it.
+    assert_eq!(get(&inlay.url("/resp")).await.status, 200);
+    drop(origin);
+    inlay
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_policy_fails_its_request_alone_within_its_deadline() {
+    let inlay = isolated("loop", "/loop", Duration::from_secs(2)).await;
+    assert!(inlay.log.wait_for("loop", Duration::from_secs(2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_out_of_memory_fails_its_request_and_memory_stays_bounded() {
+    let inlay = isolated("oom", "/oom", Duration::from_secs(5)).await;
+    let rss_before = inlay.rss_kib();
+    for _ in 0..10 {
+        assert!(get(&inlay.url("/oom")).await.status >= 500);
+    }
+    let growth = inlay.rss_kib().saturating_sub(rss_before) / 1024;
+    assert!(
+        growth < 100,
+        "rss grew by {growth} MiB over 10 OOM requests"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trapping_policy_fails_its_request_alone() {
+    let inlay = isolated("trap", "/trap", Duration::from_secs(2)).await;
+    assert!(
+        inlay.log.wait_for("trap fixture", Duration::from_secs(2)),
+        "{}",
+        inlay.log.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_policy_under_load_without_failing_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live.wasm");
+    std::fs::copy(policy("default"), &live).unwrap();
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("--policy")
+        .arg(live.display().to_string())
+        .start();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for w in 0..8 {
+        let url = inlay.url(&format!("/bytes/{}?cc=no-store", w + 1));
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if get(&url).await.status == 200 {
+                    ok += 1
+                } else {
+                    failed += 1
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Swap in `headers` and reload; then a broken file, which must be refused.
+    std::fs::copy(policy("headers"), &live).unwrap();
+    inlay.signal("HUP");
+    assert!(
+        inlay
+            .log
+            .wait_for("policy reloaded", Duration::from_secs(20)),
+        "{}",
+        inlay.log.text()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&live, b"not a wasm component").unwrap();
+    inlay.signal("HUP");
+    assert!(
+        inlay
+            .log
+            .wait_for("reload refused", Duration::from_secs(20)),
+        "{}",
+        inlay.log.text()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for l in load {
+        let (o, f) = l.await.unwrap();
+        ok += o;
+        failed += f;
+    }
+    assert_eq!(
+        failed, 0,
+        "{failed} requests failed during reloads ({ok} ok)"
+    );
+    assert!(ok > 50);
+    // The new policy serves; the broken file did not replace it.
+    assert_eq!(
+        get(&inlay.url("/resp")).await.header("x-inlay-policy"),
+        Some("headers")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_policy_file_is_refused_at_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, b"\0asm garbage").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inlay"))
+        .args([
+            "serve",
+            "-a",
+            "127.0.0.1:0",
+            "-b",
+            "http://127.0.0.1:1",
+            "--policy",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.wasm") && err.to_lowercase().contains("policy"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
