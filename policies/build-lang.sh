@@ -5,7 +5,7 @@
 #
 #   policies/build-lang.sh              build what changed, every language
 #   policies/build-lang.sh js c         only these languages (js, py, c)
-#   policies/build-lang.sh --test       then run the JS SDK's tests and the
+#   policies/build-lang.sh --test       then run the SDKs' native tests and the
 #                                       conformance tests: every language's
 #                                       headers and ab-test, and the Rust ones
 #                                       (build.sh first), in node via jco
@@ -82,11 +82,14 @@ command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
 
 # --- the componentize tool: encodes C core modules, checks every output ------
 tool="$tool_target_dir/release/inlay-componentize"
-# build.sh has usually just built it: skip cargo (and its build lock) then.
-if stale "$tool" "$sdk/componentize" "$root/Cargo.lock"; then
+# build.sh has usually just built it: skip cargo (and its build lock) when
+# neither its sources nor Cargo.lock changed since the last check.
+tool_stamp="$work/.componentize-built"
+if [ ! -x "$tool" ] || stale "$tool_stamp" "$sdk/componentize" "$root/Cargo.lock"; then
     log "building inlay-componentize"
     CARGO_TARGET_DIR="$tool_target_dir" cargo build --release -q \
         --manifest-path "$root/Cargo.toml" -p inlay-componentize
+    touch "$tool_stamp"
 fi
 [ -x "$tool" ] || die "inlay-componentize was not built at $tool"
 
@@ -218,7 +221,18 @@ for line in "${built[@]}"; do
 done
 log "${#built[@]} built, $fresh up to date, in $(( $(date +%s) - started ))s -> $out"
 
-# --- conformance tests -------------------------------------------------------------
+# --- tests -------------------------------------------------------------------------
+if $run_tests && wants py; then
+    # The Python SDK and ports natively, on the generated bindings.
+    bindings="$work/python-bindings"
+    if stale "$bindings/wit_world/__init__.py" "$wit" "$work/python-venv/.requirements-installed"; then
+        rm -rf "$bindings"
+        "$work/python-venv/bin/componentize-py" -d "$wit" -w policy bindings "$bindings" >/dev/null
+    fi
+    log "python unit tests"
+    PYTHONPATH="$bindings:$sdk/python" "$work/python-venv/bin/python" -m unittest discover \
+        -s "$sdk/python/tests"
+fi
 if $run_tests; then
     flags=()
     # Python components use extended constant expressions: node 20 needs the flag.
