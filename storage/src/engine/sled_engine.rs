@@ -139,6 +139,13 @@ fn move_aside(dir: &Path) -> Result<PathBuf, StoreError> {
         n += 1;
     }
     std::fs::rename(dir, &target).map_err(from_io)?;
+    // Pruning keeps the newest copies by modification time; a rename does
+    // not change it, so mark the move.
+    let touched =
+        std::fs::File::open(&target).and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    if let Err(e) = touched {
+        tracing::debug!(error = %e, "could not update the mtime of a moved-aside database");
+    }
     Ok(target)
 }
 
