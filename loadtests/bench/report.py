@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 
 import svg
@@ -92,8 +93,8 @@ def write(out: Path, meta: dict, sections: list[Section], commands: list[str], c
         "",
         "Every distinct command the harness ran, in order, from the repository root (servers are "
         "started in their own process group and stopped at the end; `$WORKDIR` is the run's temp "
-        "dir, holding the generated inlay configs and Varnish work dirs). The full list, with "
-        "repeats, is in `report.json`.",
+        "dir, holding the generated inlay configs and Varnish work dirs). `report.json` also "
+        "says how many times each ran.",
         "",
         "```sh",
         *dict.fromkeys(c.replace(meta["root"] + "/", "").replace(meta["workdir"], "$WORKDIR") for c in commands),
@@ -117,10 +118,16 @@ def write(out: Path, meta: dict, sections: list[Section], commands: list[str], c
              "notes": s.notes, "tables": [dataclasses.asdict(t) for t in s.tables], "raw": _jsonable(s.raw)}
             for s in sections
         ],
-        "commands": commands,
+        # Distinct commands in first-run order, with how often each ran.
+        "commands": [{"cmd": c, "runs": n} for c, n in Counter(commands).items()],
         "inlay_configs": configs,
     }
-    (out / "report.json").write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    (out / "report.json").write_text(dump_json(doc))
+
+
+def dump_json(doc: dict) -> str:
+    """Compact JSON, floats to 4 significant digits: the runs' figures are not more precise."""
+    return json.dumps(_jsonable(doc), separators=(",", ":")) + "\n"
 
 
 def _jsonable(x):
@@ -129,5 +136,5 @@ def _jsonable(x):
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     if isinstance(x, float):
-        return round(x, 6)
+        return float(f"{x:.4g}")
     return x
