@@ -504,9 +504,16 @@ __attribute__((weak)) void inlay_on_deliver(inlay_request_t req, inlay_response_
 
 /* --- the generated exports ------------------------------------------------ */
 
+/*
+ * The canonical ABI makes a C export drop the borrowed handles it was given
+ * before it returns (the host traps the call otherwise: "borrow handles
+ * still remain at the end of the call"); hooks never see that chore.
+ */
+
 void exports_inlay_policy_handler_on_request(exports_inlay_policy_handler_borrow_request_t req,
                                              exports_inlay_policy_handler_request_action_t *ret) {
     *ret = inlay_on_request(req);
+    inlay_policy_types_request_drop_borrow(req);
 }
 
 void exports_inlay_policy_handler_on_backend_response(
@@ -517,9 +524,13 @@ void exports_inlay_policy_handler_on_backend_response(
     // The settings (and their surrogate keys) move to the hook and back;
     // the bindings free what is returned.
     *ret = inlay_on_backend_response(req, resp, *settings);
+    inlay_policy_types_request_drop_borrow(req);
+    inlay_policy_types_response_drop_borrow(resp);
 }
 
 void exports_inlay_policy_handler_on_deliver(exports_inlay_policy_handler_borrow_request_t req,
                                              exports_inlay_policy_handler_borrow_response_t resp) {
     inlay_on_deliver(req, resp);
+    inlay_policy_types_request_drop_borrow(req);
+    inlay_policy_types_response_drop_borrow(resp);
 }
