@@ -431,3 +431,57 @@ async fn a_bad_policy_file_is_refused_at_start_with_a_clear_error() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_use_kv_cache_fetch_many_and_esi_host_functions() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start();
+    let start = || {
+        Inlay::builder()
+            .backend(&origin)
+            .arg("--policy")
+            .arg(policy("capabilities").display().to_string())
+            .arg("--cache-dir")
+            .arg(dir.path().join("c").display().to_string())
+            .start()
+    };
+    let inlay = start();
+    // kv: a counter, persistent across a restart.
+    assert_eq!(get(&inlay.url("/cap/kv")).await.text(), "1");
+    assert_eq!(get(&inlay.url("/cap/kv")).await.text(), "2");
+    // cache: insert and look up through the host's HTTP cache.
+    assert_eq!(get(&inlay.url("/cap/cache-get")).await.status, 404);
+    assert_eq!(get(&inlay.url("/cap/cache-put")).await.status, 201);
+    assert_eq!(
+        get(&inlay.url("/cap/cache-get")).await.text(),
+        "from the policy"
+    );
+    // fetch.send-many: two 300 ms subrequests in parallel.
+    let started = Instant::now();
+    let r = get(&inlay.url("/cap/compose")).await;
+    assert_eq!(r.text(), "abcabcde");
+    assert!(
+        started.elapsed() < Duration::from_millis(550),
+        "not parallel: {:?}",
+        started.elapsed()
+    );
+    // esi: turned on by the policy for a page that did not opt in, with a variable.
+    let markup = "<esi:vars>hello $(WHO)</esi:vars><esi:include src=\"/bytes/2\"/>";
+    let mut q = String::new();
+    for b in markup.bytes() {
+        if b.is_ascii_alphanumeric() {
+            q.push(b as char)
+        } else {
+            q.push_str(&format!("%{b:02X}"))
+        }
+    }
+    let r = get(&inlay.url(&format!("/cap/esi?ct=text/html&body={q}"))).await;
+    assert_eq!(r.text(), "hello policyab");
+    drop(inlay);
+    let again = start();
+    assert_eq!(
+        get(&again.url("/cap/kv")).await.text(),
+        "3",
+        "kv survives a restart"
+    );
+}

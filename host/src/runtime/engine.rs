@@ -85,6 +85,17 @@ impl PolicyEngine {
             .memory_init_cow(true)
             .epoch_interruption(true)
             .wasm_component_model(true);
+        // Compiled code is cached on disk (~/.cache/wasmtime), keyed by the
+        // wasm's hash: a restart or a reload of an unchanged 15 MB JS or
+        // Python component skips the seconds-long compile.
+        match wasmtime::Cache::new(wasmtime::CacheConfig::new()) {
+            Ok(cache) => {
+                config.cache(Some(cache));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "compiled-code cache unavailable; policies compile at every load")
+            }
+        }
         let engine = Engine::new(&config).map_err(|e| PolicyError::Instantiate {
             message: format!("cannot create the wasm engine: {e:#}"),
         })?;

@@ -1,0 +1,84 @@
+//! Test fixture: one route per host capability, so the host's tests can
+//! check `kv`, `cache`, `fetch` and `esi` end to end. Other requests follow
+//! the built-in rules.
+
+use inlay_policy::{Action, Policy, Request, builtin, cache, esi, fetch, kv};
+
+/// The fixture.
+#[derive(Default)]
+pub struct Capabilities;
+
+fn text(status: u16, body: String) -> Action {
+    Action::synthetic(status)
+        .header("content-type", "text/plain")
+        .body(body.into_bytes())
+        .into()
+}
+
+impl Policy for Capabilities {
+    fn on_request(&self, req: &Request) -> Action {
+        let path = req.path();
+        match path.as_str() {
+            // A counter that survives restarts (kv is persistent with --cache-dir).
+            "/cap/kv" => {
+                let n = match kv::get("hits") {
+                    Ok(Some(v)) => String::from_utf8_lossy(&v).parse::<u64>().unwrap_or(0),
+                    Ok(None) => 0,
+                    Err(e) => return text(500, format!("kv get: {e}")),
+                } + 1;
+                if let Err(e) = kv::set("hits", n.to_string().as_bytes()) {
+                    return text(500, format!("kv set: {e}"));
+                }
+                text(200, n.to_string())
+            }
+            // Put an object in the HTTP cache, then read it back.
+            "/cap/cache-put" => {
+                let obj = cache::NewObject::new(200, b"from the policy".to_vec())
+                    .header("content-type", "text/plain")
+                    .ttl(60)
+                    .surrogate_key("cap");
+                match cache::insert("cap.example", "/stored", &obj) {
+                    Ok(()) => text(201, "stored".into()),
+                    Err(e) => text(500, format!("cache insert: {e}")),
+                }
+            }
+            "/cap/cache-get" => match cache::lookup("cap.example", "/stored") {
+                Ok(Some(o)) => text(200, String::from_utf8_lossy(&o.body).into_owned()),
+                Ok(None) => text(404, "none".into()),
+                Err(e) => text(500, format!("cache lookup: {e}")),
+            },
+            // Compose a response from two subrequests sent in parallel.
+            "/cap/compose" => {
+                let reqs = [
+                    fetch::FetchRequest::get("/bytes/3?delay_ms=300"),
+                    fetch::FetchRequest::get("/bytes/5?delay_ms=300"),
+                ];
+                let mut out = String::new();
+                for r in fetch::send_many(&reqs) {
+                    match r {
+                        Ok(resp) => out.push_str(&String::from_utf8_lossy(&resp.body)),
+                        Err(e) => return text(502, format!("fetch: {e}")),
+                    }
+                }
+                text(200, out)
+            }
+            // Turn ESI on for a response that did not opt in, with a variable.
+            // The page itself comes from the origin's /resp with the same query.
+            "/cap/esi" => {
+                esi::set_enabled(true);
+                esi::set_var("WHO", "policy");
+                let url = match req.query() {
+                    Some(q) => format!("/resp?{q}"),
+                    None => "/resp".to_string(),
+                };
+                match req.set_url(&url) {
+                    Ok(()) => Action::Pass,
+                    Err(e) => text(500, format!("set_url: {e}")),
+                }
+            }
+            _ => builtin::recv(req),
+        }
+    }
+}
+
+inlay_policy::export!(Capabilities);
