@@ -14,7 +14,7 @@
 //!   and expiry. Used alone it is the memory-only store.
 //! * **Disk tier** (inside [`TieredStore`]): sled 0.34, behind the internal
 //!   `DiskEngine` trait so the engine can be swapped. Bodies are split in
-//!   chunks (64 KiB by default) in their own tree; the metadata record is
+//!   chunks (32 KiB by default) in their own tree; the metadata record is
 //!   written last, so a torn write leaves no record or a record whose chunks
 //!   fail verification. Every body carries a CRC-32 and every record carries
 //!   its own: a corrupt, torn or partial object is a miss, is removed and is
@@ -74,11 +74,12 @@ pub const MAX_SURROGATE_KEY_LEN: usize = 1024;
 pub const MAX_SURROGATE_KEYS: usize = 1024;
 /// Longest accepted kv namespace or kv key in bytes.
 pub const MAX_KV_KEY_LEN: usize = 1024;
-/// Largest accepted kv value in bytes (kept at the chunk size so kv nodes
+/// Largest accepted kv value in bytes (at most the chunk size, so kv nodes
 /// stay under sled's blob threshold too).
-pub const MAX_KV_VALUE_LEN: usize = 64 * 1024;
-/// Largest accepted encoded metadata (headers, keys) of one object.
-pub const MAX_META_LEN: usize = 64 * 1024;
+pub const MAX_KV_VALUE_LEN: usize = 32 * 1024;
+/// Largest accepted metadata (headers, keys) of one object, for the same
+/// reason.
+pub const MAX_META_LEN: usize = 32 * 1024;
 
 /// The operations the host needs from an object store.
 ///

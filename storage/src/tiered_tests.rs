@@ -65,6 +65,11 @@ fn forget_memory(s: &TieredStore) {
     s.memory().tier.clear();
 }
 
+/// Chunks a body of `len` bytes takes at the default chunk size.
+fn chunks(len: usize) -> usize {
+    len.div_ceil(StoreConfig::default().chunk_size)
+}
+
 fn count(engine: &dyn DiskEngine, tree: TreeId) -> usize {
     engine.range_from(tree, &[]).count()
 }
@@ -82,8 +87,8 @@ fn round_trip_small_and_multi_chunk_from_disk() {
     s.put("empty\u{1}", meta(60_000, &[]), empty.clone())
         .unwrap();
     assert_eq!(m.body_len, 1 << 20);
-    // 1 MiB at 64 KiB per chunk: 16 chunks, plus 1 for the small body.
-    assert_eq!(count(s.disk().unwrap().engine(), TreeId::Chunks), 17);
+    // 1 MiB at 32 KiB per chunk: 32 chunks, plus 1 for the small body.
+    assert_eq!(count(s.disk().unwrap().engine(), TreeId::Chunks), 33);
     assert_eq!(s.get("big\u{1}").unwrap().unwrap().body, big);
     assert_eq!(s.stats().hits_memory, 1);
     forget_memory(&s);
@@ -107,7 +112,11 @@ fn overwrite_replaces_chunks_and_index_entries() {
     s.put("k", meta(120_000, &["b", "c"]), body(2, 70_000))
         .unwrap();
     let e = s.disk().unwrap().engine();
-    assert_eq!(count(e, TreeId::Chunks), 2, "old chunks must be deleted");
+    assert_eq!(
+        count(e, TreeId::Chunks),
+        chunks(70_000),
+        "old chunks must be deleted"
+    );
     assert_eq!(count(e, TreeId::Fifo), 1);
     assert_eq!(count(e, TreeId::Expiry), 1);
     assert_eq!(count(e, TreeId::Surrogate), 2);
@@ -263,14 +272,14 @@ fn interrupted_writes_are_cleaned_up_at_the_next_open() {
             ck.extend_from_slice(&0u32.to_be_bytes());
             e.insert(TreeId::Chunks, &ck, b"half written").unwrap();
         }
-        assert_eq!(count(e, TreeId::Chunks), 4);
+        assert_eq!(count(e, TreeId::Chunks), chunks(100_000) + 2);
     }
     let s = open_counted(config(dir.path()));
     let e = s.disk().unwrap().engine();
     assert_eq!(count(e, TreeId::Pending), 0);
     assert_eq!(
         count(e, TreeId::Chunks),
-        2,
+        chunks(100_000),
         "only the kept object's chunks remain"
     );
     assert_eq!(s.get("kept").unwrap().unwrap().body, body(1, 100_000));
@@ -521,7 +530,7 @@ fn concurrent_writers_and_readers_never_see_corruption() {
     // No chunk leaked: every chunk belongs to a live record.
     let live: usize = (0..7)
         .filter_map(|i| s.get(&format!("k{i}")).unwrap())
-        .map(|o| o.meta.body_len.div_ceil(64 * 1024) as usize)
+        .map(|o| o.meta.body_len.div_ceil(crate::MAX_CHUNK_SIZE as u64) as usize)
         .sum();
     assert_eq!(count(e, TreeId::Chunks), live);
 }
@@ -612,7 +621,7 @@ fn failed_put_keeps_the_previous_object_and_leaves_nothing_behind() {
     let e = s.disk().unwrap().engine();
     assert_eq!(
         count(e, TreeId::Chunks),
-        4,
+        chunks(200_000),
         "partial chunks of the failed put remain"
     );
     assert_eq!(count(e, TreeId::Pending), 0);

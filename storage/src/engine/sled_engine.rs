@@ -13,10 +13,10 @@ use crate::{StoreConfig, StoreError};
 const KEEP_CORRUPT_COPIES: usize = 2;
 
 /// sled's log segment size. Items over a quarter of it become blob files;
-/// 8 MiB keeps every node of 64 KiB chunks inline (see [`crate::MAX_CHUNK_SIZE`]).
+/// 4 MiB keeps every node of 32 KiB chunks inline (see [`crate::MAX_CHUNK_SIZE`]).
 /// sled stores it in the database: changing it makes old databases fail to
 /// open (they are then moved aside).
-const SEGMENT_SIZE: usize = 8 * 1024 * 1024;
+const SEGMENT_SIZE: usize = 4 * 1024 * 1024;
 
 pub(crate) struct SledEngine {
     db: sled::Db,
