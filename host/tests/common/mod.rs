@@ -100,7 +100,9 @@ fn spawn_and_wait_listening(
         out.clone().collect(stdout, Some(tx));
         err.clone().collect(stderr, None);
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Generous: a first start compiles large (JS, Python) policies; later starts hit
+    // wasmtime's compiled-code cache.
+    let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
