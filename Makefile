@@ -31,6 +31,7 @@ test: deps policies
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
 	bash policies/build.sh --test
+	bash policies/build-lang.sh --test
 
 bench: deps build policies
 	bash loadtests/bench/run.sh full
