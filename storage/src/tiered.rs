@@ -44,6 +44,7 @@ impl TieredStore {
     /// database can be created.
     pub fn open(config: StoreConfig) -> Result<TieredStore, StoreError> {
         config.validate()?;
+        tracing::debug!(dir = ?config.dir, memory_bytes = config.memory_bytes, disk_bytes = config.disk_bytes, "opening object store");
         let disk = match &config.dir {
             Some(dir) => {
                 let opened = open_sled(dir, &config)?;
@@ -377,12 +378,16 @@ impl ObjectStore for TieredStore {
 
     fn remove_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
         let keys = self.inner.keys_with_prefix(prefix)?;
-        self.inner.purge(keys, false)
+        let n = self.inner.purge(keys, false)?;
+        tracing::debug!(prefix = %prefix.escape_debug(), removed = n, "purged by prefix");
+        Ok(n)
     }
 
     fn soft_purge_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
         let keys = self.inner.keys_with_prefix(prefix)?;
-        self.inner.purge(keys, true)
+        let n = self.inner.purge(keys, true)?;
+        tracing::debug!(prefix = %prefix.escape_debug(), marked = n, "soft-purged by prefix");
+        Ok(n)
     }
 
     fn keys_for_surrogate(&self, skey: &str) -> Result<Vec<String>, StoreError> {
@@ -391,7 +396,14 @@ impl ObjectStore for TieredStore {
 
     fn purge_surrogate(&self, skey: &str, soft: bool) -> Result<u64, StoreError> {
         let keys = self.inner.keys_for_surrogate(skey)?;
-        self.inner.purge(keys, soft)
+        let n = self.inner.purge(keys, soft)?;
+        tracing::debug!(
+            surrogate_key = skey,
+            soft,
+            objects = n,
+            "purged by surrogate key"
+        );
+        Ok(n)
     }
 
     fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
