@@ -234,7 +234,18 @@ fn open_store(cfg: &Config) -> anyhow::Result<Arc<dyn ObjectStore>> {
     };
     sc.memory_bytes = cfg.cache.memory_size;
     sc.disk_bytes = cfg.cache.disk_size;
-    let store = TieredStore::open(sc).context("opening the cache")?;
+    let store = match TieredStore::open(sc) {
+        Ok(store) => store,
+        // A corrupt database is moved aside by the store itself; what is left
+        // (a full disk, a directory another process holds) must not stop the
+        // server: serve with a memory-only cache and say so loudly.
+        Err(e) if cfg.cache.dir.is_some() => {
+            error!(error = %e, "cannot open the persistent cache; serving with a memory-only cache");
+            TieredStore::open(StoreConfig::memory_only(cfg.cache.memory_size))
+                .context("opening a memory-only cache")?
+        }
+        Err(e) => return Err(e).context("opening the cache"),
+    };
     match &cfg.cache.dir {
         Some(d) => info!(dir = %d.display(), "persistent cache open"),
         None => info!("memory-only cache (no cache.dir / --cache-dir)"),
