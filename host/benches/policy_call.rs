@@ -2,8 +2,9 @@
 //! hooks, and dropping the instance.
 //!
 //! Run: `cargo bench -p inlay --bench policy_call`
-//! (uses `target/policies/headers.wasm` from `make policies`, or
-//! `$INLAY_POLICY_DIR/headers.wasm`; the runtime's probe guest always).
+//! Policies: `headers` from `target/policies/` (`make policies`) or
+//! `$INLAY_POLICY_DIR`, plus the runtime's probe guest; set
+//! `INLAY_BENCH_POLICIES=headers,headers-js,headers-py` for others.
 //! After criterion's report it prints p50/p90/p99 of single requests.
 
 use std::collections::BTreeMap;
@@ -131,13 +132,16 @@ fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest.join("../target/policies"));
     let mut out = Vec::new();
-    let candidates = [
-        ("headers", dir.join("headers.wasm")),
-        (
-            "probe",
-            manifest.join("src/runtime/testdata/probe.core.wasm"),
-        ),
-    ];
+    let wanted = std::env::var("INLAY_BENCH_POLICIES").unwrap_or_else(|_| "headers".into());
+    let mut candidates: Vec<(String, PathBuf)> = wanted
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| (n.to_string(), dir.join(format!("{n}.wasm"))))
+        .collect();
+    candidates.push((
+        "probe".into(),
+        manifest.join("src/runtime/testdata/probe.core.wasm"),
+    ));
     for (name, path) in candidates {
         if !path.exists() {
             eprintln!(
@@ -149,13 +153,17 @@ fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
         let source = PolicySource {
             path,
             config: BTreeMap::new(),
-            limits: PolicyLimits::default(),
-            name: name.to_string(),
+            // Interpreted guests (JS, Python) need more than the default.
+            limits: PolicyLimits {
+                cpu_time_ms: 1000,
+                ..PolicyLimits::default()
+            },
+            name: name.clone(),
         };
-        out.push((
-            name.to_string(),
-            LoadedPolicy::compile(engine, source).expect("compile"),
-        ));
+        let started = Instant::now();
+        let policy = LoadedPolicy::compile(engine, source).expect("compile");
+        eprintln!("compiled {name} in {:?}", started.elapsed());
+        out.push((name, policy));
     }
     out
 }
@@ -176,6 +184,12 @@ fn main() {
             group.bench_function(format!("{name}/request"), |b| {
                 b.to_async(&runtime).iter(|| one_request(policy, &services));
             });
+            // The floor: a fresh instance and its drop, no hook.
+            group.bench_function(format!("{name}/instantiate"), |b| {
+                b.to_async(&runtime).iter(|| async {
+                    drop(policy.start(Arc::clone(&services)).await.expect("start"));
+                });
+            });
         }
         group.finish();
     }
@@ -183,12 +197,20 @@ fn main() {
 
     // Criterion reports means; the target is a median, so measure that too.
     for (name, policy) in &policies {
-        let mut samples = Vec::with_capacity(20_000);
+        // Fewer rounds for slow (interpreted) guests.
+        let probe_started = Instant::now();
+        runtime.block_on(one_request(policy, &services));
+        let rounds = if probe_started.elapsed() > Duration::from_millis(1) {
+            500
+        } else {
+            20_000
+        };
+        let mut samples = Vec::with_capacity(rounds);
         runtime.block_on(async {
-            for _ in 0..2_000 {
+            for _ in 0..rounds / 10 {
                 one_request(policy, &services).await;
             }
-            for _ in 0..20_000 {
+            for _ in 0..rounds {
                 let started = Instant::now();
                 one_request(policy, &services).await;
                 samples.push(started.elapsed());

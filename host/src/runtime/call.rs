@@ -268,7 +268,8 @@ impl PolicyCall {
             Ok(value) => {
                 self.failed = false;
                 let used = self.store.data().clock.used();
-                tracing::debug!(hook = %hook, cpu_us = used.as_micros() as u64, "policy hook done");
+                let cpu_us = u64::try_from(used.as_micros()).unwrap_or(u64::MAX);
+                tracing::debug!(hook = %hook, cpu_us, "policy hook done");
                 Ok(value)
             }
             Err(e) => {

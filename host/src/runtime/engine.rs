@@ -17,9 +17,11 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 
 /// Core instances, memories and tables a policy component may contain.
 /// A Rust component made by wit-component has three core instances (the
-/// module and two shims), one memory and two tables; other toolchains
-/// (componentize-py, componentize-js) use a few more.
-const CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+/// module and two shims), one memory and two tables; componentize-py's
+/// dynamically linked CPython has 38 core instances. Core instances are
+/// only counted by the pool (no memory is reserved for them), so the
+/// total is generous; memories and tables reserve address space per slot.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 64;
 const MEMORIES_PER_COMPONENT: u32 = 2;
 const TABLES_PER_COMPONENT: u32 = 4;
 
@@ -63,7 +65,7 @@ impl PolicyEngine {
         let n = limits.max_instances;
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(n)
-            .total_core_instances(n.saturating_mul(4))
+            .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
             .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
             .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
             .total_stacks(n)

@@ -168,12 +168,12 @@ impl CpuClock {
     }
 
     /// Starts a new budget (one per hook call); returns the first deadline
-    /// in ticks.
+    /// in ticks: the first yield point, or the budget if that comes first.
     pub(crate) fn restart(&mut self) -> u64 {
         self.started = Instant::now();
         self.excluded.store(0, Ordering::Relaxed);
         self.expired = false;
-        self.next_deadline(self.budget)
+        self.next_deadline(self.budget).min(YIELD_EVERY_TICKS)
     }
 
     /// Records time spent outside guest code (awaiting the host).
@@ -263,18 +263,21 @@ mod tests {
     #[test]
     fn clock_excludes_host_time() {
         let mut clock = CpuClock::new(Duration::from_millis(20), Duration::from_millis(1));
-        let first = clock.restart();
-        assert_eq!(first, 21);
+        // The first deadline is the first yield point.
+        assert_eq!(clock.restart(), YIELD_EVERY_TICKS);
+        let mut short = CpuClock::new(Duration::from_millis(2), Duration::from_millis(1));
+        assert_eq!(short.restart(), 3);
+        let started = Instant::now();
         std::thread::sleep(Duration::from_millis(30));
-        // 30 ms passed but 25 ms were spent in the host: not expired yet.
-        clock.exclude(Duration::from_millis(25));
+        // All of that was spent in the host: nothing is charged.
+        clock.exclude(started.elapsed());
         assert!(clock.used() < Duration::from_millis(20));
         assert!(matches!(
             clock.on_deadline(),
             wasmtime::UpdateDeadline::YieldCustom(..)
         ));
         assert!(!clock.expired);
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(25));
         assert!(matches!(
             clock.on_deadline(),
             wasmtime::UpdateDeadline::Interrupt

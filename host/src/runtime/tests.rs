@@ -562,43 +562,60 @@ async fn subrequest_and_host_call_caps() {
     assert_eq!(err.client_status(), StatusCode::INTERNAL_SERVER_ERROR);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_looping_policy_times_out_while_other_requests_go_on() {
+/// Runs `/loop` beside 20 ordinary requests on the test's runtime and
+/// checks that the loop times out, that the others all succeed, and that
+/// they did not wait for the loop to end.
+async fn loop_beside_ordinary_requests() {
     let budget = Duration::from_millis(50);
-    let policy = probe_with(PolicyLimits {
+    let looping_policy = probe_with(PolicyLimits {
         cpu_time_ms: 50,
         ..test_limits()
     });
-    let looping = {
-        let policy = policy.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let result = run_path(&policy, FakeServices::new(), "/loop").await;
-            (result, started.elapsed())
-        })
-    };
-    // Meanwhile ordinary requests keep completing.
+    let looping = tokio::spawn(async move {
+        let started = Instant::now();
+        let result = run_path(&looping_policy, FakeServices::new(), "/loop").await;
+        (result, started.elapsed(), Instant::now())
+    });
     let mut others = Vec::new();
     for _ in 0..20 {
-        let policy = policy.clone();
+        let policy = probe();
         others.push(tokio::spawn(async move {
-            run_path(&policy, FakeServices::new(), "/synth").await
+            let result = run_path(&policy, FakeServices::new(), "/synth").await;
+            (result, Instant::now())
         }));
     }
+    let mut first_done = None::<Instant>;
     for other in others {
-        let action = other.await.expect("join").expect("ordinary request");
+        let (result, done) = other.await.expect("join");
+        let action = result.expect("ordinary request");
         assert_eq!(synthetic(action).status, StatusCode::IM_A_TEAPOT);
+        first_done = Some(first_done.map_or(done, |d| d.min(done)));
     }
-    let (result, took) = looping.await.expect("join");
+    let (result, took, loop_done) = looping.await.expect("join");
     let err = result.expect_err("the loop must be stopped");
     assert!(
         matches!(err, PolicyError::Timeout { hook: Hook::OnRequest, budget: b } if b == budget),
         "{err}"
     );
     assert_eq!(err.client_status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        first_done.is_some_and(|d| d < loop_done),
+        "no ordinary request finished before the loop was stopped"
+    );
     // The budget is CPU time; allow generous slack for a loaded 2-core box.
     assert!(took >= budget, "stopped early: {took:?}");
     assert!(took < budget + Duration::from_millis(1000), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_policy_times_out_while_other_requests_go_on() {
+    loop_beside_ordinary_requests().await;
+}
+
+/// On one thread the others can only run because the loop yields.
+#[tokio::test(flavor = "current_thread")]
+async fn a_looping_policy_yields_its_thread() {
+    loop_beside_ordinary_requests().await;
 }
 
 /// Resident set size of this process, in bytes.
@@ -676,6 +693,35 @@ async fn a_trap_fails_the_request_and_the_instance() {
             hook: Hook::OnDeliver
         }
     ));
+}
+
+#[tokio::test]
+async fn a_cancelled_hook_leaves_the_call_unusable_but_harmless() {
+    let policy = probe();
+    // Cancelled while the guest spins, and while it awaits a subrequest.
+    for (path, services) in [
+        ("/loop", FakeServices::new()),
+        (
+            "/fetch",
+            FakeServices::with_fetch_delay(Duration::from_secs(5)),
+        ),
+    ] {
+        let mut call = policy.start(services).await.expect("start");
+        let mut req = request(path);
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(30), call.on_request(&mut req)).await;
+        assert!(cancelled.is_err(), "{path}: the hook was still running");
+        let mut resp = ResponseHead::default();
+        let err = call
+            .on_deliver(&mut req, &mut resp)
+            .await
+            .expect_err("unusable after cancellation");
+        assert!(matches!(err, PolicyError::AlreadyFailed { .. }), "{err}");
+        drop(call);
+    }
+    run_path(&policy, FakeServices::new(), "/synth")
+        .await
+        .expect("the policy still serves");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
