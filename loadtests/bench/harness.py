@@ -117,6 +117,11 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     ensure_world_readable_dirs(workdir)  # varnishd's unprivileged child works in there
     reg = Registry(workdir)
+    # Run a snapshot of the binaries: other builds may replace target/release/ mid-run,
+    # and one report must measure one build.
+    (workdir / "bin").mkdir(exist_ok=True)
+    inlay_bin = Path(shutil.copy2(inlay_bin, workdir / "bin" / "inlay"))
+    origin_bin = Path(shutil.copy2(origin_bin, workdir / "bin" / "inlay-origin"))
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")

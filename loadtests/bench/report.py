@@ -93,11 +93,13 @@ def write(out: Path, meta: dict, sections: list[Section], commands: list[str], c
         "",
         "Every distinct command the harness ran, in order, from the repository root (servers are "
         "started in their own process group and stopped at the end; `$WORKDIR` is the run's temp "
-        "dir, holding the generated inlay configs and Varnish work dirs). `report.json` also "
+        "dir, holding the generated inlay configs and Varnish work dirs; the harness runs a copy of "
+        "`target/release/` taken at its start, so one report measures one build). `report.json` also "
         "says how many times each ran.",
         "",
         "```sh",
-        *dict.fromkeys(c.replace(meta["root"] + "/", "").replace(meta["workdir"], "$WORKDIR") for c in commands),
+        *dict.fromkeys(c.replace(meta["root"] + "/", "").replace(meta["workdir"] + "/bin/", "target/release/")
+                       .replace(meta["workdir"], "$WORKDIR") for c in commands),
         "```",
         "",
         "<details><summary>The generated inlay configs</summary>",
