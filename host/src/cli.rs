@@ -171,7 +171,14 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
     if let (Some(slot), Some(pc)) = (policy, cfg.policy.clone()) {
         tokio::spawn(reload_on_sighup(slot, pc));
     }
+    let cache = pipeline.cache().clone();
     crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown_signal()).await;
+    // sled fsyncs periodically: flush so a clean stop loses nothing.
+    match tokio::task::spawn_blocking(move || cache.store().flush()).await {
+        Ok(Ok(())) => info!("cache flushed"),
+        Ok(Err(e)) => error!(error = %e, "flushing the cache at shutdown failed"),
+        Err(e) => error!(error = %e, "flushing the cache at shutdown failed"),
+    }
     Ok(())
 }
 

@@ -477,6 +477,13 @@ async fn policies_use_kv_cache_fetch_many_and_esi_host_functions() {
     }
     let r = get(&inlay.url(&format!("/cap/esi?ct=text/html&body={q}"))).await;
     assert_eq!(r.text(), "hello policyab");
+    // A clean stop (SIGTERM) flushes the store.
+    let mut inlay = inlay;
+    inlay.signal("TERM");
+    assert!(
+        tokio::task::block_in_place(|| inlay.wait(Duration::from_secs(20)))
+            .is_some_and(|s| s.success())
+    );
     drop(inlay);
     let again = start();
     assert_eq!(

@@ -149,6 +149,11 @@ impl Pipeline {
         &self.backends
     }
 
+    /// The HTTP cache.
+    pub fn cache(&self) -> &HttpCache {
+        &self.cache
+    }
+
     /// The validated config this pipeline runs.
     pub fn config(&self) -> &Config {
         &self.config
