@@ -16,29 +16,6 @@ fn with_policy(origin: &Origin, name: &str) -> Inlay {
         .start()
 }
 
-fn echo_headers(r: &common::Reply) -> Vec<(String, String)> {
-    let v: serde_json::Value =
-        serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
-    v["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p[0].as_str().unwrap().to_lowercase(),
-                p[1].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
-
-fn echoed(r: &common::Reply, name: &str) -> Option<String> {
-    echo_headers(r)
-        .into_iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v)
-}
-
 /// The `headers` policy (any language): tracking parameters stripped before
 /// lookup, `Server`/`X-Powered-By` removed, `x-inlay-policy` added.
 async fn check_headers(name: &str) {
@@ -93,9 +70,12 @@ async fn check_ab_test(name: &str) {
     );
     assert!(cookie.contains("Path=/"), "{cookie}");
     let bucket = &cookie["inlay_ab=".len().."inlay_ab=".len() + 1];
-    assert_eq!(echoed(&first, "x-ab-bucket").as_deref(), Some(bucket));
     assert_eq!(
-        echoed(&first, "cookie"),
+        common::echoed(&first, "x-ab-bucket").as_deref(),
+        Some(bucket)
+    );
+    assert_eq!(
+        common::echoed(&first, "cookie"),
         None,
         "the bucket cookie does not reach the origin"
     );
@@ -113,7 +93,10 @@ async fn check_ab_test(name: &str) {
         again.headers
     );
     assert_eq!(again.header("set-cookie"), None);
-    assert_eq!(echoed(&again, "x-ab-bucket").as_deref(), Some(bucket));
+    assert_eq!(
+        common::echoed(&again, "x-ab-bucket").as_deref(),
+        Some(bucket)
+    );
     // The other bucket is its own cache object.
     let other = if bucket == "a" { "b" } else { "a" };
     let r = request(
@@ -123,7 +106,7 @@ async fn check_ab_test(name: &str) {
         Bytes::new(),
     )
     .await;
-    assert_eq!(echoed(&r, "x-ab-bucket").as_deref(), Some(other));
+    assert_eq!(common::echoed(&r, "x-ab-bucket").as_deref(), Some(other));
     assert_eq!(origin.count("/echo").await, 2);
     // Any other cookie still passes, as in the built-in rules.
     let r = request(

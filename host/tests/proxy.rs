@@ -32,18 +32,7 @@ async fn forwards_with_via_and_x_forwarded_for_and_drops_hop_by_hop_fields() {
         r.headers
     );
     let echo: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    let headers: Vec<(String, String)> = echo["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p[0].as_str().unwrap().to_lowercase(),
-                p[1].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    let get_h = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let get_h = |n: &str| common::echoed(&r, n);
     assert_eq!(get_h("x-kept").as_deref(), Some("yes"));
     assert_eq!(
         get_h("x-private"),

@@ -345,6 +345,31 @@ pub async fn request(method: &str, url: &str, headers: &[(&str, &str)], body: By
     }
 }
 
+/// The header fields `inlay-origin`'s `/echo` says it received (lower-case names).
+pub fn echo_headers(r: &Reply) -> Vec<(String, String)> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()));
+    v["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_str().unwrap().to_lowercase(),
+                p[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// One header `/echo` received, if any.
+pub fn echoed(r: &Reply, name: &str) -> Option<String> {
+    echo_headers(r)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+}
+
 /// Send raw bytes on a fresh connection and read until the server closes or `timeout`.
 pub fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> (String, bool) {
     let mut s = TcpStream::connect(addr).unwrap();
