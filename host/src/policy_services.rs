@@ -60,18 +60,7 @@ impl PolicyServices for HostServices {
             if !obj.meta.is_fresh(now) && !obj.meta.in_grace(now) {
                 return Ok(None);
             }
-            let mut headers = HeaderMap::new();
-            for (k, v) in &obj.meta.headers {
-                if k == crate::cache::ESI_MARK {
-                    continue;
-                }
-                if let (Ok(n), Ok(v)) = (
-                    http::HeaderName::from_bytes(k.as_bytes()),
-                    http::HeaderValue::from_bytes(v),
-                ) {
-                    headers.append(n, v);
-                }
-            }
+            let (headers, _esi) = crate::cache::stored_headers(&obj.meta);
             Ok(Some(CachedObject {
                 status: StatusCode::from_u16(obj.meta.status).unwrap_or(StatusCode::OK),
                 headers,

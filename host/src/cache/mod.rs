@@ -23,6 +23,26 @@ const VARY_NS: &str = "inlay.vary";
 /// Stored pseudo-header marking an object whose body is an ESI template.
 pub const ESI_MARK: &str = "inlay-internal-esi";
 
+/// The stored header fields of an object as a header map, and whether the
+/// object is an ESI template (the internal mark is not returned).
+pub fn stored_headers(meta: &ObjectMeta) -> (HeaderMap, bool) {
+    let mut headers = HeaderMap::new();
+    let mut esi = false;
+    for (name, value) in &meta.headers {
+        if name == ESI_MARK {
+            esi = true;
+            continue;
+        }
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_bytes(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    (headers, esi)
+}
+
 /// The cache key of a request before Vary: host, path and query, and what
 /// the policy added (Varnish's `hash_data`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -7,7 +7,7 @@ use inlay_storage::StoredObject;
 
 use super::RequestHead;
 use crate::body::{self, ProxyBody};
-use crate::cache::ESI_MARK;
+use crate::cache::stored_headers;
 use crate::error::ProxyError;
 use crate::headers;
 use crate::runtime::{PolicyCall, ResponseHead};
@@ -17,20 +17,9 @@ use crate::runtime::{PolicyCall, ResponseHead};
 pub fn from_object(obj: &StoredObject, now_ms: u64) -> (Response<ProxyBody>, bool) {
     let mut resp = Response::new(body::full(obj.body.clone()));
     *resp.status_mut() = StatusCode::from_u16(obj.meta.status).unwrap_or(StatusCode::OK);
-    let mut esi = false;
+    let (stored, esi) = stored_headers(&obj.meta);
+    *resp.headers_mut() = stored;
     let h = resp.headers_mut();
-    for (name, value) in &obj.meta.headers {
-        if name == ESI_MARK {
-            esi = true;
-            continue;
-        }
-        if let (Ok(n), Ok(v)) = (
-            http::HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) {
-            h.append(n, v);
-        }
-    }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(obj.body.len()));
     h.insert(
         header::AGE,
