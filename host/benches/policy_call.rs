@@ -159,10 +159,16 @@ fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
                 ..PolicyLimits::default()
             },
             name: name.clone(),
+            // INLAY_BENCH_COLD=1 measures instances of the file as it is.
+            prewarm: std::env::var_os("INLAY_BENCH_COLD").is_none(),
         };
         let started = Instant::now();
         let policy = LoadedPolicy::compile(engine, source).expect("compile");
-        eprintln!("compiled {name} in {:?}", started.elapsed());
+        eprintln!(
+            "compiled {name} in {:?} (pre-warmed: {})",
+            started.elapsed(),
+            policy.prewarmed()
+        );
         out.push((name, policy));
     }
     out

@@ -195,6 +195,7 @@ pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
             max_instances: pc.max_instances,
             ..PolicyLimits::default()
         },
+        prewarm: pc.prewarm,
         name: pc
             .path
             .file_stem()

@@ -161,6 +161,8 @@ pub struct PolicyConfig {
     pub max_subrequests: u32,
     /// Concurrent policy instances (requests running a policy at once).
     pub max_instances: u32,
+    /// Start requests from a snapshot taken after one synthetic request.
+    pub prewarm: bool,
 }
 
 /// An IPv4 or IPv6 network in CIDR notation.
@@ -400,6 +402,7 @@ impl PolicyConfig {
             max_host_calls: 10_000,
             max_subrequests: 32,
             max_instances: 1000,
+            prewarm: true,
         }
     }
 }
@@ -527,6 +530,20 @@ impl Reader {
             v => {
                 self.err(join(prefix, key), format!("expected a string, got {v}"));
                 None
+            }
+        }
+    }
+
+    fn boolean(&mut self, t: &Table, prefix: &str, key: &str, default: bool) -> bool {
+        match t.get(key) {
+            None => default,
+            Some(Value::Boolean(b)) => *b,
+            Some(v) => {
+                self.err(
+                    join(prefix, key),
+                    format!("expected true or false, got {v}"),
+                );
+                default
             }
         }
     }
@@ -936,6 +953,7 @@ impl Reader {
                 "max_host_calls",
                 "max_subrequests",
                 "max_instances",
+                "prewarm",
             ],
         );
         let path = self.string(t, p, "path");
@@ -977,6 +995,7 @@ impl Reader {
                 as u32,
             max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
                 as u32,
+            prewarm: self.boolean(t, p, "prewarm", d.prewarm),
         };
         path.map(|_| pc)
     }

@@ -21,6 +21,12 @@ fn with_policy(origin: &Origin, name: &str) -> Inlay {
 async fn check_headers(name: &str) {
     let origin = Origin::start();
     let inlay = with_policy(&origin, name);
+    // Every language's port is snapshot after a warm-up request at load.
+    assert!(
+        inlay.log.text().contains("prewarmed=true"),
+        "{name} was not pre-warmed:\n{}",
+        inlay.log.text()
+    );
     let url = inlay.url(
         "/echo?b=2&utm_source=x&a=1&fbclid=f&cc=max-age%3D60&h=Server:Apache&h=X-Powered-By:PHP",
     );
@@ -413,6 +419,46 @@ async fn a_bad_policy_file_is_refused_at_start_with_a_clear_error() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_sees_the_state_another_request_left_in_the_policy() {
+    // The capabilities fixture keeps every URL it handled in a global and
+    // answers `/cap/state` with them. Each request must start from the
+    // load-time snapshot: it sees the warm-up request and nothing else.
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("--policy")
+        .arg(policy("capabilities").display().to_string())
+        .start();
+    let mut answers = Vec::new();
+    for round in 0..4 {
+        let urls: Vec<String> = (0..16)
+            .map(|i| inlay.url(&format!("/cap/state?secret={round}-{i}")))
+            .collect();
+        answers.extend(futures_util::future::join_all(urls.iter().map(|u| get(u))).await);
+    }
+    for r in &answers {
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.text(),
+            inlay::runtime::warm_request().uri.to_string(),
+            "a request saw state left by another"
+        );
+    }
+    // Without pre-warming, a request sees nothing at all.
+    let cold = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nprewarm = false",
+            policy("capabilities").display().to_string()
+        ))
+        .start();
+    for i in 0..4 {
+        let r = get(&cold.url(&format!("/cap/state?secret={i}"))).await;
+        assert_eq!(r.text(), "", "a request saw state left by another");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

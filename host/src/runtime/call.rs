@@ -7,11 +7,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use tracing::Instrument;
-use wasmtime::component::Resource;
+use wasmtime::component::{ComponentType, Instance, Lift, Resource};
 use wasmtime::{Engine, Store};
 
 use super::bindings::inlay::policy::types as wit;
-use super::bindings::{Policy, PolicyPre};
+use super::bindings::{Policy, PolicyIndices, PolicyPre};
 use super::engine::EPOCH_TICK;
 use super::errors::{Hook, HostLimitTrap, PolicyError};
 use super::policy::{LoadedPolicy, PolicyShared};
@@ -115,6 +115,7 @@ fn action_from_wit(action: wit::RequestAction) -> Result<RequestAction, String> 
 /// to the pool.
 pub struct PolicyCall {
     store: Store<StoreState>,
+    instance: Instance,
     bindings: Policy,
     /// Keeps the policy (and its compiled code) alive for the request.
     policy: LoadedPolicy,
@@ -174,6 +175,7 @@ impl PolicyCall {
         policy: LoadedPolicy,
         engine: &Engine,
         pre: &PolicyPre<StoreState>,
+        indices: &PolicyIndices,
         shared: Arc<PolicyShared>,
         services: Arc<dyn PolicyServices>,
     ) -> Result<Self, PolicyError> {
@@ -185,9 +187,16 @@ impl PolicyCall {
             // Instantiation runs the guest's start code under the same budget.
             let ticks = store.data_mut().clock.restart();
             store.set_epoch_deadline(ticks);
-            match pre.instantiate_async(&mut store).await {
-                Ok(bindings) => Ok(Self {
+            let started = match pre.instance_pre().instantiate_async(&mut store).await {
+                Ok(instance) => indices
+                    .load(&mut store, &instance)
+                    .map(|bindings| (instance, bindings)),
+                Err(e) => Err(e),
+            };
+            match started {
+                Ok((instance, bindings)) => Ok(Self {
                     store,
+                    instance,
                     bindings,
                     policy,
                     failed: false,
@@ -378,6 +387,45 @@ impl PolicyCall {
         }
         .instrument(span)
         .await
+    }
+
+    /// Gives the next guest call a whole CPU budget.
+    pub(crate) fn refill_budget(&mut self) {
+        let ticks = self.store.data_mut().clock.restart();
+        self.store.set_epoch_deadline(ticks);
+    }
+
+    /// Calls `func` (no parameters, one result) of the exported instance
+    /// `instance`: the accessors a snapshot tool adds to a component.
+    pub(crate) async fn call_accessor<R>(
+        &mut self,
+        instance: &str,
+        func: &str,
+    ) -> wasmtime::Result<R>
+    where
+        R: ComponentType + Lift + Send + Sync + 'static,
+    {
+        let missing = || wasmtime::format_err!("no export {instance}#{func}");
+        let (_, parent) = self
+            .instance
+            .get_export(&mut self.store, None, instance)
+            .ok_or_else(missing)?;
+        let (_, index) = self
+            .instance
+            .get_export(&mut self.store, Some(&parent), func)
+            .ok_or_else(missing)?;
+        let func = self
+            .instance
+            .get_typed_func::<(), (R,)>(&mut self.store, index)?;
+        // Accessors are the tool's code, not the policy's: each gets a
+        // whole budget.
+        self.refill_budget();
+        Ok(func.call_async(&mut self.store, ()).await?.0)
+    }
+
+    /// The store, to read what an accessor returned.
+    pub(crate) fn store(&self) -> &Store<StoreState> {
+        &self.store
     }
 
     /// What the policy asked of ESI so far in this request.

@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::RwLock;
 use wasmtime::component::{Component, HasSelf, Linker};
 
-use super::bindings::{Policy, PolicyPre};
+use super::bindings::{Policy, PolicyIndices, PolicyPre};
 use super::call::PolicyCall;
 use super::engine::PolicyEngine;
 use super::errors::PolicyError;
 use super::limits::PolicyLimits;
+use super::prewarm;
 use super::services::{NoServices, PolicyServices};
 use super::state::StoreState;
 
@@ -31,6 +32,9 @@ pub struct PolicySource {
     pub limits: PolicyLimits,
     /// The policy's name: its kv namespace and its name in logs.
     pub name: String,
+    /// Snapshot the policy after one synthetic request at load, so that
+    /// requests start from a warm instance (see `runtime::prewarm`).
+    pub prewarm: bool,
 }
 
 /// What every request of one loaded policy shares.
@@ -53,7 +57,10 @@ pub struct LoadedPolicy {
 struct LoadedInner {
     shared: Arc<PolicyShared>,
     pre: PolicyPre<StoreState>,
+    indices: PolicyIndices,
     engine: PolicyEngine,
+    /// Started from a warm snapshot.
+    prewarmed: bool,
 }
 
 impl std::fmt::Debug for LoadedPolicy {
@@ -104,49 +111,43 @@ fn linker(engine: &PolicyEngine) -> Result<Linker<StoreState>, PolicyError> {
     Ok(linker)
 }
 
-impl LoadedPolicy {
-    /// Reads, compiles and links a policy. Blocking (compilation takes
-    /// tens of milliseconds to seconds): prefer [`LoadedPolicy::load`] on
-    /// an async runtime.
-    pub fn compile(engine: &PolicyEngine, source: PolicySource) -> Result<Self, PolicyError> {
-        source
-            .limits
-            .validate()
-            .map_err(PolicyError::InvalidLimits)?;
-        let path = source.path.clone();
-        let bytes = std::fs::read(&path).map_err(|e| PolicyError::Io {
-            path: path.clone(),
-            source: e,
-        })?;
-        Self::compile_bytes(engine, source, &bytes)
+/// The component in `bytes`: as it is, or made from a core module.
+fn to_component<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+) -> Result<std::borrow::Cow<'a, [u8]>, PolicyError> {
+    let compile_err = |message: String| PolicyError::Compile {
+        path: path.to_path_buf(),
+        message,
+    };
+    match wasm_kind(bytes) {
+        Some(WasmKind::Component) => Ok(std::borrow::Cow::Borrowed(bytes)),
+        Some(WasmKind::CoreModule) => Ok(std::borrow::Cow::Owned(
+            componentize(bytes).map_err(compile_err)?,
+        )),
+        None => Err(compile_err(
+            "not a WebAssembly file (no `\\0asm` header)".to_string(),
+        )),
     }
+}
 
-    fn compile_bytes(
+impl LoadedPolicy {
+    /// Compiles a component binary, links it and pre-instantiates it.
+    pub(crate) fn compile_component(
         engine: &PolicyEngine,
         source: PolicySource,
-        bytes: &[u8],
+        component_bytes: &[u8],
     ) -> Result<Self, PolicyError> {
         let path = source.path.clone();
-        let compile_err = |message: String| PolicyError::Compile {
-            path: path.clone(),
-            message,
-        };
         let _span =
             tracing::debug_span!("policy.compile", policy = %source.name, path = %path.display())
                 .entered();
-        let component_bytes = match wasm_kind(bytes) {
-            Some(WasmKind::Component) => std::borrow::Cow::Borrowed(bytes),
-            Some(WasmKind::CoreModule) => {
-                std::borrow::Cow::Owned(componentize(bytes).map_err(compile_err)?)
+        let component = Component::from_binary(engine.engine(), component_bytes).map_err(|e| {
+            PolicyError::Compile {
+                path: path.clone(),
+                message: format!("{e:#}"),
             }
-            None => {
-                return Err(compile_err(
-                    "not a WebAssembly file (no `\\0asm` header)".to_string(),
-                ));
-            }
-        };
-        let component = Component::from_binary(engine.engine(), &component_bytes)
-            .map_err(|e| compile_err(format!("{e:#}")))?;
+        })?;
         let mismatch = |e: wasmtime::Error| PolicyError::WorldMismatch {
             path: path.clone(),
             message: format!("{e:#}"),
@@ -154,6 +155,7 @@ impl LoadedPolicy {
         let instance_pre = linker(engine)?
             .instantiate_pre(&component)
             .map_err(mismatch)?;
+        let indices = PolicyIndices::new(&instance_pre).map_err(mismatch)?;
         let pre = PolicyPre::new(instance_pre).map_err(mismatch)?;
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(policy = %source.name, generation, "policy compiled");
@@ -167,9 +169,59 @@ impl LoadedPolicy {
                     generation,
                 }),
                 pre,
+                indices,
                 engine: engine.clone(),
+                prewarmed: false,
             }),
         })
+    }
+
+    /// Reads, compiles and links a policy and, if `source.prewarm`,
+    /// replaces it with its warm snapshot. Blocking (compilation takes tens
+    /// of milliseconds to seconds): prefer [`LoadedPolicy::load`] on an
+    /// async runtime.
+    pub fn compile(engine: &PolicyEngine, source: PolicySource) -> Result<Self, PolicyError> {
+        source
+            .limits
+            .validate()
+            .map_err(PolicyError::InvalidLimits)?;
+        let path = source.path.clone();
+        let bytes = std::fs::read(&path).map_err(|e| PolicyError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
+        let component = to_component(&path, &bytes)?;
+        if !source.prewarm {
+            return Self::compile_component(engine, source, &component);
+        }
+        let started = std::time::Instant::now();
+        let warm = prewarm::snapshot(engine, &source, &component);
+        let fallback = match warm {
+            Ok(snapshot) => match Self::compile_component(engine, source.clone(), &snapshot) {
+                Ok(mut policy) => {
+                    if let Some(inner) = Arc::get_mut(&mut policy.inner) {
+                        inner.prewarmed = true;
+                    }
+                    tracing::info!(
+                        policy = %source.name,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "policy pre-warmed"
+                    );
+                    return Ok(policy);
+                }
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e,
+        };
+        // The policy itself must still load; only then is the lost
+        // optimisation worth a warning.
+        let policy = Self::compile_component(engine, source, &component)?;
+        tracing::warn!(
+            policy = %policy.name(),
+            reason = %fallback,
+            "policy not pre-warmed; every request starts a cold instance"
+        );
+        Ok(policy)
     }
 
     /// Compiles the policy on a blocking thread, then instantiates it once
@@ -186,6 +238,7 @@ impl LoadedPolicy {
             policy = %policy.name(),
             path = %policy.path().display(),
             generation = policy.generation(),
+            prewarmed = policy.prewarmed(),
             "policy loaded"
         );
         Ok(policy)
@@ -201,6 +254,7 @@ impl LoadedPolicy {
             self.clone(),
             self.inner.engine.engine(),
             &self.inner.pre,
+            &self.inner.indices,
             Arc::clone(&self.inner.shared),
             services,
         )
@@ -226,7 +280,9 @@ impl LoadedPolicy {
                     generation: GENERATION.fetch_add(1, Ordering::Relaxed),
                 }),
                 pre: self.inner.pre.clone(),
+                indices: self.inner.indices.clone(),
                 engine: self.inner.engine.clone(),
+                prewarmed: self.inner.prewarmed,
             }),
         })
     }
@@ -244,6 +300,11 @@ impl LoadedPolicy {
     /// Its per-request limits.
     pub fn limits(&self) -> &PolicyLimits {
         &self.inner.shared.limits
+    }
+
+    /// Whether requests start from a warm snapshot.
+    pub fn prewarmed(&self) -> bool {
+        self.inner.prewarmed
     }
 
     /// A number that grows with every load, to tell reloads apart in logs.

@@ -190,6 +190,7 @@ fn probe_source(limits: PolicyLimits) -> PolicySource {
         ]),
         limits,
         name: "probe".to_string(),
+        prewarm: false,
     }
 }
 
@@ -893,6 +894,7 @@ mod example_policies {
                 config: BTreeMap::new(),
                 limits,
                 name: name.to_string(),
+                prewarm: true,
             },
         )
         .await

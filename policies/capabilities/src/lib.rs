@@ -1,6 +1,11 @@
 //! Test fixture: one route per host capability, so the host's tests can
 //! check `kv`, `cache`, `fetch` and `esi` end to end. Other requests follow
 //! the built-in rules.
+//!
+//! `/cap/state` answers with every URL this instance has seen before, one
+//! per line: the host's tests use it to prove that no request can see
+//! another's (each request gets a fresh instance of the load-time
+//! snapshot, which has seen only the synthetic warm-up request).
 
 use inlay_policy::{Action, Policy, Request, builtin, cache, esi, fetch, kv};
 
@@ -15,10 +20,20 @@ fn text(status: u16, body: String) -> Action {
         .into()
 }
 
+/// The URLs of the requests this instance has handled, oldest first.
+static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 impl Policy for Capabilities {
     fn on_request(&self, req: &Request) -> Action {
         let path = req.path();
+        let earlier = {
+            let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+            let earlier = seen.join("\n");
+            seen.push(req.url());
+            earlier
+        };
         match path.as_str() {
+            "/cap/state" => text(200, earlier),
             // A counter that survives restarts (kv is persistent with --cache-dir).
             "/cap/kv" => {
                 let n = match kv::get("hits") {
