@@ -140,28 +140,34 @@ def wrk_policy(ctx: Context) -> Section:
     sec = Section("policy", "`headers` policy vs no policy on the same cached object (wrk)")
     sec.about = (
         "`/static/177`, cached, `wrk -t2 -c64`: Inlay without a policy vs Inlay with "
-        "`--policy target/policies/headers.wasm` (build it with `make policies`). The policy runs "
-        "on every request (on-request, on-deliver) and adds `x-inlay-policy: headers`."
+        "`--policy target/policies/headers.wasm` (build it with `make policies`), and with its "
+        "C, JavaScript and Python ports (`headers-c|-js|-py.wasm`) where built. The policy runs "
+        "on every request (on-request, on-deliver, a fresh instance of the pre-warmed snapshot) "
+        "and adds `x-inlay-policy: headers`."
     )
     wasm = ctx.policy_dir / "headers.wasm"
     if not wasm.exists():
         sec.skipped = f"{wasm} is missing: run `make policies` first."
         return sec
-    plain = ctx.inlay("policy-none")
-    try:
-        pol = ctx.inlay("policy-headers", policy=wasm)
-    except BenchError as e:
-        sec.skipped = f"`inlay serve --policy {wasm.name}` did not start (policy runtime not available?): {e}"
-        return sec
-    status, headers, _ = http_get(pol.url + "/static/177")
-    if headers.get("x-inlay-policy") != "headers":
-        sec.skipped = (
-            "`inlay serve --policy headers.wasm` starts, but responses carry no `x-inlay-policy: headers`: "
-            "the policy is not run on requests yet (policy runtime not wired in this build), so there "
-            "is nothing to measure."
-        )
-        return sec
-    targets = {"no policy": plain, "headers policy": pol}
+    targets = {"no policy": ctx.inlay("policy-none")}
+    ports = [("headers policy", "headers"), ("headers in C", "headers-c"),
+             ("headers in JavaScript", "headers-js"), ("headers in Python", "headers-py")]
+    for label, name in ports:
+        path = ctx.policy_dir / f"{name}.wasm"
+        if not path.exists():
+            continue
+        try:
+            pol = ctx.inlay(f"policy-{name}", policy=path)
+        except BenchError as e:
+            if name == "headers":
+                sec.skipped = f"`inlay serve --policy {path.name}` did not start: {e}"
+                return sec
+            continue
+        _, headers, _ = http_get(pol.url + "/static/177")
+        if headers.get("x-inlay-policy") != "headers":
+            sec.skipped = f"`--policy {path.name}`: responses carry no `x-inlay-policy: headers`."
+            return sec
+        targets[label] = pol
     for t in targets.values():
         ctx.warm(t.url + "/static/177")
     res = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], "/static/177"))
@@ -169,8 +175,11 @@ def wrk_policy(ctx: Context) -> Section:
     by = res["177 B"]
     rs = pair_ratios(by["headers policy"], by["no policy"], lambda r: r["rps"])
     sec.ratio("`headers` policy / no policy (req/s, cached 177 B)", med(rs), 0.85, detail=ratio_detail(rs))
-    sec.tables.append(Table("Medians over the pairs", ["inlay", "req/s", "p50 ms", "p99 ms", "CPU µs/req"],
-        [[name, num(med([r["rps"] for r in runs])), ms(med([r["latency_ms"]["p50"] for r in runs])),
+    rust = med([r["rps"] for r in by["headers policy"]])
+    sec.tables.append(Table("Medians over the pairs", ["inlay", "req/s", "vs Rust policy", "p50 ms", "p99 ms", "CPU µs/req"],
+        [[name, num(med([r["rps"] for r in runs])),
+          f"{med([r['rps'] for r in runs]) / rust:.2f}x" if rust else "-",
+          ms(med([r["latency_ms"]["p50"] for r in runs])),
           ms(med([r["latency_ms"]["p99"] for r in runs])), num(med([r["cpu_us_per_req"] for r in runs]))]
          for name, runs in by.items()]))
     return sec
