@@ -7,11 +7,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use tracing::Instrument;
-use wasmtime::component::{ComponentType, Instance, Lift, Resource};
+use wasmtime::component::{ComponentType, Instance, InstancePre, Lift, Resource};
 use wasmtime::{Engine, Store};
 
 use super::bindings::inlay::policy::types as wit;
-use super::bindings::{Policy, PolicyIndices, PolicyPre};
+use super::bindings::{Policy, PolicyIndices};
 use super::engine::EPOCH_TICK;
 use super::errors::{Hook, HostLimitTrap, PolicyError};
 use super::policy::{LoadedPolicy, PolicyShared};
@@ -174,7 +174,7 @@ impl PolicyCall {
     pub(crate) async fn start(
         policy: LoadedPolicy,
         engine: &Engine,
-        pre: &PolicyPre<StoreState>,
+        pre: &InstancePre<StoreState>,
         indices: &PolicyIndices,
         shared: Arc<PolicyShared>,
         services: Arc<dyn PolicyServices>,
@@ -187,12 +187,14 @@ impl PolicyCall {
             // Instantiation runs the guest's start code under the same budget.
             let ticks = store.data_mut().clock.restart();
             store.set_epoch_deadline(ticks);
-            let started = match pre.instance_pre().instantiate_async(&mut store).await {
-                Ok(instance) => indices
-                    .load(&mut store, &instance)
-                    .map(|bindings| (instance, bindings)),
-                Err(e) => Err(e),
-            };
+            let started = pre
+                .instantiate_async(&mut store)
+                .await
+                .and_then(|instance| {
+                    indices
+                        .load(&mut store, &instance)
+                        .map(|bindings| (instance, bindings))
+                });
             match started {
                 Ok((instance, bindings)) => Ok(Self {
                     store,
@@ -219,10 +221,8 @@ impl PolicyCall {
             return Err(PolicyError::AlreadyFailed { hook });
         }
         self.failed = true;
-        let state = self.store.data_mut();
-        state.hook = hook;
-        let ticks = state.clock.restart();
-        self.store.set_epoch_deadline(ticks);
+        self.store.data_mut().hook = hook;
+        self.refill_budget();
         Ok(())
     }
 

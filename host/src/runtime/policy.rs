@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 
-use super::bindings::{Policy, PolicyIndices, PolicyPre};
+use super::bindings::{Policy, PolicyIndices};
 use super::call::PolicyCall;
 use super::engine::PolicyEngine;
 use super::errors::PolicyError;
@@ -56,7 +56,8 @@ pub struct LoadedPolicy {
 
 struct LoadedInner {
     shared: Arc<PolicyShared>,
-    pre: PolicyPre<StoreState>,
+    /// The linked component and where its exports are.
+    pre: InstancePre<StoreState>,
     indices: PolicyIndices,
     engine: PolicyEngine,
     /// Started from a warm snapshot.
@@ -133,10 +134,12 @@ fn to_component<'a>(
 
 impl LoadedPolicy {
     /// Compiles a component binary, links it and pre-instantiates it.
+    /// `prewarmed` says whether the component is a warm snapshot.
     pub(crate) fn compile_component(
         engine: &PolicyEngine,
         source: PolicySource,
         component_bytes: &[u8],
+        prewarmed: bool,
     ) -> Result<Self, PolicyError> {
         let path = source.path.clone();
         let _span =
@@ -156,7 +159,6 @@ impl LoadedPolicy {
             .instantiate_pre(&component)
             .map_err(mismatch)?;
         let indices = PolicyIndices::new(&instance_pre).map_err(mismatch)?;
-        let pre = PolicyPre::new(instance_pre).map_err(mismatch)?;
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(policy = %source.name, generation, "policy compiled");
         Ok(Self {
@@ -168,10 +170,10 @@ impl LoadedPolicy {
                     limits: source.limits,
                     generation,
                 }),
-                pre,
+                pre: instance_pre,
                 indices,
                 engine: engine.clone(),
-                prewarmed: false,
+                prewarmed,
             }),
         })
     }
@@ -192,30 +194,29 @@ impl LoadedPolicy {
         })?;
         let component = to_component(&path, &bytes)?;
         if !source.prewarm {
-            return Self::compile_component(engine, source, &component);
+            return Self::compile_component(engine, source, &component, false);
         }
         let started = std::time::Instant::now();
         let warm = prewarm::snapshot(engine, &source, &component);
         let fallback = match warm {
-            Ok(snapshot) => match Self::compile_component(engine, source.clone(), &snapshot) {
-                Ok(mut policy) => {
-                    if let Some(inner) = Arc::get_mut(&mut policy.inner) {
-                        inner.prewarmed = true;
+            Ok(snapshot) => {
+                match Self::compile_component(engine, source.clone(), &snapshot, true) {
+                    Ok(policy) => {
+                        tracing::info!(
+                            policy = %source.name,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "policy pre-warmed"
+                        );
+                        return Ok(policy);
                     }
-                    tracing::info!(
-                        policy = %source.name,
-                        elapsed_ms = started.elapsed().as_millis() as u64,
-                        "policy pre-warmed"
-                    );
-                    return Ok(policy);
+                    Err(e) => e.to_string(),
                 }
-                Err(e) => e.to_string(),
-            },
+            }
             Err(e) => e,
         };
         // The policy itself must still load; only then is the lost
         // optimisation worth a warning.
-        let policy = Self::compile_component(engine, source, &component)?;
+        let policy = Self::compile_component(engine, source, &component, false)?;
         tracing::warn!(
             policy = %policy.name(),
             reason = %fallback,
