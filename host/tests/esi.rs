@@ -286,3 +286,41 @@ async fn first_bytes_do_not_wait_for_includes() {
         "first bytes after {ttfb:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_page_shows_what_the_cache_holds_for_its_template_and_fragments() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).start();
+    let frag = "/dynamic?cc=max-age%3D60&delay_ms=0";
+    let cached_page = |markup: &str| {
+        format!(
+            "/resp?ct=text/html&cc=max-age%3D60&sc=content%3D%22ESI/1.0%22&body={}",
+            urlencode(markup)
+        )
+    };
+    let a = cached_page(&format!("<p><esi:include src=\"{frag}\"/></p>"));
+    let b = cached_page(&format!("<div><esi:include src=\"{frag}\"/></div>"));
+    let first = get(&inlay.url(&a)).await.text();
+    assert!(
+        first.starts_with("<p>") && first.contains("render #1"),
+        "{first}"
+    );
+    // Both pages and the fragment now come from the cache, each template its own.
+    for _ in 0..3 {
+        assert_eq!(get(&inlay.url(&a)).await.text(), first);
+        let other = get(&inlay.url(&b)).await.text();
+        assert!(
+            other.starts_with("<div>") && other.contains("render #1"),
+            "{other}"
+        );
+    }
+    assert_eq!(origin.count("/dynamic").await, 1);
+    assert_eq!(origin.count("/resp").await, 2);
+    // A purged fragment is fetched again, and every page shows the new one.
+    let r = request("PURGE", &inlay.url(frag), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let second = get(&inlay.url(&a)).await.text();
+    assert!(second.contains("render #2"), "{second}");
+    assert!(get(&inlay.url(&b)).await.text().contains("render #2"));
+    assert_eq!(origin.count("/dynamic").await, 2);
+}

@@ -76,7 +76,10 @@ impl PrimaryKey {
 
     /// Prefix shared by every variant of this key in the store.
     fn variants_prefix(&self) -> String {
-        format!("{}{VARIANT_SEP}", self.0)
+        let mut k = String::with_capacity(self.0.len() + 16);
+        k.push_str(&self.0);
+        k.push(VARIANT_SEP);
+        k
     }
 
     /// The storage key of the variant a request with `headers` selects.
@@ -249,6 +252,13 @@ impl HttpCache {
     /// The storage key the request selects among the variants of `primary`.
     pub fn storage_key(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> String {
         primary.storage_key(&self.vary_of(primary), req_headers)
+    }
+
+    /// The object a request selects, when it is fresh; no coalescing, no
+    /// waiting. For callers that have a slower path for everything else.
+    pub fn get_fresh(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
+        let obj = self.get(&self.storage_key(primary, req_headers))?;
+        obj.meta.is_fresh(inlay_storage::now_ms()).then_some(obj)
     }
 
     /// Find what the cache holds for a request, joining an in-flight fetch of

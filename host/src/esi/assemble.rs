@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -31,6 +31,9 @@ use super::vars::EsiVars;
 
 /// Output chunks buffered between the page driver and the consumer.
 const OUTPUT_BUFFER: usize = 16;
+
+/// Ready pieces smaller than this together are written as one chunk.
+const COALESCE_BYTES: usize = 16 * 1024;
 
 /// Limits applied to one page (counting its nested fragments).
 #[derive(Debug, Clone)]
@@ -101,6 +104,15 @@ pub trait FragmentFetcher: Send + Sync + 'static {
     /// Start fetching `src` (after variable substitution, as written in the
     /// page: relative or absolute).
     fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>>;
+
+    /// The whole body of `src` when it is at hand now (a fresh cache hit
+    /// that is a plain 2xx fragment, not ESI itself): the include is then
+    /// written in place, with no task and no fetch. `None` sends the include
+    /// down the [`FragmentFetcher::fetch`] path, which must give the same
+    /// bytes.
+    fn ready(&self, _src: &str) -> Option<Bytes> {
+        None
+    }
 }
 
 /// Why one include failed.
@@ -340,10 +352,28 @@ impl Expiry {
     }
 }
 
+/// Nodes to evaluate: parsed from a chunk just now, or parsed earlier and
+/// shared (a cached template, attempt/except content).
+enum Nodes {
+    Owned(Vec<Node>),
+    Shared(Arc<[Node]>),
+}
+
+impl std::ops::Deref for Nodes {
+    type Target = [Node];
+
+    fn deref(&self) -> &[Node] {
+        match self {
+            Nodes::Owned(v) => v,
+            Nodes::Shared(a) => a,
+        }
+    }
+}
+
 /// Where a driver's nodes come from.
 enum Source {
-    /// Already parsed (attempt/except content).
-    Nodes(Option<Vec<Node>>),
+    /// Already parsed.
+    Nodes(Option<Nodes>),
     /// A body to parse as it arrives.
     Stream {
         body: BoxStream<'static, Result<Bytes, BoxError>>,
@@ -358,7 +388,7 @@ enum Source {
 impl Source {
     /// The next nodes; `None` at the end. Cancel-safe: the only await point
     /// is the body read.
-    async fn next(&mut self) -> Result<Option<Vec<Node>>, FailureReason> {
+    async fn next(&mut self) -> Result<Option<Nodes>, FailureReason> {
         match self {
             Source::Nodes(n) => Ok(n.take()),
             Source::Stream {
@@ -372,10 +402,10 @@ impl Source {
                     return Ok(None);
                 };
                 match timeout_at(*until, body.next()).await {
-                    Ok(Some(Ok(chunk))) => Ok(Some(p.feed_bytes(chunk))),
+                    Ok(Some(Ok(chunk))) => Ok(Some(Nodes::Owned(p.feed_bytes(chunk)))),
                     Ok(None) => {
                         *permit = None;
-                        Ok(parser.take().map(EsiParser::finish))
+                        Ok(parser.take().map(|p| Nodes::Owned(p.finish())))
                     }
                     Ok(Some(Err(e))) => {
                         *permit = None;
@@ -394,7 +424,7 @@ impl Source {
 }
 
 enum Step {
-    Input(Result<Option<Vec<Node>>, FailureReason>),
+    Input(Result<Option<Nodes>, FailureReason>),
     Head(Vec<Ev>),
 }
 
@@ -443,10 +473,8 @@ fn drive<'a>(
         let mut slots: VecDeque<Slot> = VecDeque::new();
         let mut input_open = true;
         loop {
-            while let Some(Slot::Ready(_)) = slots.front() {
-                if let Some(Slot::Ready(b)) = slots.pop_front() {
-                    out.data(b).await?;
-                }
+            while let Some(b) = take_ready(&mut slots) {
+                out.data(b).await?;
             }
             if !input_open && slots.is_empty() {
                 return Ok(());
@@ -456,7 +484,7 @@ fn drive<'a>(
                 _ => None,
             };
             match next_step(head, &mut source, input_open).await {
-                Step::Input(Ok(Some(nodes))) => eval_nodes(nodes, &page, depth, &mut slots),
+                Step::Input(Ok(Some(nodes))) => eval_nodes(&nodes, &page, depth, &mut slots),
                 Step::Input(Ok(None)) => input_open = false,
                 Step::Input(Err(reason)) => return Err(DriveError::Source(reason)),
                 Step::Head(events) => {
@@ -479,14 +507,42 @@ fn drive<'a>(
     })
 }
 
+/// The ready slots at the head of the queue, as one piece: consecutive small
+/// pieces are copied together (one channel message and one body frame
+/// instead of many), a large one goes alone.
+fn take_ready(slots: &mut VecDeque<Slot>) -> Option<Bytes> {
+    let Some(Slot::Ready(first)) = slots.front() else {
+        return None;
+    };
+    let mut len = first.len();
+    let mut n = 1;
+    while let Some(Slot::Ready(b)) = slots.get(n) {
+        if len + b.len() > COALESCE_BYTES {
+            break;
+        }
+        len += b.len();
+        n += 1;
+    }
+    let mut pieces = slots.drain(..n).filter_map(|s| match s {
+        Slot::Ready(b) => Some(b),
+        Slot::Child(_) => None,
+    });
+    if n == 1 {
+        return pieces.next();
+    }
+    let mut joined = BytesMut::with_capacity(len);
+    pieces.for_each(|b| joined.extend_from_slice(&b));
+    Some(joined.freeze())
+}
+
 /// Turn parsed nodes into slots: text is ready, includes and try blocks
 /// start their tasks now, choose picks its branch now.
-fn eval_nodes(nodes: Vec<Node>, page: &Arc<Page>, depth: u32, slots: &mut VecDeque<Slot>) {
+fn eval_nodes(nodes: &[Node], page: &Arc<Page>, depth: u32, slots: &mut VecDeque<Slot>) {
     for node in nodes {
         match node {
             Node::Text(b) => {
                 if !b.is_empty() {
-                    slots.push_back(Slot::Ready(b));
+                    slots.push_back(Slot::Ready(b.clone()));
                 }
             }
             Node::Vars(t) => {
@@ -497,7 +553,14 @@ fn eval_nodes(nodes: Vec<Node>, page: &Arc<Page>, depth: u32, slots: &mut VecDeq
             }
             Node::Include(inc) => {
                 let src = inc.src.render_string(&page.vars);
-                let alt = inc.alt.map(|a| a.render_string(&page.vars));
+                if let Some(body) = ready_include(&src, page, depth + 1) {
+                    debug!(src = %src, depth = depth + 1, "esi include served in place");
+                    if !body.is_empty() {
+                        slots.push_back(Slot::Ready(body));
+                    }
+                    continue;
+                }
+                let alt = inc.alt.as_ref().map(|a| a.render_string(&page.vars));
                 let (tx, rx) = mpsc::unbounded_channel();
                 debug!(src = %src, depth = depth + 1, "esi include seen");
                 let task = tokio::spawn(include_task(
@@ -518,12 +581,11 @@ fn eval_nodes(nodes: Vec<Node>, page: &Arc<Page>, depth: u32, slots: &mut VecDeq
                 }));
             }
             Node::Choose(c) => {
-                let chosen = c.into_selected(&page.vars);
-                eval_nodes(chosen, page, depth, slots);
+                eval_nodes(c.selected_body(&page.vars), page, depth, slots);
             }
             Node::Try(t) => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                let task = tokio::spawn(try_task(t, Arc::clone(page), depth, tx));
+                let task = tokio::spawn(try_task(t.clone(), Arc::clone(page), depth, tx));
                 slots.push_back(Slot::Child(Child {
                     rx,
                     _task: AbortOnDrop(task),
@@ -535,6 +597,21 @@ fn eval_nodes(nodes: Vec<Node>, page: &Arc<Page>, depth: u32, slots: &mut VecDeq
             }
         }
     }
+}
+
+/// The include's body if the fetcher has it at hand and the page's limits
+/// allow the include; it then counts against the page's include budget like
+/// a fetched one. Otherwise `None`, and [`include_task`] applies the limits
+/// and the fallbacks.
+fn ready_include(src: &str, page: &Page, depth: u32) -> Option<Bytes> {
+    if depth > page.limits.max_depth || Instant::now() >= page.deadline {
+        return None;
+    }
+    let body = page.fetcher.ready(src)?;
+    if page.includes.fetch_add(1, Ordering::Relaxed) >= page.limits.max_includes {
+        return None;
+    }
+    Some(body)
 }
 
 /// Serve one include into its slot: src, else alt, else continue or fail.
@@ -654,7 +731,7 @@ async fn serve(src: &str, page: &Arc<Page>, depth: u32, out: &mut Out) -> Result
 async fn try_task(t: Try, page: Arc<Page>, depth: u32, tx: mpsc::UnboundedSender<Ev>) {
     let mut buf = Out::Buffer(Vec::new());
     let attempt = drive(
-        Source::Nodes(Some(t.attempt)),
+        Source::Nodes(Some(Nodes::Owned(t.attempt))),
         Arc::clone(&page),
         depth,
         &mut buf,
@@ -679,7 +756,14 @@ async fn try_task(t: Try, page: Arc<Page>, depth: u32, tx: mpsc::UnboundedSender
                 tx: tx.clone(),
                 sent: false,
             };
-            match drive(Source::Nodes(Some(t.except)), page, depth, &mut out).await {
+            match drive(
+                Source::Nodes(Some(Nodes::Owned(t.except))),
+                page,
+                depth,
+                &mut out,
+            )
+            .await
+            {
                 Ok(()) => {
                     let _ = tx.send(Ev::End);
                 }
@@ -730,6 +814,33 @@ pub fn assemble(
     fetcher: Arc<dyn FragmentFetcher>,
     limits: EsiLimits,
 ) -> BoxStream<'static, Result<Bytes, EsiError>> {
+    start(PageInput::Stream(input), vars, fetcher, limits)
+}
+
+/// [`assemble`] a page parsed earlier (a cached template parsed once, see
+/// [`super::ParsedTemplates`]): the same output as assembling its body.
+///
+/// Must be called within a tokio runtime.
+pub fn assemble_parsed(
+    nodes: Arc<[Node]>,
+    vars: Arc<EsiVars>,
+    fetcher: Arc<dyn FragmentFetcher>,
+    limits: EsiLimits,
+) -> BoxStream<'static, Result<Bytes, EsiError>> {
+    start(PageInput::Parsed(nodes), vars, fetcher, limits)
+}
+
+enum PageInput {
+    Stream(BoxStream<'static, Result<Bytes, BoxError>>),
+    Parsed(Arc<[Node]>),
+}
+
+fn start(
+    input: PageInput,
+    vars: Arc<EsiVars>,
+    fetcher: Arc<dyn FragmentFetcher>,
+    limits: EsiLimits,
+) -> BoxStream<'static, Result<Bytes, EsiError>> {
     let now = Instant::now();
     let deadline = now
         .checked_add(limits.page_deadline)
@@ -751,17 +862,16 @@ pub fn assemble(
     })
 }
 
-async fn page_task(
-    input: BoxStream<'static, Result<Bytes, BoxError>>,
-    page: Arc<Page>,
-    tx: mpsc::Sender<Result<Bytes, EsiError>>,
-) {
-    let source = Source::Stream {
-        body: input,
-        parser: Some(EsiParser::new()),
-        until: page.deadline,
-        expiry: Expiry::Page,
-        permit: None,
+async fn page_task(input: PageInput, page: Arc<Page>, tx: mpsc::Sender<Result<Bytes, EsiError>>) {
+    let source = match input {
+        PageInput::Stream(body) => Source::Stream {
+            body,
+            parser: Some(EsiParser::new()),
+            until: page.deadline,
+            expiry: Expiry::Page,
+            permit: None,
+        },
+        PageInput::Parsed(nodes) => Source::Nodes(Some(Nodes::Shared(nodes))),
     };
     let mut out = Out::Page(tx.clone());
     let err = match drive(source, page, 0, &mut out).await {

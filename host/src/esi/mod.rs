@@ -14,7 +14,11 @@
 //!   `QUERY_STRING{name}`, `HTTP_ACCEPT_LANGUAGE{lang}`, `HTTP_REFERER` and
 //!   custom variables set by policies.
 //! - [`assemble`]: turns a page body stream into the assembled output
-//!   stream, fetching fragments through a [`FragmentFetcher`].
+//!   stream, fetching fragments through a [`FragmentFetcher`];
+//!   [`assemble_parsed`] does the same from a template parsed earlier, kept
+//!   by content in [`ParsedTemplates`]. A fragment the fetcher has at hand
+//!   ([`FragmentFetcher::ready`], a fresh cache hit) is written in place
+//!   without a task.
 //!
 //! # Language
 //!
@@ -83,15 +87,18 @@ pub mod assemble;
 pub mod expr;
 pub mod parser;
 pub mod regex;
+pub mod templates;
 pub mod vars;
 
 pub use assemble::{
     EsiError, EsiLimits, FailureReason, Fragment, FragmentError, FragmentFetcher, assemble,
+    assemble_parsed,
 };
 pub use expr::{CmpOp, EvalError, Expr, ExprError};
 pub use parser::{
     Choose, EsiParser, Include, MAX_BLOCK_NESTING, MAX_TAG_LEN, Node, Try, When, coalesce, parse,
 };
+pub use templates::ParsedTemplates;
 pub use vars::{EsiVars, MAX_VAR_REF_LEN, Template, TemplatePart, VarRef};
 
 /// The error type of body streams.

@@ -86,10 +86,10 @@ impl Choose {
     }
 
     /// [`Choose::select`], taking the content out.
-    pub fn into_selected(mut self, vars: &EsiVars) -> Vec<Node> {
+    pub fn selected_body(&self, vars: &EsiVars) -> &[Node] {
         match self.selected(vars) {
-            Some(i) => self.whens.swap_remove(i).body,
-            None => self.otherwise,
+            Some(i) => &self.whens[i].body,
+            None => &self.otherwise,
         }
     }
 

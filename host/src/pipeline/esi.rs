@@ -19,8 +19,9 @@ use http::{HeaderMap, HeaderValue, Method, Response, Uri, header};
 use http_body_util::{BodyExt, StreamBody};
 use tracing::{debug, warn};
 
-use super::{Pipeline, RequestHead};
+use super::{Pipeline, RequestHead, lookup};
 use crate::body::{self, BoxError, ProxyBody};
+use crate::cache::ESI_MARK;
 use crate::codec;
 use crate::config::EsiConfig;
 use crate::esi::{EsiLimits, EsiVars, Fragment, FragmentError, FragmentFetcher};
@@ -84,10 +85,13 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 
 /// Assemble `resp` as an ESI page for the client request `head`. A body that
 /// is not text, or in an encoding other than gzip, is passed through untouched.
+/// `template` is the whole body when it came from the cache: it is then
+/// parsed once for every request that assembles it.
 pub fn process(
     pipeline: &Arc<Pipeline>,
     head: &RequestHead,
     resp: Response<ProxyBody>,
+    template: Option<&Bytes>,
     custom_vars: &[(String, String)],
 ) -> Response<ProxyBody> {
     if !decodable(resp.headers()) {
@@ -99,9 +103,14 @@ pub fn process(
         .headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() == b"gzip" || v.as_bytes() == b"x-gzip");
-    let Some(input) = decoded(&parts.headers, body) else {
-        // `decodable` was checked above.
-        return Response::from_parts(parts, body::empty());
+    // A gzip template is decoded as it streams; a plain one is parsed once.
+    let input = match template.filter(|_| !was_gzip) {
+        Some(t) => PageInput::Parsed(pipeline.templates.nodes(t)),
+        None => match decoded(&parts.headers, body) {
+            Some(input) => PageInput::Stream(input),
+            // `decodable` was checked above.
+            None => return Response::from_parts(parts, body::empty()),
+        },
     };
     let host = head
         .headers
@@ -117,12 +126,11 @@ pub fn process(
         pipeline: pipeline.clone(),
         page: include_head(head, &pipeline.config().esi),
     });
-    let assembled = crate::esi::assemble(
-        input,
-        Arc::new(vars),
-        fetcher,
-        limits(&pipeline.config().esi),
-    )
+    let (vars, limits) = (Arc::new(vars), limits(&pipeline.config().esi));
+    let assembled = match input {
+        PageInput::Stream(body) => crate::esi::assemble(body, vars, fetcher, limits),
+        PageInput::Parsed(nodes) => crate::esi::assemble_parsed(nodes, vars, fetcher, limits),
+    }
     .map(|r| r.map_err(|e| Box::new(e) as BoxError))
     .boxed();
     let h = &mut parts.headers;
@@ -143,6 +151,14 @@ pub fn process(
     }
     let body = StreamBody::new(out.map(|r| r.map(http_body::Frame::data)));
     Response::from_parts(parts, body::boxed(body))
+}
+
+/// What a page is assembled from.
+enum PageInput {
+    /// The body as it streams (decoded).
+    Stream(BoxStream<'static, Result<Bytes, BoxError>>),
+    /// A cached template, parsed once.
+    Parsed(Arc<[crate::esi::Node]>),
 }
 
 /// Whether a body in this encoding can be assembled.
@@ -246,6 +262,20 @@ impl IncludeFetcher {
 }
 
 impl FragmentFetcher for IncludeFetcher {
+    fn ready(&self, src: &str) -> Option<Bytes> {
+        let head = self.resolve(src).ok()?;
+        let obj = self
+            .pipeline
+            .cache
+            .get_fresh(&lookup::primary_key(&head), &head.headers)?;
+        // Anything but a plain 2xx body (a failure that may fall back to
+        // `alt`, a nested ESI fragment, an encoded body) takes `fetch`.
+        let plain = obj.meta.headers.iter().all(|(name, _)| {
+            name != ESI_MARK && !name.eq_ignore_ascii_case(header::CONTENT_ENCODING.as_str())
+        });
+        ((200..300).contains(&obj.meta.status) && plain).then_some(obj.body)
+    }
+
     fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>> {
         let resolved = self.resolve(src);
         let pipeline = self.pipeline.clone();

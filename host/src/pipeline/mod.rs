@@ -37,6 +37,7 @@ use crate::cache::rules::Defaults;
 use crate::cache::{Flight, HttpCache, Lookup, PrimaryKey};
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::esi::ParsedTemplates;
 use crate::policy_services::HostServices;
 use crate::runtime::{PolicyCall, PolicyServices, PolicySlot};
 
@@ -66,6 +67,8 @@ pub struct Pipeline {
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
     services: Arc<dyn PolicyServices>,
+    /// Cached ESI templates, parsed once.
+    templates: ParsedTemplates,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -85,7 +88,7 @@ pub struct Outcome {
     /// Short form for the access log.
     log: &'static str,
     /// The complete cached object the response was made from (for
-    /// conditional and Range answers).
+    /// conditional and Range answers, and the template of an ESI page).
     object: Option<StoredObject>,
     /// The body is an ESI template to assemble.
     esi: bool,
@@ -133,6 +136,7 @@ impl Pipeline {
             access_log,
             policy,
             services,
+            templates: ParsedTemplates::default(),
         }
     }
 
@@ -222,10 +226,6 @@ impl Pipeline {
             let o = call.esi_overrides();
             if let Some(enabled) = o.enabled {
                 out.esi = enabled;
-                if enabled {
-                    // A template the policy turns on is assembled, not answered in ranges.
-                    out.object = None;
-                }
             }
             esi_vars = o.vars.clone();
         }
@@ -237,7 +237,10 @@ impl Pipeline {
                 resp.headers_mut().remove(header::CONTENT_LENGTH);
                 resp
             }
-            (_, true) => esi::process(self, &head, out.resp, &esi_vars),
+            (obj, true) => {
+                let template = obj.as_ref().map(|o| &o.body);
+                esi::process(self, &head, out.resp, template, &esi_vars)
+            }
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
         };
@@ -299,8 +302,7 @@ impl Pipeline {
             resp,
             cache_status,
             log,
-            // An ESI template is assembled, not answered in ranges.
-            object: (!esi).then_some(obj),
+            object: Some(obj),
             esi,
         }
     }

@@ -64,6 +64,8 @@ struct Log {
 
 struct Fake {
     frags: HashMap<&'static str, Frag>,
+    /// Bodies at hand (`FragmentFetcher::ready`), like fresh cache hits.
+    ready: HashMap<&'static str, &'static str>,
     log: Arc<Mutex<Log>>,
     t0: Instant,
 }
@@ -84,8 +86,16 @@ impl Drop for DropProbe {
 
 impl Fake {
     fn new(frags: impl IntoIterator<Item = (&'static str, Frag)>) -> Arc<Fake> {
+        Self::with_ready(frags, [])
+    }
+
+    fn with_ready(
+        frags: impl IntoIterator<Item = (&'static str, Frag)>,
+        ready: impl IntoIterator<Item = (&'static str, &'static str)>,
+    ) -> Arc<Fake> {
         Arc::new(Fake {
             frags: frags.into_iter().collect(),
+            ready: ready.into_iter().collect(),
             log: Arc::default(),
             t0: Instant::now(),
         })
@@ -120,6 +130,12 @@ impl Fake {
 }
 
 impl FragmentFetcher for Fake {
+    fn ready(&self, src: &str) -> Option<Bytes> {
+        self.ready
+            .get(src)
+            .map(|b| Bytes::from_static(b.as_bytes()))
+    }
+
     fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>> {
         let t0 = self.t0;
         let log = Arc::clone(&self.log);
@@ -814,4 +830,54 @@ async fn unclosed_blocks_and_streamed_tags_still_assemble() {
     ]);
     let r = run_with(body, &fake, EsiVars::new(), limits()).await;
     assert_eq!(r.text, "1A2t");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragments_at_hand_are_written_in_place_in_order_without_a_fetch() {
+    let fake = Fake::with_ready([("/slow", frag(100, "S"))], [("/r1", "R1"), ("/r2", "R2")]);
+    let r = run(
+        "a<esi:include src=\"/r1\"/>b<esi:include src=\"/slow\"/>c<esi:include src=\"/r2\"/>d",
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "aR1bScR2d");
+    assert!(r.error.is_none());
+    assert_eq!(fake.started(), vec![("/slow".to_owned(), Duration::ZERO)]);
+    assert_eq!(r.elapsed, 100 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragments_at_hand_count_against_the_include_budget() {
+    let fake = Fake::with_ready([], [("/r", "R")]);
+    let page = "<esi:include src=\"/r\" onerror=\"continue\"/>".repeat(5);
+    let body: &'static str = Box::leak(page.into_boxed_str());
+    let r = run(
+        body,
+        &fake,
+        EsiLimits {
+            max_includes: 3,
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "RRR");
+    assert!(r.error.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parsed_template_assembles_like_its_body() {
+    let fake = Fake::with_ready([("/f", frag(5, "F"))], [("/r", "R")]);
+    let body = "<p><esi:include src=\"/f\"/>-<esi:include src=\"/r\"/>\
+                <esi:choose><esi:when test=\"1==1\">yes</esi:when></esi:choose></p>";
+    let streamed = run(body, &fake, limits()).await.text;
+    let nodes: Arc<[Node]> = crate::esi::parse(body.as_bytes()).into();
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(&fake) as _;
+    let mut out = assemble_parsed(nodes, Arc::new(EsiVars::new()), fetcher, limits());
+    let mut text = String::new();
+    while let Some(item) = out.next().await {
+        text.push_str(&String::from_utf8_lossy(&item.expect("no error")));
+    }
+    assert_eq!(text, "<p>F-Ryes</p>");
+    assert_eq!(text, streamed);
 }
