@@ -10,14 +10,9 @@ const MIB: u64 = 1024 * KIB;
 
 /// Smallest accepted chunk size.
 pub const MIN_CHUNK_SIZE: usize = 4 * 1024;
-/// Largest accepted chunk size. sled writes any log item (a value, or a whole
-/// tree node of up to ~17 values) over a quarter of its segment size to a
-/// blob file of its own, and a failed blob write (ENOSPC) leaks a log
-/// reservation that hangs every later flush. With 4 MiB segments (see
-/// `SEGMENT_SIZE` in the engine) a leaf of 32 KiB chunks stays well under
-/// the 1 MiB threshold, so the store never makes blobs. (64 KiB chunks would
-/// need 8 MiB segments; measured, those wrote slower and used more space.)
-pub const MAX_CHUNK_SIZE: usize = 32 * 1024;
+/// Largest accepted chunk size. Chunks are files of their own (sled holds a
+/// pointer to each), so the bound is about memory per read, not sled.
+pub const MAX_CHUNK_SIZE: usize = 4 * 1024 * 1024;
 
 /// How a [`crate::TieredStore`] is set up.
 ///
@@ -26,7 +21,7 @@ pub const MAX_CHUNK_SIZE: usize = 32 * 1024;
 /// | `dir` | none | sled directory; none = memory only |
 /// | `memory_bytes` | 256 MiB | memory tier budget (bodies + metadata) |
 /// | `disk_bytes` | 1 GiB | bound on the logical bytes kept on disk |
-/// | `chunk_size` | 32 KiB | body chunk size on disk |
+/// | `chunk_size` | 256 KiB | body chunk size on disk (one file per chunk) |
 /// | `flush_every_ms` | 500 | sled's periodic fsync interval |
 /// | `sweep_interval` | 30 s | how often expired objects are removed |
 /// | `disk_cache_bytes` | 32 MiB | sled's own page cache |
@@ -61,7 +56,7 @@ impl Default for StoreConfig {
             dir: None,
             memory_bytes: 256 * MIB,
             disk_bytes: 1024 * MIB,
-            chunk_size: 32 * KIB as usize,
+            chunk_size: 256 * KIB as usize,
             flush_every_ms: 500,
             sweep_interval: Duration::from_secs(30),
             disk_cache_bytes: 32 * MIB,

@@ -220,13 +220,42 @@ struct Usage {
     delta_objects: AtomicI64,
     delta_kv: AtomicI64,
     counted: AtomicBool,
+    /// While recounting: how far the scan of records has come. A change to
+    /// an object the scan has already counted goes to the deltas; a change
+    /// ahead of it is not, the scan will see it.
+    scanned: Mutex<Scanned>,
+}
+
+#[derive(Default)]
+enum Scanned {
+    #[default]
+    Nothing,
+    UpTo(Vec<u8>),
+    All,
+}
+
+impl Scanned {
+    fn passed(&self, key: &str) -> bool {
+        match self {
+            Scanned::Nothing => false,
+            Scanned::UpTo(k) => key.as_bytes() <= k.as_slice(),
+            Scanned::All => true,
+        }
+    }
 }
 
 impl Usage {
-    fn adjust(&self, bytes: i64, objects: i64) {
+    /// Counts a change to the object `key`; callers hold its stripe lock.
+    fn adjust(&self, key: &str, bytes: i64, objects: i64) {
+        if !self.recounting.load(Ordering::Relaxed) {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.objects.fetch_add(objects, Ordering::Relaxed);
+            return;
+        }
+        let scanned = self.scanned.lock();
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.objects.fetch_add(objects, Ordering::Relaxed);
-        if self.recounting.load(Ordering::Relaxed) {
+        if scanned.passed(key) {
             self.delta_bytes.fetch_add(bytes, Ordering::Relaxed);
             self.delta_objects.fetch_add(objects, Ordering::Relaxed);
         }
@@ -499,7 +528,7 @@ impl DiskTier {
                 if let Err(e) = self.delete_object_parts(g, key, &rec, None) {
                     tracing::warn!(key = %key.escape_debug(), error = %e, "could not delete parts of a corrupt object");
                 }
-                self.usage.adjust(-signed(rec.footprint(key, len)), -1);
+                self.usage.adjust(key, -signed(rec.footprint(key, len)), -1);
             }
             None => {
                 // Unknown id: delete every chunk set of the key (no other
@@ -507,7 +536,7 @@ impl DiskTier {
                 let freed = self.delete_chunks_except(g, key, None).unwrap_or(0);
                 let len = raw.map_or(0, |r| r.len()) as u64;
                 self.usage
-                    .adjust(-signed(freed + len + key.len() as u64), -1);
+                    .adjust(key, -signed(freed + len + key.len() as u64), -1);
             }
         }
     }
@@ -646,7 +675,8 @@ impl DiskTier {
                 Some(old.clone())
             }
         };
-        self.usage.adjust(signed(rec.footprint(key, raw.len())), 1);
+        self.usage
+            .adjust(key, signed(rec.footprint(key, raw.len())), 1);
         let Some(old) = old else {
             return Ok(true);
         };
@@ -658,13 +688,13 @@ impl DiskTier {
         match Record::decode(old) {
             Ok(old_rec) => {
                 self.usage
-                    .adjust(-signed(old_rec.footprint(key, old.len())), -1);
+                    .adjust(key, -signed(old_rec.footprint(key, old.len())), -1);
                 self.delete_object_parts(g, key, &old_rec, Some(new))
                     .is_ok()
             }
             Err(_) => {
                 let freed = self.delete_chunks_except(g, key, Some(new.id));
-                self.usage.adjust(-signed(old.len() as u64), -1);
+                self.usage.adjust(key, -signed(old.len() as u64), -1);
                 freed.is_ok()
             }
         }
@@ -775,7 +805,7 @@ impl DiskTier {
         match Record::decode(&raw) {
             Ok(rec) => {
                 self.usage
-                    .adjust(-signed(rec.footprint(key, raw.len())), -1);
+                    .adjust(key, -signed(rec.footprint(key, raw.len())), -1);
                 if let Err(e) = self.delete_object_parts(g, key, &rec, None) {
                     self.remember_orphans(key);
                     return Err(e);
@@ -783,8 +813,11 @@ impl DiskTier {
             }
             Err(_) => {
                 let freed = self.delete_chunks_except(g, key, None).unwrap_or(0);
-                self.usage
-                    .adjust(-signed(freed + raw.len() as u64 + key.len() as u64), -1);
+                self.usage.adjust(
+                    key,
+                    -signed(freed + raw.len() as u64 + key.len() as u64),
+                    -1,
+                );
             }
         }
         Ok(true)
@@ -1010,31 +1043,51 @@ impl DiskTier {
     /// background after open; changes made meanwhile are kept).
     pub(crate) fn recount(&self, stop: &AtomicBool) -> Result<(), StoreError> {
         let u = &self.usage;
-        u.delta_bytes.store(0, Ordering::Relaxed);
-        u.delta_objects.store(0, Ordering::Relaxed);
-        u.delta_kv.store(0, Ordering::Relaxed);
-        u.recounting.store(true, Ordering::Relaxed);
+        {
+            let mut scanned = u.scanned.lock();
+            *scanned = Scanned::Nothing;
+            u.delta_bytes.store(0, Ordering::Relaxed);
+            u.delta_objects.store(0, Ordering::Relaxed);
+            u.delta_kv.store(0, Ordering::Relaxed);
+            u.recounting.store(true, Ordering::Relaxed);
+        }
         let mut bytes = 0u64;
         let mut objects = 0u64;
-        for item in self.engine.range_from(TreeId::Meta, &[]) {
-            let (k, raw) = item?;
+        // A fresh iterator for every key: one opened earlier may not see a
+        // key inserted just ahead of it, which the deltas do not count.
+        let mut from = Vec::new();
+        loop {
+            let Some(item) = self.engine.range_from(TreeId::Meta, &from).next() else {
+                break;
+            };
+            let (k, _) = item?;
+            from = k.to_vec();
+            from.push(0);
             // Checked now and then so a store dropped during a long count
             // does not wait for it.
             if objects.is_multiple_of(1024) && stop.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            objects += 1;
-            let key = String::from_utf8_lossy(&k);
-            bytes += match Record::decode(&raw) {
-                Ok(rec) => rec.footprint(&key, raw.len()),
-                Err(_) => (k.len() + raw.len()) as u64,
-            };
+            // Under the key's lock, no write of it is between its change
+            // and its `adjust`: counted here or in the deltas, never both.
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let _g = self.lock_key(&key);
+            if let Some(raw) = self.engine.get(TreeId::Meta, &k)? {
+                objects += 1;
+                bytes += match Record::decode(&raw) {
+                    Ok(rec) => rec.footprint(&key, raw.len()),
+                    Err(_) => (k.len() + raw.len()) as u64,
+                };
+            }
+            *u.scanned.lock() = Scanned::UpTo(k.to_vec());
         }
+        *u.scanned.lock() = Scanned::All;
         let mut kv = 0u64;
         for item in self.engine.range_from(TreeId::Kv, &[]) {
             let (k, v) = item?;
             kv += KV_ENTRY_OVERHEAD + (k.len() + v.len()) as u64;
         }
+        let _scanned = u.scanned.lock();
         u.bytes.store(
             signed(bytes) + u.delta_bytes.load(Ordering::Relaxed),
             Ordering::Relaxed,

@@ -87,8 +87,11 @@ fn round_trip_small_and_multi_chunk_from_disk() {
     s.put("empty\u{1}", meta(60_000, &[]), empty.clone())
         .unwrap();
     assert_eq!(m.body_len, 1 << 20);
-    // 1 MiB at 32 KiB per chunk: 32 chunks, plus 1 for the small body.
-    assert_eq!(count(s.disk().unwrap().engine(), TreeId::Chunks), 33);
+    // 1 MiB in chunks, plus 1 for the small body.
+    assert_eq!(
+        count(s.disk().unwrap().engine(), TreeId::Chunks),
+        chunks(1 << 20) + 1
+    );
     assert_eq!(s.get("big\u{1}").unwrap().unwrap().body, big);
     assert_eq!(s.stats().hits_memory, 1);
     forget_memory(&s);
@@ -530,7 +533,7 @@ fn concurrent_writers_and_readers_never_see_corruption() {
     // No chunk leaked: every chunk belongs to a live record.
     let live: usize = (0..7)
         .filter_map(|i| s.get(&format!("k{i}")).unwrap())
-        .map(|o| o.meta.body_len.div_ceil(crate::MAX_CHUNK_SIZE as u64) as usize)
+        .map(|o| chunks(o.meta.body_len as usize))
         .sum();
     assert_eq!(count(e, TreeId::Chunks), live);
 }

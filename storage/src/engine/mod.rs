@@ -4,6 +4,7 @@
 //! in `disk.rs` on top of this trait, so replacing sled means writing one
 //! small adapter. Tests wrap the sled engine to inject write failures.
 
+mod chunk_files;
 mod sled_engine;
 
 use std::ops::Deref;
@@ -84,6 +85,10 @@ pub(crate) type Entries<'a> = Box<dyn Iterator<Item = Result<(Value, Value), Sto
 ///
 /// Single-key operations are atomic. There is no cross-key atomicity: the
 /// layout orders its writes so any prefix of them is detectable.
+///
+/// The `chunks` tree holds bulk bytes an engine may keep outside its tree
+/// (sled's keeps them in files): there `insert` and `remove` need not return
+/// the previous value (`None`), and `compare_and_swap` may be refused.
 pub(crate) trait DiskEngine: Send + Sync {
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError>;
     fn insert(&self, tree: TreeId, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError>;

@@ -4,6 +4,9 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
+use std::collections::HashSet;
+
+use super::chunk_files::{ChunkFiles, Pointer};
 use super::{DiskEngine, Entries, TreeId, Value};
 use crate::error::from_io;
 use crate::{StoreConfig, StoreError};
@@ -21,6 +24,8 @@ const SEGMENT_SIZE: usize = 4 * 1024 * 1024;
 pub(crate) struct SledEngine {
     db: sled::Db,
     trees: Vec<sled::Tree>,
+    /// The bytes of the `chunks` tree (which holds [`Pointer`]s).
+    chunks: ChunkFiles,
 }
 
 /// An opened engine and, if the old database was unusable, where it went.
@@ -62,10 +67,21 @@ fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure>
             .iter()
             .map(|t| db.open_tree(t.name()))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok::<_, sled::Error>(SledEngine { db, trees })
+        // The files the chunk pointers name; any other file is an orphan.
+        let mut live = HashSet::new();
+        for item in trees[TreeId::Chunks.index()].iter().values() {
+            if let Ok(p) = Pointer::decode(&item?) {
+                live.insert(p.file);
+            }
+        }
+        Ok::<_, sled::Error>((db, trees, live))
     }));
     match opened {
-        Ok(Ok(engine)) => Ok(engine),
+        Ok(Ok((db, trees, live))) => match ChunkFiles::open(dir, &live) {
+            Ok(chunks) => Ok(SledEngine { db, trees, chunks }),
+            Err(StoreError::Full) => Err(OpenFailure::NoSpace),
+            Err(e) => Err(OpenFailure::Broken(format!("chunk files: {e}"))),
+        },
         Ok(Err(sled::Error::Io(e))) if e.to_string().contains("could not acquire lock") => {
             Err(OpenFailure::Locked)
         }
@@ -206,14 +222,67 @@ impl SledEngine {
     fn tree(&self, t: TreeId) -> &sled::Tree {
         &self.trees[t.index()]
     }
+
+    /// The bytes behind a chunk pointer. In a scan, a pointer that does not
+    /// decode or names a missing or short file yields an empty value: the
+    /// layout's length check then calls the body corrupt, and cleanups that
+    /// only want the keys still see them.
+    fn chunk_value(&self, ptr: &[u8]) -> Result<Value, StoreError> {
+        let Ok(p) = Pointer::decode(ptr) else {
+            return Ok(Value::Owned(Vec::new()));
+        };
+        match self.chunks.read(p) {
+            Ok(v) => Ok(Value::Owned(v)),
+            Err(StoreError::Corrupt(_)) => Ok(Value::Owned(Vec::new())),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn chunk_entries<'a>(&'a self, inner: Entries<'a>) -> Entries<'a> {
+        Box::new(inner.map(move |r| {
+            let (k, ptr) = r?;
+            Ok((k, self.chunk_value(&ptr)?))
+        }))
+    }
+
+    /// Deletes the file of a pointer taken out of the `chunks` tree.
+    fn drop_chunk(&self, old: Option<sled::IVec>) {
+        if let Some(p) = old.and_then(|v| Pointer::decode(&v).ok()) {
+            self.chunks.remove(p);
+        }
+    }
 }
 
 impl DiskEngine for SledEngine {
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError> {
-        Ok(self.tree(tree).get(key).map_err(map_sled)?.map(Value::Sled))
+        let v = self.tree(tree).get(key).map_err(map_sled)?;
+        match (tree, v) {
+            (TreeId::Chunks, Some(ptr)) => {
+                let p = Pointer::decode(&ptr)?;
+                Ok(Some(Value::Owned(self.chunks.read(p)?)))
+            }
+            (_, v) => Ok(v.map(Value::Sled)),
+        }
     }
 
     fn insert(&self, tree: TreeId, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError> {
+        if tree == TreeId::Chunks {
+            let len = u32::try_from(value.len())
+                .map_err(|_| StoreError::Engine("chunk over 4 GiB".into()))?;
+            let p = Pointer {
+                file: self.db.generate_id().map_err(map_sled)?,
+                len,
+            };
+            self.chunks.write(p.file, value)?;
+            match self.tree(tree).insert(key, &p.encode()[..]) {
+                Ok(old) => self.drop_chunk(old),
+                Err(e) => {
+                    self.chunks.remove(p);
+                    return Err(map_sled(e));
+                }
+            }
+            return Ok(None);
+        }
         Ok(self
             .tree(tree)
             .insert(key, value)
@@ -222,6 +291,11 @@ impl DiskEngine for SledEngine {
     }
 
     fn remove(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        if tree == TreeId::Chunks {
+            let old = self.tree(tree).remove(key).map_err(map_sled)?;
+            self.drop_chunk(old);
+            return Ok(None);
+        }
         Ok(self
             .tree(tree)
             .remove(key)
@@ -236,6 +310,11 @@ impl DiskEngine for SledEngine {
         old: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool, StoreError> {
+        if tree == TreeId::Chunks {
+            return Err(StoreError::Engine(
+                "compare-and-swap is not supported on chunks".into(),
+            ));
+        }
         let r = self
             .tree(tree)
             .compare_and_swap(key, old, new.map(sled::IVec::from))
@@ -244,11 +323,19 @@ impl DiskEngine for SledEngine {
     }
 
     fn scan_prefix(&self, tree: TreeId, prefix: &[u8]) -> Entries<'_> {
-        entries(self.tree(tree).scan_prefix(prefix))
+        let e = entries(self.tree(tree).scan_prefix(prefix));
+        match tree {
+            TreeId::Chunks => self.chunk_entries(e),
+            _ => e,
+        }
     }
 
     fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_> {
-        entries(self.tree(tree).range(start.to_vec()..))
+        let e = entries(self.tree(tree).range(start.to_vec()..));
+        match tree {
+            TreeId::Chunks => self.chunk_entries(e),
+            _ => e,
+        }
     }
 
     fn generate_id(&self) -> Result<u64, StoreError> {
@@ -260,6 +347,6 @@ impl DiskEngine for SledEngine {
     }
 
     fn size_on_disk(&self) -> Result<u64, StoreError> {
-        self.db.size_on_disk().map_err(map_sled)
+        Ok(self.db.size_on_disk().map_err(map_sled)? + self.chunks.bytes())
     }
 }
