@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use futures_util::stream::{self, StreamExt};
 use http::{HeaderMap, HeaderValue};
 use inlay::esi::{
-    BoxError, EsiError, EsiLimits, EsiVars, FailureReason, Fragment, FragmentError,
+    BoxError, EsiError, EsiLimits, EsiVars, FailureReason, Fetch, Fragment, FragmentError,
     FragmentFetcher, assemble,
 };
 
@@ -20,10 +19,10 @@ use inlay::esi::{
 struct MapFetcher(HashMap<&'static str, (u16, &'static str, bool)>);
 
 impl FragmentFetcher for MapFetcher {
-    fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>> {
+    fn fetch(&self, src: &str) -> Fetch {
         let found = self.0.get(src).copied();
         let src = src.to_owned();
-        Box::pin(async move {
+        Fetch::Pending(Box::pin(async move {
             let (status, body, esi) = found.ok_or(FragmentError::NotAllowed(src))?;
             // Two chunks, so bodies are really streamed.
             let (a, b) = body.split_at(body.len() / 2);
@@ -36,7 +35,7 @@ impl FragmentFetcher for MapFetcher {
                 body: stream::iter(chunks).boxed(),
                 esi,
             })
-        })
+        }))
     }
 }
 

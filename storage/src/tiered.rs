@@ -254,29 +254,26 @@ impl Inner {
     }
 
     fn keys_with_prefix(&self, prefix: &str) -> Result<BTreeSet<String>, StoreError> {
-        let mut keys: BTreeSet<String> = self
-            .memory
-            .tier
-            .keys_with_prefix(prefix)
-            .iter()
-            .map(|k| k.to_string())
-            .collect();
-        if let Some(disk) = &self.disk {
-            keys.extend(disk.keys_with_prefix(prefix)?);
-        }
-        Ok(keys)
+        self.keys_in_both(self.memory.tier.keys_with_prefix(prefix), |d| {
+            d.keys_with_prefix(prefix)
+        })
     }
 
     fn keys_for_surrogate(&self, skey: &str) -> Result<BTreeSet<String>, StoreError> {
-        let mut keys: BTreeSet<String> = self
-            .memory
-            .tier
-            .keys_for_surrogate(skey)
-            .iter()
-            .map(|k| k.to_string())
-            .collect();
-        if let Some(disk) = &self.disk {
-            keys.extend(disk.keys_for_surrogate(skey)?);
+        self.keys_in_both(self.memory.tier.keys_for_surrogate(skey), |d| {
+            d.keys_for_surrogate(skey)
+        })
+    }
+
+    /// The keys the memory tier found, with those the disk tier finds.
+    fn keys_in_both(
+        &self,
+        memory: Vec<Arc<str>>,
+        disk: impl FnOnce(&DiskTier) -> Result<Vec<String>, StoreError>,
+    ) -> Result<BTreeSet<String>, StoreError> {
+        let mut keys: BTreeSet<String> = memory.iter().map(|k| k.to_string()).collect();
+        if let Some(d) = &self.disk {
+            keys.extend(disk(d)?);
         }
         Ok(keys)
     }

@@ -98,21 +98,29 @@ pub enum FragmentError {
     Fetch(#[source] BoxError),
 }
 
+/// What a [`FragmentFetcher`] gives for a source.
+pub enum Fetch {
+    /// The whole body of a plain 2xx fragment (not ESI itself), at hand now,
+    /// such as a fresh cache hit: written in place, with no task.
+    Ready(Bytes),
+    /// A fetch to await. Its work must start when it is first polled: the
+    /// assembler may create it before a concurrency slot is free.
+    Pending(BoxFuture<'static, Result<Fragment, FragmentError>>),
+}
+
+impl Fetch {
+    /// A fetch that fails with `e` when awaited.
+    pub fn failed(e: FragmentError) -> Self {
+        Fetch::Pending(Box::pin(std::future::ready(Err(e))))
+    }
+}
+
 /// Fetches include sources. The host implements it with its backend
 /// fetcher; tests use fakes.
 pub trait FragmentFetcher: Send + Sync + 'static {
-    /// Start fetching `src` (after variable substitution, as written in the
-    /// page: relative or absolute).
-    fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>>;
-
-    /// The whole body of `src` when it is at hand now (a fresh cache hit
-    /// that is a plain 2xx fragment, not ESI itself): the include is then
-    /// written in place, with no task and no fetch. `None` sends the include
-    /// down the [`FragmentFetcher::fetch`] path, which must give the same
-    /// bytes.
-    fn ready(&self, _src: &str) -> Option<Bytes> {
-        None
-    }
+    /// Fetch `src` (after variable substitution, as written in the page:
+    /// relative or absolute).
+    fn fetch(&self, src: &str) -> Fetch;
 }
 
 /// Why one include failed.
@@ -553,18 +561,22 @@ fn eval_nodes(nodes: &[Node], page: &Arc<Page>, depth: u32, slots: &mut VecDeque
             }
             Node::Include(inc) => {
                 let src = inc.src.render_string(&page.vars);
-                if let Some(body) = ready_include(&src, page, depth + 1) {
-                    debug!(src = %src, depth = depth + 1, "esi include served in place");
-                    if !body.is_empty() {
-                        slots.push_back(Slot::Ready(body));
+                let first = match start_include(&src, page, depth + 1) {
+                    Ok(body) => {
+                        debug!(src = %src, depth = depth + 1, "esi include served in place");
+                        if !body.is_empty() {
+                            slots.push_back(Slot::Ready(body));
+                        }
+                        continue;
                     }
-                    continue;
-                }
+                    Err(first) => first,
+                };
                 let alt = inc.alt.as_ref().map(|a| a.render_string(&page.vars));
                 let (tx, rx) = mpsc::unbounded_channel();
                 debug!(src = %src, depth = depth + 1, "esi include seen");
                 let task = tokio::spawn(include_task(
                     src.clone(),
+                    first,
                     alt,
                     inc.onerror_continue,
                     Arc::clone(page),
@@ -599,24 +611,28 @@ fn eval_nodes(nodes: &[Node], page: &Arc<Page>, depth: u32, slots: &mut VecDeque
     }
 }
 
-/// The include's body if the fetcher has it at hand and the page's limits
-/// allow the include; it then counts against the page's include budget like
-/// a fetched one. Otherwise `None`, and [`include_task`] applies the limits
-/// and the fallbacks.
-fn ready_include(src: &str, page: &Page, depth: u32) -> Option<Bytes> {
+/// Asks the fetcher for an include as soon as its tag is parsed. `Ok`: the
+/// body was at hand and the page's limits allow it (it counts against the
+/// include budget like a fetched one). `Err`: what [`include_task`] starts
+/// from (`None` when a limit already stops the include there).
+fn start_include(src: &str, page: &Page, depth: u32) -> Result<Bytes, Option<Fetch>> {
     if depth > page.limits.max_depth || Instant::now() >= page.deadline {
-        return None;
+        return Err(None);
     }
-    let body = page.fetcher.ready(src)?;
-    if page.includes.fetch_add(1, Ordering::Relaxed) >= page.limits.max_includes {
-        return None;
+    match page.fetcher.fetch(src) {
+        Fetch::Ready(body)
+            if page.includes.fetch_add(1, Ordering::Relaxed) < page.limits.max_includes =>
+        {
+            Ok(body)
+        }
+        other => Err(Some(other)),
     }
-    Some(body)
 }
 
 /// Serve one include into its slot: src, else alt, else continue or fail.
 async fn include_task(
     src: String,
+    first_fetch: Option<Fetch>,
     alt: Option<String>,
     onerror_continue: bool,
     page: Arc<Page>,
@@ -627,7 +643,7 @@ async fn include_task(
         tx: tx.clone(),
         sent: false,
     };
-    let first = match serve(&src, &page, depth, &mut out).await {
+    let first = match serve(&src, first_fetch, &page, depth, &mut out).await {
         Ok(()) => {
             let _ = tx.send(Ev::End);
             return;
@@ -640,7 +656,7 @@ async fn include_task(
         if out.take_sent() {
             let _ = tx.send(Ev::Reset);
         }
-        match serve(&alt, &page, depth, &mut out).await {
+        match serve(&alt, None, &page, depth, &mut out).await {
             Ok(()) => {
                 let _ = tx.send(Ev::End);
                 return;
@@ -673,8 +689,15 @@ fn failure_reason(e: DriveError) -> FailureReason {
     }
 }
 
-/// Fetch one source and write its (possibly assembled) body to `out`.
-async fn serve(src: &str, page: &Arc<Page>, depth: u32, out: &mut Out) -> Result<(), DriveError> {
+/// Fetch one source (or await `fetch`, already asked for it) and write its
+/// (possibly assembled) body to `out`.
+async fn serve(
+    src: &str,
+    fetch: Option<Fetch>,
+    page: &Arc<Page>,
+    depth: u32,
+    out: &mut Out,
+) -> Result<(), DriveError> {
     let fail = |r| Err(DriveError::Source(r));
     if depth > page.limits.max_depth {
         return fail(FailureReason::DepthExceeded(page.limits.max_depth));
@@ -685,6 +708,11 @@ async fn serve(src: &str, page: &Arc<Page>, depth: u32, out: &mut Out) -> Result
     if Instant::now() >= page.deadline {
         return fail(FailureReason::PageDeadline);
     }
+    // A body at hand needs no concurrency slot.
+    let pending = match fetch.unwrap_or_else(|| page.fetcher.fetch(src)) {
+        Fetch::Ready(body) => return out.data(body).await,
+        Fetch::Pending(f) => f,
+    };
     let permit = match timeout_at(page.deadline, Arc::clone(&page.permits).acquire_owned()).await {
         Ok(Ok(p)) => p,
         Ok(Err(_)) => return fail(FailureReason::TaskLost),
@@ -696,7 +724,7 @@ async fn serve(src: &str, page: &Arc<Page>, depth: u32, out: &mut Out) -> Result
         _ => (page.deadline, Expiry::Page),
     };
     debug!(src, depth, "esi fragment fetch started");
-    let frag = match timeout_at(until, page.fetcher.fetch(src)).await {
+    let frag = match timeout_at(until, pending).await {
         Ok(Ok(f)) => f,
         Ok(Err(e)) => return fail(FailureReason::Fetch(e)),
         Err(_) => return fail(expiry.reason()),

@@ -17,8 +17,8 @@
 //!   stream, fetching fragments through a [`FragmentFetcher`];
 //!   [`assemble_parsed`] does the same from a template parsed earlier, kept
 //!   by content in [`ParsedTemplates`]. A fragment the fetcher has at hand
-//!   ([`FragmentFetcher::ready`], a fresh cache hit) is written in place
-//!   without a task.
+//!   ([`Fetch::Ready`], a fresh cache hit) is written in place without a
+//!   task.
 //!
 //! # Language
 //!
@@ -91,7 +91,7 @@ pub mod templates;
 pub mod vars;
 
 pub use assemble::{
-    EsiError, EsiLimits, FailureReason, Fragment, FragmentError, FragmentFetcher, assemble,
+    EsiError, EsiLimits, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher, assemble,
     assemble_parsed,
 };
 pub use expr::{CmpOp, EvalError, Expr, ExprError};

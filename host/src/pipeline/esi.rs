@@ -13,7 +13,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Response, Uri, header};
 use http_body_util::{BodyExt, StreamBody};
@@ -24,7 +23,7 @@ use crate::body::{self, BoxError, ProxyBody};
 use crate::cache::ESI_MARK;
 use crate::codec;
 use crate::config::EsiConfig;
-use crate::esi::{EsiLimits, EsiVars, Fragment, FragmentError, FragmentFetcher};
+use crate::esi::{EsiLimits, EsiVars, Fetch, Fragment, FragmentError, FragmentFetcher};
 
 /// The limits of the config, in the assembler's terms.
 pub fn limits(cfg: &EsiConfig) -> EsiLimits {
@@ -261,33 +260,37 @@ impl IncludeFetcher {
     }
 }
 
-impl FragmentFetcher for IncludeFetcher {
-    fn ready(&self, src: &str) -> Option<Bytes> {
-        let head = self.resolve(src).ok()?;
+impl IncludeFetcher {
+    /// The body of a fresh cache hit that is a plain 2xx fragment. Anything
+    /// else (a failure that may fall back to `alt`, a nested ESI fragment,
+    /// an encoded body, a miss) is fetched through the cache.
+    fn at_hand(&self, head: &RequestHead) -> Option<Bytes> {
         let obj = self
             .pipeline
             .cache
-            .get_fresh(&lookup::primary_key(&head), &head.headers)?;
-        // Anything but a plain 2xx body (a failure that may fall back to
-        // `alt`, a nested ESI fragment, an encoded body) takes `fetch`.
+            .get_fresh(&lookup::primary_key(head), &head.headers)?;
         let plain = obj.meta.headers.iter().all(|(name, _)| {
             name != ESI_MARK && !name.eq_ignore_ascii_case(header::CONTENT_ENCODING.as_str())
         });
         ((200..300).contains(&obj.meta.status) && plain).then_some(obj.body)
     }
+}
 
-    fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>> {
-        let resolved = self.resolve(src);
+impl FragmentFetcher for IncludeFetcher {
+    fn fetch(&self, src: &str) -> Fetch {
+        let head = match self.resolve(src) {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(src = %src, "ESI include refused: {e}");
+                return Fetch::failed(e);
+            }
+        };
+        if let Some(body) = self.at_hand(&head) {
+            return Fetch::Ready(body);
+        }
         let pipeline = self.pipeline.clone();
         let src = src.to_owned();
-        Box::pin(async move {
-            let head = match resolved {
-                Ok(h) => h,
-                Err(e) => {
-                    warn!(src = %src, "ESI include refused: {e}");
-                    return Err(e);
-                }
-            };
+        Fetch::Pending(Box::pin(async move {
             let out = pipeline
                 .fetch_for_include(&head)
                 .await
@@ -299,6 +302,6 @@ impl FragmentFetcher for IncludeFetcher {
                 FragmentError::InvalidSrc(format!("{src}: undecodable Content-Encoding"))
             })?;
             Ok(Fragment { status, body, esi })
-        })
+        }))
     }
 }

@@ -270,6 +270,33 @@ impl PolicyCall {
         }
     }
 
+    /// Lends both heads; if the second cannot be lent, the first is taken
+    /// back, so nothing stays lent on an error.
+    fn lend_both(
+        &mut self,
+        req: &mut RequestHead,
+        resp: &mut ResponseHead,
+    ) -> Result<(Resource<RequestHead>, Resource<ResponseHead>), PolicyError> {
+        let req_owned = self.lend_request(req)?;
+        match self.lend_response(resp) {
+            Ok(resp_owned) => Ok((req_owned, resp_owned)),
+            Err(e) => {
+                self.take_back_request(req_owned, req);
+                Err(e)
+            }
+        }
+    }
+
+    fn take_back_both(
+        &mut self,
+        (req_owned, resp_owned): (Resource<RequestHead>, Resource<ResponseHead>),
+        req: &mut RequestHead,
+        resp: &mut ResponseHead,
+    ) {
+        self.take_back_response(resp_owned, resp);
+        self.take_back_request(req_owned, req);
+    }
+
     /// Turns the guest call's result into the caller's, and clears the
     /// failed mark on success.
     fn finish<T>(&mut self, hook: Hook, result: wasmtime::Result<T>) -> Result<T, PolicyError> {
@@ -326,14 +353,7 @@ impl PolicyCall {
         let span = tracing::debug_span!("policy.on_backend_response", policy = %self.policy.name());
         async move {
             self.begin(hook)?;
-            let req_owned = self.lend_request(req)?;
-            let resp_owned = match self.lend_response(resp) {
-                Ok(r) => r,
-                Err(e) => {
-                    self.take_back_request(req_owned, req);
-                    return Err(e);
-                }
-            };
+            let (req_owned, resp_owned) = self.lend_both(req, resp)?;
             let settings = settings_to_wit(defaults);
             let result = self
                 .bindings
@@ -345,8 +365,7 @@ impl PolicyCall {
                     &settings,
                 )
                 .await;
-            self.take_back_response(resp_owned, resp);
-            self.take_back_request(req_owned, req);
+            self.take_back_both((req_owned, resp_owned), req, resp);
             self.finish(hook, result).map(settings_from_wit)
         }
         .instrument(span)
@@ -364,14 +383,7 @@ impl PolicyCall {
         let span = tracing::debug_span!("policy.on_deliver", policy = %self.policy.name());
         async move {
             self.begin(hook)?;
-            let req_owned = self.lend_request(req)?;
-            let resp_owned = match self.lend_response(resp) {
-                Ok(r) => r,
-                Err(e) => {
-                    self.take_back_request(req_owned, req);
-                    return Err(e);
-                }
-            };
+            let (req_owned, resp_owned) = self.lend_both(req, resp)?;
             let result = self
                 .bindings
                 .inlay_policy_handler()
@@ -381,8 +393,7 @@ impl PolicyCall {
                     Resource::new_borrow(resp_owned.rep()),
                 )
                 .await;
-            self.take_back_response(resp_owned, resp);
-            self.take_back_request(req_owned, req);
+            self.take_back_both((req_owned, resp_owned), req, resp);
             self.finish(hook, result)
         }
         .instrument(span)

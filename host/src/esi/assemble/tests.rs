@@ -64,7 +64,7 @@ struct Log {
 
 struct Fake {
     frags: HashMap<&'static str, Frag>,
-    /// Bodies at hand (`FragmentFetcher::ready`), like fresh cache hits.
+    /// Bodies at hand (`Fetch::Ready`), like fresh cache hits.
     ready: HashMap<&'static str, &'static str>,
     log: Arc<Mutex<Log>>,
     t0: Instant,
@@ -130,22 +130,20 @@ impl Fake {
 }
 
 impl FragmentFetcher for Fake {
-    fn ready(&self, src: &str) -> Option<Bytes> {
-        self.ready
-            .get(src)
-            .map(|b| Bytes::from_static(b.as_bytes()))
-    }
-
-    fn fetch(&self, src: &str) -> BoxFuture<'static, Result<Fragment, FragmentError>> {
+    fn fetch(&self, src: &str) -> Fetch {
+        if let Some(b) = self.ready.get(src) {
+            return Fetch::Ready(Bytes::from_static(b.as_bytes()));
+        }
         let t0 = self.t0;
         let log = Arc::clone(&self.log);
-        log.lock()
-            .expect("log")
-            .started
-            .push((src.to_owned(), t0.elapsed()));
         let src = src.to_owned();
         let frag = self.frags.get(src.as_str()).cloned();
-        Box::pin(async move {
+        Fetch::Pending(Box::pin(async move {
+            // A fetch starts when it is first polled (see `Fetch::Pending`).
+            log.lock()
+                .expect("log")
+                .started
+                .push((src.clone(), t0.elapsed()));
             let Some(f) = frag else {
                 return Err(FragmentError::NotAllowed(src));
             };
@@ -185,7 +183,7 @@ impl FragmentFetcher for Fake {
                 body: body.boxed(),
                 esi: f.esi,
             })
-        })
+        }))
     }
 }
 
