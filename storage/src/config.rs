@@ -21,7 +21,7 @@ pub const MAX_CHUNK_SIZE: usize = 4 * 1024 * 1024;
 /// | `dir` | none | sled directory; none = memory only |
 /// | `memory_bytes` | 256 MiB | memory tier budget (bodies + metadata) |
 /// | `disk_bytes` | 1 GiB | bound on the logical bytes kept on disk |
-/// | `chunk_size` | 256 KiB | body chunk size on disk (one file per chunk) |
+/// | `chunk_size` | 1 MiB | body chunk size on disk (one file per chunk; a body of one chunk is read without a copy) |
 /// | `flush_every_ms` | 500 | sled's periodic fsync interval |
 /// | `sweep_interval` | 30 s | how often expired objects are removed |
 /// | `disk_cache_bytes` | 32 MiB | sled's own page cache |
@@ -56,7 +56,7 @@ impl Default for StoreConfig {
             dir: None,
             memory_bytes: 256 * MIB,
             disk_bytes: 1024 * MIB,
-            chunk_size: 256 * KIB as usize,
+            chunk_size: MIB as usize,
             flush_every_ms: 500,
             sweep_interval: Duration::from_secs(30),
             disk_cache_bytes: 32 * MIB,

@@ -463,7 +463,7 @@ impl DiskTier {
         let n = rec.chunk_count();
         let chunk_size = u64::from(rec.chunk_size);
         let prefix = chunk_set_prefix(key, rec.id);
-        let mut body = BytesMut::with_capacity(usize::try_from(body_len).unwrap_or(0));
+        let mut chunks = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
         let mut next: u64 = 0;
         for item in self.engine.scan_prefix(TreeId::Chunks, &prefix) {
             let (k, v) = item?;
@@ -487,7 +487,7 @@ impl DiskTier {
                     v.len()
                 )));
             }
-            body.extend_from_slice(&v);
+            chunks.push(v);
             next += 1;
         }
         if next != n {
@@ -495,10 +495,19 @@ impl DiskTier {
                 "only {next} of {n} chunks present"
             )));
         }
+        // A body in one chunk is used as read; more are joined.
+        let body = match <[Value; 1]>::try_from(chunks) {
+            Ok([only]) => only.into_bytes(),
+            Err(chunks) => {
+                let mut body = BytesMut::with_capacity(usize::try_from(body_len).unwrap_or(0));
+                chunks.iter().for_each(|c| body.extend_from_slice(c));
+                body.freeze()
+            }
+        };
         if crc32fast::hash(&body) != rec.meta.checksum {
             return Err(BodyError::Corrupt("body checksum mismatch".into()));
         }
-        Ok(body.freeze())
+        Ok(body)
     }
 
     /// Drops an object that failed verification: logs it, removes the record

@@ -14,7 +14,7 @@
 //!   and expiry. Used alone it is the memory-only store.
 //! * **Disk tier** (inside [`TieredStore`]): sled 0.34, behind the internal
 //!   `DiskEngine` trait so the engine can be swapped. Bodies are split in
-//!   chunks (256 KiB by default), each a file of its own under
+//!   chunks (1 MiB by default), each a file of its own under
 //!   `<dir>/chunks/` with a pointer in sled's `chunks` tree (sled keeps
 //!   what it reads in memory and replays its log at open, so bulk bytes stay
 //!   out of it); the metadata record is written last, so a torn write leaves no record or a record whose chunks
@@ -65,7 +65,7 @@
 //!   ([`StoreError::Full`]) is not, and `open` fails: the host may then run
 //!   memory-only.
 //!
-//! # Cost (criterion, `cargo bench -p inlay-storage --bench store`, 2 shared cores)
+//! # Cost (criterion, `cargo bench -p inlay-storage --bench store`, 2 shared cores; measured with the chunks inside sled, before chunk files)
 //!
 //! | operation | 16 KiB | 1 MiB |
 //! |---|---|---|

@@ -75,7 +75,9 @@ impl ChunkFiles {
     /// not in `live` (left by a crash between a file and its pointer).
     pub(crate) fn open(db_dir: &Path, live: &HashSet<u64>) -> Result<ChunkFiles, StoreError> {
         let dir = db_dir.join("chunks");
-        fs::create_dir_all(&dir).map_err(from_io)?;
+        for fan in 0..=0xffu64 {
+            fs::create_dir_all(dir.join(fan_out(fan))).map_err(from_io)?;
+        }
         let mut bytes = 0;
         let mut orphans = 0u64;
         for sub in fs::read_dir(&dir).map_err(from_io)? {
@@ -112,31 +114,17 @@ impl ChunkFiles {
     }
 
     fn path(&self, file: u64) -> PathBuf {
-        self.dir
-            .join(format!("{:02x}", file & 0xff))
-            .join(format!("{file:016x}"))
+        self.dir.join(fan_out(file)).join(format!("{file:016x}"))
     }
 
     /// Writes a new file `file` holding `data`. A failed write leaves no file.
     pub(crate) fn write(&self, file: u64, data: &[u8]) -> Result<(), StoreError> {
         let path = self.path(file);
-        let written = (|| {
-            let mut f = match fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Err(e) if e.kind() == ErrorKind::NotFound => {
-                    fs::create_dir_all(path.parent().unwrap_or(&self.dir))?;
-                    fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .open(&path)?
-                }
-                other => other?,
-            };
-            f.write_all(data)
-        })();
+        let written = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(data));
         match written {
             Ok(()) => {
                 self.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -182,10 +170,11 @@ impl ChunkFiles {
     pub(crate) fn remove(&self, p: Pointer) {
         match fs::remove_file(self.path(p.file)) {
             Ok(()) => {
-                self.bytes.fetch_sub(
-                    u64::from(p.len).min(self.bytes.load(Ordering::Relaxed)),
-                    Ordering::Relaxed,
-                );
+                let _ = self
+                    .bytes
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                        Some(b.saturating_sub(u64::from(p.len)))
+                    });
             }
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => {
@@ -199,4 +188,10 @@ impl ChunkFiles {
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
+}
+
+/// The subdirectory of a file: its id's low byte, so no directory holds
+/// more than a 256th of the files.
+fn fan_out(file: u64) -> String {
+    format!("{:02x}", file & 0xff)
 }

@@ -58,7 +58,7 @@ impl TreeId {
 #[derive(Clone)]
 pub(crate) enum Value {
     Sled(sled::IVec),
-    #[allow(dead_code)] // for engines that hand out owned buffers
+    /// Read from a file (chunks).
     Owned(Vec<u8>),
 }
 
@@ -68,6 +68,16 @@ impl Deref for Value {
         match self {
             Value::Sled(v) => v,
             Value::Owned(v) => v,
+        }
+    }
+}
+
+impl Value {
+    /// The bytes as `Bytes`, without a copy where the value owns them.
+    pub(crate) fn into_bytes(self) -> bytes::Bytes {
+        match self {
+            Value::Sled(v) => bytes::Bytes::copy_from_slice(&v),
+            Value::Owned(v) => bytes::Bytes::from(v),
         }
     }
 }

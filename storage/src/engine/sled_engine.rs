@@ -1,10 +1,9 @@
 //! The sled 0.34 engine, and opening it without ever failing on a corrupt
 //! database: one that will not open is moved aside and replaced.
 
+use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-
-use std::collections::HashSet;
 
 use super::chunk_files::{ChunkFiles, Pointer};
 use super::{DiskEngine, Entries, TreeId, Value};
