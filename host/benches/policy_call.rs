@@ -1,5 +1,7 @@
 //! Per-request cost of a policy: a fresh instance from the pool, the three
-//! hooks, and dropping the instance.
+//! hooks, and dropping the instance; and (`<name>/replayed`) the same
+//! request answered from the paths recorded by earlier ones
+//! (`runtime::memo`), as repeated requests are.
 //!
 //! Run: `cargo bench -p inlay --bench policy_call`
 //! Policies: `headers` from `target/policies/` (`make policies`) or
@@ -161,15 +163,24 @@ fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
             name: name.clone(),
             // INLAY_BENCH_COLD=1 measures instances of the file as it is.
             prewarm: std::env::var_os("INLAY_BENCH_COLD").is_none(),
+            // The instance's cost; `replayed` below measures the other path.
+            memo_bytes: 0,
         };
         let started = Instant::now();
+        let replaying = PolicySource {
+            memo_bytes: 16 << 20,
+            ..source.clone()
+        };
         let policy = LoadedPolicy::compile(engine, source).expect("compile");
         eprintln!(
             "compiled {name} in {:?} (pre-warmed: {})",
             started.elapsed(),
             policy.prewarmed()
         );
-        out.push((name, policy));
+        out.push((name.clone(), policy));
+        // The same policy answering repeated requests from recorded paths.
+        let policy = LoadedPolicy::compile(engine, replaying).expect("compile");
+        out.push((format!("{name}/replayed"), policy));
     }
     out
 }
@@ -190,6 +201,9 @@ fn main() {
             group.bench_function(format!("{name}/request"), |b| {
                 b.to_async(&runtime).iter(|| one_request(policy, &services));
             });
+            if name.ends_with("/replayed") {
+                continue;
+            }
             // The floor: a fresh instance and its drop, no hook.
             group.bench_function(format!("{name}/instantiate"), |b| {
                 b.to_async(&runtime).iter(|| async {

@@ -14,7 +14,7 @@ use crate::access_log::AccessLog;
 use crate::cache::HttpCache;
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::pipeline::Pipeline;
-use crate::runtime::{PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
+use crate::runtime::{LoadedPolicy, PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 
 /// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
 #[derive(Debug, Parser)]
@@ -168,11 +168,14 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         policy.clone(),
         access_log,
     ));
-    if let (Some(slot), Some(pc)) = (policy, cfg.policy.clone()) {
+    if let (Some(slot), Some(pc)) = (policy.clone(), cfg.policy.clone()) {
         tokio::spawn(reload_on_sighup(slot, pc));
     }
     let cache = pipeline.cache().clone();
     crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown_signal()).await;
+    if let Some(slot) = &policy {
+        log_replay_stats(&slot.current());
+    }
     // sled fsyncs periodically: flush so a clean stop loses nothing.
     match tokio::task::spawn_blocking(move || cache.store().flush()).await {
         Ok(Ok(())) => info!("cache flushed"),
@@ -180,6 +183,22 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         Err(e) => error!(error = %e, "flushing the cache at shutdown failed"),
     }
     Ok(())
+}
+
+/// How a policy generation's hooks were answered: from recorded paths
+/// (`replayed`) or by instances (`live`).
+fn log_replay_stats(policy: &LoadedPolicy) {
+    if let Some(stats) = policy.memo_stats() {
+        info!(
+            policy = %policy.name(),
+            generation = policy.generation(),
+            replayed = stats.replayed,
+            live = stats.live,
+            resets = stats.resets,
+            bytes = stats.bytes,
+            "policy hooks replayed from recorded paths"
+        );
+    }
 }
 
 /// What the runtime needs to load the configured policy.
@@ -196,6 +215,7 @@ pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
             ..PolicyLimits::default()
         },
         prewarm: pc.prewarm,
+        memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
         name: pc
             .path
             .file_stem()
@@ -229,8 +249,11 @@ async fn reload_on_sighup(slot: Arc<PolicySlot>, pc: PolicyConfig) {
     };
     while hup.recv().await.is_some() {
         info!(path = %pc.path.display(), "SIGHUP: reloading the policy");
+        let outgoing = slot.current();
         // Success and refusal are both logged by the slot.
-        let _ = slot.reload(policy_source(&pc)).await;
+        if slot.reload(policy_source(&pc)).await.is_ok() {
+            log_replay_stats(&outgoing);
+        }
     }
 }
 

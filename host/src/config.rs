@@ -163,6 +163,9 @@ pub struct PolicyConfig {
     pub max_instances: u32,
     /// Start requests from a snapshot taken after one synthetic request.
     pub prewarm: bool,
+    /// Bytes of recorded policy paths kept to answer repeated requests
+    /// without an instance; 0 runs every request's policy live.
+    pub memo_size: u64,
 }
 
 /// An IPv4 or IPv6 network in CIDR notation.
@@ -403,6 +406,7 @@ impl PolicyConfig {
             max_subrequests: 32,
             max_instances: 1000,
             prewarm: true,
+            memo_size: 16 << 20,
         }
     }
 }
@@ -954,6 +958,7 @@ impl Reader {
                 "max_subrequests",
                 "max_instances",
                 "prewarm",
+                "memo_size",
             ],
         );
         let path = self.string(t, p, "path");
@@ -996,6 +1001,7 @@ impl Reader {
             max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
                 as u32,
             prewarm: self.boolean(t, p, "prewarm", d.prewarm),
+            memo_size: self.size(t, p, "memo_size", d.memo_size),
         };
         path.map(|_| pc)
     }
@@ -1045,6 +1051,20 @@ mod tests {
         let text = format!("{}", ConfigError::Invalid(issues));
         assert!(text.contains("\"nonsense\""), "{text}");
         assert!(text.contains("forever"), "{text}");
+    }
+
+    #[test]
+    fn policy_replay_size_parses_and_bad_ones_are_named() {
+        let base =
+            "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[policy]\npath = \"p.wasm\"\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.policy.unwrap().memo_size, 16 << 20);
+        let c = Config::from_toml(&format!("{base}memo_size = \"1MiB\"")).unwrap();
+        assert_eq!(c.policy.unwrap().memo_size, 1 << 20);
+        let c = Config::from_toml(&format!("{base}memo_size = 0")).unwrap();
+        assert_eq!(c.policy.unwrap().memo_size, 0);
+        let err = Config::from_toml(&format!("{base}memo_size = \"lots\"")).unwrap_err();
+        assert!(err.to_string().contains("policy.memo_size"), "{err}");
     }
 
     #[test]

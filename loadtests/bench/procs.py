@@ -304,6 +304,7 @@ class Inlay:
         disk_size: str = "1GiB",
         esi_concurrency: int | None = None,
         policy: Path | None = None,
+        memo_size: str | None = None,
     ):
         self.reg = reg
         self.binary = binary
@@ -328,6 +329,10 @@ class Inlay:
             lines += [f'dir = "{cache_dir}"', f'disk_size = "{disk_size}"']
         if esi_concurrency is not None:
             lines += ["[esi]", f"max_concurrency = {esi_concurrency}"]
+        if policy is not None and memo_size is not None:
+            # Replay settings need the policy in the config, not `--policy`.
+            lines += ["[policy]", f'path = "{policy}"', f'memo_size = "{memo_size}"']
+            self.policy = None
         self.config.write_text("\n".join(lines) + "\n")
         reg.configs[self.config.name] = self.config.read_text()
         self.proc: subprocess.Popen | None = None

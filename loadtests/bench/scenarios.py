@@ -142,8 +142,11 @@ def wrk_policy(ctx: Context) -> Section:
         "`/static/177`, cached, `wrk -t2 -c64`: Inlay without a policy vs Inlay with "
         "`--policy target/policies/headers.wasm` (build it with `make policies`), and with its "
         "C, JavaScript and Python ports (`headers-c|-js|-py.wasm`) where built. The policy runs "
-        "on every request (on-request, on-deliver, a fresh instance of the pre-warmed snapshot) "
-        "and adds `x-inlay-policy: headers`."
+        "on every request (on-request, on-deliver; a request it has seen before is replayed "
+        "from the recorded path, see the README's policy section) "
+        "and adds `x-inlay-policy: headers`. `replay off` (`memo_size = 0`) runs a fresh "
+        "instance of the pre-warmed snapshot for every request, as a request the policy "
+        "has not seen does."
     )
     wasm = ctx.policy_dir / "headers.wasm"
     if not wasm.exists():
@@ -168,6 +171,7 @@ def wrk_policy(ctx: Context) -> Section:
             sec.skipped = f"`--policy {path.name}`: responses carry no `x-inlay-policy: headers`."
             return sec
         targets[label] = pol
+    targets["headers policy, replay off"] = ctx.inlay("policy-headers-live", policy=wasm, memo_size="0")
     for t in targets.values():
         ctx.warm(t.url + "/static/177")
     res = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], "/static/177"))
@@ -175,6 +179,8 @@ def wrk_policy(ctx: Context) -> Section:
     by = res["177 B"]
     rs = pair_ratios(by["headers policy"], by["no policy"], lambda r: r["rps"])
     sec.ratio("`headers` policy / no policy (req/s, cached 177 B)", med(rs), 0.85, detail=ratio_detail(rs))
+    rs = pair_ratios(by["headers policy, replay off"], by["no policy"], lambda r: r["rps"])
+    sec.ratio("`headers` policy with replay off / no policy (req/s, cached 177 B)", med(rs), detail=ratio_detail(rs))
     rps = {name: med([r["rps"] for r in runs]) for name, runs in by.items()}
     rust = rps["headers policy"]
     sec.tables.append(Table("Medians over the pairs", ["inlay", "req/s", "vs Rust policy", "p50 ms", "p99 ms", "CPU µs/req"],

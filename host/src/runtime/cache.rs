@@ -64,7 +64,7 @@ impl StoreState {
         op: impl FnOnce(&StoreState) -> Result<BoxFuture<'static, Result<T, String>>, CacheError>,
     ) -> wasmtime::Result<Result<T, CacheError>> {
         let span = tracing::debug_span!("hostcall", call = name);
-        if !self.count_call() {
+        if !self.count_unrepeatable() {
             return Ok(Err(CacheError::LimitExceeded));
         }
         if let Err(e) = check {

@@ -7,17 +7,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use tracing::Instrument;
-use wasmtime::component::{ComponentType, Instance, InstancePre, Lift, Resource};
-use wasmtime::{Engine, Store};
 
-use super::bindings::inlay::policy::types as wit;
-use super::bindings::{Policy, PolicyIndices};
 use super::engine::EPOCH_TICK;
-use super::errors::{Hook, HostLimitTrap, PolicyError};
-use super::policy::{LoadedPolicy, PolicyShared};
+use super::errors::{Hook, PolicyError};
+use super::instance::{Lent, LiveCall, lend, take_back};
+use super::memo::{Entry, Key, Memo, Node, Recording, Reply, Returned, Step, Tape};
+use super::policy::LoadedPolicy;
 use super::services::PolicyServices;
-use super::state::StoreState;
-use super::types::{RequestHead, ResponseHead, headers_from_list};
+use super::state::{StoreState, not_repeated};
+use super::types::{RequestHead, ResponseHead};
 
 /// What to do with a request after `on-request`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +41,7 @@ pub struct SyntheticResponse {
 
 /// How a backend response is stored; the host's defaults go in, the
 /// policy's choice comes out of `on-backend-response`.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct CacheSettings {
     /// Store the response at all.
     pub cacheable: bool,
@@ -69,56 +67,42 @@ pub struct EsiOverrides {
     pub vars: Vec<(String, String)>,
 }
 
-fn secs(d: Duration) -> u32 {
-    u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
+/// Where a request's policy runs.
+enum Run {
+    /// No instance yet: hooks are answered from the recorded paths, with
+    /// this state holding what the calls changed.
+    Replay(Box<StoreState>),
+    /// The request's own instance.
+    Live(Box<LiveCall>),
+    /// Between the two while an instance is being created; a request whose
+    /// hook was cancelled then stays here.
+    Gone,
 }
 
-fn settings_to_wit(s: CacheSettings) -> wit::CacheSettings {
-    wit::CacheSettings {
-        cacheable: s.cacheable,
-        ttl: secs(s.ttl),
-        grace: secs(s.grace),
-        keep: secs(s.keep),
-        surrogate_keys: s.surrogate_keys,
-        esi: s.esi,
-    }
-}
-
-fn settings_from_wit(s: wit::CacheSettings) -> CacheSettings {
-    CacheSettings {
-        cacheable: s.cacheable,
-        ttl: Duration::from_secs(s.ttl.into()),
-        grace: Duration::from_secs(s.grace.into()),
-        keep: Duration::from_secs(s.keep.into()),
-        surrogate_keys: s.surrogate_keys,
-        esi: s.esi,
-    }
-}
-
-fn action_from_wit(action: wit::RequestAction) -> Result<RequestAction, String> {
-    Ok(match action {
-        wit::RequestAction::Lookup => RequestAction::Lookup,
-        wit::RequestAction::Pass => RequestAction::Pass,
-        wit::RequestAction::Synthetic(s) => RequestAction::Synthetic(SyntheticResponse {
-            status: StatusCode::from_u16(s.status)
-                .map_err(|_| format!("synthetic response has invalid status {}", s.status))?,
-            headers: headers_from_list(s.headers)
-                .map_err(|e| format!("synthetic response: {e}"))?,
-            body: Bytes::from(s.body),
-        }),
-    })
-}
-
-/// One request's store and instance. Call the hooks in order; after a hook
-/// fails, the instance is unusable and later hooks return
-/// [`PolicyError::AlreadyFailed`]. Dropping it returns the instance's slot
-/// to the pool.
+/// One request's policy, called in the order a request lives:
+/// `on-request`, `on-backend-response`, `on-deliver`.
+///
+/// While the request follows a path an earlier request of the same policy
+/// generation recorded, its hooks are answered from that path without an
+/// instance (see `runtime::memo`); from the first hook that leaves the
+/// recorded paths on, it has a fresh instance of its own, brought to the
+/// same point first. After a hook fails, the request is unusable and later
+/// hooks return [`PolicyError::AlreadyFailed`]. Dropping it returns its
+/// instance's slot, if it had one, to the pool.
 pub struct PolicyCall {
-    store: Store<StoreState>,
-    instance: Instance,
-    bindings: Policy,
-    /// Keeps the policy (and its compiled code) alive for the request.
     policy: LoadedPolicy,
+    memo: Option<Arc<Memo>>,
+    /// Where this request is on the recorded paths; `None` once it left
+    /// what can be recorded.
+    cursor: Option<Arc<Node>>,
+    /// The memo shard the cursor's tree belongs to.
+    shard: usize,
+    /// The hooks answered from recorded paths so far, and (in one list,
+    /// in order) the replies the guest got in them, to bring an instance
+    /// to the same point.
+    entries: Vec<Entry>,
+    replies: Vec<(&'static str, Reply)>,
+    run: Run,
     failed: bool,
 }
 
@@ -126,193 +110,233 @@ impl std::fmt::Debug for PolicyCall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PolicyCall")
             .field("policy", &self.policy)
+            .field("live", &matches!(self.run, Run::Live(_)))
             .field("failed", &self.failed)
             .finish_non_exhaustive()
     }
 }
 
-/// Maps a failed guest call to the caller's error, using what the store
-/// saw (an expired clock, a refused memory growth, a reached cap).
-fn classify(state: &StoreState, hook: Hook, err: wasmtime::Error) -> PolicyError {
-    let limits = &state.policy.limits;
-    if let Some(limit) = err.downcast_ref::<HostLimitTrap>() {
-        return PolicyError::LimitExceeded {
-            hook,
-            what: limit.what,
-            limit: limit.limit,
+/// How far a hook got on the recorded paths.
+enum Walk {
+    /// The hook's recorded result, and the node the request is at now.
+    Returned(Returned, Arc<Node>),
+    /// Off the recorded paths: an instance takes over. What it does next
+    /// is recorded under the node and key given, if any.
+    Left(Option<(Arc<Node>, Key)>),
+}
+
+/// Answers a hook from the recorded paths below `from`: makes each
+/// recorded call on `state` and follows the child its reply leads to.
+/// The replies given are pushed to `replies`.
+fn replay(
+    state: &mut StoreState,
+    from: &Arc<Node>,
+    entry: &Entry,
+    replies: &mut Vec<(&'static str, Reply)>,
+) -> Walk {
+    let first = Key::Entry(entry.clone());
+    let Some(mut node) = from.child(&first) else {
+        return Walk::Left(Some((Arc::clone(from), first)));
+    };
+    loop {
+        let (name, reply) = match &node.step {
+            Step::Return(returned) => return Walk::Returned(returned.clone(), Arc::clone(node)),
+            Step::Call { name, op } => {
+                // Over the cap the guest must trap at this call: let it.
+                if !state.count_call() {
+                    return Walk::Left(None);
+                }
+                let _span =
+                    tracing::debug_span!("hostcall", call = *name, replayed = true).entered();
+                match op(state) {
+                    Ok(reply) => (*name, reply),
+                    Err(_) => {
+                        // The instance makes (and counts) this call itself
+                        // and gets the error as a trap.
+                        state.uncount_call();
+                        return Walk::Left(None);
+                    }
+                }
+            }
+            Step::Opaque | Step::Start => return Walk::Left(None),
         };
-    }
-    let trap = err.downcast_ref::<wasmtime::Trap>().copied();
-    if state.clock.expired || trap == Some(wasmtime::Trap::Interrupt) {
-        return PolicyError::Timeout {
-            hook,
-            budget: limits.cpu_time(),
-        };
-    }
-    if state.limiter.denied {
-        return PolicyError::OutOfMemory {
-            hook,
-            limit: limits.memory,
-        };
-    }
-    // A guest that got `limit-exceeded` and then gave up (a panic on the
-    // error) failed because of the cap: say so rather than "trap".
-    if let (Some(limit), Some(_)) = (&state.limit_hit, trap) {
-        return PolicyError::LimitExceeded {
-            hook,
-            what: limit.what,
-            limit: limit.limit,
-        };
-    }
-    PolicyError::Trap {
-        hook,
-        message: format!("{err:?}"),
+        let key = Key::Reply(reply);
+        match node.child(&key) {
+            Some(child) => {
+                if let Key::Reply(reply) = key {
+                    replies.push((name, reply));
+                }
+                node = child;
+            }
+            None => {
+                if let Key::Reply(reply) = &key {
+                    replies.push((name, reply.clone()));
+                }
+                return Walk::Left(Some((Arc::clone(node), key)));
+            }
+        }
     }
 }
 
 impl PolicyCall {
+    /// A request's policy; with `replay`, hooks may be answered from the
+    /// policy's recorded paths, otherwise the instance is created now.
     pub(crate) async fn start(
         policy: LoadedPolicy,
-        engine: &Engine,
-        pre: &InstancePre<StoreState>,
-        indices: &PolicyIndices,
-        shared: Arc<PolicyShared>,
         services: Arc<dyn PolicyServices>,
+        replay: bool,
     ) -> Result<Self, PolicyError> {
-        let span = tracing::debug_span!("policy.instantiate", policy = %shared.name);
-        async move {
-            let mut store = Store::new(engine, StoreState::new(services, shared, EPOCH_TICK));
-            store.limiter(|state| &mut state.limiter);
-            store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
-            // Instantiation runs the guest's start code under the same budget.
-            let ticks = store.data_mut().clock.restart();
-            store.set_epoch_deadline(ticks);
-            let started = pre
-                .instantiate_async(&mut store)
+        let state = StoreState::new(services, policy.shared(), EPOCH_TICK);
+        let memo = if replay { policy.memo() } else { None };
+        let start = memo.as_ref().and_then(|memo| memo.start());
+        let shard = start.as_ref().map_or(0, |s| s.shard);
+        let cursor = start.map(|s| s.root);
+        let run = if cursor.is_some() {
+            Run::Replay(Box::new(state))
+        } else {
+            let live = LiveCall::start(policy.clone(), state)
                 .await
-                .and_then(|instance| {
-                    indices
-                        .load(&mut store, &instance)
-                        .map(|bindings| (instance, bindings))
-                });
-            match started {
-                Ok((instance, bindings)) => Ok(Self {
-                    store,
-                    instance,
-                    bindings,
-                    policy,
-                    failed: false,
-                }),
-                Err(e) => Err(match classify(store.data(), Hook::Instantiate, e) {
-                    PolicyError::Trap { message, .. } => PolicyError::Instantiate { message },
-                    other => other,
-                }),
-            }
-        }
-        .instrument(span)
-        .await
+                .map_err(|(e, _)| e)?;
+            Run::Live(Box::new(live))
+        };
+        Ok(Self {
+            policy,
+            memo,
+            cursor,
+            shard,
+            entries: Vec::new(),
+            replies: Vec::new(),
+            run,
+            failed: false,
+        })
     }
 
-    /// Prepares the store for a hook call: refuses if an earlier hook
-    /// failed, resets the CPU budget, and marks the call failed until it
-    /// returns (so a cancelled call leaves the instance unusable).
-    fn begin(&mut self, hook: Hook) -> Result<(), PolicyError> {
+    fn state_mut(&mut self) -> Option<&mut StoreState> {
+        match &mut self.run {
+            Run::Replay(state) => Some(state),
+            Run::Live(live) => Some(live.state_mut()),
+            Run::Gone => None,
+        }
+    }
+
+    /// Runs one hook with the heads lent to it and takes them back.
+    async fn hook(
+        &mut self,
+        entry: Entry,
+        req: &mut RequestHead,
+        mut resp: Option<&mut ResponseHead>,
+    ) -> Result<Returned, PolicyError> {
+        let hook = entry.hook;
         if self.failed {
             return Err(PolicyError::AlreadyFailed { hook });
         }
+        // Failed until the hook returns: a cancelled call leaves the
+        // request unusable.
         self.failed = true;
-        self.store.data_mut().hook = hook;
-        self.refill_budget();
-        Ok(())
-    }
-
-    fn lend_request(
-        &mut self,
-        req: &mut RequestHead,
-    ) -> Result<Resource<RequestHead>, PolicyError> {
-        let head = std::mem::take(req);
-        let state = self.store.data_mut();
-        let owned = state
-            .table
-            .push(head)
-            .map_err(|e| PolicyError::Instantiate {
-                message: format!("resource table: {e}"),
-            })?;
-        state.current_request = Some(Resource::new_borrow(owned.rep()));
-        Ok(owned)
-    }
-
-    fn lend_response(
-        &mut self,
-        resp: &mut ResponseHead,
-    ) -> Result<Resource<ResponseHead>, PolicyError> {
-        let head = std::mem::take(resp);
-        self.store
-            .data_mut()
-            .table
-            .push(head)
-            .map_err(|e| PolicyError::Instantiate {
-                message: format!("resource table: {e}"),
-            })
-    }
-
-    fn take_back_request(&mut self, owned: Resource<RequestHead>, req: &mut RequestHead) {
-        let state = self.store.data_mut();
-        state.current_request = None;
-        if let Ok(head) = state.table.delete(owned) {
-            *req = head;
+        let state = self
+            .state_mut()
+            .ok_or(PolicyError::AlreadyFailed { hook })?;
+        let lent = lend(state, req, resp.as_deref_mut())?;
+        let result = self.run_hook(&entry, lent).await;
+        if let Some(state) = self.state_mut() {
+            take_back(state, lent, req, resp);
         }
-    }
-
-    fn take_back_response(&mut self, owned: Resource<ResponseHead>, resp: &mut ResponseHead) {
-        if let Ok(head) = self.store.data_mut().table.delete(owned) {
-            *resp = head;
+        if result.is_ok() {
+            self.failed = false;
         }
+        result
     }
 
-    /// Lends both heads; if the second cannot be lent, the first is taken
-    /// back, so nothing stays lent on an error.
-    fn lend_both(
-        &mut self,
-        req: &mut RequestHead,
-        resp: &mut ResponseHead,
-    ) -> Result<(Resource<RequestHead>, Resource<ResponseHead>), PolicyError> {
-        let req_owned = self.lend_request(req)?;
-        match self.lend_response(resp) {
-            Ok(resp_owned) => Ok((req_owned, resp_owned)),
-            Err(e) => {
-                self.take_back_request(req_owned, req);
-                Err(e)
+    async fn run_hook(&mut self, entry: &Entry, lent: Lent) -> Result<Returned, PolicyError> {
+        let branch = match &mut self.run {
+            Run::Replay(state) => {
+                state.hook = entry.hook;
+                let walk = match &self.cursor {
+                    Some(from) => replay(state, from, entry, &mut self.replies),
+                    None => Walk::Left(None),
+                };
+                match walk {
+                    Walk::Returned(returned, node) => {
+                        self.cursor = Some(node);
+                        self.entries.push(entry.clone());
+                        if let Some(memo) = &self.memo {
+                            memo.count_replayed(self.shard);
+                        }
+                        return Ok(returned);
+                    }
+                    Walk::Left(branch) => {
+                        self.catch_up(lent).await?;
+                        branch
+                    }
+                }
+            }
+            Run::Live(_) => self.cursor.take().map(|at| (at, Key::Entry(entry.clone()))),
+            Run::Gone => return Err(PolicyError::AlreadyFailed { hook: entry.hook }),
+        };
+        self.cursor = None;
+        if let Some(memo) = &self.memo {
+            memo.count_live(self.shard);
+        }
+        let Run::Live(live) = &mut self.run else {
+            return Err(PolicyError::AlreadyFailed { hook: entry.hook });
+        };
+        live.state_mut().recorder = branch.is_some().then(Recording::default);
+        let result = live.call_hook(entry, lent).await;
+        let state = live.state_mut();
+        let recording = state.recorder.take();
+        if state.tape.broken || !state.tape.is_empty() {
+            return Err(self.not_repeated(entry.hook, "its recorded calls"));
+        }
+        let returned = result?;
+        if let (Some((at, key)), Some(recording), Some(memo)) = (branch, recording, &self.memo) {
+            self.cursor = memo.insert(self.shard, &at, key, recording, returned.clone());
+        }
+        Ok(returned)
+    }
+
+    /// Leaves the recorded paths: creates the request's instance with the
+    /// replay state and calls the hooks replayed so far in it, ready for
+    /// the current hook. The replies already given (in those hooks and so
+    /// far in this one) come from a tape, so nothing is done twice.
+    async fn catch_up(&mut self, lent: Lent) -> Result<(), PolicyError> {
+        let Run::Replay(mut state) = std::mem::replace(&mut self.run, Run::Gone) else {
+            return Ok(());
+        };
+        let entries = std::mem::take(&mut self.entries);
+        state.tape = Tape::new(std::mem::take(&mut self.replies));
+        let mut live = match LiveCall::start(self.policy.clone(), *state).await {
+            Ok(live) => live,
+            Err((error, state)) => {
+                // The heads are in the state's table: keep it to give
+                // them back.
+                self.run = Run::Replay(state);
+                self.cursor = None;
+                return Err(error);
+            }
+        };
+        let mut caught_up = Ok(());
+        for past in &entries {
+            if let Err(e) = live.call_hook(past, lent).await {
+                caught_up = Err(e);
+                break;
             }
         }
+        self.run = Run::Live(Box::new(live));
+        caught_up.map_err(|e| {
+            let hook = e.hook().unwrap_or(Hook::Instantiate);
+            self.not_repeated(hook, &format!("an earlier hook failed: {e}"))
+        })
     }
 
-    fn take_back_both(
-        &mut self,
-        (req_owned, resp_owned): (Resource<RequestHead>, Resource<ResponseHead>),
-        req: &mut RequestHead,
-        resp: &mut ResponseHead,
-    ) {
-        self.take_back_response(resp_owned, resp);
-        self.take_back_request(req_owned, req);
-    }
-
-    /// Turns the guest call's result into the caller's, and clears the
-    /// failed mark on success.
-    fn finish<T>(&mut self, hook: Hook, result: wasmtime::Result<T>) -> Result<T, PolicyError> {
-        match result {
-            Ok(value) => {
-                self.failed = false;
-                let used = self.store.data().clock.used();
-                let cpu_us = u64::try_from(used.as_micros()).unwrap_or(u64::MAX);
-                tracing::debug!(hook = %hook, cpu_us, "policy hook done");
-                Ok(value)
-            }
-            Err(e) => {
-                let error = classify(self.store.data(), hook, e);
-                tracing::warn!(policy = %self.policy.name(), hook = %hook, error = %error, "policy hook failed");
-                Err(error)
-            }
+    /// The error of an instance that did not do what the recorded paths
+    /// say it would; replaying is switched off for the policy generation.
+    fn not_repeated(&self, hook: Hook, what: &str) -> PolicyError {
+        if let Some(memo) = &self.memo {
+            memo.disable();
+        }
+        PolicyError::Trap {
+            hook,
+            message: not_repeated(what),
         }
     }
 
@@ -322,23 +346,15 @@ impl PolicyCall {
         &mut self,
         req: &mut RequestHead,
     ) -> Result<RequestAction, PolicyError> {
-        let hook = Hook::OnRequest;
         let span = tracing::debug_span!("policy.on_request", policy = %self.policy.name());
-        async move {
-            self.begin(hook)?;
-            let owned = self.lend_request(req)?;
-            let borrow = Resource::new_borrow(owned.rep());
-            let result = self
-                .bindings
-                .inlay_policy_handler()
-                .call_on_request(&mut self.store, borrow)
-                .await;
-            self.take_back_request(owned, req);
-            let action = self.finish(hook, result)?;
-            action_from_wit(action).map_err(|message| PolicyError::InvalidResult { hook, message })
+        let entry = Entry {
+            hook: Hook::OnRequest,
+            settings: None,
+        };
+        match self.hook(entry, req, None).instrument(span).await? {
+            Returned::Action(action) => Ok(action),
+            _ => Err(wrong_result(Hook::OnRequest)),
         }
-        .instrument(span)
-        .await
     }
 
     /// The backend answered: the policy may edit `resp` (status and
@@ -349,27 +365,15 @@ impl PolicyCall {
         resp: &mut ResponseHead,
         defaults: CacheSettings,
     ) -> Result<CacheSettings, PolicyError> {
-        let hook = Hook::OnBackendResponse;
         let span = tracing::debug_span!("policy.on_backend_response", policy = %self.policy.name());
-        async move {
-            self.begin(hook)?;
-            let (req_owned, resp_owned) = self.lend_both(req, resp)?;
-            let settings = settings_to_wit(defaults);
-            let result = self
-                .bindings
-                .inlay_policy_handler()
-                .call_on_backend_response(
-                    &mut self.store,
-                    Resource::new_borrow(req_owned.rep()),
-                    Resource::new_borrow(resp_owned.rep()),
-                    &settings,
-                )
-                .await;
-            self.take_back_both((req_owned, resp_owned), req, resp);
-            self.finish(hook, result).map(settings_from_wit)
+        let entry = Entry {
+            hook: Hook::OnBackendResponse,
+            settings: Some(defaults),
+        };
+        match self.hook(entry, req, Some(resp)).instrument(span).await? {
+            Returned::Settings(settings) => Ok(settings),
+            _ => Err(wrong_result(Hook::OnBackendResponse)),
         }
-        .instrument(span)
-        .await
     }
 
     /// The response is about to go to the client: the policy may edit its
@@ -379,73 +383,55 @@ impl PolicyCall {
         req: &mut RequestHead,
         resp: &mut ResponseHead,
     ) -> Result<(), PolicyError> {
-        let hook = Hook::OnDeliver;
         let span = tracing::debug_span!("policy.on_deliver", policy = %self.policy.name());
-        async move {
-            self.begin(hook)?;
-            let (req_owned, resp_owned) = self.lend_both(req, resp)?;
-            let result = self
-                .bindings
-                .inlay_policy_handler()
-                .call_on_deliver(
-                    &mut self.store,
-                    Resource::new_borrow(req_owned.rep()),
-                    Resource::new_borrow(resp_owned.rep()),
-                )
-                .await;
-            self.take_back_both((req_owned, resp_owned), req, resp);
-            self.finish(hook, result)
+        let entry = Entry {
+            hook: Hook::OnDeliver,
+            settings: None,
+        };
+        match self.hook(entry, req, Some(resp)).instrument(span).await? {
+            Returned::Unit => Ok(()),
+            _ => Err(wrong_result(Hook::OnDeliver)),
         }
-        .instrument(span)
-        .await
     }
 
-    /// Gives the next guest call a whole CPU budget.
-    pub(crate) fn refill_budget(&mut self) {
-        let ticks = self.store.data_mut().clock.restart();
-        self.store.set_epoch_deadline(ticks);
+    /// The live instance, for the snapshot tool; `None` while replaying.
+    pub(crate) fn live_mut(&mut self) -> Option<&mut LiveCall> {
+        match &mut self.run {
+            Run::Live(live) => Some(live),
+            Run::Replay(_) | Run::Gone => None,
+        }
     }
 
-    /// Calls `func` (no parameters, one result) of the exported instance
-    /// `instance`: the accessors a snapshot tool adds to a component.
-    pub(crate) async fn call_accessor<R>(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> wasmtime::Result<R>
-    where
-        R: ComponentType + Lift + Send + Sync + 'static,
-    {
-        let missing = || wasmtime::format_err!("no export {instance}#{func}");
-        let (_, parent) = self
-            .instance
-            .get_export(&mut self.store, None, instance)
-            .ok_or_else(missing)?;
-        let (_, index) = self
-            .instance
-            .get_export(&mut self.store, Some(&parent), func)
-            .ok_or_else(missing)?;
-        let func = self
-            .instance
-            .get_typed_func::<(), (R,)>(&mut self.store, index)?;
-        // Accessors are the tool's code, not the policy's: each gets a
-        // whole budget.
-        self.refill_budget();
-        Ok(func.call_async(&mut self.store, ()).await?.0)
-    }
-
-    /// The store, to read what an accessor returned.
-    pub(crate) fn store(&self) -> &Store<StoreState> {
-        &self.store
+    /// Whether this request has an instance of its own (it left the
+    /// recorded paths, or replaying is off).
+    pub fn is_live(&self) -> bool {
+        matches!(self.run, Run::Live(_))
     }
 
     /// What the policy asked of ESI so far in this request.
     pub fn esi_overrides(&self) -> &EsiOverrides {
-        &self.store.data().esi
+        static NONE: EsiOverrides = EsiOverrides {
+            enabled: None,
+            vars: Vec::new(),
+        };
+        match &self.run {
+            Run::Replay(state) => &state.esi,
+            Run::Live(live) => &live.state().esi,
+            Run::Gone => &NONE,
+        }
     }
 
     /// The policy this request runs.
     pub fn policy(&self) -> &LoadedPolicy {
         &self.policy
+    }
+}
+
+/// A recorded path whose hook result is of another hook's type: the tree
+/// is keyed by hook, so only a bug could do this.
+fn wrong_result(hook: Hook) -> PolicyError {
+    PolicyError::InvalidResult {
+        hook,
+        message: "the recorded result is not this hook's".to_string(),
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 /// A phase of the policy's life in which a failure happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Hook {
     /// Creating the request's instance (runs the guest's start code).
     Instantiate,

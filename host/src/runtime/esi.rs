@@ -7,18 +7,20 @@ use super::state::StoreState;
 
 impl Host for StoreState {
     fn set_enabled(&mut self, enabled: bool) -> wasmtime::Result<()> {
-        let _span = self.hostcall("esi.set-enabled")?;
-        self.esi.enabled = Some(enabled);
-        Ok(())
+        self.call("esi.set-enabled", move |s| {
+            s.esi.enabled = Some(enabled);
+            Ok(())
+        })
     }
 
     fn set_var(&mut self, name: String, value: String) -> wasmtime::Result<()> {
-        let _span = self.hostcall("esi.set-var")?;
-        // Setting a variable twice replaces it, as an assignment would.
-        match self.esi.vars.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = value,
-            None => self.esi.vars.push((name, value)),
-        }
-        Ok(())
+        self.call("esi.set-var", move |s| {
+            // Setting a variable twice replaces it, as an assignment would.
+            match s.esi.vars.iter_mut().find(|(n, _)| *n == name) {
+                Some(slot) => slot.1 = value.clone(),
+                None => s.esi.vars.push((name.clone(), value.clone())),
+            }
+            Ok(())
+        })
     }
 }

@@ -66,7 +66,7 @@ impl Host for StoreState {
         req: FetchRequest,
     ) -> wasmtime::Result<Result<FetchResponse, FetchError>> {
         let span = tracing::debug_span!("hostcall", call = "fetch.send", url = %req.url);
-        if !self.count_call() || self.take_subrequests(1) == 0 {
+        if !self.count_unrepeatable() || self.take_subrequests(1) == 0 {
             return Ok(Err(FetchError::LimitExceeded));
         }
         let services = &self.services;
@@ -87,7 +87,7 @@ impl Host for StoreState {
         reqs: Vec<FetchRequest>,
     ) -> wasmtime::Result<Vec<Result<FetchResponse, FetchError>>> {
         let span = tracing::debug_span!("hostcall", call = "fetch.send-many", count = reqs.len());
-        if !self.count_call() {
+        if !self.count_unrepeatable() {
             return Ok(reqs
                 .iter()
                 .map(|_| Err(FetchError::LimitExceeded))

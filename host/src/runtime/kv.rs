@@ -10,7 +10,7 @@ use super::state::StoreState;
 impl StoreState {
     /// Counts the call and checks the key size; the error to return if any.
     fn kv_enter(&mut self, key: &str) -> Option<KvError> {
-        if !self.count_call() {
+        if !self.count_unrepeatable() {
             return Some(KvError::LimitExceeded);
         }
         if key.len() > self.policy.limits.kv_max_key {

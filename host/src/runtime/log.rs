@@ -18,19 +18,21 @@ fn truncate(line: &str, max: usize) -> &str {
 
 impl Host for StoreState {
     fn write(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
-        let _span = self.hostcall("log.write")?;
-        // A policy must not be able to flood the log with one huge line.
-        let message = truncate(&message, self.policy.limits.log_max_line);
-        let policy = self.policy.name.as_str();
-        let hook = self.hook.as_str();
-        match level {
-            Level::Trace => tracing::trace!(target: "inlay::policy", policy, hook, "{message}"),
-            Level::Debug => tracing::debug!(target: "inlay::policy", policy, hook, "{message}"),
-            Level::Info => tracing::info!(target: "inlay::policy", policy, hook, "{message}"),
-            Level::Warn => tracing::warn!(target: "inlay::policy", policy, hook, "{message}"),
-            Level::Error => tracing::error!(target: "inlay::policy", policy, hook, "{message}"),
-        }
-        Ok(())
+        // Replayed requests write the line too: it is the policy's output.
+        self.call("log.write", move |s| {
+            // A policy must not be able to flood the log with one huge line.
+            let message = truncate(&message, s.policy.limits.log_max_line);
+            let policy = s.policy.name.as_str();
+            let hook = s.hook.as_str();
+            match level {
+                Level::Trace => tracing::trace!(target: "inlay::policy", policy, hook, "{message}"),
+                Level::Debug => tracing::debug!(target: "inlay::policy", policy, hook, "{message}"),
+                Level::Info => tracing::info!(target: "inlay::policy", policy, hook, "{message}"),
+                Level::Warn => tracing::warn!(target: "inlay::policy", policy, hook, "{message}"),
+                Level::Error => tracing::error!(target: "inlay::policy", policy, hook, "{message}"),
+            }
+            Ok(())
+        })
     }
 }
 

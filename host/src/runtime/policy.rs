@@ -15,6 +15,7 @@ use super::call::PolicyCall;
 use super::engine::PolicyEngine;
 use super::errors::PolicyError;
 use super::limits::PolicyLimits;
+use super::memo::{Memo, MemoStats};
 use super::prewarm;
 use super::services::{NoServices, PolicyServices};
 use super::state::StoreState;
@@ -35,6 +36,9 @@ pub struct PolicySource {
     /// Snapshot the policy after one synthetic request at load, so that
     /// requests start from a warm instance (see `runtime::prewarm`).
     pub prewarm: bool,
+    /// Bytes of recorded paths kept to answer requests without an
+    /// instance (see `runtime::memo`); 0 runs every request live.
+    pub memo_bytes: usize,
 }
 
 /// What every request of one loaded policy shares.
@@ -62,6 +66,8 @@ struct LoadedInner {
     engine: PolicyEngine,
     /// Started from a warm snapshot.
     prewarmed: bool,
+    /// This generation's recorded paths; `None` when replay is off.
+    memo: Option<Arc<Memo>>,
 }
 
 impl std::fmt::Debug for LoadedPolicy {
@@ -75,6 +81,11 @@ impl std::fmt::Debug for LoadedPolicy {
 }
 
 /// Numbers loads, so logs can tell an old policy from its replacement.
+/// The recorded paths of a new generation, unless `bytes` is 0.
+fn new_memo(bytes: usize) -> Option<Arc<Memo>> {
+    (bytes > 0).then(|| Arc::new(Memo::new(bytes)))
+}
+
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// What the first bytes of a `.wasm` file say it is.
@@ -174,6 +185,7 @@ impl LoadedPolicy {
                 indices,
                 engine: engine.clone(),
                 prewarmed,
+                memo: new_memo(source.memo_bytes),
             }),
         })
     }
@@ -234,7 +246,9 @@ impl LoadedPolicy {
             .map_err(|e| PolicyError::Instantiate {
                 message: format!("the compile task failed: {e}"),
             })??;
-        policy.start(Arc::new(NoServices)).await?;
+        // Instantiate once now, so that a policy that cannot start is
+        // refused at load rather than on its first request.
+        PolicyCall::start(policy.clone(), Arc::new(NoServices), false).await?;
         tracing::info!(
             policy = %policy.name(),
             path = %policy.path().display(),
@@ -251,15 +265,39 @@ impl LoadedPolicy {
         &self,
         services: Arc<dyn PolicyServices>,
     ) -> Result<PolicyCall, PolicyError> {
-        PolicyCall::start(
-            self.clone(),
+        PolicyCall::start(self.clone(), services, true).await
+    }
+
+    /// Starts a request that runs its own instance from the first hook,
+    /// without the recorded paths (for the snapshot tool and tests).
+    pub(crate) async fn start_live(
+        &self,
+        services: Arc<dyn PolicyServices>,
+    ) -> Result<PolicyCall, PolicyError> {
+        PolicyCall::start(self.clone(), services, false).await
+    }
+
+    /// What an instance is made from.
+    pub(crate) fn parts(&self) -> (&wasmtime::Engine, &InstancePre<StoreState>, &PolicyIndices) {
+        (
             self.inner.engine.engine(),
             &self.inner.pre,
             &self.inner.indices,
-            Arc::clone(&self.inner.shared),
-            services,
         )
-        .await
+    }
+
+    pub(crate) fn shared(&self) -> Arc<PolicyShared> {
+        Arc::clone(&self.inner.shared)
+    }
+
+    pub(crate) fn memo(&self) -> Option<Arc<Memo>> {
+        self.inner.memo.clone()
+    }
+
+    /// How requests were answered: from recorded paths or by instances;
+    /// `None` when replay is off.
+    pub fn memo_stats(&self) -> Option<MemoStats> {
+        self.inner.memo.as_ref().map(|memo| memo.stats())
     }
 
     /// The same compiled policy with another name, config and limits: a
@@ -284,6 +322,12 @@ impl LoadedPolicy {
                 indices: self.inner.indices.clone(),
                 engine: self.inner.engine.clone(),
                 prewarmed: self.inner.prewarmed,
+                // New settings are new inputs: start with no paths.
+                memo: self
+                    .inner
+                    .memo
+                    .as_ref()
+                    .and_then(|memo| new_memo(memo.max_bytes())),
             }),
         })
     }

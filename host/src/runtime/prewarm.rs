@@ -31,6 +31,7 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 
 use super::call::{CacheSettings, PolicyCall};
 use super::engine::PolicyEngine;
+use super::instance::LiveCall;
 use super::policy::{LoadedPolicy, PolicySource};
 use super::services::NoServices;
 use super::types::{RequestHead, ResponseHead};
@@ -116,11 +117,14 @@ fn warm_and_snapshot(
         .map_err(|e| format!("cannot start the warm-up runtime: {e}"))?;
     runtime.block_on(async {
         let mut call = probe
-            .start(Arc::new(NoServices))
+            .start_live(Arc::new(NoServices))
             .await
             .map_err(|e| format!("cannot instantiate: {e}"))?;
         warm_up(&mut call).await?;
-        let mut state = SnapshotSource { call: &mut call };
+        let live = call
+            .live_mut()
+            .ok_or_else(|| "the warm-up request ran without an instance".to_string())?;
+        let mut state = SnapshotSource { call: live };
         wizer
             .snapshot_component(cx, &mut state)
             .await
@@ -157,7 +161,7 @@ async fn warm_up(call: &mut PolicyCall) -> Result<(), String> {
 /// unwinding (without the panic hook's report) to [`snapshot`], which
 /// turns it back into an error.
 struct SnapshotSource<'a> {
-    call: &'a mut PolicyCall,
+    call: &'a mut LiveCall,
 }
 
 /// What a failed accessor unwinds with.

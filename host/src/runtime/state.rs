@@ -9,9 +9,10 @@ use wasmtime::component::{Resource, ResourceTable};
 use super::call::EsiOverrides;
 use super::errors::{Hook, HostLimitTrap};
 use super::limits::{CpuClock, MemoryLimiter};
+use super::memo::{Recordable, Recorded, Recording, Tape};
 use super::policy::PolicyShared;
 use super::services::PolicyServices;
-use super::types::RequestHead;
+use super::types::{RequestHead, ResponseHead};
 
 /// The `T` of `Store<T>` for one request.
 pub(crate) struct StoreState {
@@ -37,6 +38,10 @@ pub(crate) struct StoreState {
     pub(crate) limit_hit: Option<HostLimitTrap>,
     /// What the policy asked of ESI.
     pub(crate) esi: EsiOverrides,
+    /// The hook's calls so far, while they are being recorded.
+    pub(crate) recorder: Option<Recording>,
+    /// Replies to give without making the calls again (catching up).
+    pub(crate) tape: Tape,
 }
 
 impl StoreState {
@@ -57,11 +62,66 @@ impl StoreState {
             subrequests: 0,
             limit_hit: None,
             esi: EsiOverrides::default(),
+            recorder: None,
+            tape: Tape::default(),
             policy,
         }
     }
 
-    /// Counts a host call; `false` once the cap is reached.
+    /// Makes a repeatable host call: `call` must depend only on its
+    /// captured arguments and on this state, so that it can be recorded
+    /// and made again on another request (see `runtime::memo`). While an
+    /// instance catches up, the reply comes from the tape instead.
+    pub(crate) fn call<R, F>(&mut self, name: &'static str, call: F) -> wasmtime::Result<R>
+    where
+        R: Recordable,
+        F: Fn(&mut StoreState) -> wasmtime::Result<R> + Send + Sync + 'static,
+    {
+        if let Some(answer) = self.tape.answer(name) {
+            return answer
+                .ok()
+                .and_then(R::from_reply)
+                .ok_or_else(|| wasmtime::format_err!("{}", not_repeated(name)));
+        }
+        let _span = self.hostcall(name)?;
+        let result = call(self)?;
+        if let Some(recording) = self.recorder.as_mut().filter(|r| !r.opaque) {
+            recording.calls.push(Recorded {
+                name,
+                reply: result.clone().into_reply(),
+                op: std::sync::Arc::new(move |state| call(state).map(R::into_reply)),
+            });
+        }
+        Ok(result)
+    }
+
+    /// Counts a host call whose reply depends on the world (clock, kv,
+    /// cache, fetch): the path recorded so far ends here. `false` once the
+    /// cap is reached, or when an instance that is catching up makes it
+    /// (it should have made a recorded call).
+    pub(crate) fn count_unrepeatable(&mut self) -> bool {
+        if !self.tape.is_empty() {
+            self.tape.broken = true;
+            return false;
+        }
+        if let Some(recording) = self.recorder.as_mut() {
+            recording.opaque = true;
+        }
+        self.count_call()
+    }
+
+    /// The request head lent as `rep`.
+    pub(crate) fn request(&mut self, rep: u32) -> wasmtime::Result<&mut RequestHead> {
+        Ok(self.table.get_mut(&Resource::new_borrow(rep))?)
+    }
+
+    /// The response head lent as `rep`.
+    pub(crate) fn response(&mut self, rep: u32) -> wasmtime::Result<&mut ResponseHead> {
+        Ok(self.table.get_mut(&Resource::new_borrow(rep))?)
+    }
+
+    /// Counts a host call; `false` once the cap is reached. Calls made in
+    /// replay count as the guest's own would.
     pub(crate) fn count_call(&mut self) -> bool {
         let limit = self.policy.limits.max_host_calls;
         if self.host_calls >= limit {
@@ -73,6 +133,12 @@ impl StoreState {
         }
         self.host_calls += 1;
         true
+    }
+
+    /// Gives back a call counted in replay that the instance taking over
+    /// makes (and counts) again.
+    pub(crate) fn uncount_call(&mut self) {
+        self.host_calls = self.host_calls.saturating_sub(1);
     }
 
     /// Counts a host call for a function without an error variant: over the
@@ -116,4 +182,12 @@ impl StoreState {
             .map(|r| r.backend.clone())
             .unwrap_or_default()
     }
+}
+
+/// The error of an instance that, brought to where an earlier request's
+/// policy was, made a different call than it did.
+pub(crate) fn not_repeated(name: &str) -> String {
+    format!(
+        "the policy did not repeat its recorded calls (at {name}); it must not depend on anything but the host's replies"
+    )
 }

@@ -191,6 +191,8 @@ fn probe_source(limits: PolicyLimits) -> PolicySource {
         limits,
         name: "probe".to_string(),
         prewarm: false,
+        // Every call below runs the guest; replay has its own tests.
+        memo_bytes: 0,
     }
 }
 
@@ -305,7 +307,12 @@ async fn probe_hooks_round_trip_and_edit_the_heads() {
     assert!(resp.headers.get("server").is_none(), "server removed");
     assert_eq!(
         header(&resp.headers, "x-names"),
-        Some("x-deliver,x-bres-url,x-bres-status,x-bad-status-refused")
+        Some("x-deliver,x-hooks,x-bres-url,x-bres-status,x-bad-status-refused")
+    );
+    // One instance ran the three hooks, in order.
+    assert_eq!(
+        header(&resp.headers, "x-hooks"),
+        Some("request /page?x=1,backend-response 60,deliver")
     );
     assert_eq!(header(&resp.headers, "x-via-count"), Some("1"));
     // The backend was chosen long ago: a late set-backend is refused.
@@ -537,13 +544,14 @@ async fn subrequest_and_host_call_caps() {
     );
     assert_eq!(services.fetched.lock().len(), 4);
 
-    // kv has an error variant: 1 call for url(), then 49 gets, then refused.
+    // kv has an error variant: url() and set-header, then 48 gets, then
+    // refused.
     let s = synthetic(
         run_path(&policy, services.clone(), "/kv-cap")
             .await
             .expect("kv-cap"),
     );
-    assert_eq!(s.body, Bytes::from_static(b"49"));
+    assert_eq!(s.body, Bytes::from_static(b"48"));
 
     // Resource methods have none: the guest traps and the caller is told why.
     let err = run_path(&policy, services, "/hostcall-cap")
@@ -895,6 +903,7 @@ mod example_policies {
                 limits,
                 name: name.to_string(),
                 prewarm: true,
+                memo_bytes: 0,
             },
         )
         .await
@@ -1002,3 +1011,5 @@ mod example_policies {
         );
     }
 }
+
+mod replay;

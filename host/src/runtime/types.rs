@@ -140,22 +140,28 @@ impl Host for StoreState {}
 
 impl HostRequest for StoreState {
     fn method(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
-        let _span = self.hostcall("request.method")?;
-        Ok(self.table.get(&this)?.method.as_str().to_string())
+        let rep = this.rep();
+        self.call("request.method", move |s| {
+            Ok(s.request(rep)?.method.as_str().to_string())
+        })
     }
 
     fn set_method(&mut self, this: Resource<RequestHead>, method: String) -> wasmtime::Result<()> {
-        let _span = self.hostcall("request.set-method")?;
-        // No error variant in the WIT: an invalid token is a guest bug.
-        let method = Method::from_bytes(method.as_bytes())
-            .map_err(|_| wasmtime::format_err!("set-method: invalid method {method:?}"))?;
-        self.table.get_mut(&this)?.method = method;
-        Ok(())
+        let rep = this.rep();
+        self.call("request.set-method", move |s| {
+            // No error variant in the WIT: an invalid token is a guest bug.
+            let method = Method::from_bytes(method.as_bytes())
+                .map_err(|_| wasmtime::format_err!("set-method: invalid method {method:?}"))?;
+            s.request(rep)?.method = method;
+            Ok(())
+        })
     }
 
     fn url(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
-        let _span = self.hostcall("request.url")?;
-        Ok(path_and_query(&self.table.get(&this)?.uri).to_string())
+        let rep = this.rep();
+        self.call("request.url", move |s| {
+            Ok(path_and_query(&s.request(rep)?.uri).to_string())
+        })
     }
 
     fn set_url(
@@ -163,13 +169,15 @@ impl HostRequest for StoreState {
         this: Resource<RequestHead>,
         url: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        let _span = self.hostcall("request.set-url")?;
-        let uri = match parse_path_and_query(&url) {
-            Ok(uri) => uri,
-            Err(e) => return Ok(Err(e)),
-        };
-        self.table.get_mut(&this)?.uri = uri;
-        Ok(Ok(()))
+        let rep = this.rep();
+        self.call("request.set-url", move |s| {
+            let uri = match parse_path_and_query(&url) {
+                Ok(uri) => uri,
+                Err(e) => return Ok(Err(e)),
+            };
+            s.request(rep)?.uri = uri;
+            Ok(Ok(()))
+        })
     }
 
     fn header(
@@ -177,8 +185,10 @@ impl HostRequest for StoreState {
         this: Resource<RequestHead>,
         name: String,
     ) -> wasmtime::Result<Option<String>> {
-        let _span = self.hostcall("request.header")?;
-        Ok(header_first(&self.table.get(&this)?.headers, &name))
+        let rep = this.rep();
+        self.call("request.header", move |s| {
+            Ok(header_first(&s.request(rep)?.headers, &name))
+        })
     }
 
     fn header_all(
@@ -186,13 +196,17 @@ impl HostRequest for StoreState {
         this: Resource<RequestHead>,
         name: String,
     ) -> wasmtime::Result<Vec<String>> {
-        let _span = self.hostcall("request.header-all")?;
-        Ok(header_all(&self.table.get(&this)?.headers, &name))
+        let rep = this.rep();
+        self.call("request.header-all", move |s| {
+            Ok(header_all(&s.request(rep)?.headers, &name))
+        })
     }
 
     fn headers(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<Headers> {
-        let _span = self.hostcall("request.headers")?;
-        Ok(headers_to_list(&self.table.get(&this)?.headers))
+        let rep = this.rep();
+        self.call("request.headers", move |s| {
+            Ok(headers_to_list(&s.request(rep)?.headers))
+        })
     }
 
     fn set_header(
@@ -201,12 +215,10 @@ impl HostRequest for StoreState {
         name: String,
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        let _span = self.hostcall("request.set-header")?;
-        Ok(set_header(
-            &mut self.table.get_mut(&this)?.headers,
-            &name,
-            &value,
-        ))
+        let rep = this.rep();
+        self.call("request.set-header", move |s| {
+            Ok(set_header(&mut s.request(rep)?.headers, &name, &value))
+        })
     }
 
     fn append_header(
@@ -215,28 +227,32 @@ impl HostRequest for StoreState {
         name: String,
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        let _span = self.hostcall("request.append-header")?;
-        Ok(append_header(
-            &mut self.table.get_mut(&this)?.headers,
-            &name,
-            &value,
-        ))
+        let rep = this.rep();
+        self.call("request.append-header", move |s| {
+            Ok(append_header(&mut s.request(rep)?.headers, &name, &value))
+        })
     }
 
     fn remove_header(&mut self, this: Resource<RequestHead>, name: String) -> wasmtime::Result<()> {
-        let _span = self.hostcall("request.remove-header")?;
-        remove_header(&mut self.table.get_mut(&this)?.headers, &name);
-        Ok(())
+        let rep = this.rep();
+        self.call("request.remove-header", move |s| {
+            remove_header(&mut s.request(rep)?.headers, &name);
+            Ok(())
+        })
     }
 
     fn client_ip(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
-        let _span = self.hostcall("request.client-ip")?;
-        Ok(self.table.get(&this)?.client_ip.to_string())
+        let rep = this.rep();
+        self.call("request.client-ip", move |s| {
+            Ok(s.request(rep)?.client_ip.to_string())
+        })
     }
 
     fn backend(&mut self, this: Resource<RequestHead>) -> wasmtime::Result<String> {
-        let _span = self.hostcall("request.backend")?;
-        Ok(self.table.get(&this)?.backend.clone())
+        let rep = this.rep();
+        self.call("request.backend", move |s| {
+            Ok(s.request(rep)?.backend.clone())
+        })
     }
 
     fn set_backend(
@@ -244,20 +260,25 @@ impl HostRequest for StoreState {
         this: Resource<RequestHead>,
         name: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        let _span = self.hostcall("request.set-backend")?;
-        // Later hooks run after the backend was contacted (or the response
-        // came from the cache): a change would silently do nothing.
-        if self.hook != Hook::OnRequest {
-            return Ok(Err(format!(
-                "set-backend is only possible in on-request, not in {}",
-                self.hook
-            )));
-        }
-        if !self.services.backend_exists(&name) {
-            return Ok(Err(format!("unknown backend {name:?}")));
-        }
-        self.table.get_mut(&this)?.backend = name;
-        Ok(Ok(()))
+        let rep = this.rep();
+        self.call("request.set-backend", move |s| {
+            // Later hooks run after the backend was contacted (or the
+            // response came from the cache): a change would silently do
+            // nothing.
+            if s.hook != Hook::OnRequest {
+                return Ok(Err(format!(
+                    "set-backend is only possible in on-request, not in {}",
+                    s.hook
+                )));
+            }
+            // Backends are fixed for a policy generation's lifetime (a
+            // config reload makes a new generation), so this reply repeats.
+            if !s.services.backend_exists(&name) {
+                return Ok(Err(format!("unknown backend {name:?}")));
+            }
+            s.request(rep)?.backend = name.clone();
+            Ok(Ok(()))
+        })
     }
 
     fn add_to_cache_key(
@@ -265,9 +286,11 @@ impl HostRequest for StoreState {
         this: Resource<RequestHead>,
         data: String,
     ) -> wasmtime::Result<()> {
-        let _span = self.hostcall("request.add-to-cache-key")?;
-        self.table.get_mut(&this)?.cache_key_extra.push(data);
-        Ok(())
+        let rep = this.rep();
+        self.call("request.add-to-cache-key", move |s| {
+            s.request(rep)?.cache_key_extra.push(data.clone());
+            Ok(())
+        })
     }
 
     fn drop(&mut self, _rep: Resource<RequestHead>) -> wasmtime::Result<()> {
@@ -279,8 +302,10 @@ impl HostRequest for StoreState {
 
 impl HostResponse for StoreState {
     fn status(&mut self, this: Resource<ResponseHead>) -> wasmtime::Result<u16> {
-        let _span = self.hostcall("response.status")?;
-        Ok(self.table.get(&this)?.status.as_u16())
+        let rep = this.rep();
+        self.call("response.status", move |s| {
+            Ok(s.response(rep)?.status.as_u16())
+        })
     }
 
     fn set_status(
@@ -288,14 +313,16 @@ impl HostResponse for StoreState {
         this: Resource<ResponseHead>,
         status: u16,
     ) -> wasmtime::Result<Result<(), String>> {
-        let _span = self.hostcall("response.set-status")?;
-        match StatusCode::from_u16(status) {
-            Ok(status) => {
-                self.table.get_mut(&this)?.status = status;
-                Ok(Ok(()))
+        let rep = this.rep();
+        self.call("response.set-status", move |s| {
+            match StatusCode::from_u16(status) {
+                Ok(status) => {
+                    s.response(rep)?.status = status;
+                    Ok(Ok(()))
+                }
+                Err(_) => Ok(Err(format!("invalid status {status}: must be 100-999"))),
             }
-            Err(_) => Ok(Err(format!("invalid status {status}: must be 100-999"))),
-        }
+        })
     }
 
     fn header(
@@ -303,8 +330,10 @@ impl HostResponse for StoreState {
         this: Resource<ResponseHead>,
         name: String,
     ) -> wasmtime::Result<Option<String>> {
-        let _span = self.hostcall("response.header")?;
-        Ok(header_first(&self.table.get(&this)?.headers, &name))
+        let rep = this.rep();
+        self.call("response.header", move |s| {
+            Ok(header_first(&s.response(rep)?.headers, &name))
+        })
     }
 
     fn header_all(
@@ -312,13 +341,17 @@ impl HostResponse for StoreState {
         this: Resource<ResponseHead>,
         name: String,
     ) -> wasmtime::Result<Vec<String>> {
-        let _span = self.hostcall("response.header-all")?;
-        Ok(header_all(&self.table.get(&this)?.headers, &name))
+        let rep = this.rep();
+        self.call("response.header-all", move |s| {
+            Ok(header_all(&s.response(rep)?.headers, &name))
+        })
     }
 
     fn headers(&mut self, this: Resource<ResponseHead>) -> wasmtime::Result<Headers> {
-        let _span = self.hostcall("response.headers")?;
-        Ok(headers_to_list(&self.table.get(&this)?.headers))
+        let rep = this.rep();
+        self.call("response.headers", move |s| {
+            Ok(headers_to_list(&s.response(rep)?.headers))
+        })
     }
 
     fn set_header(
@@ -327,12 +360,10 @@ impl HostResponse for StoreState {
         name: String,
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        let _span = self.hostcall("response.set-header")?;
-        Ok(set_header(
-            &mut self.table.get_mut(&this)?.headers,
-            &name,
-            &value,
-        ))
+        let rep = this.rep();
+        self.call("response.set-header", move |s| {
+            Ok(set_header(&mut s.response(rep)?.headers, &name, &value))
+        })
     }
 
     fn append_header(
@@ -341,12 +372,10 @@ impl HostResponse for StoreState {
         name: String,
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
-        let _span = self.hostcall("response.append-header")?;
-        Ok(append_header(
-            &mut self.table.get_mut(&this)?.headers,
-            &name,
-            &value,
-        ))
+        let rep = this.rep();
+        self.call("response.append-header", move |s| {
+            Ok(append_header(&mut s.response(rep)?.headers, &name, &value))
+        })
     }
 
     fn remove_header(
@@ -354,9 +383,11 @@ impl HostResponse for StoreState {
         this: Resource<ResponseHead>,
         name: String,
     ) -> wasmtime::Result<()> {
-        let _span = self.hostcall("response.remove-header")?;
-        remove_header(&mut self.table.get_mut(&this)?.headers, &name);
-        Ok(())
+        let rep = this.rep();
+        self.call("response.remove-header", move |s| {
+            remove_header(&mut s.response(rep)?.headers, &name);
+            Ok(())
+        })
     }
 
     fn drop(&mut self, _rep: Resource<ResponseHead>) -> wasmtime::Result<()> {

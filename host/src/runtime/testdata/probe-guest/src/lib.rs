@@ -15,6 +15,20 @@ use inlay::policy::{cache, clock, config, esi, fetch, kv, log};
 
 struct Probe;
 
+thread_local! {
+    /// Hooks this instance ran, and what `on-request` saw: lets tests see
+    /// that an instance brought up mid-request ran each hook exactly once.
+    static HOOKS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn ran(what: String) -> String {
+    HOOKS.with(|h| {
+        let mut h = h.borrow_mut();
+        h.push(what);
+        h.join(",")
+    })
+}
+
 fn synth(status: u16, headers: Vec<(String, String)>, body: impl Into<Vec<u8>>) -> RequestAction {
     RequestAction::Synthetic(SyntheticResponse {
         status,
@@ -45,6 +59,7 @@ fn describe(r: &Result<fetch::FetchResponse, fetch::FetchError>) -> String {
 impl Guest for Probe {
     fn on_request(req: &Request) -> RequestAction {
         let url = req.url();
+        let _ = req.set_header("x-hooks", &ran(format!("request {url}")));
         let path = url.split('?').next().unwrap_or("").to_string();
         match path.as_str() {
             "/loop" => {
@@ -257,6 +272,7 @@ impl Guest for Probe {
         settings: CacheSettings,
     ) -> CacheSettings {
         let mut settings = settings;
+        let _ = resp.set_header("x-hooks", &ran(format!("backend-response {}", settings.ttl)));
         let _ = resp.set_header("x-bres-url", &req.url());
         let _ = resp.append_header("x-bres-status", &resp.status().to_string());
         if resp.status() >= 500 {
@@ -276,6 +292,7 @@ impl Guest for Probe {
     }
 
     fn on_deliver(req: &Request, resp: &Response) {
+        let _ = resp.set_header("x-hooks", &ran("deliver".to_string()));
         let _ = resp.set_header("x-deliver", &req.method());
         resp.remove_header("server");
         let names = resp
