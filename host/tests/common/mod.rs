@@ -172,6 +172,7 @@ pub struct InlayBuilder {
     server: String,
     backend: Option<String>,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl InlayBuilder {
@@ -200,6 +201,12 @@ impl InlayBuilder {
         self
     }
 
+    /// An environment variable for the process (e.g. `TOKIO_WORKER_THREADS`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
     pub fn start(self) -> Inlay {
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("inlay.toml");
@@ -216,6 +223,7 @@ impl InlayBuilder {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlay"));
         cmd.arg("serve").arg("--config").arg(&cfg).args(&self.args);
         cmd.env("INLAY_LOG", "info");
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let (child, addr, out, err) = spawn_and_wait_listening(cmd, true);
         Inlay {
             child: Some(child),
