@@ -91,7 +91,8 @@ enum Run {
 /// instance's slot, if it had one, to the pool.
 pub struct PolicyCall {
     policy: LoadedPolicy,
-    memo: Option<Arc<Memo>>,
+    /// Whether hooks may be answered from the policy's recorded paths.
+    replay: bool,
     /// Where this request is on the recorded paths; `None` once it left
     /// what can be recorded.
     cursor: Option<Arc<Node>>,
@@ -187,8 +188,11 @@ impl PolicyCall {
         replay: bool,
     ) -> Result<Self, PolicyError> {
         let state = StoreState::new(services, policy.shared(), EPOCH_TICK);
-        let memo = if replay { policy.memo() } else { None };
-        let start = memo.as_ref().and_then(|memo| memo.start());
+        let start = if replay {
+            policy.memo().and_then(Memo::start)
+        } else {
+            None
+        };
         let shard = start.as_ref().map_or(0, |s| s.shard);
         let cursor = start.map(|s| s.root);
         let run = if cursor.is_some() {
@@ -201,7 +205,7 @@ impl PolicyCall {
         };
         Ok(Self {
             policy,
-            memo,
+            replay,
             cursor,
             shard,
             entries: Vec::new(),
@@ -209,6 +213,12 @@ impl PolicyCall {
             run,
             failed: false,
         })
+    }
+
+    /// The policy generation's recorded paths, when this request may use
+    /// them (borrowed: no reference count per request).
+    fn memo(&self) -> Option<&Memo> {
+        self.policy.memo().filter(|_| self.replay)
     }
 
     fn state_mut(&mut self) -> Option<&mut StoreState> {
@@ -259,7 +269,7 @@ impl PolicyCall {
                     Walk::Returned(returned, node) => {
                         self.cursor = Some(node);
                         self.entries.push(entry.clone());
-                        if let Some(memo) = &self.memo {
+                        if let Some(memo) = self.memo() {
                             memo.count_replayed(self.shard);
                         }
                         return Ok(returned);
@@ -274,7 +284,7 @@ impl PolicyCall {
             Run::Gone => return Err(PolicyError::AlreadyFailed { hook: entry.hook }),
         };
         self.cursor = None;
-        if let Some(memo) = &self.memo {
+        if let Some(memo) = self.memo() {
             memo.count_live(self.shard);
         }
         let Run::Live(live) = &mut self.run else {
@@ -288,7 +298,7 @@ impl PolicyCall {
             return Err(self.not_repeated(entry.hook, "its recorded calls"));
         }
         let returned = result?;
-        if let (Some((at, key)), Some(recording), Some(memo)) = (branch, recording, &self.memo) {
+        if let (Some((at, key)), Some(recording), Some(memo)) = (branch, recording, self.memo()) {
             self.cursor = memo.insert(self.shard, &at, key, recording, returned.clone());
         }
         Ok(returned)
@@ -299,8 +309,12 @@ impl PolicyCall {
     /// the current hook. The replies already given (in those hooks and so
     /// far in this one) come from a tape, so nothing is done twice.
     async fn catch_up(&mut self, lent: Lent) -> Result<(), PolicyError> {
-        let Run::Replay(mut state) = std::mem::replace(&mut self.run, Run::Gone) else {
-            return Ok(());
+        let mut state = match std::mem::replace(&mut self.run, Run::Gone) {
+            Run::Replay(state) => state,
+            other => {
+                self.run = other;
+                return Ok(());
+            }
         };
         let entries = std::mem::take(&mut self.entries);
         state.tape = Tape::new(std::mem::take(&mut self.replies));
@@ -331,7 +345,7 @@ impl PolicyCall {
     /// The error of an instance that did not do what the recorded paths
     /// say it would; replaying is switched off for the policy generation.
     fn not_repeated(&self, hook: Hook, what: &str) -> PolicyError {
-        if let Some(memo) = &self.memo {
+        if let Some(memo) = self.memo() {
             memo.disable();
         }
         PolicyError::Trap {

@@ -290,8 +290,8 @@ impl LoadedPolicy {
         Arc::clone(&self.inner.shared)
     }
 
-    pub(crate) fn memo(&self) -> Option<Arc<Memo>> {
-        self.inner.memo.clone()
+    pub(crate) fn memo(&self) -> Option<&Memo> {
+        self.inner.memo.as_deref()
     }
 
     /// How requests were answered: from recorded paths or by instances;
