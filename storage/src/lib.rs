@@ -17,7 +17,8 @@
 //!   chunks (1 MiB by default), each a file of its own under
 //!   `<dir>/chunks/` with a pointer in sled's `chunks` tree (sled keeps
 //!   what it reads in memory and replays its log at open, so bulk bytes stay
-//!   out of it); the metadata record is written last, so a torn write leaves no record or a record whose chunks
+//!   out of it; files of 256 KiB or more are memory-mapped when read, so
+//!   the body reaches the socket with one copy); the metadata record is written last, so a torn write leaves no record or a record whose chunks
 //!   fail verification. Every body carries a CRC-32 and every record carries
 //!   its own: a corrupt, torn or partial object is a miss, is removed and is
 //!   logged at `warn`. Objects load lazily (no scan at open); byte counters

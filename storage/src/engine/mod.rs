@@ -55,11 +55,13 @@ impl TreeId {
 }
 
 /// A value read from an engine, without copying where the engine allows.
-#[derive(Clone)]
+#[derive(Debug)]
 pub(crate) enum Value {
     Sled(sled::IVec),
     /// Read from a file (chunks).
     Owned(Vec<u8>),
+    /// A file mapped into memory (large chunks).
+    Mapped(memmap2::Mmap),
 }
 
 impl Deref for Value {
@@ -68,6 +70,7 @@ impl Deref for Value {
         match self {
             Value::Sled(v) => v,
             Value::Owned(v) => v,
+            Value::Mapped(m) => m,
         }
     }
 }
@@ -78,6 +81,19 @@ impl Value {
         match self {
             Value::Sled(v) => bytes::Bytes::copy_from_slice(&v),
             Value::Owned(v) => bytes::Bytes::from(v),
+            Value::Mapped(m) => bytes::Bytes::from_owner(m),
+        }
+    }
+}
+
+impl Clone for Value {
+    /// A mapping is cloned as a copy of its bytes (only meta records,
+    /// never mapped, are cloned today).
+    fn clone(&self) -> Value {
+        match self {
+            Value::Sled(v) => Value::Sled(v.clone()),
+            Value::Owned(v) => Value::Owned(v.clone()),
+            Value::Mapped(m) => Value::Owned(m.to_vec()),
         }
     }
 }

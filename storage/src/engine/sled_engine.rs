@@ -231,7 +231,7 @@ impl SledEngine {
             return Ok(Value::Owned(Vec::new()));
         };
         match self.chunks.read(p) {
-            Ok(v) => Ok(Value::Owned(v)),
+            Ok(v) => Ok(v),
             Err(StoreError::Corrupt(_)) => Ok(Value::Owned(Vec::new())),
             Err(e) => Err(e),
         }
@@ -258,7 +258,7 @@ impl DiskEngine for SledEngine {
         match (tree, v) {
             (TreeId::Chunks, Some(ptr)) => {
                 let p = Pointer::decode(&ptr)?;
-                Ok(Some(Value::Owned(self.chunks.read(p)?)))
+                Ok(Some(self.chunks.read(p)?))
             }
             (_, v) => Ok(v.map(Value::Sled)),
         }
