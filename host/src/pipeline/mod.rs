@@ -143,7 +143,7 @@ impl Pipeline {
     /// A fresh instance of the current policy for one request, if any.
     async fn start_policy(&self) -> Result<Option<PolicyCall>, ProxyError> {
         match &self.policy {
-            Some(slot) => Ok(Some(slot.current().start(self.services.clone()).await?)),
+            Some(slot) => Ok(Some(slot.handle(&self.services).start().await?)),
             None => Ok(None),
         }
     }

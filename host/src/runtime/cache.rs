@@ -90,7 +90,7 @@ impl Host for StoreState {
         let check = check_target(&host, &url);
         let found = self
             .cache_call("cache.lookup", check, |s| {
-                Ok(s.services.cache_lookup(&host, &url))
+                Ok(s.services().cache_lookup(&host, &url))
             })
             .await?;
         Ok(found.map(|o| o.map(from_cached)))
@@ -105,7 +105,7 @@ impl Host for StoreState {
         let check = check_target(&host, &url);
         self.cache_call("cache.insert", check, |s| {
             let obj = to_new_object(obj)?;
-            Ok(s.services.cache_insert(&host, &url, obj))
+            Ok(s.services().cache_insert(&host, &url, obj))
         })
         .await
     }
@@ -118,7 +118,7 @@ impl Host for StoreState {
     ) -> wasmtime::Result<Result<u32, CacheError>> {
         let check = check_target(&host, &url);
         self.cache_call("cache.purge-url", check, |s| {
-            Ok(s.services.cache_purge_url(&host, &url, soft))
+            Ok(s.services().cache_purge_url(&host, &url, soft))
         })
         .await
     }
@@ -134,7 +134,7 @@ impl Host for StoreState {
             Ok(())
         };
         self.cache_call("cache.purge-key", check, |s| {
-            Ok(s.services.cache_purge_key(&key, soft))
+            Ok(s.services().cache_purge_key(&key, soft))
         })
         .await
     }

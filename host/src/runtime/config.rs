@@ -7,13 +7,13 @@ use super::state::StoreState;
 impl Host for StoreState {
     fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {
         self.call("config.get", move |s| {
-            Ok(s.policy.config.get(&key).cloned())
+            Ok(s.policy().config.get(&key).cloned())
         })
     }
 
     fn all(&mut self) -> wasmtime::Result<Vec<(String, String)>> {
         self.call("config.all", |s| {
-            Ok(s.policy
+            Ok(s.policy()
                 .config
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))

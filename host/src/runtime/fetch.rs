@@ -69,12 +69,12 @@ impl Host for StoreState {
         if !self.count_unrepeatable() || self.take_subrequests(1) == 0 {
             return Ok(Err(FetchError::LimitExceeded));
         }
-        let services = &self.services;
+        let services = self.services();
         let sub = match to_sub_request(req, |b| services.backend_exists(b)) {
             Ok(sub) => sub,
             Err(e) => return Ok(Err(e)),
         };
-        let future = self.services.fetch(sub, &self.default_backend());
+        let future = self.services().fetch(sub, &self.default_backend());
         let started = Instant::now();
         let result = future.instrument(span).await;
         // Waiting for the backend is not the guest's CPU time.
@@ -100,7 +100,7 @@ impl Host for StoreState {
             Vec::with_capacity(reqs.len());
         let mut batch = Vec::new();
         let mut slots = Vec::new();
-        let services = &self.services;
+        let services = self.services();
         for (i, req) in reqs.into_iter().enumerate() {
             if i >= granted {
                 results.push(Some(Err(FetchError::LimitExceeded)));
@@ -117,7 +117,7 @@ impl Host for StoreState {
         }
         if !batch.is_empty() {
             let sent = batch.len();
-            let future = self.services.fetch_many(batch, &self.default_backend());
+            let future = self.services().fetch_many(batch, &self.default_backend());
             let started = Instant::now();
             let answers = future.instrument(span).await;
             self.clock.exclude(started.elapsed());

@@ -62,7 +62,7 @@ fn action_from_wit(action: wit::RequestAction) -> Result<RequestAction, String> 
 /// Maps a failed guest call to the caller's error, using what the store
 /// saw (an expired clock, a refused memory growth, a reached cap).
 fn classify(state: &StoreState, hook: Hook, err: wasmtime::Error) -> PolicyError {
-    let limits = &state.policy.limits;
+    let limits = &state.policy().limits;
     if let Some(limit) = err.downcast_ref::<HostLimitTrap>() {
         return PolicyError::LimitExceeded {
             hook,

@@ -13,7 +13,7 @@ impl StoreState {
         if !self.count_unrepeatable() {
             return Some(KvError::LimitExceeded);
         }
-        if key.len() > self.policy.limits.kv_max_key {
+        if key.len() > self.policy().limits.kv_max_key {
             return Some(KvError::TooLarge);
         }
         None
@@ -28,7 +28,7 @@ impl Host for StoreState {
         }
         // Storage time is the host's, not the guest's CPU time.
         let started = Instant::now();
-        let result = self.services.kv_get(&self.policy.name, &key);
+        let result = self.services().kv_get(&self.policy().name, &key);
         self.clock.exclude(started.elapsed());
         Ok(result.map_err(KvError::Storage))
     }
@@ -38,12 +38,12 @@ impl Host for StoreState {
         if let Some(e) = self.kv_enter(&key) {
             return Ok(Err(e));
         }
-        if value.len() > self.policy.limits.kv_max_value {
+        if value.len() > self.policy().limits.kv_max_value {
             return Ok(Err(KvError::TooLarge));
         }
         // Storage time is the host's, not the guest's CPU time.
         let started = Instant::now();
-        let result = self.services.kv_set(&self.policy.name, &key, &value);
+        let result = self.services().kv_set(&self.policy().name, &key, &value);
         self.clock.exclude(started.elapsed());
         Ok(result.map_err(KvError::Storage))
     }
@@ -55,7 +55,7 @@ impl Host for StoreState {
         }
         // Storage time is the host's, not the guest's CPU time.
         let started = Instant::now();
-        let result = self.services.kv_delete(&self.policy.name, &key);
+        let result = self.services().kv_delete(&self.policy().name, &key);
         self.clock.exclude(started.elapsed());
         Ok(result.map_err(KvError::Storage))
     }

@@ -21,8 +21,8 @@ impl Host for StoreState {
         // Replayed requests write the line too: it is the policy's output.
         self.call("log.write", move |s| {
             // A policy must not be able to flood the log with one huge line.
-            let message = truncate(&message, s.policy.limits.log_max_line);
-            let policy = s.policy.name.as_str();
+            let message = truncate(&message, s.policy().limits.log_max_line);
+            let policy = s.policy().name.as_str();
             let hook = s.hook.as_str();
             match level {
                 Level::Trace => tracing::trace!(target: "inlay::policy", policy, hook, "{message}"),

@@ -70,7 +70,7 @@ pub use engine::{EPOCH_TICK, PolicyEngine};
 pub use errors::{Hook, PolicyError};
 pub use limits::PolicyLimits;
 pub use memo::MemoStats;
-pub use policy::{LoadedPolicy, PolicySlot, PolicySource};
+pub use policy::{LoadedPolicy, PolicyHandle, PolicySlot, PolicySource};
 pub use prewarm::warm_request;
 pub use services::{CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse};
 pub use types::{RequestHead, ResponseHead};

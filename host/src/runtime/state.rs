@@ -10,7 +10,7 @@ use super::call::EsiOverrides;
 use super::errors::{Hook, HostLimitTrap};
 use super::limits::{CpuClock, MemoryLimiter};
 use super::memo::{Recordable, Recorded, Recording, Tape};
-use super::policy::PolicyShared;
+use super::policy::{PolicyHandle, PolicyShared};
 use super::services::PolicyServices;
 use super::types::{RequestHead, ResponseHead};
 
@@ -18,10 +18,9 @@ use super::types::{RequestHead, ResponseHead};
 pub(crate) struct StoreState {
     /// Request and response heads lent to the guest during a hook.
     pub(crate) table: ResourceTable,
-    /// The host's cache, kv and fetcher.
-    pub(crate) services: Arc<dyn PolicyServices>,
-    /// The policy's name, config and limits.
-    pub(crate) policy: Arc<PolicyShared>,
+    /// The policy (name, config, limits) and the host's cache, kv and
+    /// fetcher.
+    handle: Arc<PolicyHandle>,
     /// Memory cap.
     pub(crate) limiter: MemoryLimiter,
     /// CPU budget of the current hook.
@@ -45,15 +44,10 @@ pub(crate) struct StoreState {
 }
 
 impl StoreState {
-    pub(crate) fn new(
-        services: Arc<dyn PolicyServices>,
-        policy: Arc<PolicyShared>,
-        tick: std::time::Duration,
-    ) -> Self {
-        let limits = &policy.limits;
+    pub(crate) fn new(handle: Arc<PolicyHandle>, tick: std::time::Duration) -> Self {
+        let limits = &handle.policy().shared().limits;
         Self {
             table: ResourceTable::new(),
-            services,
             limiter: MemoryLimiter::new(limits.memory),
             clock: CpuClock::new(limits.cpu_time(), tick),
             hook: Hook::Instantiate,
@@ -64,8 +58,18 @@ impl StoreState {
             esi: EsiOverrides::default(),
             recorder: None,
             tape: Tape::default(),
-            policy,
+            handle,
         }
+    }
+
+    /// The host's cache, kv and fetcher.
+    pub(crate) fn services(&self) -> &dyn PolicyServices {
+        self.handle.services()
+    }
+
+    /// The policy's name, config and limits.
+    pub(crate) fn policy(&self) -> &PolicyShared {
+        self.handle.policy().shared()
     }
 
     /// Makes a repeatable host call: `call` must depend only on its
@@ -123,7 +127,7 @@ impl StoreState {
     /// Counts a host call; `false` once the cap is reached. Calls made in
     /// replay count as the guest's own would.
     pub(crate) fn count_call(&mut self) -> bool {
-        let limit = self.policy.limits.max_host_calls;
+        let limit = self.policy().limits.max_host_calls;
         if self.host_calls >= limit {
             self.limit_hit.get_or_insert(HostLimitTrap {
                 what: "host calls",
@@ -150,7 +154,7 @@ impl StoreState {
         if !self.count_call() {
             return Err(wasmtime::Error::new(HostLimitTrap {
                 what: "host calls",
-                limit: self.policy.limits.max_host_calls,
+                limit: self.policy().limits.max_host_calls,
             }));
         }
         Ok(tracing::debug_span!("hostcall", call = name).entered())
@@ -158,7 +162,7 @@ impl StoreState {
 
     /// Takes up to `wanted` subrequests from the cap; returns how many may go.
     pub(crate) fn take_subrequests(&mut self, wanted: usize) -> usize {
-        let limit = self.policy.limits.max_subrequests;
+        let limit = self.policy().limits.max_subrequests;
         let left = usize::try_from(limit.saturating_sub(self.subrequests)).unwrap_or(usize::MAX);
         let granted = wanted.min(left);
         // `granted <= left <= u32::MAX`, so this cannot saturate.

@@ -741,12 +741,17 @@ async fn reload_swaps_the_policy_without_failing_requests_in_flight() {
             .expect("load"),
     );
     let first = slot.current().generation();
+    let services: Arc<dyn PolicyServices> = FakeServices::new();
     let mut tasks = Vec::new();
     for i in 0..40 {
         let task_slot = Arc::clone(&slot);
+        let services = Arc::clone(&services);
         tasks.push(tokio::spawn(async move {
-            let policy = task_slot.current();
-            let mut call = policy.start(FakeServices::new()).await?;
+            // As the server does: the worker thread's handle of the
+            // current generation.
+            let handle = task_slot.handle(&services);
+            let policy = handle.policy().clone();
+            let mut call = handle.start().await?;
             let mut req = request(&format!("/page/{i}"));
             call.on_request(&mut req).await?;
             // Stay in flight across a reload.
@@ -781,6 +786,32 @@ async fn reload_swaps_the_policy_without_failing_requests_in_flight() {
         "requests ran several generations: {generations:?}"
     );
     assert_ne!(slot.current().generation(), first);
+}
+
+#[tokio::test]
+async fn a_thread_shares_one_handle_per_generation_and_services() {
+    let slot = PolicySlot::load(engine(), probe_source(test_limits()))
+        .await
+        .expect("load");
+    let services: Arc<dyn PolicyServices> = FakeServices::new();
+    let a = slot.handle(&services);
+    assert!(Arc::ptr_eq(&a, &slot.handle(&services)));
+    assert_eq!(a.policy().generation(), slot.current().generation());
+    // Other services (another server in the process) get their own.
+    let other: Arc<dyn PolicyServices> = FakeServices::new();
+    assert!(!Arc::ptr_eq(&a, &slot.handle(&other)));
+    // After a reload, new requests get the new generation; a request
+    // holding the old handle keeps it.
+    slot.reload(probe_source(test_limits()))
+        .await
+        .expect("reload");
+    let b = slot.handle(&services);
+    assert_ne!(b.policy().generation(), a.policy().generation());
+    assert_eq!(b.policy().generation(), slot.current().generation());
+    let mut call = a.start().await.expect("old generation still starts");
+    call.on_request(&mut request("/old"))
+        .await
+        .expect("old generation still runs");
 }
 
 #[tokio::test]
