@@ -26,7 +26,9 @@ pub const ESI_MARK: &str = "inlay-internal-esi";
 /// The stored header fields of an object as a header map, and whether the
 /// object is an ESI template (the internal mark is not returned).
 pub fn stored_headers(meta: &ObjectMeta) -> (HeaderMap, bool) {
-    let mut headers = HeaderMap::new();
+    // Room for what delivery adds (length, age, via, cache status, a
+    // policy's headers) without growing the map on every hit.
+    let mut headers = HeaderMap::with_capacity(meta.headers.len() + 8);
     let mut esi = false;
     for (name, value) in &meta.headers {
         if name == ESI_MARK {

@@ -105,33 +105,49 @@ fn lossy(value: &HeaderValue) -> String {
     String::from_utf8_lossy(value.as_bytes()).into_owned()
 }
 
-fn header_first(map: &HeaderMap, name: &str) -> Option<String> {
-    // An invalid name cannot be present: answer "absent" rather than fail.
-    let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
-    map.get(name).map(lossy)
+// The helpers below take names and fields parsed once, when the guest
+// makes the call: a replayed call (see `runtime::memo`) then clones them
+// instead of parsing and allocating again on every request.
+
+/// A guest-supplied header name for a lookup or removal; `None` when it is
+/// not a valid name (then no such header can be present).
+fn lookup_name(name: &str) -> Option<HeaderName> {
+    HeaderName::from_bytes(name.as_bytes()).ok()
 }
 
-fn header_all(map: &HeaderMap, name: &str) -> Vec<String> {
-    match HeaderName::from_bytes(name.as_bytes()) {
-        Ok(name) => map.get_all(name).iter().map(lossy).collect(),
-        Err(_) => Vec::new(),
+/// A guest-supplied header field, or why it is refused.
+type Field = Result<(HeaderName, HeaderValue), String>;
+
+fn parse_field(name: &str, value: &str) -> Field {
+    let value = parse_value(name, value)?;
+    Ok((parse_name(name)?, value))
+}
+
+fn header_first(map: &HeaderMap, name: Option<&HeaderName>) -> Option<String> {
+    map.get(name?).map(lossy)
+}
+
+fn header_all(map: &HeaderMap, name: Option<&HeaderName>) -> Vec<String> {
+    match name {
+        Some(name) => map.get_all(name).iter().map(lossy).collect(),
+        None => Vec::new(),
     }
 }
 
-fn set_header(map: &mut HeaderMap, name: &str, value: &str) -> Result<(), String> {
-    let value = parse_value(name, value)?;
-    map.insert(parse_name(name)?, value);
+fn set_header(map: &mut HeaderMap, field: &Field) -> Result<(), String> {
+    let (name, value) = field.as_ref().map_err(Clone::clone)?;
+    map.insert(name.clone(), value.clone());
     Ok(())
 }
 
-fn append_header(map: &mut HeaderMap, name: &str, value: &str) -> Result<(), String> {
-    let value = parse_value(name, value)?;
-    map.append(parse_name(name)?, value);
+fn append_header(map: &mut HeaderMap, field: &Field) -> Result<(), String> {
+    let (name, value) = field.as_ref().map_err(Clone::clone)?;
+    map.append(name.clone(), value.clone());
     Ok(())
 }
 
-fn remove_header(map: &mut HeaderMap, name: &str) {
-    if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
+fn remove_header(map: &mut HeaderMap, name: Option<&HeaderName>) {
+    if let Some(name) = name {
         map.remove(name);
     }
 }
@@ -186,8 +202,9 @@ impl HostRequest for StoreState {
         name: String,
     ) -> wasmtime::Result<Option<String>> {
         let rep = this.rep();
+        let name = lookup_name(&name);
         self.call("request.header", move |s| {
-            Ok(header_first(&s.request(rep)?.headers, &name))
+            Ok(header_first(&s.request(rep)?.headers, name.as_ref()))
         })
     }
 
@@ -197,8 +214,9 @@ impl HostRequest for StoreState {
         name: String,
     ) -> wasmtime::Result<Vec<String>> {
         let rep = this.rep();
+        let name = lookup_name(&name);
         self.call("request.header-all", move |s| {
-            Ok(header_all(&s.request(rep)?.headers, &name))
+            Ok(header_all(&s.request(rep)?.headers, name.as_ref()))
         })
     }
 
@@ -216,8 +234,9 @@ impl HostRequest for StoreState {
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
         let rep = this.rep();
+        let field = parse_field(&name, &value);
         self.call("request.set-header", move |s| {
-            Ok(set_header(&mut s.request(rep)?.headers, &name, &value))
+            Ok(set_header(&mut s.request(rep)?.headers, &field))
         })
     }
 
@@ -228,15 +247,17 @@ impl HostRequest for StoreState {
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
         let rep = this.rep();
+        let field = parse_field(&name, &value);
         self.call("request.append-header", move |s| {
-            Ok(append_header(&mut s.request(rep)?.headers, &name, &value))
+            Ok(append_header(&mut s.request(rep)?.headers, &field))
         })
     }
 
     fn remove_header(&mut self, this: Resource<RequestHead>, name: String) -> wasmtime::Result<()> {
         let rep = this.rep();
+        let name = lookup_name(&name);
         self.call("request.remove-header", move |s| {
-            remove_header(&mut s.request(rep)?.headers, &name);
+            remove_header(&mut s.request(rep)?.headers, name.as_ref());
             Ok(())
         })
     }
@@ -273,7 +294,7 @@ impl HostRequest for StoreState {
             }
             // Backends are fixed for a policy generation's lifetime (a
             // config reload makes a new generation), so this reply repeats.
-            if !s.services.backend_exists(&name) {
+            if !s.services().backend_exists(&name) {
                 return Ok(Err(format!("unknown backend {name:?}")));
             }
             s.request(rep)?.backend = name.clone();
@@ -331,8 +352,9 @@ impl HostResponse for StoreState {
         name: String,
     ) -> wasmtime::Result<Option<String>> {
         let rep = this.rep();
+        let name = lookup_name(&name);
         self.call("response.header", move |s| {
-            Ok(header_first(&s.response(rep)?.headers, &name))
+            Ok(header_first(&s.response(rep)?.headers, name.as_ref()))
         })
     }
 
@@ -342,8 +364,9 @@ impl HostResponse for StoreState {
         name: String,
     ) -> wasmtime::Result<Vec<String>> {
         let rep = this.rep();
+        let name = lookup_name(&name);
         self.call("response.header-all", move |s| {
-            Ok(header_all(&s.response(rep)?.headers, &name))
+            Ok(header_all(&s.response(rep)?.headers, name.as_ref()))
         })
     }
 
@@ -361,8 +384,9 @@ impl HostResponse for StoreState {
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
         let rep = this.rep();
+        let field = parse_field(&name, &value);
         self.call("response.set-header", move |s| {
-            Ok(set_header(&mut s.response(rep)?.headers, &name, &value))
+            Ok(set_header(&mut s.response(rep)?.headers, &field))
         })
     }
 
@@ -373,8 +397,9 @@ impl HostResponse for StoreState {
         value: String,
     ) -> wasmtime::Result<Result<(), String>> {
         let rep = this.rep();
+        let field = parse_field(&name, &value);
         self.call("response.append-header", move |s| {
-            Ok(append_header(&mut s.response(rep)?.headers, &name, &value))
+            Ok(append_header(&mut s.response(rep)?.headers, &field))
         })
     }
 
@@ -384,8 +409,9 @@ impl HostResponse for StoreState {
         name: String,
     ) -> wasmtime::Result<()> {
         let rep = this.rep();
+        let name = lookup_name(&name);
         self.call("response.remove-header", move |s| {
-            remove_header(&mut s.response(rep)?.headers, &name);
+            remove_header(&mut s.response(rep)?.headers, name.as_ref());
             Ok(())
         })
     }
@@ -403,14 +429,18 @@ mod tests {
     #[test]
     fn header_helpers_validate_and_keep_order() {
         let mut map = HeaderMap::new();
-        assert!(set_header(&mut map, "X-A", "1").is_ok());
-        assert!(append_header(&mut map, "x-a", "2").is_ok());
-        assert_eq!(header_all(&map, "X-A"), vec!["1", "2"]);
-        assert_eq!(header_first(&map, "x-a").as_deref(), Some("1"));
-        assert!(set_header(&mut map, "bad name", "v").is_err());
-        assert!(set_header(&mut map, "x-b", "line\nbreak").is_err());
-        assert_eq!(header_first(&map, "bad name"), None);
-        remove_header(&mut map, "x-a");
+        let name = |n: &str| lookup_name(n);
+        assert!(set_header(&mut map, &parse_field("X-A", "1")).is_ok());
+        assert!(append_header(&mut map, &parse_field("x-a", "2")).is_ok());
+        assert_eq!(header_all(&map, name("X-A").as_ref()), vec!["1", "2"]);
+        assert_eq!(
+            header_first(&map, name("x-a").as_ref()).as_deref(),
+            Some("1")
+        );
+        assert!(set_header(&mut map, &parse_field("bad name", "v")).is_err());
+        assert!(set_header(&mut map, &parse_field("x-b", "line\nbreak")).is_err());
+        assert_eq!(header_first(&map, name("bad name").as_ref()), None);
+        remove_header(&mut map, name("x-a").as_ref());
         assert!(map.is_empty());
         let list = vec![("b".to_string(), "1".to_string()), ("a".into(), "2".into())];
         let map = headers_from_list(list).expect("valid");
