@@ -669,8 +669,12 @@ impl DiskTier {
                 .insert(TreeId::Surrogate, &surrogate_key(sk, key), &[])?;
         }
         let raw = rec.encode();
+        let inserted;
         let old = match expect {
-            None => self.engine.insert(TreeId::Meta, key.as_bytes(), &raw)?,
+            None => {
+                inserted = self.engine.insert(TreeId::Meta, key.as_bytes(), &raw)?;
+                inserted.as_ref()
+            }
             Some(old) => {
                 if !self.engine.compare_and_swap(
                     TreeId::Meta,
@@ -681,7 +685,7 @@ impl DiskTier {
                     let _ = self.engine.remove(TreeId::Fifo, &rec.seq.to_be_bytes());
                     return Err(StoreError::Engine("record changed during an update".into()));
                 }
-                Some(old.clone())
+                Some(old)
             }
         };
         self.usage
@@ -689,7 +693,7 @@ impl DiskTier {
         let Some(old) = old else {
             return Ok(true);
         };
-        Ok(self.cleanup_replaced(g, key, &old, &rec))
+        Ok(self.cleanup_replaced(g, key, old, &rec))
     }
 
     /// Deletes what the replaced record `old` had and `new` does not.

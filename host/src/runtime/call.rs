@@ -197,9 +197,7 @@ impl PolicyCall {
         let run = if replaying {
             Run::Replay(Box::new(state))
         } else {
-            let live = LiveCall::start(handle.policy().clone(), state)
-                .await
-                .map_err(|(e, _)| e)?;
+            let live = LiveCall::start(state).await.map_err(|(e, _)| e)?;
             Run::Live(Box::new(live))
         };
         Ok(Self {
@@ -319,7 +317,7 @@ impl PolicyCall {
         };
         let entries = std::mem::take(&mut self.entries);
         state.tape = Tape::new(std::mem::take(&mut self.replies));
-        let mut live = match LiveCall::start(self.handle.policy().clone(), *state).await {
+        let mut live = match LiveCall::start(*state).await {
             Ok(live) => live,
             Err((error, state)) => {
                 // The heads are in the state's table: keep it to give

@@ -2,6 +2,7 @@
 //! `InstancePre`, and the guest's hooks called in it with the CPU budget,
 //! memory cap and error classification around each call.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +16,6 @@ use super::bindings::inlay::policy::types as wit;
 use super::call::{CacheSettings, RequestAction, SyntheticResponse};
 use super::errors::{Hook, HostLimitTrap, PolicyError};
 use super::memo::{Entry, Returned};
-use super::policy::LoadedPolicy;
 use super::state::StoreState;
 use super::types::{RequestHead, ResponseHead, headers_from_list};
 
@@ -176,18 +176,16 @@ pub(crate) struct LiveCall {
     store: Store<StoreState>,
     instance: Instance,
     bindings: Policy,
-    /// Keeps the policy (and its compiled code) alive for the request.
-    policy: LoadedPolicy,
 }
 
 impl LiveCall {
-    /// Instantiates `policy` in a new store holding `state`; the guest's
-    /// start code runs under a whole CPU budget. On failure the state comes
-    /// back (it may hold lent heads).
-    pub(crate) async fn start(
-        policy: LoadedPolicy,
-        state: StoreState,
-    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    /// Instantiates the policy of `state`'s handle (which keeps it, and
+    /// its compiled code, alive for the request) in a new store holding
+    /// `state`; the guest's start code runs under a whole CPU budget. On
+    /// failure the state comes back (it may hold lent heads).
+    pub(crate) async fn start(state: StoreState) -> Result<Self, (PolicyError, Box<StoreState>)> {
+        let handle = Arc::clone(state.handle());
+        let policy = handle.policy();
         let span = tracing::debug_span!("policy.instantiate", policy = %policy.name());
         async move {
             let (engine, pre, indices) = policy.parts();
@@ -209,7 +207,6 @@ impl LiveCall {
                     store,
                     instance,
                     bindings,
-                    policy,
                 }),
                 Err(e) => {
                     let error = match classify(store.data(), Hook::Instantiate, e) {
@@ -287,7 +284,7 @@ impl LiveCall {
             Ok(raw) => raw,
             Err(e) => {
                 let error = classify(state, hook, e);
-                tracing::warn!(policy = %self.policy.name(), hook = %hook, error = %error, "policy hook failed");
+                tracing::warn!(policy = %state.policy().name, hook = %hook, error = %error, "policy hook failed");
                 return Err(error);
             }
         };

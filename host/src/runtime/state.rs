@@ -62,6 +62,11 @@ impl StoreState {
         }
     }
 
+    /// The policy generation and services this request runs with.
+    pub(crate) fn handle(&self) -> &Arc<PolicyHandle> {
+        &self.handle
+    }
+
     /// The host's cache, kv and fetcher.
     pub(crate) fn services(&self) -> &dyn PolicyServices {
         self.handle.services()

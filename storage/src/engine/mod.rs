@@ -86,18 +86,6 @@ impl Value {
     }
 }
 
-impl Clone for Value {
-    /// A mapping is cloned as a copy of its bytes (only meta records,
-    /// never mapped, are cloned today).
-    fn clone(&self) -> Value {
-        match self {
-            Value::Sled(v) => Value::Sled(v.clone()),
-            Value::Owned(v) => Value::Owned(v.clone()),
-            Value::Mapped(m) => Value::Owned(m.to_vec()),
-        }
-    }
-}
-
 impl PartialEq for Value {
     fn eq(&self, other: &Value) -> bool {
         **self == **other
