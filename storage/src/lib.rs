@@ -62,9 +62,9 @@
 //!   recovers. A flush that does not finish within 10 s marks the tier
 //!   degraded too, instead of hanging the caller;
 //! * a database sled cannot open (corruption, even a panic inside sled) is
-//!   moved aside; a locked one ([`StoreError::Locked`]) or a full disk
-//!   ([`StoreError::Full`]) is not, and `open` fails: the host may then run
-//!   memory-only.
+//!   moved aside; a locked one ([`StoreError::Locked`], after waiting 2 s
+//!   for a lock being released) or a full disk ([`StoreError::Full`]) is
+//!   not, and `open` fails: the host may then run memory-only.
 //!
 //! # Cost (criterion, `cargo bench -p inlay-storage --bench store`, 2 shared cores; measured with the chunks inside sled, before chunk files)
 //!

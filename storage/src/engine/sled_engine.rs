@@ -106,10 +106,30 @@ fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure>
     }
 }
 
+/// How long an open waits for a lock that is being released.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`try_open`], waiting up to [`LOCK_WAIT`] while the database is locked.
+/// sled releases its file lock only when its background flusher exits,
+/// a moment after the last handle is dropped: a store closed and opened
+/// again in one process (tests did, one run in forty under load) or a
+/// restart overlapping the old process's exit would otherwise be refused.
+fn try_open_waiting(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match try_open(dir, config) {
+            Err(OpenFailure::Locked) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Opens sled in `dir`; a database that cannot be opened is renamed to
 /// `<dir>.corrupt-<unix_ts>` and a fresh one is created in its place.
 pub(crate) fn open_sled(dir: &Path, config: &StoreConfig) -> Result<OpenedSled, StoreError> {
-    match try_open(dir, config) {
+    match try_open_waiting(dir, config) {
         Ok(engine) => Ok(OpenedSled {
             engine,
             moved_aside: None,
