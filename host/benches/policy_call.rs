@@ -7,7 +7,8 @@
 //! Policies: `headers` from `target/policies/` (`make policies`) or
 //! `$INLAY_POLICY_DIR`, plus the runtime's probe guest; set
 //! `INLAY_BENCH_POLICIES=headers,headers-js,headers-py` for others.
-//! After criterion's report it prints p50/p90/p99 of single requests.
+//! After criterion's report it prints p50/p90/p99 of single requests
+//! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -220,10 +221,13 @@ fn main() {
         // Fewer rounds for slow (interpreted) guests.
         let probe_started = Instant::now();
         runtime.block_on(one_request(policy, &services));
-        let rounds = if probe_started.elapsed() > Duration::from_millis(1) {
-            500
-        } else {
-            20_000
+        let rounds = match std::env::var("INLAY_BENCH_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+        {
+            Some(rounds) => rounds,
+            None if probe_started.elapsed() > Duration::from_millis(1) => 500,
+            None => 20_000,
         };
         let mut samples = Vec::with_capacity(rounds);
         runtime.block_on(async {

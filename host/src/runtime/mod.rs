@@ -46,6 +46,7 @@ mod bindings;
 mod cache;
 mod call;
 mod clock;
+mod compact;
 mod config;
 mod engine;
 mod errors;

@@ -12,6 +12,7 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 
 use super::bindings::{Policy, PolicyIndices};
 use super::call::PolicyCall;
+use super::compact::compact_data_segments;
 use super::engine::PolicyEngine;
 use super::errors::PolicyError;
 use super::limits::PolicyLimits;
@@ -206,12 +207,14 @@ impl LoadedPolicy {
         })?;
         let component = to_component(&path, &bytes)?;
         if !source.prewarm {
+            let component = compact_data_segments(&component);
             return Self::compile_component(engine, source, &component, false);
         }
         let started = std::time::Instant::now();
         let warm = prewarm::snapshot(engine, &source, &component);
         let fallback = match warm {
             Ok(snapshot) => {
+                let snapshot = compact_data_segments(&snapshot);
                 match Self::compile_component(engine, source.clone(), &snapshot, true) {
                     Ok(policy) => {
                         tracing::info!(
@@ -228,6 +231,7 @@ impl LoadedPolicy {
         };
         // The policy itself must still load; only then is the lost
         // optimisation worth a warning.
+        let component = compact_data_segments(&component);
         let policy = Self::compile_component(engine, source, &component, false)?;
         tracing::warn!(
             policy = %policy.name(),
