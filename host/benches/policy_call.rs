@@ -8,7 +8,11 @@
 //! `$INLAY_POLICY_DIR`, plus the runtime's probe guest; set
 //! `INLAY_BENCH_POLICIES=headers,headers-js,headers-py` for others.
 //! After criterion's report it prints p50/p90/p99 of single requests
-//! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed).
+//! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed): `live`
+//! instantiates on the request's path; `spare` starts from an instance
+//! made ahead (`pre_instantiate`), refilled between requests as a server's
+//! idle moments do. Criterion's back-to-back loop leaves no such moments,
+//! so its figures are the whole CPU cost of a request either way.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,8 +23,8 @@ use criterion::Criterion;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use inlay::runtime::{
-    CacheSettings, CachedObject, FetchError, LoadedPolicy, NewObject, PolicyEngine, PolicyLimits,
-    PolicyServices, PolicySource, RequestHead, ResponseHead, SubRequest, SubResponse,
+    CacheSettings, CachedObject, FetchError, LoadedPolicy, NewObject, PolicyEngine, PolicyHandle,
+    PolicyLimits, PolicyServices, PolicySource, RequestHead, ResponseHead, SubRequest, SubResponse,
 };
 
 /// Services that are never called by the benchmarked hooks.
@@ -110,8 +114,8 @@ fn response() -> ResponseHead {
 }
 
 /// One whole request through the policy.
-async fn one_request(policy: &LoadedPolicy, services: &Arc<dyn PolicyServices>) {
-    let mut call = policy.start(Arc::clone(services)).await.expect("start");
+async fn one_request(handle: &Arc<PolicyHandle>) {
+    let mut call = handle.start().await.expect("start");
     let mut req = request();
     call.on_request(&mut req).await.expect("on_request");
     let mut resp = response();
@@ -164,6 +168,7 @@ fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
             name: name.clone(),
             // INLAY_BENCH_COLD=1 measures instances of the file as it is.
             prewarm: std::env::var_os("INLAY_BENCH_COLD").is_none(),
+            pre_instantiate: true,
             // The instance's cost; `replayed` below measures the other path.
             memo_bytes: 0,
         };
@@ -199,8 +204,9 @@ fn main() {
     {
         let mut group = criterion.benchmark_group("policy_call");
         for (name, policy) in &policies {
+            let handle = PolicyHandle::new(policy.clone(), Arc::clone(&services));
             group.bench_function(format!("{name}/request"), |b| {
-                b.to_async(&runtime).iter(|| one_request(policy, &services));
+                b.to_async(&runtime).iter(|| one_request(&handle));
             });
             if name.ends_with("/replayed") {
                 continue;
@@ -208,7 +214,7 @@ fn main() {
             // The floor: a fresh instance and its drop, no hook.
             group.bench_function(format!("{name}/instantiate"), |b| {
                 b.to_async(&runtime).iter(|| async {
-                    drop(policy.start(Arc::clone(&services)).await.expect("start"));
+                    drop(handle.start().await.expect("start"));
                 });
             });
         }
@@ -218,9 +224,11 @@ fn main() {
 
     // Criterion reports means; the target is a median, so measure that too.
     for (name, policy) in &policies {
+        let live = PolicyHandle::new(policy.clone(), Arc::clone(&services));
+        let spare = PolicyHandle::keeping_spare(policy.clone(), Arc::clone(&services));
         // Fewer rounds for slow (interpreted) guests.
         let probe_started = Instant::now();
-        runtime.block_on(one_request(policy, &services));
+        runtime.block_on(one_request(&live));
         let rounds = match std::env::var("INLAY_BENCH_ROUNDS")
             .ok()
             .and_then(|r| r.parse().ok())
@@ -229,25 +237,47 @@ fn main() {
             None if probe_started.elapsed() > Duration::from_millis(1) => 500,
             None => 20_000,
         };
-        let mut samples = Vec::with_capacity(rounds);
-        runtime.block_on(async {
-            for _ in 0..rounds / 10 {
-                one_request(policy, &services).await;
-            }
-            for _ in 0..rounds {
-                let started = Instant::now();
-                one_request(policy, &services).await;
-                samples.push(started.elapsed());
-            }
-        });
-        samples.sort();
-        let pct = |p: usize| samples[samples.len() * p / 100];
-        println!(
-            "policy_call/{name}: p50 {:?}  p90 {:?}  p99 {:?}  ({} requests)",
-            pct(50),
-            pct(90),
-            pct(99),
-            samples.len()
-        );
+        let modes: &[(&str, &Arc<PolicyHandle>)] = if name.ends_with("/replayed") {
+            &[("", &live)]
+        } else {
+            &[(" live", &live), (" spare", &spare)]
+        };
+        for (mode, handle) in modes {
+            let samples = runtime.block_on(async {
+                let mut samples = Vec::with_capacity(rounds);
+                for _ in 0..rounds / 10 {
+                    one_request(handle).await;
+                    tokio::task::yield_now().await;
+                }
+                for _ in 0..rounds {
+                    // Let the spare be made, as it is between requests.
+                    tokio::task::yield_now().await;
+                    let started = Instant::now();
+                    one_request(handle).await;
+                    samples.push(started.elapsed());
+                }
+                samples
+            });
+            report(&format!("{name}{mode}"), samples);
+        }
     }
+    println!(
+        "instances started ahead: {}",
+        policies
+            .iter()
+            .map(|(_, p)| p.instances_started_ahead())
+            .sum::<u64>()
+    );
+}
+
+fn report(name: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    let pct = |p: usize| samples[samples.len() * p / 100];
+    println!(
+        "policy_call/{name}: p50 {:?}  p90 {:?}  p99 {:?}  ({} requests)",
+        pct(50),
+        pct(90),
+        pct(99),
+        samples.len()
+    );
 }

@@ -235,6 +235,7 @@ pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
             ..PolicyLimits::default()
         },
         prewarm: pc.prewarm,
+        pre_instantiate: pc.pre_instantiate,
         memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
         name: pc
             .path

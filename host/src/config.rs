@@ -163,6 +163,9 @@ pub struct PolicyConfig {
     pub max_instances: u32,
     /// Start requests from a snapshot taken after one synthetic request.
     pub prewarm: bool,
+    /// Keep one instance per worker thread made ahead of the request that
+    /// needs it, so that requests do not wait for instantiation.
+    pub pre_instantiate: bool,
     /// Bytes of recorded policy paths kept to answer repeated requests
     /// without an instance; 0 runs every request's policy live.
     pub memo_size: u64,
@@ -406,6 +409,7 @@ impl PolicyConfig {
             max_subrequests: 32,
             max_instances: 1000,
             prewarm: true,
+            pre_instantiate: true,
             memo_size: 16 << 20,
         }
     }
@@ -958,6 +962,7 @@ impl Reader {
                 "max_subrequests",
                 "max_instances",
                 "prewarm",
+                "pre_instantiate",
                 "memo_size",
             ],
         );
@@ -1001,6 +1006,7 @@ impl Reader {
             max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
                 as u32,
             prewarm: self.boolean(t, p, "prewarm", d.prewarm),
+            pre_instantiate: self.boolean(t, p, "pre_instantiate", d.pre_instantiate),
             memo_size: self.size(t, p, "memo_size", d.memo_size),
         };
         path.map(|_| pc)

@@ -75,11 +75,15 @@ impl PolicyEngine {
             .max_tables_per_module(TABLES_PER_COMPONENT)
             // Slots keep their CoW image mapped for the next request of the
             // same policy; only dirtied pages are reset: PAGEMAP_SCAN finds
-            // them (Linux 6.7+) and up to 64 KiB is zeroed with memset rather
-            // than madvise. Measured: 10 us per request against 14 us with
-            // either off.
+            // them (Linux 6.7+) and up to 4 MiB of them are zeroed with
+            // memset rather than unmapped and faulted in again (10 us per
+            // request against 14 us with either off). JS and Python
+            // requests dirty less than 1 MiB (no faster with 64 MiB); the
+            // bound keeps what an idle slot holds small, since every slot
+            // a burst of requests used keeps its pages (a slot a guest
+            // filled to its 64 MiB cap would otherwise keep all of it).
             .pagemap_scan(wasmtime::Enabled::Auto)
-            .linear_memory_keep_resident(64 << 20)
+            .linear_memory_keep_resident(4 << 20)
             .table_keep_resident(1 << 20);
         let mut config = Config::new();
         config

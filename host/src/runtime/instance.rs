@@ -179,11 +179,27 @@ pub(crate) struct LiveCall {
 }
 
 impl LiveCall {
+    /// An instance of the policy of `state`'s handle for one request:
+    /// the one made ahead for this thread if there is one (its store then
+    /// takes `state`, keeping the memory its start used), else a new one.
+    /// On failure the state comes back (it may hold lent heads).
+    pub(crate) async fn start(state: StoreState) -> Result<Self, (PolicyError, Box<StoreState>)> {
+        match state.handle().take_spare() {
+            Some(mut live) => {
+                let made_ahead = std::mem::replace(live.store.data_mut(), state);
+                live.store.data_mut().limiter = made_ahead.limiter;
+                Ok(live)
+            }
+            None => Self::start_new(state).await,
+        }
+    }
+
     /// Instantiates the policy of `state`'s handle (which keeps it, and
     /// its compiled code, alive for the request) in a new store holding
-    /// `state`; the guest's start code runs under a whole CPU budget. On
-    /// failure the state comes back (it may hold lent heads).
-    pub(crate) async fn start(state: StoreState) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    /// `state`; the guest's start code runs under a whole CPU budget.
+    pub(crate) async fn start_new(
+        state: StoreState,
+    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
         let handle = Arc::clone(state.handle());
         let policy = handle.policy();
         let span = tracing::debug_span!("policy.instantiate", policy = %policy.name());

@@ -191,6 +191,7 @@ fn probe_source(limits: PolicyLimits) -> PolicySource {
         limits,
         name: "probe".to_string(),
         prewarm: false,
+        pre_instantiate: true,
         // Every call below runs the guest; replay has its own tests.
         memo_bytes: 0,
     }
@@ -934,6 +935,7 @@ mod example_policies {
                 limits,
                 name: name.to_string(),
                 prewarm: true,
+                pre_instantiate: true,
                 memo_bytes: 0,
             },
         )
@@ -1044,3 +1046,4 @@ mod example_policies {
 }
 
 mod replay;
+mod spare;
