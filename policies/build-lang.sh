@@ -115,13 +115,16 @@ build_js() {
         log "installing ComponentizeJS (npm ci in guest-sdk/js)"
         (cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
     fi
-    local cli="$js/node_modules/@bytecodealliance/componentize-js/src/cli.js"
-    [ -f "$cli" ] || die "ComponentizeJS is missing at $cli"
+    [ -f "$js/node_modules/@bytecodealliance/componentize-js/src/cli.js" ] ||
+        die "ComponentizeJS is missing in $js/node_modules"
+    # ComponentizeJS's command line, with its generated glue made cheaper
+    # per call (guest-sdk/js/build/glue.mjs).
+    local cli="$js/build/componentize.mjs"
     local dir name t0
     for dir in "$policies"/*-js; do
         [ -f "$dir/policy.js" ] || continue
         name=$(basename "$dir")
-        if ! stale "$out/$name.wasm" "$dir" "$js/src" "$wit" "$js/package-lock.json"; then
+        if ! stale "$out/$name.wasm" "$dir" "$js/src" "$js/build" "$wit" "$js/package-lock.json"; then
             fresh=$((fresh + 1))
             continue
         fi
