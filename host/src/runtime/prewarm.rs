@@ -88,13 +88,7 @@ pub(crate) fn snapshot(
     let (cx, instrumented) = wizer
         .instrument_component(component)
         .map_err(|e| format!("cannot instrument the component: {e:#}"))?;
-    // The instrumented copy serves one warm-up request: no instances
-    // made ahead.
-    let source = PolicySource {
-        pre_instantiate: false,
-        ..source.clone()
-    };
-    let probe = LoadedPolicy::compile_component(engine, source, &instrumented, false)
+    let probe = LoadedPolicy::compile_component(engine, source.clone(), &instrumented, false)
         .map_err(|e| format!("cannot compile the instrumented component: {e}"))?;
     // The hooks are async; run them on a runtime of their own, on a thread
     // of their own, so that this works whether or not the caller is inside
