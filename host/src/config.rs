@@ -1074,6 +1074,23 @@ mod tests {
     }
 
     #[test]
+    fn pre_instantiation_is_on_unless_turned_off() {
+        let base =
+            "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[policy]\npath = \"p.wasm\"\n";
+        assert!(
+            Config::from_toml(base)
+                .unwrap()
+                .policy
+                .unwrap()
+                .pre_instantiate
+        );
+        let c = Config::from_toml(&format!("{base}pre_instantiate = false")).unwrap();
+        assert!(!c.policy.unwrap().pre_instantiate);
+        let err = Config::from_toml(&format!("{base}pre_instantiate = \"no\"")).unwrap_err();
+        assert!(err.to_string().contains("policy.pre_instantiate"), "{err}");
+    }
+
+    #[test]
     fn syntax_errors_are_reported() {
         let err = Config::from_toml("[server\nlisten=").unwrap_err();
         assert!(matches!(err, ConfigError::Syntax(_)));
