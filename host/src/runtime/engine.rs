@@ -214,4 +214,86 @@ mod tests {
             "{per_run} page faults per instance for {PAGES} dirtied pages"
         );
     }
+
+    /// Funcrefs made while element segments are applied to an imported
+    /// table (as in CPython's dynamically linked component) come from
+    /// `vendor/wasmtime`'s per-module table of code offsets rather than
+    /// upstream's lookups: each table entry must call its own function, of
+    /// its own instance, and functions that never escape must be skipped.
+    #[test]
+    fn funcrefs_placed_in_a_shared_table_call_their_own_function_and_instance() {
+        const FUNCS: usize = 300;
+        let engine = PolicyEngine::new(&PolicyLimits::default()).expect("engine");
+        let mut funcs = String::new();
+        let mut elems = String::new();
+        for i in 0..FUNCS {
+            // A function that is never placed in the table between each
+            // pair that are: it has no array-call trampoline.
+            funcs.push_str(&format!(
+                "(func $hidden{i} (result i32) (i32.const -1))
+                 (func $f{i} (result i32) (i32.add (global.get $mine) (i32.const {i})))\n"
+            ));
+            elems.push_str(&format!(" $f{i}"));
+        }
+        let wat = format!(
+            r#"(module
+                (import "env" "table" (table {size} funcref))
+                (import "env" "base" (global $base i32))
+                (import "env" "tag" (global $tag i32))
+                (global $mine i32 (global.get $tag))
+                {funcs}
+                (elem (global.get $base) func{elems})
+                (func (export "call") (param i32) (result i32)
+                    (call_indirect (result i32) (local.get 0)))
+                (export "last" (func $f{last})))"#,
+            size = 2 * FUNCS,
+            last = FUNCS - 1,
+        );
+        let module = wasmtime::Module::new(engine.engine(), wat).expect("module");
+        for _ in 0..2 {
+            let mut store = wasmtime::Store::new(engine.engine(), ());
+            store.set_epoch_deadline(1_000_000);
+            let table_ty =
+                wasmtime::TableType::new(wasmtime::RefType::FUNCREF, 2 * FUNCS as u32, None);
+            let table = wasmtime::Table::new(&mut store, table_ty, wasmtime::Ref::Func(None))
+                .expect("table");
+            let global = |store: &mut wasmtime::Store<()>, value: i32| {
+                let ty =
+                    wasmtime::GlobalType::new(wasmtime::ValType::I32, wasmtime::Mutability::Const);
+                wasmtime::Global::new(store, ty, wasmtime::Val::I32(value)).expect("global")
+            };
+            let mut instances = Vec::new();
+            for (tag, base) in [(1000, 0), (2000, FUNCS as i32)] {
+                let imports = [
+                    table.into(),
+                    global(&mut store, base).into(),
+                    global(&mut store, tag).into(),
+                ];
+                instances.push(
+                    wasmtime::Instance::new(&mut store, &module, &imports).expect("instantiates"),
+                );
+            }
+            let call = instances[0]
+                .get_typed_func::<i32, i32>(&mut store, "call")
+                .expect("call");
+            for slot in 0..2 * FUNCS {
+                let expected = if slot < FUNCS {
+                    1000 + slot
+                } else {
+                    2000 + slot - FUNCS
+                };
+                let got = call.call(&mut store, slot as i32).expect("calls");
+                assert_eq!(got, expected as i32, "table slot {slot}");
+            }
+            for (instance, tag) in instances.iter().zip([1000, 2000]) {
+                let last = instance
+                    .get_typed_func::<(), i32>(&mut store, "last")
+                    .expect("last");
+                assert_eq!(
+                    last.call(&mut store, ()).expect("calls"),
+                    tag + FUNCS as i32 - 1
+                );
+            }
+        }
+    }
 }

@@ -428,6 +428,25 @@ impl<'a> ModuleWithCode<'a> {
         self.module
     }
 
+    /// The text section of `module` as the store of `registry` sees it.
+    ///
+    /// Inlay patch: used by `Instance::initialize_defined_funcref` with
+    /// offsets it already has. Without guest debugging every store shares
+    /// the engine's code (`StoreCodeStorage::Shared`), so the two map
+    /// lookups of `in_store` are skipped.
+    #[inline]
+    pub fn store_text(registry: &'a ModuleRegistry, module: &'a Module) -> &'a [u8] {
+        #[cfg(feature = "debug")]
+        if module.engine().tunables().debug_guest {
+            return ModuleWithCode::in_store(registry, module)
+                .expect("module not in store")
+                .store_code
+                .text();
+        }
+        let _ = registry;
+        module.engine_code().text()
+    }
+
     /// Returns the slice in the text section of the function that
     /// `key` points to.
     #[inline]

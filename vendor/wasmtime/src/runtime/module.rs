@@ -19,8 +19,9 @@ use core::ptr::NonNull;
 use std::{fs::File, path::Path};
 use wasmparser::{Parser, ValidPayload, Validator};
 use wasmtime_environ::{
-    CompiledFunctionsTable, CompiledModuleInfo, EntityIndex, FuncKey, HostPtr, ModuleTypes,
-    ObjectKind, StaticModuleIndex, TypeTrace, VMOffsets, VMSharedTypeIndex, WasmChecksum,
+    CompiledFunctionsTable, CompiledModuleInfo, DefinedFuncIndex, EntityIndex, FuncKey, HostPtr,
+    ModuleTypes, ObjectKind, StaticModuleIndex, TypeTrace, VMOffsets, VMSharedTypeIndex,
+    WasmChecksum,
 };
 mod registry;
 
@@ -150,6 +151,11 @@ struct ModuleInner {
     /// improves memory usage for modules that are created but may not ever be
     /// instantiated.
     memory_images: OnceLock<Option<ModuleMemoryImages>>,
+
+    /// Inlay patch: where each defined function's code and array-call
+    /// trampoline start in the text section, built on the first funcref
+    /// (see `Module::func_ref_code`).
+    func_ref_code: OnceLock<Box<[FuncRefCode]>>,
 
     /// Flag indicating whether this module can be serialized or not.
     #[cfg(any(feature = "cranelift", feature = "winch"))]
@@ -553,6 +559,7 @@ impl Module {
                 engine: engine.clone(),
                 code,
                 memory_images: OnceLock::new(),
+                func_ref_code: OnceLock::new(),
                 module,
                 #[cfg(any(feature = "cranelift", feature = "winch"))]
                 serializable,
@@ -1170,6 +1177,43 @@ impl Module {
         Some(NonNull::new(ptr).unwrap())
     }
 
+    /// Inlay patch: the text-section offsets of `def_index`'s array-to-wasm
+    /// trampoline and of its wasm code, or `None` when it has no trampoline
+    /// (it does not escape).
+    ///
+    /// Upstream looks both up in `CompiledFunctionsTable` (two binary
+    /// searches) each time a funcref is made. An instance of a large
+    /// component makes thousands of funcrefs while its element segments are
+    /// applied (CPython's: about 5800), which made those lookups nearly half
+    /// of its instantiation. The table is built once per module, on first
+    /// use, and indexed directly.
+    #[inline]
+    pub(crate) fn func_ref_code(&self, def_index: DefinedFuncIndex) -> Option<(usize, usize)> {
+        let table = self.inner.func_ref_code.get_or_init(|| {
+            let compiled = self.compiled_module();
+            let module_index = self.env_module().module_index;
+            self.env_module()
+                .defined_func_indices()
+                .map(|i| {
+                    let array = FuncKey::ArrayToWasmTrampoline(module_index, i);
+                    let wasm = FuncKey::DefinedWasmFunction(module_index, i);
+                    match compiled.index().func_loc(array) {
+                        Some(array) => FuncRefCode {
+                            array_call: array.start,
+                            wasm_call: compiled.func_loc(wasm).start,
+                        },
+                        None => FuncRefCode::NONE,
+                    }
+                })
+                .collect()
+        });
+        let code = table.get(def_index.as_u32() as usize)?;
+        if code.array_call == u32::MAX {
+            return None;
+        }
+        Some((code.array_call as usize, code.wasm_call as usize))
+    }
+
     pub(crate) fn memory_images(&self) -> Result<Option<&ModuleMemoryImages>> {
         let images = self
             .inner
@@ -1244,6 +1288,20 @@ pub struct ModuleExport {
 fn _assert_send_sync() {
     fn _assert<T: Send + Sync>() {}
     _assert::<Module>();
+}
+
+/// Inlay patch: see `Module::func_ref_code`.
+#[derive(Clone, Copy)]
+struct FuncRefCode {
+    array_call: u32,
+    wasm_call: u32,
+}
+
+impl FuncRefCode {
+    const NONE: FuncRefCode = FuncRefCode {
+        array_call: u32::MAX,
+        wasm_call: u32::MAX,
+    };
 }
 
 /// Helper method to construct a `ModuleMemoryImages` for an associated

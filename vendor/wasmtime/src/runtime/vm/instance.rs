@@ -880,6 +880,21 @@ impl Instance {
         let func = &module.functions[index];
         let type_index = func.signature.unwrap_engine_type_index();
         let vmctx_offset = self.offsets().vmctx_func_ref(func.func_ref);
+        // Inlay patch: the code offsets come from the module's per-function
+        // table (`Module::func_ref_code`) rather than two binary searches.
+        let code = self.runtime_module().and_then(|runtime_module| {
+            let (array_start, wasm_start) = runtime_module.func_ref_code(def_index)?;
+            let text = ModuleWithCode::store_text(registry, runtime_module);
+            Some((
+                NonNull::from(&text[array_start]),
+                NonNull::from(&text[wasm_start]),
+            ))
+        });
+        if let Some((array_call, wasm_call)) = code {
+            // SAFETY: the pointers are this defined function's array-to-wasm
+            // trampoline and wasm code, as the keys below would find them.
+            return unsafe { self.write_funcref(type_index, vmctx_offset, array_call, wasm_call) };
+        }
         let array_to_wasm_key = FuncKey::ArrayToWasmTrampoline(module.module_index, def_index);
         let wasm_key = FuncKey::DefinedWasmFunction(module.module_index, def_index);
         // SAFETY: the type/offset/keys here are all valid for the defined
@@ -967,19 +982,31 @@ impl Instance {
         )
         .expect("module not in store");
 
-        let array_call =
-            VmPtr::from(NonNull::from(module_with_code.function(array_to_wasm_key)).cast());
+        let array_call = NonNull::from(module_with_code.function(array_to_wasm_key)).cast();
+        let wasm_call = NonNull::from(module_with_code.function(wasm_key)).cast();
+        // SAFETY: the caller vouches for the keys, type and offset.
+        unsafe { self.write_funcref(type_index, vmctx_offset, array_call, wasm_call) }
+    }
 
-        let wasm_call = Some(VmPtr::from(
-            NonNull::new(
-                module_with_code
-                    .function(wasm_key)
-                    .as_ptr()
-                    .cast::<VMWasmCallFunction>()
-                    .cast_mut(),
-            )
-            .unwrap(),
-        ));
+    /// Writes the `VMFuncRef` at `vmctx_offset` for the function whose
+    /// array-call trampoline and wasm code start at `array_call` and
+    /// `wasm_call`, and returns a pointer to it. (Inlay patch: split out of
+    /// `initialize_and_return_funcref` so that `initialize_defined_funcref`
+    /// can pass code it found without `FuncKey` lookups.)
+    ///
+    /// # Safety
+    ///
+    /// As `initialize_and_return_funcref`: the arguments must describe one
+    /// function of this instance's module, in code registered in its store.
+    unsafe fn write_funcref(
+        self: Pin<&mut Self>,
+        type_index: VMSharedTypeIndex,
+        vmctx_offset: u32,
+        array_call: NonNull<u8>,
+        wasm_call: NonNull<u8>,
+    ) -> Option<NonNull<VMFuncRef>> {
+        let array_call = VmPtr::from(array_call.cast());
+        let wasm_call = Some(VmPtr::from(wasm_call.cast::<VMWasmCallFunction>()));
 
         let vmctx = VMOpaqueContext::from_vmcontext(self.vmctx()).into();
 
