@@ -241,6 +241,7 @@ impl InFlight {
     fn attach(self, body: ProxyBody) -> ProxyBody {
         crate::body::boxed(GuardedBody {
             inner: body,
+            held_error: None,
             _guard: self,
         })
     }
@@ -254,9 +255,19 @@ impl Drop for InFlight {
 }
 
 pin_project_lite::pin_project! {
+    /// A response body that counts as in flight, and that lets what was
+    /// already sent reach the client before a body error aborts the response.
+    ///
+    /// hyper drops the connection as soon as a body yields an error, with
+    /// what it still buffers: the head and the last chunks. A page whose ESI
+    /// include failed at once would then reach the client as nothing at all,
+    /// or as a head without its first bytes, depending on timing. So an error
+    /// is held for one poll: the body answers `Pending` (and wakes itself),
+    /// hyper flushes, and the next poll yields the error.
     struct GuardedBody {
         #[pin]
         inner: ProxyBody,
+        held_error: Option<crate::body::BoxError>,
         _guard: InFlight,
     }
 }
@@ -268,10 +279,21 @@ impl http_body::Body for GuardedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        if let Some(e) = this.held_error.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                *this.held_error = Some(e);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            other => other,
+        }
     }
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.held_error.is_none() && self.inner.is_end_stream()
     }
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
@@ -335,5 +357,55 @@ impl AsyncWrite for TrackedIo {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.project().inner.poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http_body::Frame;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A page whose body fails right after its first bytes (an ESI include
+    /// that fails at once) must reach the client as a 200 head and those
+    /// bytes, then a cut connection: never as nothing, never as a complete
+    /// chunked body.
+    #[tokio::test]
+    async fn bytes_before_a_body_error_reach_the_client_before_the_cut() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = service_fn(|_req: hyper::Request<Incoming>| async {
+                let frames: Vec<Result<Frame<Bytes>, crate::body::BoxError>> = vec![
+                    Ok(Frame::data(Bytes::from_static(b"before"))),
+                    Err("include failed".into()),
+                ];
+                let body = crate::body::boxed(http_body_util::StreamBody::new(
+                    futures_util::stream::iter(frames),
+                ));
+                let guard = InFlight::new(Arc::new(Activity::default()));
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(guard.attach(body)))
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let _ = client.read_to_end(&mut got).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        assert!(got.contains("\r\n6\r\nbefore\r\n"), "{got:?}");
+        assert!(
+            !got.ends_with("0\r\n\r\n"),
+            "the cut page looks complete: {got:?}"
+        );
     }
 }
