@@ -152,10 +152,10 @@ struct ModuleInner {
     /// instantiated.
     memory_images: OnceLock<Option<ModuleMemoryImages>>,
 
-    /// Inlay patch: where each defined function's code and array-call
-    /// trampoline start in the text section, built on the first funcref
-    /// (see `Module::func_ref_code`).
-    func_ref_code: OnceLock<Box<[FuncRefCode]>>,
+    /// Inlay patch: where each defined function's array-call trampoline and
+    /// wasm code start in the text section (`None` without a trampoline),
+    /// built on the first funcref (see `Module::func_ref_code`).
+    func_ref_code: OnceLock<Box<[Option<(u32, u32)>]>>,
 
     /// Flag indicating whether this module can be serialized or not.
     #[cfg(any(feature = "cranelift", feature = "winch"))]
@@ -1197,21 +1197,13 @@ impl Module {
                 .map(|i| {
                     let array = FuncKey::ArrayToWasmTrampoline(module_index, i);
                     let wasm = FuncKey::DefinedWasmFunction(module_index, i);
-                    match compiled.index().func_loc(array) {
-                        Some(array) => FuncRefCode {
-                            array_call: array.start,
-                            wasm_call: compiled.func_loc(wasm).start,
-                        },
-                        None => FuncRefCode::NONE,
-                    }
+                    let array = compiled.index().func_loc(array)?;
+                    Some((array.start, compiled.func_loc(wasm).start))
                 })
                 .collect()
         });
-        let code = table.get(def_index.as_u32() as usize)?;
-        if code.array_call == u32::MAX {
-            return None;
-        }
-        Some((code.array_call as usize, code.wasm_call as usize))
+        let (array, wasm) = (*table.get(def_index.as_u32() as usize)?)?;
+        Some((array as usize, wasm as usize))
     }
 
     pub(crate) fn memory_images(&self) -> Result<Option<&ModuleMemoryImages>> {
@@ -1288,20 +1280,6 @@ pub struct ModuleExport {
 fn _assert_send_sync() {
     fn _assert<T: Send + Sync>() {}
     _assert::<Module>();
-}
-
-/// Inlay patch: see `Module::func_ref_code`.
-#[derive(Clone, Copy)]
-struct FuncRefCode {
-    array_call: u32,
-    wasm_call: u32,
-}
-
-impl FuncRefCode {
-    const NONE: FuncRefCode = FuncRefCode {
-        array_call: u32::MAX,
-        wasm_call: u32::MAX,
-    };
 }
 
 /// Helper method to construct a `ModuleMemoryImages` for an associated
