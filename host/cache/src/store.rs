@@ -1,0 +1,137 @@
+//! The one async door to `inlay-storage`: every store call that may touch
+//! the disk runs on tokio's blocking pool, never on a reactor thread. A
+//! read first asks the memory tier (`peek`, which does no I/O), so a memory
+//! hit costs no thread hop.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use inlay_storage::{KvStore, ObjectMeta, ObjectStore, Peek, StoreError, StoreStats, StoredObject};
+use tracing::debug;
+
+/// The object store and the kv store, called from async code.
+#[derive(Clone)]
+pub struct CacheStore {
+    objects: Arc<dyn ObjectStore>,
+    kv: Arc<dyn KvStore>,
+}
+
+impl std::fmt::Debug for CacheStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheStore").finish_non_exhaustive()
+    }
+}
+
+/// Runs a store call on the blocking pool. A task that could not run (the
+/// runtime is shutting down) is an I/O error like any other.
+async fn blocking<T, F>(call: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(call)
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Io(std::io::Error::other(e.to_string()))))
+}
+
+impl CacheStore {
+    /// Objects and kv records in two stores (often the same one).
+    pub fn new(objects: Arc<dyn ObjectStore>, kv: Arc<dyn KvStore>) -> Self {
+        Self { objects, kv }
+    }
+
+    /// A store that keeps both objects and kv records.
+    pub fn from_store<S: ObjectStore + KvStore + 'static>(store: Arc<S>) -> Self {
+        Self {
+            objects: store.clone(),
+            kv: store,
+        }
+    }
+
+    /// The object under `key` from memory only, without waiting: `None`
+    /// when it is not in memory (it may still be on disk).
+    pub fn get_resident(&self, key: &str) -> Option<StoredObject> {
+        match self.objects.peek(key) {
+            Peek::Hit(obj) => Some(obj),
+            Peek::Absent | Peek::NotResident => None,
+        }
+    }
+
+    /// The object under `key`: from memory at once, else from disk on a
+    /// blocking thread. Read errors are logged and count as misses.
+    pub async fn get(&self, key: &str) -> Option<StoredObject> {
+        match self.objects.peek(key) {
+            Peek::Hit(obj) => return Some(obj),
+            Peek::Absent => return None,
+            Peek::NotResident => {}
+        }
+        let (objects, key) = (self.objects.clone(), key.to_owned());
+        match blocking(move || objects.get(&key)).await {
+            Ok(found) => found,
+            Err(e) => {
+                debug!(error = %e, "cache read failed; treating as a miss");
+                None
+            }
+        }
+    }
+
+    /// Stores an object under `key`, replacing any previous one.
+    pub async fn put(&self, key: String, meta: ObjectMeta, body: Bytes) -> Result<(), StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.put(&key, meta, body).map(drop)).await
+    }
+
+    /// Replaces the metadata of the object under `key`, keeping its body.
+    pub async fn update_meta(&self, key: String, meta: ObjectMeta) -> Result<bool, StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.update_meta(&key, meta)).await
+    }
+
+    /// Removes (or with `soft`, marks stale) every object under `prefix`.
+    pub async fn purge_prefix(&self, prefix: String, soft: bool) -> Result<u64, StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || {
+            if soft {
+                objects.soft_purge_prefix(&prefix)
+            } else {
+                objects.remove_prefix(&prefix)
+            }
+        })
+        .await
+    }
+
+    /// Removes (or with `soft`, marks stale) every object tagged `skey`.
+    pub async fn purge_surrogate(&self, skey: String, soft: bool) -> Result<u64, StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.purge_surrogate(&skey, soft)).await
+    }
+
+    /// Reads a kv record.
+    pub async fn kv_get(&self, ns: String, key: String) -> Result<Option<Bytes>, StoreError> {
+        let kv = self.kv.clone();
+        blocking(move || kv.kv_get(&ns, &key)).await
+    }
+
+    /// Writes a kv record.
+    pub async fn kv_set(&self, ns: String, key: String, value: Vec<u8>) -> Result<(), StoreError> {
+        let kv = self.kv.clone();
+        blocking(move || kv.kv_set(&ns, &key, &value)).await
+    }
+
+    /// Deletes a kv record; whether it existed.
+    pub async fn kv_delete(&self, ns: String, key: String) -> Result<bool, StoreError> {
+        let kv = self.kv.clone();
+        blocking(move || kv.kv_delete(&ns, &key)).await
+    }
+
+    /// Makes every completed write durable.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.flush()).await
+    }
+
+    /// Sizes and counters of the object store (no I/O).
+    pub fn stats(&self) -> StoreStats {
+        self.objects.stats()
+    }
+}

@@ -1,0 +1,32 @@
+//! Inlay's HTTP model: the types every layer of the host shares.
+//!
+//! The pipeline, the cache, the ESI processor and the policy runtime all
+//! speak in these terms, so none of them has to import another to talk
+//! about a request:
+//!
+//! - [`RequestHead`] and [`ResponseHead`]: what a request and a response
+//!   are while they pass through the phases (and what a policy edits);
+//! - [`CacheSettings`], [`RequestAction`], [`SyntheticResponse`] and
+//!   [`EsiOverrides`]: what a policy decides;
+//! - [`CacheStatus`]: how a response was served, for `Cache-Status` and the
+//!   access log;
+//! - [`ProxyError`]: every failure of a request, and the one place where it
+//!   becomes an HTTP status;
+//! - [`body`]: the one body type ([`ProxyBody`]) every layer streams;
+//! - [`headers`]: header rules every phase applies (hop-by-hop, `Via`,
+//!   `X-Forwarded-For`).
+//!
+//! This crate depends on neither tokio nor wasmtime.
+
+pub mod body;
+mod error;
+mod head;
+pub mod headers;
+mod policy;
+mod status;
+
+pub use body::{BoxError, ProxyBody};
+pub use error::{Blame, ProxyError};
+pub use head::{RequestHead, ResponseHead, path_and_query};
+pub use policy::{CacheSettings, EsiOverrides, RequestAction, SyntheticResponse};
+pub use status::{CacheStatus, StaleReason};

@@ -1,0 +1,153 @@
+//! How a response was served: the value of its `Cache-Status` field
+//! (RFC 9211) and the short form in the access log.
+
+use std::fmt::Write as _;
+
+/// How a response was served. Every response has exactly one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheStatus {
+    /// A fresh object from the cache, with its freshness left in seconds.
+    Hit {
+        /// Seconds of freshness left.
+        ttl_left: u64,
+    },
+    /// An expired object served stale.
+    Stale {
+        /// Seconds since it expired.
+        stale_for: u64,
+        /// Why a stale object was acceptable.
+        reason: StaleReason,
+    },
+    /// An expired object the origin confirmed unchanged (304).
+    Revalidated,
+    /// Fetched from the origin for the cache.
+    Miss {
+        /// The response is being stored.
+        stored: bool,
+    },
+    /// Fetched without waiting for other requests, because the key was
+    /// recently uncacheable (Varnish's hit-for-miss).
+    HitForMiss {
+        /// The response turned out cacheable and is being stored.
+        stored: bool,
+    },
+    /// The cache was not used (the built-in rules or the policy said pass).
+    Pass,
+    /// The policy answered the request itself.
+    Synthetic,
+    /// A PURGE request.
+    Purge,
+    /// The request failed; the response is an error page.
+    Error,
+}
+
+/// Why a stale object was served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StaleReason {
+    /// Within its grace time, while one background fetch refreshes it
+    /// (`stale-while-revalidate`).
+    Grace,
+    /// The origin failed, and the object is within its keep time
+    /// (`stale-if-error`).
+    StaleIfError,
+}
+
+impl CacheStatus {
+    /// The `Cache-Status` field value (RFC 9211), with `inlay` as the
+    /// cache's name.
+    pub fn header_value(&self) -> String {
+        let mut v = String::from("inlay; ");
+        // Writing to a String cannot fail.
+        let _ = match self {
+            Self::Hit { ttl_left } => write!(v, "hit; ttl={ttl_left}"),
+            Self::Stale { stale_for, reason } => write!(
+                v,
+                "hit; ttl=-{stale_for}; detail={}",
+                match reason {
+                    StaleReason::Grace => "grace",
+                    StaleReason::StaleIfError => "stale-if-error",
+                }
+            ),
+            Self::Revalidated => write!(v, "fwd=stale; fwd-status=304"),
+            Self::Miss { stored } => write!(v, "fwd=miss{}", stored_param(*stored)),
+            Self::HitForMiss { stored } => {
+                write!(v, "fwd=miss{}; detail=hit-for-miss", stored_param(*stored))
+            }
+            Self::Pass => write!(v, "fwd=bypass"),
+            Self::Synthetic => write!(v, "detail=synthetic"),
+            Self::Purge => write!(v, "detail=purge"),
+            Self::Error => write!(v, "detail=error"),
+        };
+        v
+    }
+
+    /// The short form for the access log's `cache` field.
+    pub fn log_name(&self) -> &'static str {
+        match self {
+            Self::Hit { .. } => "hit",
+            Self::Stale { .. } => "stale",
+            Self::Revalidated => "revalidated",
+            Self::Miss { .. } => "miss",
+            Self::HitForMiss { .. } => "hitmiss",
+            Self::Pass => "pass",
+            Self::Synthetic => "synth",
+            Self::Purge => "purge",
+            Self::Error => "error",
+        }
+    }
+}
+
+fn stored_param(stored: bool) -> &'static str {
+    if stored { "; stored" } else { "" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_follow_rfc_9211() {
+        let cases = [
+            (CacheStatus::Hit { ttl_left: 60 }, "inlay; hit; ttl=60", "hit"),
+            (
+                CacheStatus::Stale {
+                    stale_for: 3,
+                    reason: StaleReason::Grace,
+                },
+                "inlay; hit; ttl=-3; detail=grace",
+                "stale",
+            ),
+            (
+                CacheStatus::Stale {
+                    stale_for: 0,
+                    reason: StaleReason::StaleIfError,
+                },
+                "inlay; hit; ttl=-0; detail=stale-if-error",
+                "stale",
+            ),
+            (
+                CacheStatus::Revalidated,
+                "inlay; fwd=stale; fwd-status=304",
+                "revalidated",
+            ),
+            (
+                CacheStatus::Miss { stored: true },
+                "inlay; fwd=miss; stored",
+                "miss",
+            ),
+            (CacheStatus::Miss { stored: false }, "inlay; fwd=miss", "miss"),
+            (
+                CacheStatus::HitForMiss { stored: false },
+                "inlay; fwd=miss; detail=hit-for-miss",
+                "hitmiss",
+            ),
+            (CacheStatus::Pass, "inlay; fwd=bypass", "pass"),
+            (CacheStatus::Synthetic, "inlay; detail=synthetic", "synth"),
+            (CacheStatus::Error, "inlay; detail=error", "error"),
+        ];
+        for (status, header, log) in cases {
+            assert_eq!(status.header_value(), header);
+            assert_eq!(status.log_name(), log);
+        }
+    }
+}

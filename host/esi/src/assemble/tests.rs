@@ -1,0 +1,881 @@
+//! Assembler tests with a fake fetcher on tokio's paused clock, so every
+//! delay and timestamp below is exact.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use futures_util::stream;
+use http::{HeaderMap, HeaderValue};
+use tokio::time::sleep;
+
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// One fake fragment.
+#[derive(Clone)]
+struct Frag {
+    status: u16,
+    /// Before the fetch answers.
+    delay: Duration,
+    /// Body chunks, each after its own delay.
+    chunks: Vec<(Duration, &'static str)>,
+    /// After the chunks, the body fails.
+    body_error: bool,
+    esi: bool,
+    /// The fetcher panics.
+    panic: bool,
+}
+
+fn frag(delay_ms: u64, body: &'static str) -> Frag {
+    Frag {
+        status: 200,
+        delay: Duration::from_millis(delay_ms),
+        chunks: vec![(Duration::ZERO, body)],
+        body_error: false,
+        esi: false,
+        panic: false,
+    }
+}
+
+fn esi_frag(delay_ms: u64, body: &'static str) -> Frag {
+    Frag {
+        esi: true,
+        ..frag(delay_ms, body)
+    }
+}
+
+fn status(code: u16) -> Frag {
+    Frag {
+        status: code,
+        ..frag(0, "error page")
+    }
+}
+
+/// What happened to fetches, with paused-clock timestamps since the start.
+#[derive(Default)]
+struct Log {
+    started: Vec<(String, Duration)>,
+    /// The body was fully produced.
+    finished: Vec<(String, Duration)>,
+    /// Fetch futures or bodies dropped before finishing.
+    dropped: usize,
+}
+
+struct Fake {
+    frags: HashMap<&'static str, Frag>,
+    /// Bodies at hand (`Fetch::Ready`), like fresh cache hits.
+    ready: HashMap<&'static str, &'static str>,
+    log: Arc<Mutex<Log>>,
+    t0: Instant,
+}
+
+/// Counts a drop unless disarmed (the fetch finished).
+struct DropProbe {
+    log: Arc<Mutex<Log>>,
+    armed: bool,
+}
+
+impl Drop for DropProbe {
+    fn drop(&mut self) {
+        if self.armed {
+            self.log.lock().expect("log").dropped += 1;
+        }
+    }
+}
+
+impl Fake {
+    fn new(frags: impl IntoIterator<Item = (&'static str, Frag)>) -> Arc<Fake> {
+        Self::with_ready(frags, [])
+    }
+
+    fn with_ready(
+        frags: impl IntoIterator<Item = (&'static str, Frag)>,
+        ready: impl IntoIterator<Item = (&'static str, &'static str)>,
+    ) -> Arc<Fake> {
+        Arc::new(Fake {
+            frags: frags.into_iter().collect(),
+            ready: ready.into_iter().collect(),
+            log: Arc::default(),
+            t0: Instant::now(),
+        })
+    }
+
+    fn started(&self) -> Vec<(String, Duration)> {
+        self.log.lock().expect("log").started.clone()
+    }
+
+    fn start_of(&self, src: &str) -> Duration {
+        self.started()
+            .into_iter()
+            .find(|(s, _)| s == src)
+            .unwrap_or_else(|| panic!("{src} never started"))
+            .1
+    }
+
+    fn finish_of(&self, src: &str) -> Duration {
+        self.log
+            .lock()
+            .expect("log")
+            .finished
+            .iter()
+            .find(|(s, _)| s == src)
+            .unwrap_or_else(|| panic!("{src} never finished"))
+            .1
+    }
+
+    fn fetches(&self) -> usize {
+        self.started().len()
+    }
+}
+
+impl FragmentFetcher for Fake {
+    fn fetch(&self, src: &str) -> Fetch {
+        if let Some(b) = self.ready.get(src) {
+            return Fetch::Ready(Bytes::from_static(b.as_bytes()));
+        }
+        let t0 = self.t0;
+        let log = Arc::clone(&self.log);
+        let src = src.to_owned();
+        let frag = self.frags.get(src.as_str()).cloned();
+        Fetch::Pending(Box::pin(async move {
+            // A fetch starts when it is first polled (see `Fetch::Pending`).
+            log.lock()
+                .expect("log")
+                .started
+                .push((src.clone(), t0.elapsed()));
+            let Some(f) = frag else {
+                return Err(FragmentError::NotAllowed(src));
+            };
+            assert!(!f.panic, "fetcher panics for {src}");
+            let mut probe = DropProbe {
+                log: Arc::clone(&log),
+                armed: true,
+            };
+            sleep(f.delay).await;
+            let state = (
+                f.chunks.into_iter(),
+                f.body_error,
+                Some(probe_take(&mut probe)),
+            );
+            let body = stream::unfold(state, move |(mut chunks, err, mut probe)| {
+                let log = Arc::clone(&log);
+                let src = src.clone();
+                async move {
+                    if let Some((d, c)) = chunks.next() {
+                        sleep(d).await;
+                        return Some((Ok(Bytes::from_static(c.as_bytes())), (chunks, err, probe)));
+                    }
+                    let mut p = probe.take()?;
+                    p.armed = false;
+                    if err {
+                        return Some((
+                            Err::<Bytes, BoxError>("body broke".into()),
+                            (chunks, false, None),
+                        ));
+                    }
+                    log.lock().expect("log").finished.push((src, t0.elapsed()));
+                    None
+                }
+            });
+            Ok(Fragment {
+                status: f.status,
+                body: body.boxed(),
+                esi: f.esi,
+            })
+        }))
+    }
+}
+
+/// Move the probe's duty into a new probe (the old one is disarmed).
+fn probe_take(p: &mut DropProbe) -> DropProbe {
+    p.armed = false;
+    DropProbe {
+        log: Arc::clone(&p.log),
+        armed: true,
+    }
+}
+
+fn page(chunks: Vec<(u64, &'static str)>) -> BoxStream<'static, Result<Bytes, BoxError>> {
+    stream::iter(chunks)
+        .then(|(ms, c)| async move {
+            sleep(Duration::from_millis(ms)).await;
+            Ok::<_, BoxError>(Bytes::from_static(c.as_bytes()))
+        })
+        .boxed()
+}
+
+fn limits() -> EsiLimits {
+    EsiLimits {
+        max_depth: 5,
+        max_includes: 256,
+        max_concurrency: 16,
+        include_timeout: Duration::from_secs(10),
+        page_deadline: Duration::from_secs(60),
+    }
+}
+
+struct Run {
+    text: String,
+    error: Option<EsiError>,
+    elapsed: Duration,
+}
+
+async fn run_with(
+    body: BoxStream<'static, Result<Bytes, BoxError>>,
+    fake: &Arc<Fake>,
+    vars: EsiVars,
+    limits: EsiLimits,
+) -> Run {
+    let t0 = Instant::now();
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(fake) as _;
+    let mut out = assemble(body, Arc::new(vars), fetcher, limits);
+    let mut text = String::new();
+    let mut error = None;
+    while let Some(item) = out.next().await {
+        match item {
+            Ok(b) => text.push_str(&String::from_utf8_lossy(&b)),
+            Err(e) => {
+                error = Some(e);
+                assert!(out.next().await.is_none(), "nothing after the error");
+                break;
+            }
+        }
+    }
+    Run {
+        text,
+        error,
+        elapsed: t0.elapsed(),
+    }
+}
+
+async fn run(body: &'static str, fake: &Arc<Fake>, limits: EsiLimits) -> Run {
+    run_with(page(vec![(0, body)]), fake, EsiVars::new(), limits).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn text_before_the_first_include_is_yielded_at_once() {
+    let fake = Fake::new([("/slow", frag(10_000, "S"))]);
+    let t0 = Instant::now();
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(&fake) as _;
+    let mut out = assemble(
+        page(vec![(0, "Hello <esi:include src=\"/slow\"/> bye")]),
+        Arc::new(EsiVars::new()),
+        fetcher,
+        limits(),
+    );
+    let first = out.next().await.expect("an item").expect("ok");
+    assert_eq!(&first[..], b"Hello ");
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "TTFB does not wait for includes"
+    );
+    let mut rest = Vec::new();
+    while let Some(item) = out.next().await {
+        rest.extend_from_slice(&item.expect("ok"));
+    }
+    assert_eq!(rest, b"S bye");
+    assert_eq!(t0.elapsed(), 10_000 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn order_is_kept_when_fragments_finish_out_of_order() {
+    let fake = Fake::new([
+        ("/a", frag(30, "A")),
+        ("/b", frag(10, "B")),
+        ("/c", frag(20, "C")),
+    ]);
+    let r = run(
+        r#"1<esi:include src="/a"/>2<esi:include src="/b"/>3<esi:include src="/c"/>4"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "1A2B3C4");
+    assert!(r.error.is_none());
+    assert_eq!(r.elapsed, 30 * MS, "fetched in parallel");
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_includes_start_before_the_first_finishes() {
+    let fake = Fake::new([
+        ("/a", frag(50, "A")),
+        ("/b", frag(10, "B")),
+        ("/c", frag(40, "C")),
+        ("/d", frag(20, "D")),
+    ]);
+    // The page body itself streams in over 30 ms; each include starts when
+    // its tag arrives, not at the end of the body nor when it is its turn.
+    let body = page(vec![
+        (0, r#"<esi:include src="/a"/><esi:include src="/b"/>"#),
+        (5, r#"<esi:include src="/c"/>"#),
+        (25, r#"<esi:include src="/d"/>end"#),
+    ]);
+    let r = run_with(body, &fake, EsiVars::new(), limits()).await;
+    assert_eq!(r.text, "ABCDend");
+    let starts: HashMap<String, Duration> = fake.started().into_iter().collect();
+    assert_eq!(starts["/a"], Duration::ZERO);
+    assert_eq!(starts["/b"], Duration::ZERO);
+    assert_eq!(starts["/c"], 5 * MS);
+    assert_eq!(starts["/d"], 30 * MS);
+    let first_finish = fake.finish_of("/b");
+    assert_eq!(first_finish, 10 * MS);
+    assert!(starts["/a"] < first_finish && starts["/c"] < first_finish);
+    assert_eq!(r.elapsed, 50 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn serial_mode_takes_the_sum_of_delays() {
+    let fake = Fake::new([
+        ("/a", frag(30, "A")),
+        ("/b", frag(10, "B")),
+        ("/c", frag(20, "C")),
+    ]);
+    let r = run(
+        r#"<esi:include src="/a"/><esi:include src="/b"/><esi:include src="/c"/>"#,
+        &fake,
+        EsiLimits {
+            max_concurrency: 1,
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "ABC");
+    assert_eq!(r.elapsed, 60 * MS);
+    assert_eq!(fake.start_of("/b"), 30 * MS);
+    assert_eq!(fake.start_of("/c"), 40 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrency_limit_bounds_parallel_fetches() {
+    let fake = Fake::new([
+        ("/a", frag(10, "A")),
+        ("/b", frag(10, "B")),
+        ("/c", frag(10, "C")),
+        ("/d", frag(10, "D")),
+    ]);
+    let r = run(
+        r#"<esi:include src="/a"/><esi:include src="/b"/><esi:include src="/c"/><esi:include src="/d"/>"#,
+        &fake,
+        EsiLimits {
+            max_concurrency: 2,
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "ABCD");
+    assert_eq!(r.elapsed, 20 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn depth_limit_stops_a_fragment_that_includes_itself() {
+    let fake = Fake::new([(
+        "/self",
+        esi_frag(1, r#"x<esi:include src="/self" onerror="continue"/>"#),
+    )]);
+    let r = run(r#"<esi:include src="/self"/>."#, &fake, limits()).await;
+    assert_eq!(r.text, "xxxxx.", "depths 1..=5 are served, depth 6 fails");
+    assert!(r.error.is_none());
+    assert_eq!(fake.fetches(), 5);
+
+    // Without onerror the failure climbs up through every level to the page.
+    let fake = Fake::new([("/self", esi_frag(1, r#"<esi:include src="/self"/>"#))]);
+    let r = run(r#"a<esi:include src="/self"/>b"#, &fake, limits()).await;
+    assert_eq!(r.text, "a");
+    let Some(EsiError::Include { src, mut reason }) = r.error else {
+        panic!("page should end with an include error")
+    };
+    assert_eq!(src, "/self");
+    let mut levels = 0;
+    while let FailureReason::Nested { reason: inner, .. } = reason {
+        reason = *inner;
+        levels += 1;
+    }
+    // Includes at depths 1..=5 each wrap the failure of the one below.
+    assert_eq!(levels, 5);
+    assert!(
+        matches!(reason, FailureReason::DepthExceeded(5)),
+        "{reason}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn include_budget_caps_fan_out() {
+    let fake = Fake::new([("/a", frag(1, "a"))]);
+    let body: &'static str =
+        String::leak(r#"<esi:include src="/a" onerror="continue"/>"#.repeat(300));
+    let r = run(body, &fake, limits()).await;
+    assert_eq!(r.text, "a".repeat(256));
+    assert_eq!(fake.fetches(), 256);
+
+    // Nested includes count against the same page budget.
+    let fake = Fake::new([
+        (
+            "/n",
+            esi_frag(
+                1,
+                r#"<esi:include src="/a" onerror="continue"/><esi:include src="/a" onerror="continue"/>"#,
+            ),
+        ),
+        ("/a", frag(1, "a")),
+    ]);
+    let r = run(
+        r#"<esi:include src="/n"/><esi:include src="/n"/>"#,
+        &fake,
+        EsiLimits {
+            max_includes: 4,
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(fake.fetches(), 4);
+    assert_eq!(r.text, "aa");
+}
+
+#[tokio::test(start_paused = true)]
+async fn include_timeout_uses_alt() {
+    let slow_body = Frag {
+        chunks: vec![(Duration::ZERO, "part"), (10_000 * MS, "rest")],
+        ..frag(0, "")
+    };
+    let fake = Fake::new([
+        ("/slow", frag(10_000, "S")),
+        ("/slow-body", slow_body),
+        ("/fast", frag(0, "F")),
+    ]);
+    let r = run(
+        r#"<esi:include src="/slow" alt="/fast"/>"#,
+        &fake,
+        EsiLimits {
+            include_timeout: Duration::from_secs(1),
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "F");
+    assert_eq!(r.elapsed, Duration::from_secs(1));
+    assert_eq!(fake.start_of("/fast"), Duration::from_secs(1));
+
+    // A body that stalls times out too; its first part was not written yet
+    // (a slower include comes first), so alt still replaces it.
+    let fake_ = Fake::new([
+        ("/slow-body", fake.frags["/slow-body"].clone()),
+        // A chain of nested fragments that takes 3 s, each within its own 2 s.
+        ("/first", esi_frag(0, r#"<esi:include src="/x"/>"#)),
+        ("/x", esi_frag(1_500, r#"<esi:include src="/y"/>"#)),
+        ("/y", frag(1_500, "1")),
+        ("/fast", frag(0, "F")),
+    ]);
+    let r = run(
+        r#"<esi:include src="/first"/><esi:include src="/slow-body" alt="/fast"/>"#,
+        &fake_,
+        EsiLimits {
+            include_timeout: Duration::from_secs(2),
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "1F");
+    assert_eq!(fake_.start_of("/fast"), Duration::from_secs(2));
+    assert_eq!(r.elapsed, Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn page_deadline_fails_outstanding_includes() {
+    let fake = Fake::new([("/slow", frag(10_000, "S")), ("/a", frag(0, "A"))]);
+    let r = run(
+        r#"before<esi:include src="/slow" alt="/a" onerror="continue"/>after"#,
+        &fake,
+        EsiLimits {
+            include_timeout: Duration::from_secs(5),
+            page_deadline: Duration::from_secs(2),
+            ..limits()
+        },
+    )
+    .await;
+    // At the deadline the include fails, alt cannot start any more, continue applies.
+    assert_eq!(r.text, "beforeafter");
+    assert!(r.error.is_none());
+    assert_eq!(r.elapsed, Duration::from_secs(2));
+    assert_eq!(fake.fetches(), 1, "no alt fetch after the deadline");
+
+    let r = run(
+        r#"before<esi:include src="/slow"/>after"#,
+        &fake,
+        EsiLimits {
+            page_deadline: Duration::from_secs(2),
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "before");
+    assert!(matches!(
+        r.error,
+        Some(EsiError::Include {
+            reason: FailureReason::PageDeadline,
+            ..
+        })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn page_deadline_bounds_a_slow_page_body() {
+    let fake = Fake::new([]);
+    let body = page(vec![(0, "a"), (5_000, "b")]);
+    let r = run_with(
+        body,
+        &fake,
+        EsiVars::new(),
+        EsiLimits {
+            page_deadline: Duration::from_secs(2),
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "a");
+    assert!(
+        matches!(r.error, Some(EsiError::PageDeadline)),
+        "{:?}",
+        r.error
+    );
+    assert_eq!(r.elapsed, Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn alt_and_onerror() {
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/500", status(500)),
+        ("/a", frag(0, "A")),
+    ]);
+    let r = run(r#"<esi:include src="/404" alt="/a"/>"#, &fake, limits()).await;
+    assert_eq!(r.text, "A");
+    // A fetch error (unknown to the fetcher) with continue: nothing.
+    let r = run(
+        r#"x<esi:include src="/nope" onerror="continue"/>y"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "xy");
+    assert!(r.error.is_none());
+    // Both fail, continue: nothing.
+    let r = run(
+        r#"x<esi:include src="/404" alt="/500" onerror="continue"/>y"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "xy");
+    // Both fail, no continue: the page ends after what was sent.
+    let r = run(
+        r#"before<esi:include src="/404" alt="/500"/>after"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "before");
+    match r.error {
+        Some(EsiError::Include {
+            src,
+            reason: FailureReason::Status(404),
+        }) => assert_eq!(src, "/404"),
+        e => panic!("unexpected {e:?}"),
+    }
+    // A fetcher error is reported as such.
+    let r = run(r#"<esi:include src="/nope"/>"#, &fake, limits()).await;
+    assert!(matches!(
+        r.error,
+        Some(EsiError::Include {
+            reason: FailureReason::Fetch(FragmentError::NotAllowed(_)),
+            ..
+        })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_includes_start_early() {
+    let fake = Fake::new([
+        ("/outer", esi_frag(10, r#"O<esi:include src="/inner"/>o"#)),
+        ("/inner", frag(10, "I")),
+        ("/sibling", frag(100, "S")),
+    ]);
+    let r = run(
+        r#"<esi:include src="/outer"/><esi:include src="/sibling"/>"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "OIoS");
+    assert_eq!(fake.start_of("/inner"), 10 * MS);
+    assert!(fake.start_of("/inner") < fake.finish_of("/sibling"));
+    assert_eq!(r.elapsed, 100 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_failure_falls_back_to_the_outer_alt() {
+    let fake = Fake::new([
+        ("/outer", esi_frag(0, r#"<esi:include src="/404"/>"#)),
+        ("/404", status(404)),
+        ("/a", frag(0, "A")),
+    ]);
+    let r = run(r#"<esi:include src="/outer" alt="/a"/>"#, &fake, limits()).await;
+    assert_eq!(r.text, "A");
+    assert!(r.error.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_selects_except_on_failure() {
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/a", frag(5, "A")),
+        ("/e", frag(0, "E")),
+    ]);
+    let r = run(
+        r#"[<esi:try><esi:attempt>a<esi:include src="/a"/><esi:include src="/404"/></esi:attempt><esi:except>e<esi:include src="/e"/></esi:except></esi:try>]"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "[eE]", "no attempt output leaks out");
+    assert!(r.error.is_none());
+
+    let fake = Fake::new([("/a", frag(5, "A")), ("/e", frag(0, "E"))]);
+    let r = run(
+        r#"[<esi:try><esi:attempt>a<esi:include src="/a"/></esi:attempt><esi:except><esi:include src="/e"/></esi:except></esi:try>]"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "[aA]");
+    assert!(
+        !fake.started().iter().any(|(s, _)| s == "/e"),
+        "except is fetched only after a failure"
+    );
+
+    // A failure inside except is a failure of the page.
+    let r = run(
+        r#"<esi:try><esi:attempt><esi:include src="/404"/></esi:attempt><esi:except><esi:include src="/404"/></esi:except></esi:try>"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert!(r.error.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_chosen_branch_is_fetched_and_variables_apply() {
+    let fake = Fake::new([("/gold/42", frag(0, "G")), ("/std", frag(0, "S"))]);
+    let mut headers = HeaderMap::new();
+    headers.insert("cookie", HeaderValue::from_static("tier=gold; id=42"));
+    let vars = EsiVars::from_request("example.com", "/p?x=1", &headers);
+    let body = page(vec![(
+        0,
+        r#"<esi:choose><esi:when test="$(HTTP_COOKIE{tier}) == 'gold'"><esi:include src="/gold/$(HTTP_COOKIE{id})"/></esi:when><esi:otherwise><esi:include src="/std"/></esi:otherwise></esi:choose><esi:vars>@$(HTTP_HOST)?$(QUERY_STRING{x})</esi:vars>"#,
+    )]);
+    let r = run_with(body, &fake, vars, limits()).await;
+    assert_eq!(r.text, "G@example.com?1");
+    let started: Vec<String> = fake.started().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(started, vec!["/gold/42".to_owned()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_esi_fragments_pass_through_and_esi_ones_are_processed() {
+    let fake = Fake::new([
+        ("/raw", frag(0, r#"<esi:include src="/a"/>"#)),
+        (
+            "/esi",
+            esi_frag(0, r#"<esi:include src="/a"/><esi:remove>x</esi:remove>"#),
+        ),
+        ("/a", frag(0, "A")),
+    ]);
+    let r = run(
+        r#"<esi:include src="/raw"/>|<esi:include src="/esi"/>"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, r#"<esi:include src="/a"/>|A"#);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_after_part_of_a_fragment_was_written() {
+    let broken = Frag {
+        chunks: vec![(Duration::ZERO, "p1"), (10 * MS, "p2")],
+        body_error: true,
+        ..frag(0, "")
+    };
+    let fake = Fake::new([
+        ("/broken", broken),
+        ("/a", frag(0, "A")),
+        ("/slow", frag(50, "S")),
+    ]);
+    // At the head: "p1" is already out when the body fails; alt cannot
+    // replace it, so the page ends ("p2", queued with the failure, is not written).
+    let r = run(
+        r#"<esi:include src="/broken" alt="/a"/>after"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "p1");
+    assert!(matches!(
+        r.error,
+        Some(EsiError::Include {
+            reason: FailureReason::Truncated,
+            ..
+        })
+    ));
+    // With onerror=continue the rest of the page follows.
+    let r = run(
+        r#"<esi:include src="/broken" alt="/a" onerror="continue"/>after"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "p1p2after");
+    assert!(r.error.is_none());
+    // Not at the head yet when it fails: nothing was written, alt replaces it.
+    let r = run(
+        r#"<esi:include src="/slow"/><esi:include src="/broken" alt="/a"/>after"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "SAafter");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_output_cancels_outstanding_fetches() {
+    let fake = Fake::new([
+        ("/a", frag(1_000, "A")),
+        ("/n", esi_frag(10, r#"<esi:include src="/b"/>"#)),
+        ("/b", frag(1_000, "B")),
+    ]);
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(&fake) as _;
+    let mut out = assemble(
+        page(vec![(
+            0,
+            r#"x<esi:include src="/a"/><esi:include src="/n"/>"#,
+        )]),
+        Arc::new(EsiVars::new()),
+        fetcher,
+        limits(),
+    );
+    assert_eq!(&out.next().await.expect("item").expect("ok")[..], b"x");
+    sleep(20 * MS).await;
+    assert_eq!(fake.fetches(), 3, "/a, /n and the nested /b started");
+    drop(out);
+    sleep(5_000 * MS).await;
+    let log = fake.log.lock().expect("log");
+    assert!(
+        log.finished.iter().all(|(s, _)| s == "/n"),
+        "{:?}",
+        log.finished
+    );
+    assert_eq!(log.dropped, 2, "/a and /b were cancelled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_fetcher_is_a_failure() {
+    let fake = Fake::new([(
+        "/boom",
+        Frag {
+            panic: true,
+            ..frag(0, "")
+        },
+    )]);
+    let r = run(
+        r#"a<esi:include src="/boom" onerror="continue"/>b"#,
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "ab");
+    let r = run(r#"a<esi:include src="/boom"/>b"#, &fake, limits()).await;
+    assert_eq!(r.text, "a");
+    assert!(matches!(
+        r.error,
+        Some(EsiError::Include {
+            reason: FailureReason::TaskLost,
+            ..
+        })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn page_body_error_ends_the_page() {
+    let fake = Fake::new([]);
+    let body = stream::iter(vec![
+        Ok(Bytes::from_static(b"ok")),
+        Err::<Bytes, BoxError>("reset".into()),
+    ])
+    .boxed();
+    let r = run_with(body, &fake, EsiVars::new(), limits()).await;
+    assert_eq!(r.text, "ok");
+    assert!(matches!(r.error, Some(EsiError::Body(_))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn unclosed_blocks_and_streamed_tags_still_assemble() {
+    let fake = Fake::new([("/a", frag(3, "A"))]);
+    // The tag arrives split over three chunks.
+    let body = page(vec![
+        (0, "1<esi:inc"),
+        (1, "lude src=\"/"),
+        (1, "a\"/>2<esi:try><esi:attempt>t"),
+    ]);
+    let r = run_with(body, &fake, EsiVars::new(), limits()).await;
+    assert_eq!(r.text, "1A2t");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragments_at_hand_are_written_in_place_in_order_without_a_fetch() {
+    let fake = Fake::with_ready([("/slow", frag(100, "S"))], [("/r1", "R1"), ("/r2", "R2")]);
+    let r = run(
+        "a<esi:include src=\"/r1\"/>b<esi:include src=\"/slow\"/>c<esi:include src=\"/r2\"/>d",
+        &fake,
+        limits(),
+    )
+    .await;
+    assert_eq!(r.text, "aR1bScR2d");
+    assert!(r.error.is_none());
+    assert_eq!(fake.started(), vec![("/slow".to_owned(), Duration::ZERO)]);
+    assert_eq!(r.elapsed, 100 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragments_at_hand_count_against_the_include_budget() {
+    let fake = Fake::with_ready([], [("/r", "R")]);
+    let page = "<esi:include src=\"/r\" onerror=\"continue\"/>".repeat(5);
+    let body: &'static str = Box::leak(page.into_boxed_str());
+    let r = run(
+        body,
+        &fake,
+        EsiLimits {
+            max_includes: 3,
+            ..limits()
+        },
+    )
+    .await;
+    assert_eq!(r.text, "RRR");
+    assert!(r.error.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parsed_template_assembles_like_its_body() {
+    let fake = Fake::with_ready([("/f", frag(5, "F"))], [("/r", "R")]);
+    let body = "<p><esi:include src=\"/f\"/>-<esi:include src=\"/r\"/>\
+                <esi:choose><esi:when test=\"1==1\">yes</esi:when></esi:choose></p>";
+    let streamed = run(body, &fake, limits()).await.text;
+    let nodes: Arc<[Node]> = crate::parse(body.as_bytes()).into();
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(&fake) as _;
+    let mut out = assemble_parsed(nodes, Arc::new(EsiVars::new()), fetcher, limits());
+    let mut text = String::new();
+    while let Some(item) = out.next().await {
+        text.push_str(&String::from_utf8_lossy(&item.expect("no error")));
+    }
+    assert_eq!(text, "<p>F-Ryes</p>");
+    assert_eq!(text, streamed);
+}

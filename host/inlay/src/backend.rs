@@ -1,0 +1,192 @@
+//! Named backends: a pooled HTTP/1.1 client per origin, with the connect,
+//! first-byte and between-bytes timeouts and the connection cap of its config.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{Request, Response, Uri, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use inlay_core::body::{self, ProxyBody};
+
+use crate::body::TimeoutBody;
+use crate::config::{BackendConfig, Config};
+use inlay_core::ProxyError;
+
+/// One configured origin.
+#[derive(Debug)]
+pub struct Backend {
+    config: BackendConfig,
+    client: Client<HttpConnector, ProxyBody>,
+    slots: Option<Arc<Semaphore>>,
+}
+
+/// Every configured backend, by name.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    by_name: Arc<HashMap<String, Arc<Backend>>>,
+    default: String,
+}
+
+impl Backends {
+    /// Build a client per configured backend.
+    pub fn new(config: &Config) -> Self {
+        let by_name = config
+            .backends
+            .iter()
+            .map(|(name, b)| (name.clone(), Arc::new(Backend::new(b.clone()))))
+            .collect();
+        Self {
+            by_name: Arc::new(by_name),
+            default: config.default_backend.clone(),
+        }
+    }
+
+    /// A backend by name.
+    pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.by_name.get(name)
+    }
+
+    /// The default backend's name.
+    pub fn default_name(&self) -> &str {
+        &self.default
+    }
+
+    /// Every backend.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Backend>> {
+        self.by_name.values()
+    }
+}
+
+impl Backend {
+    fn new(config: BackendConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(30))
+            .pool_max_idle_per_host(if config.max_connections > 0 {
+                config.max_connections
+            } else {
+                1024
+            })
+            .build(connector);
+        let slots =
+            (config.max_connections > 0).then(|| Arc::new(Semaphore::new(config.max_connections)));
+        Self {
+            config,
+            client,
+            slots,
+        }
+    }
+
+    /// The backend's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The backend's config.
+    pub fn config(&self) -> &BackendConfig {
+        &self.config
+    }
+
+    /// Whether `authority` (host[:port]) names this backend's address or Host override.
+    pub fn serves_authority(&self, authority: &str) -> bool {
+        let own = self.config.authority();
+        authority.eq_ignore_ascii_case(&own)
+            || self
+                .config
+                .host_header
+                .as_deref()
+                .is_some_and(|h| h.eq_ignore_ascii_case(authority))
+    }
+
+    /// Send a request whose URI is a path and query. The `Host` header is the
+    /// caller's, replaced by the backend's `host_header` when configured; set
+    /// to the backend's address when absent. The response body fails if it
+    /// stalls longer than `between_bytes_timeout`.
+    pub async fn send(
+        &self,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let permit: Option<OwnedSemaphorePermit> = match &self.slots {
+            Some(s) => {
+                Some(
+                    s.clone()
+                        .try_acquire_owned()
+                        .map_err(|_| ProxyError::BackendBusy {
+                            backend: self.config.name.clone(),
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_owned();
+        let mut parts = self.config.address.clone().into_parts();
+        parts.path_and_query = Some(
+            pq.parse()
+                .map_err(|_| ProxyError::BadRequest(format!("bad path {pq:?}")))?,
+        );
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        // Backends get HTTP/1.1 whatever the client spoke.
+        *req.version_mut() = http::Version::HTTP_11;
+        let headers = req.headers_mut();
+        if let Some(h) = &self.config.host_header {
+            if let Ok(v) = header::HeaderValue::from_str(h) {
+                headers.insert(header::HOST, v);
+            }
+        } else if !headers.contains_key(header::HOST)
+            && let Ok(v) = header::HeaderValue::from_str(&self.config.authority())
+        {
+            headers.insert(header::HOST, v);
+        }
+        let timeout = self.config.first_byte_timeout;
+        let resp = match tokio::time::timeout(timeout, self.client.request(req)).await {
+            Err(_) => {
+                return Err(ProxyError::BackendTimeout {
+                    backend: self.config.name.clone(),
+                    timeout,
+                });
+            }
+            Ok(Err(e)) => return Err(self.classify(e)),
+            Ok(Ok(resp)) => resp,
+        };
+        let (parts, incoming) = resp.into_parts();
+        let body = TimeoutBody::new(
+            incoming,
+            self.config.between_bytes_timeout,
+            self.config.name.clone(),
+            permit,
+        );
+        Ok(Response::from_parts(parts, body::boxed(body)))
+    }
+
+    fn classify(&self, e: hyper_util::client::legacy::Error) -> ProxyError {
+        let backend = self.config.name.clone();
+        // The source chain says more than the top-level message.
+        let mut reason = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            reason.push_str(": ");
+            reason.push_str(&s.to_string());
+            src = s.source();
+        }
+        // A connect timeout is a down backend (503), as in Varnish; only a
+        // backend that accepted the request and then stalled is a 504.
+        if e.is_connect() {
+            ProxyError::BackendDown { backend, reason }
+        } else {
+            ProxyError::BackendProtocol { backend, reason }
+        }
+    }
+}

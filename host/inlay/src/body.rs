@@ -1,0 +1,86 @@
+//! A backend body that may not stall: the between-bytes timeout.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use inlay_core::BoxError;
+
+/// The between-bytes timeout expired while streaming a backend body.
+#[derive(Debug, thiserror::Error)]
+#[error("backend {backend} sent no body data for {timeout:?} (between_bytes_timeout)")]
+pub struct BetweenBytesTimeout {
+    /// The backend's name.
+    pub backend: String,
+    /// The configured timeout.
+    pub timeout: Duration,
+}
+
+pin_project_lite::pin_project! {
+    /// A body that fails when no frame arrives within `timeout`, and that holds
+    /// `guard` (for example a backend connection permit) until it is dropped.
+    pub struct TimeoutBody<B, G> {
+        #[pin]
+        inner: B,
+        #[pin]
+        sleep: tokio::time::Sleep,
+        timeout: Duration,
+        backend: String,
+        guard: G,
+    }
+}
+
+impl<B, G> TimeoutBody<B, G> {
+    /// Wrap `inner`.
+    pub fn new(inner: B, timeout: Duration, backend: String, guard: G) -> Self {
+        Self {
+            inner,
+            sleep: tokio::time::sleep(timeout),
+            timeout,
+            backend,
+            guard,
+        }
+    }
+}
+
+impl<B, G> Body for TimeoutBody<B, G>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let deadline = tokio::time::Instant::now() + *this.timeout;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                if this.sleep.poll(cx).is_ready() {
+                    return Poll::Ready(Some(Err(Box::new(BetweenBytesTimeout {
+                        backend: this.backend.clone(),
+                        timeout: *this.timeout,
+                    }))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,20 @@
+//! Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
+//!
+//! One `inlay` process sits in front of origin servers, as Varnish does.
+//! This crate is the process: the command line ([`cli`]), the config
+//! ([`config`]), the accept loop and connection limits ([`server`]), the
+//! request's path through the host ([`pipeline`], one phase per file), the
+//! backends ([`backend`]) and the access log ([`access_log`]). The HTTP
+//! model, the cache, ESI and the policy runtime are crates of their own
+//! (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`); see
+//! `docs/ARCHITECTURE.md`.
+
+pub mod access_log;
+pub mod backend;
+pub mod body;
+pub mod cli;
+pub mod codec;
+pub mod config;
+pub mod pipeline;
+pub mod policy_services;
+pub mod server;

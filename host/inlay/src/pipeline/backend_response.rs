@@ -1,0 +1,37 @@
+//! backend response: how a backend response is cached. The cache's rules
+//! (RFC 9111, Surrogate-Control, the configured defaults) propose; the
+//! policy's `on-backend-response` decides. Storing is the cache's
+//! (`inlay_cache::NewResponse::store`).
+
+use std::time::SystemTime;
+
+use http::Response;
+use inlay_cache::rules::{self, Defaults};
+use inlay_core::{CacheSettings, ProxyBody, ProxyError, RequestHead, ResponseHead};
+use inlay_runtime::PolicyCall;
+
+/// The host's default cache settings for a response.
+pub fn default_settings(resp: &Response<ProxyBody>, defaults: &Defaults) -> CacheSettings {
+    rules::decide(resp.status(), resp.headers(), defaults, SystemTime::now())
+}
+
+/// The policy's `on-backend-response`: it may edit the response's status and
+/// headers and change how it is cached, starting from `defaults`.
+pub async fn run_policy(
+    policy: Option<&mut PolicyCall>,
+    head: &mut RequestHead,
+    resp: &mut Response<ProxyBody>,
+    defaults: CacheSettings,
+) -> Result<CacheSettings, ProxyError> {
+    let Some(call) = policy else {
+        return Ok(defaults);
+    };
+    let mut rh = ResponseHead {
+        status: resp.status(),
+        headers: std::mem::take(resp.headers_mut()),
+    };
+    let result = call.on_backend_response(head, &mut rh, defaults).await;
+    *resp.status_mut() = rh.status;
+    *resp.headers_mut() = rh.headers;
+    Ok(result?)
+}

@@ -1,0 +1,267 @@
+//! deliver: the last edits before the response goes to the client: the
+//! response made from a cached object (Age, conditional requests, Range),
+//! `Cache-Status`, `Via`, and the removal of what is only for us.
+
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use inlay_cache::stored_headers;
+use inlay_core::body::{self, ProxyBody};
+use inlay_core::{CacheStatus, ProxyError, RequestHead, ResponseHead, headers};
+use inlay_runtime::PolicyCall;
+use inlay_storage::StoredObject;
+
+/// Build the response for a cached object. Returns it and whether its body
+/// is an ESI template.
+pub fn from_object(obj: &StoredObject, now_ms: u64) -> (Response<ProxyBody>, bool) {
+    let mut resp = Response::new(body::full(obj.body.clone()));
+    *resp.status_mut() = StatusCode::from_u16(obj.meta.status).unwrap_or(StatusCode::OK);
+    let (stored, esi) = stored_headers(&obj.meta);
+    *resp.headers_mut() = stored;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(obj.body.len()));
+    h.insert(
+        header::AGE,
+        HeaderValue::from(obj.meta.age_ms(now_ms) / 1000),
+    );
+    (resp, esi)
+}
+
+/// Answer a client's conditional request (If-None-Match, If-Modified-Since)
+/// and single-range request from a complete object. Multi-range requests get
+/// the whole object, which RFC 9110 allows.
+pub fn conditional_and_range(
+    head: &RequestHead,
+    resp: Response<ProxyBody>,
+    obj: &StoredObject,
+) -> Response<ProxyBody> {
+    if resp.status() != StatusCode::OK {
+        return resp;
+    }
+    if not_modified(&head.headers, resp.headers()) {
+        let (mut parts, _) = resp.into_parts();
+        parts.status = StatusCode::NOT_MODIFIED;
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, body::empty());
+    }
+    if head.method != Method::GET {
+        return resp;
+    }
+    let Some(range) = head
+        .headers
+        .get(header::RANGE)
+        .and_then(|r| r.to_str().ok())
+    else {
+        return resp;
+    };
+    // If-Range with a validator that does not match means: send it all.
+    if let Some(if_range) = head
+        .headers
+        .get(header::IF_RANGE)
+        .and_then(|v| v.to_str().ok())
+    {
+        let etag = resp
+            .headers()
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok());
+        let lm = resp
+            .headers()
+            .get(header::LAST_MODIFIED)
+            .and_then(|v| v.to_str().ok());
+        if Some(if_range) != etag && Some(if_range) != lm {
+            return resp;
+        }
+    }
+    let len = obj.body.len() as u64;
+    let (mut parts, _) = resp.into_parts();
+    parts
+        .headers
+        .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    match parse_range(range, len) {
+        RangeSpec::Whole => Response::from_parts(parts, body::full(obj.body.clone())),
+        RangeSpec::Unsatisfiable => {
+            parts.status = StatusCode::RANGE_NOT_SATISFIABLE;
+            parts
+                .headers
+                .insert(header::CONTENT_RANGE, content_range(None, len));
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+            Response::from_parts(parts, body::empty())
+        }
+        RangeSpec::Part(start, end) => {
+            parts.status = StatusCode::PARTIAL_CONTENT;
+            parts.headers.insert(
+                header::CONTENT_RANGE,
+                content_range(Some((start, end)), len),
+            );
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(end - start + 1));
+            let slice = obj.body.slice(start as usize..=end as usize);
+            Response::from_parts(parts, body::full(slice))
+        }
+    }
+}
+
+fn content_range(part: Option<(u64, u64)>, len: u64) -> HeaderValue {
+    let s = match part {
+        Some((a, b)) => format!("bytes {a}-{b}/{len}"),
+        None => format!("bytes */{len}"),
+    };
+    HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("bytes */0"))
+}
+
+/// A parsed `Range` header against a body of known length.
+#[derive(Debug, PartialEq, Eq)]
+enum RangeSpec {
+    /// Ignore the header: serve the whole body.
+    Whole,
+    /// 416.
+    Unsatisfiable,
+    /// 206 with these inclusive offsets.
+    Part(u64, u64),
+}
+
+fn parse_range(v: &str, len: u64) -> RangeSpec {
+    let Some(spec) = v.trim().strip_prefix("bytes=") else {
+        return RangeSpec::Whole;
+    };
+    if spec.contains(',') {
+        return RangeSpec::Whole;
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return RangeSpec::Whole;
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let parsed = match (a.is_empty(), b.is_empty()) {
+        (true, true) => return RangeSpec::Whole,
+        (true, false) => match b.parse::<u64>() {
+            Ok(0) => return RangeSpec::Unsatisfiable,
+            Ok(n) if len > 0 => Some((len.saturating_sub(n), len - 1)),
+            Ok(_) => return RangeSpec::Unsatisfiable,
+            Err(_) => None,
+        },
+        (false, _) => match (
+            a.parse::<u64>(),
+            if b.is_empty() {
+                Ok(u64::MAX)
+            } else {
+                b.parse::<u64>()
+            },
+        ) {
+            (Ok(s), Ok(e)) if s <= e => {
+                if s >= len {
+                    return RangeSpec::Unsatisfiable;
+                }
+                Some((s, e.min(len - 1)))
+            }
+            _ => None,
+        },
+    };
+    match parsed {
+        Some((s, e)) => RangeSpec::Part(s, e),
+        None => RangeSpec::Whole,
+    }
+}
+
+fn not_modified(req: &HeaderMap, resp: &HeaderMap) -> bool {
+    if let Some(inm) = req.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
+        let Some(etag) = resp.get(header::ETAG).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let weak = |t: &str| t.trim().trim_start_matches("W/").to_owned();
+        return inm
+            .split(',')
+            .any(|t| t.trim() == "*" || weak(t) == weak(etag));
+    }
+    if let Some(ims) = req
+        .get(header::IF_MODIFIED_SINCE)
+        .and_then(|v| v.to_str().ok())
+    {
+        let lm = resp
+            .get(header::LAST_MODIFIED)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok());
+        if let (Ok(ims), Some(lm)) = (httpdate::parse_http_date(ims), lm) {
+            return lm <= ims;
+        }
+    }
+    false
+}
+
+/// The policy's `on-deliver`: the last edits of status and headers.
+pub async fn run_policy(
+    policy: Option<&mut PolicyCall>,
+    head: &mut RequestHead,
+    mut resp: Response<ProxyBody>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Some(call) = policy else {
+        return Ok(resp);
+    };
+    let mut rh = ResponseHead {
+        status: resp.status(),
+        headers: std::mem::take(resp.headers_mut()),
+    };
+    let result = call.on_deliver(head, &mut rh).await;
+    *resp.status_mut() = rh.status;
+    *resp.headers_mut() = rh.headers;
+    result?;
+    Ok(resp)
+}
+
+/// Final edits for every response: our own fields out, hop-by-hop fields
+/// out, `Via` and `Cache-Status` in.
+pub fn finish(mut resp: Response<ProxyBody>, status: CacheStatus) -> Response<ProxyBody> {
+    // The backend's HTTP version is not the client's: let the server choose.
+    *resp.version_mut() = http::Version::HTTP_11;
+    let h = resp.headers_mut();
+    headers::strip_hop_by_hop(h);
+    // Surrogate-Control and Surrogate-Key speak to the edge only.
+    h.remove("surrogate-control");
+    h.remove("surrogate-key");
+    headers::add_via(h);
+    if let Ok(v) = HeaderValue::from_str(&status.header_value()) {
+        h.insert("cache-status", v);
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-9", 100), RangeSpec::Part(0, 9));
+        assert_eq!(parse_range("bytes=90-", 100), RangeSpec::Part(90, 99));
+        assert_eq!(parse_range("bytes=-10", 100), RangeSpec::Part(90, 99));
+        assert_eq!(parse_range("bytes=50-500", 100), RangeSpec::Part(50, 99));
+        assert_eq!(parse_range("bytes=100-", 100), RangeSpec::Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-1,5-6", 100), RangeSpec::Whole);
+        assert_eq!(parse_range("items=0-1", 100), RangeSpec::Whole);
+        assert_eq!(parse_range("bytes=9-1", 100), RangeSpec::Whole);
+    }
+
+    #[test]
+    fn validators() {
+        let mut resp = HeaderMap::new();
+        resp.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+        resp.insert(
+            header::LAST_MODIFIED,
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
+        );
+        let mut req = HeaderMap::new();
+        req.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_static("\"v0\", W/\"v1\""),
+        );
+        assert!(not_modified(&req, &resp));
+        req.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"v2\""));
+        assert!(!not_modified(&req, &resp));
+        let mut req = HeaderMap::new();
+        req.insert(
+            header::IF_MODIFIED_SINCE,
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
+        );
+        assert!(not_modified(&req, &resp));
+    }
+}

@@ -1,0 +1,303 @@
+//! ESI: when a response opted in (`Surrogate-Control: content="ESI/1.0"`, or
+//! a policy turned it on), its body is assembled by [`inlay_esi::assemble`]:
+//! every include is fetched at once, through the cache, and the page streams
+//! in document order.
+//!
+//! Includes go only to configured backends: a relative `src` goes to the
+//! page's backend with the page's Host; an absolute `http://host[:port]/...`
+//! must name a backend's address or `host_header`; anything else is refused
+//! and logged. Include requests are GET without a body and carry only the
+//! client headers listed in `esi.forward_headers` (no Cookie or
+//! Authorization by default). Includes do not run the policy.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream::{BoxStream, StreamExt};
+use http::{HeaderMap, HeaderValue, Method, Response, Uri, header};
+use http_body_util::{BodyExt, StreamBody};
+use tracing::{debug, warn};
+
+use inlay_cache::{ESI_MARK, PrimaryKey};
+use inlay_core::body::{self, BoxError, ProxyBody};
+use inlay_core::RequestHead;
+use inlay_esi::{EsiLimits, EsiVars, Fetch, Fragment, FragmentError, FragmentFetcher};
+
+use super::Pipeline;
+use crate::codec;
+use crate::config::EsiConfig;
+
+/// The limits of the config, in the assembler's terms.
+pub fn limits(cfg: &EsiConfig) -> EsiLimits {
+    EsiLimits {
+        max_depth: cfg.max_depth,
+        max_includes: cfg.max_includes,
+        max_concurrency: cfg.max_concurrency,
+        include_timeout: cfg.include_timeout,
+        page_deadline: cfg.page_deadline,
+    }
+}
+
+/// Whether a body of this type may be parsed: text only (HTML, XML, plain
+/// text, JSON); a missing Content-Type is taken as text.
+fn is_text(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return true;
+    };
+    let ct = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    ct.starts_with("text/") || ct.ends_with("+xml") || ct.ends_with("/xml") || ct.ends_with("/json")
+}
+
+/// The body as a stream of decoded bytes, or `None` when it cannot be
+/// decoded (an encoding other than gzip).
+fn decoded(
+    headers: &HeaderMap,
+    body: ProxyBody,
+) -> Option<BoxStream<'static, Result<Bytes, BoxError>>> {
+    let stream = body.into_data_stream().boxed();
+    match headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()) {
+        None | Some(b"identity") => Some(stream),
+        Some(b"gzip") | Some(b"x-gzip") => Some(codec::gunzip(stream)),
+        Some(_) => None,
+    }
+}
+
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|e| {
+            let mut parts = e.split(';');
+            let coding = parts.next().unwrap_or("").trim();
+            let q_zero = parts.any(|p| p.trim().replace(' ', "") == "q=0");
+            coding.eq_ignore_ascii_case("gzip") && !q_zero
+        })
+}
+
+/// Assemble `resp` as an ESI page for the client request `head`. A body that
+/// is not text, or in an encoding other than gzip, is passed through untouched.
+/// `template` is the whole body when it came from the cache: it is then
+/// parsed once for every request that assembles it.
+pub fn process(
+    pipeline: &Arc<Pipeline>,
+    head: &RequestHead,
+    resp: Response<ProxyBody>,
+    template: Option<&Bytes>,
+    custom_vars: &[(String, String)],
+) -> Response<ProxyBody> {
+    if !decodable(resp.headers()) {
+        debug!("ESI requested for a non-text or undecodable body; passed through");
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let was_gzip = parts
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() == b"gzip" || v.as_bytes() == b"x-gzip");
+    // A gzip template is decoded as it streams; a plain one is parsed once.
+    let input = match template.filter(|_| !was_gzip) {
+        Some(t) => PageInput::Parsed(pipeline.templates.nodes(t)),
+        None => match decoded(&parts.headers, body) {
+            Some(input) => PageInput::Stream(input),
+            // `decodable` was checked above.
+            None => return Response::from_parts(parts, body::empty()),
+        },
+    };
+    let mut vars = EsiVars::from_request(head.host(), head.path_and_query(), &head.headers);
+    for (k, v) in custom_vars {
+        vars.set(k.clone(), v.clone());
+    }
+    let fetcher = Arc::new(IncludeFetcher {
+        pipeline: pipeline.clone(),
+        page: include_head(head, &pipeline.config().esi),
+    });
+    let (vars, limits) = (Arc::new(vars), limits(&pipeline.config().esi));
+    let assembled = match input {
+        PageInput::Stream(body) => inlay_esi::assemble(body, vars, fetcher, limits),
+        PageInput::Parsed(nodes) => inlay_esi::assemble_parsed(nodes, vars, fetcher, limits),
+    }
+    .map(|r| r.map_err(|e| Box::new(e) as BoxError))
+    .boxed();
+    let h = &mut parts.headers;
+    h.remove(header::CONTENT_LENGTH);
+    h.remove(header::ACCEPT_RANGES);
+    // The assembled page is not the stored template: its validators do not apply.
+    h.remove(header::ETAG);
+    h.remove(header::LAST_MODIFIED);
+    let out = if was_gzip && accepts_gzip(&head.headers) {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        codec::gzip(assembled)
+    } else {
+        h.remove(header::CONTENT_ENCODING);
+        assembled
+    };
+    if was_gzip {
+        h.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+    let body = StreamBody::new(out.map(|r| r.map(http_body::Frame::data)));
+    Response::from_parts(parts, body::boxed(body))
+}
+
+/// What a page is assembled from.
+enum PageInput {
+    /// The body as it streams (decoded).
+    Stream(BoxStream<'static, Result<Bytes, BoxError>>),
+    /// A cached template, parsed once.
+    Parsed(Arc<[inlay_esi::Node]>),
+}
+
+/// Whether a body in this encoding can be assembled.
+pub fn decodable(headers: &HeaderMap) -> bool {
+    matches!(
+        headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()),
+        None | Some(b"identity") | Some(b"gzip") | Some(b"x-gzip")
+    ) && is_text(headers)
+}
+
+/// The request head every include of a page starts from.
+fn include_head(page: &RequestHead, cfg: &EsiConfig) -> RequestHead {
+    let mut headers = HeaderMap::new();
+    for name in &cfg.forward_headers {
+        for v in page.headers.get_all(name.as_str()) {
+            if let Ok(n) = http::HeaderName::from_bytes(name.as_bytes()) {
+                headers.append(n, v.clone());
+            }
+        }
+    }
+    if let Some(h) = page.headers.get(header::HOST) {
+        headers.insert(header::HOST, h.clone());
+    }
+    RequestHead {
+        method: Method::GET,
+        uri: page.uri.clone(),
+        headers,
+        client_ip: page.client_ip,
+        backend: page.backend.clone(),
+        cache_key_extra: Vec::new(),
+    }
+}
+
+/// Fetches includes through the cache and the configured backends only.
+struct IncludeFetcher {
+    pipeline: Arc<Pipeline>,
+    page: RequestHead,
+}
+
+impl IncludeFetcher {
+    /// Resolve `src` to a request head, refusing anything that is not a
+    /// configured backend (ESI must not become an open proxy).
+    fn resolve(&self, src: &str) -> Result<RequestHead, FragmentError> {
+        let mut head = self.page.clone();
+        let src = src.trim();
+        if src.starts_with('/') && !src.starts_with("//") {
+            head.uri = src
+                .parse()
+                .map_err(|_| FragmentError::InvalidSrc(src.to_owned()))?;
+            return Ok(head);
+        }
+        if let Some(rest) = src.strip_prefix("http://") {
+            let uri: Uri = format!("http://{rest}")
+                .parse()
+                .map_err(|_| FragmentError::InvalidSrc(src.to_owned()))?;
+            let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
+            let page_host = self
+                .page
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok());
+            let backend = if page_host.is_some_and(|h| h.eq_ignore_ascii_case(authority)) {
+                Some(self.page.backend.clone())
+            } else {
+                self.pipeline
+                    .backends()
+                    .iter()
+                    .find(|b| b.serves_authority(authority))
+                    .map(|b| b.name().to_owned())
+            };
+            let Some(backend) = backend else {
+                return Err(FragmentError::NotAllowed(format!(
+                    "{src}: {authority} is not a configured backend"
+                )));
+            };
+            head.backend = backend;
+            head.uri = uri
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or("/")
+                .parse()
+                .map_err(|_| FragmentError::InvalidSrc(src.to_owned()))?;
+            if let Ok(v) = HeaderValue::from_str(authority) {
+                head.headers.insert(header::HOST, v);
+            }
+            return Ok(head);
+        }
+        if src.contains("://") || src.starts_with("//") {
+            return Err(FragmentError::NotAllowed(format!(
+                "{src}: only http:// to configured backends and relative paths are allowed"
+            )));
+        }
+        // Relative to the page's directory.
+        let path = self.page.uri.path();
+        let dir = &path[..path.rfind('/').map(|i| i + 1).unwrap_or(0)];
+        head.uri = format!("{dir}{src}")
+            .parse()
+            .map_err(|_| FragmentError::InvalidSrc(src.to_owned()))?;
+        Ok(head)
+    }
+}
+
+impl IncludeFetcher {
+    /// The body of a fresh cache hit that is a plain 2xx fragment. Anything
+    /// else (a failure that may fall back to `alt`, a nested ESI fragment,
+    /// an encoded body, a miss) is fetched through the cache.
+    fn at_hand(&self, head: &RequestHead) -> Option<Bytes> {
+        let obj = self
+            .pipeline
+            .cache
+            .get_fresh(&PrimaryKey::of(head), &head.headers)?;
+        let plain = obj.meta.headers.iter().all(|(name, _)| {
+            name != ESI_MARK && !name.eq_ignore_ascii_case(header::CONTENT_ENCODING.as_str())
+        });
+        ((200..300).contains(&obj.meta.status) && plain).then_some(obj.body)
+    }
+}
+
+impl FragmentFetcher for IncludeFetcher {
+    fn fetch(&self, src: &str) -> Fetch {
+        let head = match self.resolve(src) {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(src = %src, "ESI include refused: {e}");
+                return Fetch::failed(e);
+            }
+        };
+        if let Some(body) = self.at_hand(&head) {
+            return Fetch::Ready(body);
+        }
+        let pipeline = self.pipeline.clone();
+        let src = src.to_owned();
+        Fetch::Pending(Box::pin(async move {
+            let out = pipeline
+                .fetch_for_include(&head)
+                .await
+                .map_err(|e| FragmentError::Fetch(Box::new(e)))?;
+            let status = out.resp.status().as_u16();
+            let esi = out.esi && decodable(out.resp.headers());
+            let (parts, body) = out.resp.into_parts();
+            let body = decoded(&parts.headers, body).ok_or_else(|| {
+                FragmentError::InvalidSrc(format!("{src}: undecodable Content-Encoding"))
+            })?;
+            Ok(Fragment { status, body, esi })
+        }))
+    }
+}

@@ -1,0 +1,140 @@
+//! log: always runs. The access-log line is written when the response body
+//! has been sent (or abandoned), so it carries the real byte count and time.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use tracing::{error, info, warn};
+
+use crate::access_log::{AccessLog, AccessRecord};
+use inlay_core::body::{self, BoxError, ProxyBody};
+use inlay_core::{Blame, ProxyError};
+
+/// Start the record from the request head as received.
+pub fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
+    let get = |name: http::header::HeaderName| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    AccessRecord {
+        client: Some(peer.ip()),
+        method: parts.method.to_string(),
+        url: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "/".into()),
+        protocol: format!("{:?}", parts.version),
+        referer: get(http::header::REFERER),
+        user_agent: get(http::header::USER_AGENT),
+        host: get(http::header::HOST).or_else(|| parts.uri.authority().map(|a| a.to_string())),
+        cache: "",
+        ..Default::default()
+    }
+}
+
+/// One diagnostic line for a failed request, at a level that says whose fault it is.
+pub fn failure(e: &ProxyError, r: &AccessRecord) {
+    match e.blame() {
+        Blame::Client => {
+            info!(method = %r.method, url = %r.url, status = e.status().as_u16(), "{e}")
+        }
+        Blame::Origin | Blame::Policy => {
+            warn!(method = %r.method, url = %r.url, status = e.status().as_u16(), "{e}")
+        }
+        Blame::Inlay => {
+            error!(method = %r.method, url = %r.url, status = e.status().as_u16(), "{e}")
+        }
+    }
+}
+
+/// Attach the record to the response body; the line is written when the body ends.
+pub fn finish(
+    resp: Response<ProxyBody>,
+    mut record: AccessRecord,
+    started: Instant,
+    log: AccessLog,
+) -> Response<ProxyBody> {
+    record.status = resp.status().as_u16();
+    resp.map(|b| {
+        body::boxed(LoggedBody {
+            inner: b,
+            pending: Some((record, started, log)),
+            bytes: 0,
+        })
+    })
+}
+
+pin_project_lite::pin_project! {
+    struct LoggedBody {
+        #[pin]
+        inner: ProxyBody,
+        pending: Option<(AccessRecord, Instant, AccessLog)>,
+        bytes: u64,
+    }
+    impl PinnedDrop for LoggedBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some((mut r, started, log)) = this.pending.take() {
+                r.bytes = *this.bytes;
+                r.duration = started.elapsed();
+                if r.error.is_none() && !this.inner.is_end_stream() {
+                    // Dropped before the end: the client went away or the stream failed.
+                    r.error = Some("response not completed".into());
+                }
+                log.write(&r);
+            }
+        }
+    }
+}
+
+impl Body for LoggedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let res = this.inner.poll_frame(cx);
+        match &res {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    *this.bytes += d.len() as u64;
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some((mut r, started, log)) = this.pending.take() {
+                    r.bytes = *this.bytes;
+                    r.duration = started.elapsed();
+                    log.write(&r);
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                if let Some((r, _, _)) = this.pending.as_mut() {
+                    warn!(url = %r.url, error = %e, "response body failed mid-stream; connection will be closed");
+                    r.error = Some(e.to_string());
+                }
+            }
+            Poll::Pending => {}
+        }
+        res
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

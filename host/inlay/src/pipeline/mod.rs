@@ -1,0 +1,240 @@
+//! The request's way through the host, one phase per file, in the order
+//! they run (see `docs/ARCHITECTURE.md`):
+//!
+//! 1. [`recv`]: normalise the request; the policy may rewrite it, answer it,
+//!    pick a backend, or choose pass / lookup.
+//! 2. [`lookup`]: the cache key and what the cache holds (coalescing, grace),
+//!    and the fetch for the cache on a miss (revalidation, stale-if-error).
+//! 3. [`fetch`]: the backend request, with Via / X-Forwarded-For.
+//! 4. [`backend_response`]: the policy decides how a response is cached.
+//! 5. [`esi`]: pages that opted in are assembled, includes in parallel.
+//! 6. [`deliver`]: the response headers for the client, conditional and Range.
+//! 7. [`log`]: always runs: one access-log line when the body is done.
+//!
+//! [`purge`] answers the PURGE method. This file only sequences the phases.
+
+pub mod backend_response;
+pub mod deliver;
+pub mod esi;
+pub mod fetch;
+pub mod log;
+pub mod lookup;
+pub mod purge;
+pub mod recv;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, Request, Response, header};
+use hyper::body::Incoming;
+use inlay_cache::HttpCache;
+use inlay_core::body::{self, ProxyBody};
+use inlay_core::{CacheStatus, ProxyError, RequestHead};
+use inlay_esi::ParsedTemplates;
+use inlay_runtime::{PolicyCall, PolicyServices, PolicySlot};
+use inlay_storage::StoredObject;
+use tracing::{Instrument, debug_span};
+
+use crate::access_log::{AccessLog, AccessRecord};
+use crate::backend::{Backend, Backends};
+use crate::config::Config;
+use crate::policy_services::HostServices;
+
+/// What recv decided.
+#[derive(Debug)]
+pub enum Route {
+    /// Use the cache.
+    Lookup,
+    /// Go to the backend; do not use the cache.
+    Pass,
+    /// Answer at once.
+    Synthetic(Response<ProxyBody>),
+}
+
+/// Everything a request needs, shared by all connections.
+pub struct Pipeline {
+    config: Arc<Config>,
+    backends: Backends,
+    cache: HttpCache,
+    access_log: AccessLog,
+    policy: Option<Arc<PolicySlot>>,
+    services: Arc<dyn PolicyServices>,
+    /// Cached ESI templates, parsed once.
+    templates: ParsedTemplates,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("backends", &self.backends)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A response on its way to deliver, with what deliver must know about it.
+pub struct Outcome {
+    resp: Response<ProxyBody>,
+    /// How it was served.
+    status: CacheStatus,
+    /// The complete cached object the response was made from (for
+    /// conditional and Range answers, and the template of an ESI page).
+    object: Option<StoredObject>,
+    /// The body is an ESI template to assemble.
+    esi: bool,
+}
+
+impl Outcome {
+    fn new(resp: Response<ProxyBody>, status: CacheStatus) -> Self {
+        Self {
+            resp,
+            status,
+            object: None,
+            esi: false,
+        }
+    }
+
+    fn with_esi(mut self, esi: bool) -> Self {
+        self.esi = esi;
+        self
+    }
+}
+
+impl Pipeline {
+    /// Build the pipeline from a validated config, an open cache and the
+    /// policy slot (if a policy is configured).
+    pub fn new(
+        config: Arc<Config>,
+        cache: HttpCache,
+        policy: Option<Arc<PolicySlot>>,
+        access_log: AccessLog,
+    ) -> Self {
+        let backends = Backends::new(&config);
+        let services: Arc<dyn PolicyServices> =
+            Arc::new(HostServices::new(cache.clone(), backends.clone()));
+        Self {
+            config,
+            backends,
+            cache,
+            access_log,
+            policy,
+            services,
+            templates: ParsedTemplates::default(),
+        }
+    }
+
+    /// A fresh instance of the current policy for one request, if any.
+    async fn start_policy(&self) -> Result<Option<PolicyCall>, ProxyError> {
+        match &self.policy {
+            Some(slot) => Ok(Some(slot.handle(&self.services).start().await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The configured backends.
+    pub fn backends(&self) -> &Backends {
+        &self.backends
+    }
+
+    /// The HTTP cache.
+    pub fn cache(&self) -> &HttpCache {
+        &self.cache
+    }
+
+    /// The validated config this pipeline runs.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The backend a request goes to.
+    fn backend(&self, head: &RequestHead) -> Result<&Arc<Backend>, ProxyError> {
+        self.backends.get(&head.backend).ok_or_else(|| {
+            ProxyError::Internal(format!("backend {} is not configured", head.backend))
+        })
+    }
+
+    /// Serve one request. Never fails: errors become responses here.
+    pub async fn handle(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let (parts, body) = req.into_parts();
+        let mut record = log::start(&parts, peer);
+        let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
+        let result = self
+            .process(parts, body::boxed(body), peer, &mut record)
+            .instrument(span)
+            .await;
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(e) => {
+                log::failure(&e, &record);
+                record.error = Some(e.to_string());
+                record.cache = CacheStatus::Error.log_name();
+                deliver::finish(e.to_response(), CacheStatus::Error)
+            }
+        };
+        log::finish(resp, record, started, self.access_log.clone())
+    }
+
+    async fn process(
+        self: &Arc<Self>,
+        parts: http::request::Parts,
+        body: ProxyBody,
+        peer: SocketAddr,
+        record: &mut AccessRecord,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
+        if head.method.as_str() == "PURGE" {
+            record.cache = CacheStatus::Purge.log_name();
+            return purge::purge(&self.cache, &self.config.cache, &head).await;
+        }
+        let mut policy = self.start_policy().await?;
+        let route = recv::route(&mut head, policy.as_mut()).await?;
+        record.backend = Some(head.backend.clone());
+        let mut out = match route {
+            Route::Synthetic(resp) => Outcome::new(resp, CacheStatus::Synthetic),
+            Route::Pass => {
+                let backend = self.backend(&head)?;
+                let mut resp = fetch::send(backend, &head, head.method.clone(), body, None).await?;
+                let defaults = backend_response::default_settings(&resp, &self.cache.rules().defaults);
+                let settings =
+                    backend_response::run_policy(policy.as_mut(), &mut head, &mut resp, defaults)
+                        .await?;
+                Outcome::new(resp, CacheStatus::Pass).with_esi(settings.esi)
+            }
+            Route::Lookup => {
+                drop(body);
+                self.lookup_and_fetch(&mut head, policy.as_mut()).await?
+            }
+        };
+        let mut esi_vars = Vec::new();
+        if let Some(call) = &policy {
+            let o = call.esi_overrides();
+            if let Some(enabled) = o.enabled {
+                out.esi = enabled;
+            }
+            esi_vars = o.vars.clone();
+        }
+        record.cache = out.status.log_name();
+        let resp = match (&out.object, out.esi) {
+            (_, true) if head.method == Method::HEAD => {
+                // The assembled length is unknown without assembling.
+                let mut resp = out.resp;
+                resp.headers_mut().remove(header::CONTENT_LENGTH);
+                resp
+            }
+            (obj, true) => {
+                let template = obj.as_ref().map(|o| &o.body);
+                esi::process(self, &head, out.resp, template, &esi_vars)
+            }
+            (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
+            (None, false) => out.resp,
+        };
+        let resp = deliver::finish(resp, out.status);
+        deliver::run_policy(policy.as_mut(), &mut head, resp).await
+    }
+}

@@ -1,0 +1,299 @@
+//! The one wasmtime engine shared by every policy and reload: pooling
+//! allocator, copy-on-write memory images, epoch interruption, and the
+//! thread that ticks the epoch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::errors::PolicyError;
+use crate::limits::PolicyLimits;
+
+/// How often the epoch advances: the granularity of CPU deadlines.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Core instances, memories and tables a policy component may contain.
+/// A Rust component made by wit-component has three core instances (the
+/// module and two shims), one memory and two tables; componentize-py's
+/// dynamically linked CPython has 38 core instances. Core instances are
+/// only counted by the pool (no memory is reserved for them), so the
+/// total is generous; memories and tables reserve address space per slot.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 4;
+
+/// The compiled-code engine and its epoch ticker. Cheap to clone; the
+/// ticker stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct PolicyEngine {
+    inner: Arc<EngineInner>,
+}
+
+struct EngineInner {
+    engine: Engine,
+    max_instances: u32,
+    stop: Arc<AtomicBool>,
+    ticker: Option<JoinHandle<()>>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(ticker) = self.ticker.take() {
+            let _ = ticker.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for PolicyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyEngine")
+            .field("max_instances", &self.inner.max_instances)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicyEngine {
+    /// Creates the engine. `limits.max_instances` sizes the instance pool
+    /// (concurrent requests running a policy); the other limits are read
+    /// per policy, so reloads may change them.
+    pub fn new(limits: &PolicyLimits) -> Result<Self, PolicyError> {
+        limits.validate().map_err(PolicyError::InvalidLimits)?;
+        let n = limits.max_instances;
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(n)
+            .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
+            .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
+            .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
+            .total_stacks(n)
+            .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+            .max_memories_per_component(MEMORIES_PER_COMPONENT)
+            .max_tables_per_component(TABLES_PER_COMPONENT)
+            .max_tables_per_module(TABLES_PER_COMPONENT)
+            // Slots keep their CoW image mapped for the next request of the
+            // same policy; only dirtied pages are reset: PAGEMAP_SCAN finds
+            // them (Linux 6.7+) and up to 4 MiB of them are zeroed with
+            // memset rather than unmapped and faulted in again (10 us per
+            // request against 14 us with either off). JS and Python
+            // requests dirty less than 1 MiB (no faster with 64 MiB); the
+            // bound keeps what an idle slot holds small, since every slot
+            // a burst of requests used keeps its pages (a slot a guest
+            // filled to its 64 MiB cap would otherwise keep all of it).
+            .pagemap_scan(wasmtime::Enabled::Auto)
+            .linear_memory_keep_resident(4 << 20)
+            .table_keep_resident(1 << 20);
+        let mut config = Config::new();
+        config
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+            .memory_init_cow(true)
+            .epoch_interruption(true)
+            .wasm_component_model(true);
+        // `INLAY_PERF_MAP=1` writes /tmp/perf-PID.map so `perf report` names
+        // the policy's functions.
+        if std::env::var_os("INLAY_PERF_MAP").is_some_and(|v| v == "1") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
+        // Compiled code is cached on disk (~/.cache/wasmtime), keyed by the
+        // wasm's hash: a restart or a reload of an unchanged 15 MB JS or
+        // Python component skips the seconds-long compile.
+        match wasmtime::Cache::new(wasmtime::CacheConfig::new()) {
+            Ok(cache) => {
+                config.cache(Some(cache));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "compiled-code cache unavailable; policies compile at every load")
+            }
+        }
+        let engine = Engine::new(&config).map_err(|e| PolicyError::Instantiate {
+            message: format!("cannot create the wasm engine: {e:#}"),
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = spawn_ticker(engine.weak(), Arc::clone(&stop))?;
+        Ok(Self {
+            inner: Arc::new(EngineInner {
+                engine,
+                max_instances: n,
+                stop,
+                ticker: Some(ticker),
+            }),
+        })
+    }
+
+    /// The wasmtime engine.
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// The size of the instance pool.
+    pub fn max_instances(&self) -> u32 {
+        self.inner.max_instances
+    }
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until told to stop.
+fn spawn_ticker(
+    engine: wasmtime::EngineWeak,
+    stop: Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, PolicyError> {
+    std::thread::Builder::new()
+        .name("inlay-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                match engine.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        .map_err(|e| PolicyError::Instantiate {
+            message: format!("cannot start the epoch thread: {e}"),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Minor page faults taken by this thread so far.
+    fn minor_faults() -> i64 {
+        // SAFETY: getrusage writes one `rusage` into the zeroed value.
+        #[allow(unsafe_code)]
+        let usage = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+            usage
+        };
+        usage.ru_minflt
+    }
+
+    /// A guest that writes to many pages far apart (as CPython's allocator
+    /// does) must find its memory resident again in the next request's
+    /// instance: the slot is reset by copying, not unmapped and faulted back
+    /// in. wasmtime 48 stopped its dirty-page scan after 32 regions and
+    /// decommitted the rest; `vendor/wasmtime` resumes the scan.
+    #[test]
+    fn a_reused_slot_keeps_memory_dirtied_in_many_places_resident() {
+        const PAGES: u32 = 200;
+        let engine = PolicyEngine::new(&PolicyLimits::default()).expect("engine");
+        // 200 writes, one every other 64 KiB wasm page: 200 disjoint regions.
+        let wat = format!(
+            r#"(module
+                (memory {pages})
+                (data (i32.const 0) "an image, so the memory is copy-on-write")
+                (func (export "dirty")
+                    (local $i i32)
+                    (loop $next
+                        (i32.store (i32.mul (local.get $i) (i32.const 131072)) (local.get $i))
+                        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                        (br_if $next (i32.lt_u (local.get $i) (i32.const {PAGES}))))))"#,
+            pages = PAGES * 2,
+        );
+        let module = wasmtime::Module::new(engine.engine(), wat).expect("module");
+        let run = || {
+            let mut store = wasmtime::Store::new(engine.engine(), ());
+            store.set_epoch_deadline(1_000_000);
+            let instance = wasmtime::Instance::new(&mut store, &module, &[]).expect("instantiates");
+            instance
+                .get_typed_func::<(), ()>(&mut store, "dirty")
+                .expect("dirty")
+                .call(&mut store, ())
+                .expect("runs");
+        };
+        run();
+        let before = minor_faults();
+        for _ in 0..10 {
+            run();
+        }
+        let per_run = (minor_faults() - before) / 10;
+        assert!(
+            per_run < i64::from(PAGES / 4),
+            "{per_run} page faults per instance for {PAGES} dirtied pages"
+        );
+    }
+
+    /// Funcrefs made while element segments are applied to an imported
+    /// table (as in CPython's dynamically linked component) come from
+    /// `vendor/wasmtime`'s per-module table of code offsets rather than
+    /// upstream's lookups: each table entry must call its own function, of
+    /// its own instance, and functions that never escape must be skipped.
+    #[test]
+    fn funcrefs_placed_in_a_shared_table_call_their_own_function_and_instance() {
+        const FUNCS: usize = 300;
+        let engine = PolicyEngine::new(&PolicyLimits::default()).expect("engine");
+        let mut funcs = String::new();
+        let mut elems = String::new();
+        for i in 0..FUNCS {
+            // A function that is never placed in the table between each
+            // pair that are: it has no array-call trampoline.
+            funcs.push_str(&format!(
+                "(func $hidden{i} (result i32) (i32.const -1))
+                 (func $f{i} (result i32) (i32.add (global.get $mine) (i32.const {i})))\n"
+            ));
+            elems.push_str(&format!(" $f{i}"));
+        }
+        let wat = format!(
+            r#"(module
+                (import "env" "table" (table {size} funcref))
+                (import "env" "base" (global $base i32))
+                (import "env" "tag" (global $tag i32))
+                (global $mine i32 (global.get $tag))
+                {funcs}
+                (elem (global.get $base) func{elems})
+                (func (export "call") (param i32) (result i32)
+                    (call_indirect (result i32) (local.get 0)))
+                (export "last" (func $f{last})))"#,
+            size = 2 * FUNCS,
+            last = FUNCS - 1,
+        );
+        let module = wasmtime::Module::new(engine.engine(), wat).expect("module");
+        for _ in 0..2 {
+            let mut store = wasmtime::Store::new(engine.engine(), ());
+            store.set_epoch_deadline(1_000_000);
+            let table_ty =
+                wasmtime::TableType::new(wasmtime::RefType::FUNCREF, 2 * FUNCS as u32, None);
+            let table = wasmtime::Table::new(&mut store, table_ty, wasmtime::Ref::Func(None))
+                .expect("table");
+            let global = |store: &mut wasmtime::Store<()>, value: i32| {
+                let ty =
+                    wasmtime::GlobalType::new(wasmtime::ValType::I32, wasmtime::Mutability::Const);
+                wasmtime::Global::new(store, ty, wasmtime::Val::I32(value)).expect("global")
+            };
+            let mut instances = Vec::new();
+            for (tag, base) in [(1000, 0), (2000, FUNCS as i32)] {
+                let imports = [
+                    table.into(),
+                    global(&mut store, base).into(),
+                    global(&mut store, tag).into(),
+                ];
+                instances.push(
+                    wasmtime::Instance::new(&mut store, &module, &imports).expect("instantiates"),
+                );
+            }
+            let call = instances[0]
+                .get_typed_func::<i32, i32>(&mut store, "call")
+                .expect("call");
+            for slot in 0..2 * FUNCS {
+                let expected = if slot < FUNCS {
+                    1000 + slot
+                } else {
+                    2000 + slot - FUNCS
+                };
+                let got = call.call(&mut store, slot as i32).expect("calls");
+                assert_eq!(got, expected as i32, "table slot {slot}");
+            }
+            for (instance, tag) in instances.iter().zip([1000, 2000]) {
+                let last = instance
+                    .get_typed_func::<(), i32>(&mut store, "last")
+                    .expect("last");
+                assert_eq!(
+                    last.call(&mut store, ()).expect("calls"),
+                    tag + FUNCS as i32 - 1
+                );
+            }
+        }
+    }
+}

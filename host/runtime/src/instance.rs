@@ -1,0 +1,356 @@
+//! One request's live instance: a fresh store from the policy's
+//! `InstancePre`, and the guest's hooks called in it with the CPU budget,
+//! memory cap and error classification around each call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use tracing::Instrument;
+use wasmtime::Store;
+use wasmtime::component::{ComponentType, Instance, Lift, Resource};
+
+use crate::bindings::Policy;
+use crate::bindings::inlay::policy::types as wit;
+use inlay_core::{CacheSettings, RequestAction, RequestHead, ResponseHead, SyntheticResponse};
+use crate::errors::{Hook, HostLimitTrap, PolicyError};
+use crate::memo::{Entry, Returned};
+use crate::state::StoreState;
+use crate::imports::types::headers_from_list;
+
+fn secs(d: Duration) -> u32 {
+    u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
+}
+
+fn settings_to_wit(s: &CacheSettings) -> wit::CacheSettings {
+    wit::CacheSettings {
+        cacheable: s.cacheable,
+        ttl: secs(s.ttl),
+        grace: secs(s.grace),
+        keep: secs(s.keep),
+        surrogate_keys: s.surrogate_keys.clone(),
+        esi: s.esi,
+    }
+}
+
+fn settings_from_wit(s: wit::CacheSettings) -> CacheSettings {
+    CacheSettings {
+        cacheable: s.cacheable,
+        ttl: Duration::from_secs(s.ttl.into()),
+        grace: Duration::from_secs(s.grace.into()),
+        keep: Duration::from_secs(s.keep.into()),
+        surrogate_keys: s.surrogate_keys,
+        esi: s.esi,
+    }
+}
+
+fn action_from_wit(action: wit::RequestAction) -> Result<RequestAction, String> {
+    Ok(match action {
+        wit::RequestAction::Lookup => RequestAction::Lookup,
+        wit::RequestAction::Pass => RequestAction::Pass,
+        wit::RequestAction::Synthetic(s) => RequestAction::Synthetic(SyntheticResponse {
+            status: StatusCode::from_u16(s.status)
+                .map_err(|_| format!("synthetic response has invalid status {}", s.status))?,
+            headers: headers_from_list(s.headers)
+                .map_err(|e| format!("synthetic response: {e}"))?,
+            body: Bytes::from(s.body),
+        }),
+    })
+}
+
+/// Maps a failed guest call to the caller's error, using what the store
+/// saw (an expired clock, a refused memory growth, a reached cap).
+fn classify(state: &StoreState, hook: Hook, err: wasmtime::Error) -> PolicyError {
+    let limits = &state.policy().limits;
+    if let Some(limit) = err.downcast_ref::<HostLimitTrap>() {
+        return PolicyError::LimitExceeded {
+            hook,
+            what: limit.what,
+            limit: limit.limit,
+        };
+    }
+    let trap = err.downcast_ref::<wasmtime::Trap>().copied();
+    if state.clock.expired || trap == Some(wasmtime::Trap::Interrupt) {
+        return PolicyError::Timeout {
+            hook,
+            budget: limits.cpu_time(),
+        };
+    }
+    if state.limiter.denied {
+        return PolicyError::OutOfMemory {
+            hook,
+            limit: limits.memory,
+        };
+    }
+    // A guest that got `limit-exceeded` and then gave up (a panic on the
+    // error) failed because of the cap: say so rather than "trap".
+    if let (Some(limit), Some(_)) = (&state.limit_hit, trap) {
+        return PolicyError::LimitExceeded {
+            hook,
+            what: limit.what,
+            limit: limit.limit,
+        };
+    }
+    PolicyError::Trap {
+        hook,
+        message: format!("{err:?}"),
+    }
+}
+
+/// The heads a hook gets, as handles into the store state's table.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lent {
+    pub(crate) req: u32,
+    pub(crate) resp: Option<u32>,
+}
+
+/// Moves the heads into `state`'s table for a hook call. If the response
+/// cannot be lent, the request is taken back, so nothing stays lent on an
+/// error.
+pub(crate) fn lend(
+    state: &mut StoreState,
+    req: &mut RequestHead,
+    resp: Option<&mut ResponseHead>,
+) -> Result<Lent, PolicyError> {
+    let table_err = |e: wasmtime::component::ResourceTableError| PolicyError::Instantiate {
+        message: format!("resource table: {e}"),
+    };
+    let owned = state.table.push(std::mem::take(req)).map_err(table_err)?;
+    let req_rep = owned.rep();
+    state.current_request = Some(Resource::new_borrow(req_rep));
+    let resp_rep = match resp {
+        None => None,
+        Some(resp) => match state.table.push(std::mem::take(resp)) {
+            Ok(owned) => Some(owned.rep()),
+            Err(e) => {
+                take_back(
+                    state,
+                    Lent {
+                        req: req_rep,
+                        resp: None,
+                    },
+                    req,
+                    None,
+                );
+                return Err(table_err(e));
+            }
+        },
+    };
+    Ok(Lent {
+        req: req_rep,
+        resp: resp_rep,
+    })
+}
+
+/// Moves the heads lent for a hook back to the caller.
+pub(crate) fn take_back(
+    state: &mut StoreState,
+    lent: Lent,
+    req: &mut RequestHead,
+    resp: Option<&mut ResponseHead>,
+) {
+    if let (Some(rep), Some(resp)) = (lent.resp, resp)
+        && let Ok(head) = state.table.delete(Resource::<ResponseHead>::new_own(rep))
+    {
+        *resp = head;
+    }
+    state.current_request = None;
+    if let Ok(head) = state
+        .table
+        .delete(Resource::<RequestHead>::new_own(lent.req))
+    {
+        *req = head;
+    }
+}
+
+/// What a hook gave back before it is checked.
+enum Raw {
+    Action(wit::RequestAction),
+    Done(Returned),
+}
+
+/// One request's store and instance. Dropping it returns the instance's
+/// slot to the pool.
+pub(crate) struct LiveCall {
+    store: Store<StoreState>,
+    instance: Instance,
+    bindings: Policy,
+}
+
+impl LiveCall {
+    /// An instance of the policy of `state`'s handle for one request:
+    /// the one made ahead for this thread if there is one (its store then
+    /// takes `state`, keeping the memory its start used), else a new one.
+    /// On failure the state comes back (it may hold lent heads).
+    pub(crate) async fn start(state: StoreState) -> Result<Self, (PolicyError, Box<StoreState>)> {
+        match state.handle().take_spare() {
+            Some(mut live) => {
+                let made_ahead = std::mem::replace(live.store.data_mut(), state);
+                live.store.data_mut().limiter = made_ahead.limiter;
+                Ok(live)
+            }
+            None => Self::start_new(state).await,
+        }
+    }
+
+    /// Instantiates the policy of `state`'s handle (which keeps it, and
+    /// its compiled code, alive for the request) in a new store holding
+    /// `state`; the guest's start code runs under a whole CPU budget.
+    pub(crate) async fn start_new(
+        state: StoreState,
+    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
+        let handle = Arc::clone(state.handle());
+        let policy = handle.policy();
+        let span = tracing::debug_span!("policy.instantiate", policy = %policy.name());
+        async move {
+            let (engine, pre, indices) = policy.parts();
+            let mut store = Store::new(engine, state);
+            store.limiter(|state| &mut state.limiter);
+            store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
+            let ticks = store.data_mut().clock.restart();
+            store.set_epoch_deadline(ticks);
+            let started = pre
+                .instantiate_async(&mut store)
+                .await
+                .and_then(|instance| {
+                    indices
+                        .load(&mut store, &instance)
+                        .map(|bindings| (instance, bindings))
+                });
+            match started {
+                Ok((instance, bindings)) => Ok(Self {
+                    store,
+                    instance,
+                    bindings,
+                }),
+                Err(e) => {
+                    let error = match classify(store.data(), Hook::Instantiate, e) {
+                        PolicyError::Trap { message, .. } => PolicyError::Instantiate { message },
+                        other => other,
+                    };
+                    Err((error, Box::new(store.into_data())))
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    pub(crate) fn state(&self) -> &StoreState {
+        self.store.data()
+    }
+
+    pub(crate) fn state_mut(&mut self) -> &mut StoreState {
+        self.store.data_mut()
+    }
+
+    /// Calls the guest's hook for `entry` with the heads lent as `lent`.
+    pub(crate) async fn call_hook(
+        &mut self,
+        entry: &Entry,
+        lent: Lent,
+    ) -> Result<Returned, PolicyError> {
+        let hook = entry.hook;
+        self.store.data_mut().hook = hook;
+        self.refill_budget();
+        let handler = self.bindings.inlay_policy_handler();
+        let req = Resource::new_borrow(lent.req);
+        let resp = || {
+            lent.resp
+                .map(Resource::new_borrow)
+                .ok_or_else(|| PolicyError::InvalidResult {
+                    hook,
+                    message: "the hook needs a response and none was lent".to_string(),
+                })
+        };
+        let result = match (hook, &entry.settings) {
+            (Hook::OnRequest, _) => handler
+                .call_on_request(&mut self.store, req)
+                .await
+                .map(Raw::Action),
+            (Hook::OnBackendResponse, Some(settings)) => {
+                let resp = resp()?;
+                handler
+                    .call_on_backend_response(
+                        &mut self.store,
+                        req,
+                        resp,
+                        &settings_to_wit(settings),
+                    )
+                    .await
+                    .map(|s| Raw::Done(Returned::Settings(settings_from_wit(s))))
+            }
+            (Hook::OnDeliver, _) => {
+                let resp = resp()?;
+                handler
+                    .call_on_deliver(&mut self.store, req, resp)
+                    .await
+                    .map(|()| Raw::Done(Returned::Unit))
+            }
+            _ => {
+                return Err(PolicyError::InvalidResult {
+                    hook,
+                    message: "not a hook the guest exports".to_string(),
+                });
+            }
+        };
+        let state = self.store.data();
+        let raw = match result {
+            Ok(raw) => raw,
+            Err(e) => {
+                let error = classify(state, hook, e);
+                tracing::warn!(policy = %state.policy().name, hook = %hook, error = %error, "policy hook failed");
+                return Err(error);
+            }
+        };
+        let used = state.clock.used();
+        let cpu_us = u64::try_from(used.as_micros()).unwrap_or(u64::MAX);
+        tracing::debug!(hook = %hook, cpu_us, "policy hook done");
+        match raw {
+            Raw::Action(action) => action_from_wit(action)
+                .map(Returned::Action)
+                .map_err(|message| PolicyError::InvalidResult { hook, message }),
+            Raw::Done(returned) => Ok(returned),
+        }
+    }
+
+    /// Gives the next guest call a whole CPU budget.
+    pub(crate) fn refill_budget(&mut self) {
+        let ticks = self.store.data_mut().clock.restart();
+        self.store.set_epoch_deadline(ticks);
+    }
+
+    /// Calls `func` (no parameters, one result) of the exported instance
+    /// `instance`: the accessors a snapshot tool adds to a component.
+    pub(crate) async fn call_accessor<R>(
+        &mut self,
+        instance: &str,
+        func: &str,
+    ) -> wasmtime::Result<R>
+    where
+        R: ComponentType + Lift + Send + Sync + 'static,
+    {
+        let missing = || wasmtime::format_err!("no export {instance}#{func}");
+        let (_, parent) = self
+            .instance
+            .get_export(&mut self.store, None, instance)
+            .ok_or_else(missing)?;
+        let (_, index) = self
+            .instance
+            .get_export(&mut self.store, Some(&parent), func)
+            .ok_or_else(missing)?;
+        let func = self
+            .instance
+            .get_typed_func::<(), (R,)>(&mut self.store, index)?;
+        // Accessors are the tool's code, not the policy's: each gets a
+        // whole budget.
+        self.refill_budget();
+        Ok(func.call_async(&mut self.store, ()).await?.0)
+    }
+
+    /// The store, to read what an accessor returned.
+    pub(crate) fn store(&self) -> &Store<StoreState> {
+        &self.store
+    }
+}

@@ -1,0 +1,643 @@
+//! Replaying a policy without running it.
+//!
+//! A request's policy instance starts from the same snapshot every time
+//! and imports nothing but the host's interfaces, so what it does is a
+//! function of what the host tells it: the hooks it is called with and the
+//! replies to its host calls. The first request that takes a path through
+//! the policy records it: the hook it entered, each host call it made (as a
+//! closure that can make the same call again on another request's heads)
+//! with the reply it got, and what the hook returned. Later requests walk
+//! the recorded paths instead of instantiating: they make each recorded
+//! call on their own heads, and as long as every reply matches one seen
+//! before, the policy would have made the same next call, so they go on to
+//! it, up to the hook's recorded result. Side effects (a header set, a log
+//! line) happen because the calls are really made.
+//!
+//! When a reply was never seen, or a hook was never entered from this
+//! point, the request needs a real instance: it is created, and the hooks
+//! the request has passed are called again with the replies already given
+//! answered from a tape (nothing is done twice), which brings the instance
+//! to the point where the paths parted; from there it runs live, and what
+//! it does is recorded as a new branch.
+//!
+//! Calls whose reply depends on the world rather than on the request
+//! (the clock, kv, cache and fetch) end a path: the tree records an
+//! `Opaque` step there and requests that reach it always run the policy.
+//! Failed hooks are never recorded. The tree is bounded in bytes and
+//! starts over when full; each policy generation has its own.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+
+use inlay_core::{CacheSettings, RequestAction};
+use crate::errors::Hook;
+use crate::state::StoreState;
+
+/// A recorded host call, made again on another request's store state.
+pub(crate) type Op = Arc<dyn Fn(&mut StoreState) -> wasmtime::Result<Reply> + Send + Sync>;
+
+/// What a repeatable host call returned to the guest.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Reply {
+    Unit,
+    U16(u16),
+    Str(String),
+    OptStr(Option<String>),
+    Strs(Vec<String>),
+    Pairs(Vec<(String, String)>),
+    Checked(Result<(), String>),
+}
+
+/// A host call result that can be kept as a [`Reply`] and given back.
+pub(crate) trait Recordable: Clone + Sized {
+    fn into_reply(self) -> Reply;
+    fn from_reply(reply: Reply) -> Option<Self>;
+}
+
+macro_rules! recordable {
+    ($ty:ty, $variant:ident) => {
+        impl Recordable for $ty {
+            fn into_reply(self) -> Reply {
+                Reply::$variant(self)
+            }
+            fn from_reply(reply: Reply) -> Option<Self> {
+                match reply {
+                    Reply::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+recordable!(u16, U16);
+recordable!(String, Str);
+recordable!(Option<String>, OptStr);
+recordable!(Vec<String>, Strs);
+recordable!(Vec<(String, String)>, Pairs);
+recordable!(Result<(), String>, Checked);
+
+impl Recordable for () {
+    fn into_reply(self) -> Reply {
+        Reply::Unit
+    }
+    fn from_reply(reply: Reply) -> Option<Self> {
+        matches!(reply, Reply::Unit).then_some(())
+    }
+}
+
+/// A hook call as the guest sees it: which hook, and its arguments other
+/// than the request and response handles.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Entry {
+    pub(crate) hook: Hook,
+    /// The host's defaults passed to `on-backend-response`.
+    pub(crate) settings: Option<CacheSettings>,
+}
+
+/// What a hook returned.
+#[derive(Clone, Debug)]
+pub(crate) enum Returned {
+    Action(RequestAction),
+    Settings(CacheSettings),
+    Unit,
+}
+
+/// How a path goes on from a node.
+pub(crate) enum Step {
+    /// Nothing has happened yet (the root).
+    Start,
+    /// The guest makes this host call; children are keyed by its reply.
+    Call { name: &'static str, op: Op },
+    /// The hook returns this; children are keyed by the next hook entered.
+    Return(Returned),
+    /// The guest makes a call that cannot be repeated: run it live.
+    Opaque,
+}
+
+/// What leads from a node to one of its children.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    Entry(Entry),
+    Reply(Reply),
+}
+
+/// One point on the recorded paths.
+pub(crate) struct Node {
+    pub(crate) step: Step,
+    children: Children,
+}
+
+impl Node {
+    fn new(step: Step) -> Self {
+        Self {
+            step,
+            children: Children::new(FIRST_TABLE),
+        }
+    }
+
+    /// The child reached by `key`, if recorded. Borrowed for as long as
+    /// the node: children are never removed.
+    pub(crate) fn child(&self, key: &Key) -> Option<&Arc<Node>> {
+        self.children.get(hash(key), key)
+    }
+}
+
+/// Slots in a node's first table of children; most nodes have one child.
+const FIRST_TABLE: usize = 2;
+/// Slots tried in a table before going on to the next, bigger one.
+const PROBES: usize = 8;
+
+/// The hash of a key, seeded at random per process (replies come from
+/// requests: a fixed seed would let a client aim for collisions; and a
+/// collision costs only a few more probes here). foldhash rather than the
+/// standard SipHash: every replayed step hashes a reply.
+fn hash(key: &Key) -> u64 {
+    use std::hash::BuildHasher;
+    static STATE: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
+    STATE
+        .get_or_init(foldhash::fast::RandomState::default)
+        .hash_one(key)
+}
+
+/// A node's children: an insert-only open-addressing table whose slots are
+/// set once, followed by a bigger table when a key's probes find no room.
+///
+/// Reading is what every replayed request does at every step, so it takes
+/// no lock and writes nothing: a set slot is read with a plain acquire
+/// load, and since slots are never cleared an empty slot on a key's probe
+/// sequence means the key is absent. (A `RwLock<HashMap>` here spent more
+/// time on its lock and reference-count atomics than the rest of a replay.)
+struct Children {
+    slots: Box<[Slot]>,
+    next: OnceLock<Box<Children>>,
+}
+
+/// A child: its key's hash, the key, the node.
+type Slot = OnceLock<(u64, Key, Arc<Node>)>;
+
+impl Children {
+    fn new(capacity: usize) -> Self {
+        Self {
+            slots: (0..capacity).map(|_| OnceLock::new()).collect(),
+            next: OnceLock::new(),
+        }
+    }
+
+    fn probes(&self, hash: u64) -> impl Iterator<Item = &Slot> {
+        let mask = self.slots.len() - 1;
+        // The low bits pick the start; the table length is a power of two.
+        let start = usize::try_from(hash).unwrap_or(usize::MAX) & mask;
+        (0..PROBES.min(self.slots.len())).map(move |i| &self.slots[(start + i) & mask])
+    }
+
+    fn get(&self, hash: u64, key: &Key) -> Option<&Arc<Node>> {
+        let mut table = self;
+        loop {
+            for slot in table.probes(hash) {
+                match slot.get() {
+                    None => return None,
+                    Some((h, k, node)) if *h == hash && k == key => return Some(node),
+                    Some(_) => {}
+                }
+            }
+            table = table.next.get()?;
+        }
+    }
+
+    /// Sets `key` to `node` unless the key is there already; returns the
+    /// node the key leads to, whether it is the one given, and the bytes of
+    /// any bigger table made for it.
+    fn insert(&self, hash: u64, key: Key, node: Arc<Node>) -> (&Arc<Node>, bool, usize) {
+        let mut entry = (hash, key, node);
+        let mut table = self;
+        let mut grown = 0;
+        loop {
+            for slot in table.probes(hash) {
+                match slot.set(entry) {
+                    Ok(()) => {
+                        let (_, _, node) = slot.get().expect("just set");
+                        return (node, true, grown);
+                    }
+                    Err(back) => {
+                        entry = back;
+                        if let Some((h, k, existing)) = slot.get()
+                            && *h == hash
+                            && *k == entry.1
+                        {
+                            return (existing, false, grown);
+                        }
+                    }
+                }
+            }
+            let bigger = table.slots.len() * 8;
+            table = table.next.get_or_init(|| {
+                grown += bigger * std::mem::size_of::<Slot>();
+                Box::new(Children::new(bigger))
+            });
+        }
+    }
+}
+
+/// A host call made while recording: what it was, how to make it again and
+/// what the guest got.
+pub(crate) struct Recorded {
+    pub(crate) name: &'static str,
+    pub(crate) op: Op,
+    pub(crate) reply: Reply,
+}
+
+/// What a live hook did, for [`Memo::insert`]: its calls after the branch
+/// point, and whether it ended in a call that cannot be repeated.
+#[derive(Default)]
+pub(crate) struct Recording {
+    pub(crate) calls: Vec<Recorded>,
+    pub(crate) opaque: bool,
+}
+
+/// Counters of one policy generation's tree, for logs and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoStats {
+    /// Hooks answered from the tree without an instance.
+    pub replayed: u64,
+    /// Hooks that needed an instance.
+    pub live: u64,
+    /// Times the tree reached its size and started over.
+    pub resets: u64,
+    /// Approximate bytes held now.
+    pub bytes: usize,
+}
+
+/// The recorded paths of one policy generation, one tree per shard.
+///
+/// Walking a tree takes a read lock and a reference count per step; when
+/// every core walks the same nodes, those atomic writes bounce the nodes'
+/// cache lines between cores (a profile of `headers` at 180 k req/s had a
+/// third of the replay cost there). So each worker thread walks and
+/// records in a tree of its own, found by a thread-local shard index, and
+/// the byte budget is split between them.
+pub(crate) struct Memo {
+    shards: Box<[Shard]>,
+    max_bytes: usize,
+    /// Set after a recording contradicted the tree (a guest that does not
+    /// repeat itself); nothing more is recorded or replayed.
+    disabled: AtomicBool,
+}
+
+/// One thread's tree and counters. Aligned to two cache lines (what x86
+/// prefetches together) so that neighbouring shards, written by other
+/// threads on every request, never share one: a profile had the false
+/// sharing costing more than the walk itself.
+#[repr(align(128))]
+struct Shard {
+    root: RwLock<Arc<Node>>,
+    bytes: AtomicUsize,
+    max_bytes: usize,
+    replayed: AtomicU64,
+    live: AtomicU64,
+    resets: AtomicU64,
+}
+
+/// Where a request walks: its shard's number and root.
+pub(crate) struct Start {
+    pub(crate) shard: usize,
+    pub(crate) root: Arc<Node>,
+}
+
+/// This thread's shard among `n`.
+fn shard_index(n: usize) -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i) % n.max(1)
+}
+
+/// Rough size of a node: the node with its first table of children, and
+/// its key. (What a recorded call captured, its arguments, is not counted;
+/// they are header names and values of the same order as the replies.)
+fn node_bytes(key: &Key) -> usize {
+    let key_bytes = match key {
+        Key::Entry(e) => e
+            .settings
+            .as_ref()
+            .map_or(0, |s| s.surrogate_keys.iter().map(|k| k.len() + 24).sum()),
+        Key::Reply(r) => reply_bytes(r),
+    };
+    std::mem::size_of::<Node>() + FIRST_TABLE * std::mem::size_of::<Slot>() + 64 + key_bytes
+}
+
+fn reply_bytes(reply: &Reply) -> usize {
+    match reply {
+        Reply::Unit | Reply::U16(_) => 0,
+        Reply::Str(s) => s.len(),
+        Reply::OptStr(s) => s.as_ref().map_or(0, String::len),
+        Reply::Strs(v) => v.iter().map(|s| s.len() + 24).sum(),
+        Reply::Pairs(v) => v.iter().map(|(a, b)| a.len() + b.len() + 48).sum(),
+        Reply::Checked(r) => r.as_ref().err().map_or(0, String::len),
+    }
+}
+
+impl Shard {
+    fn new(max_bytes: usize) -> Self {
+        Self {
+            root: RwLock::new(Arc::new(Node::new(Step::Start))),
+            bytes: AtomicUsize::new(0),
+            max_bytes,
+            replayed: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+        }
+    }
+
+    /// The child of `parent` at `key`, made with `step` if absent. Returns
+    /// `None` if an existing child disagrees with `step` about what the
+    /// guest does next.
+    fn child_or_insert(&self, parent: &Node, key: Key, step: Step) -> Option<Arc<Node>> {
+        let hash = hash(&key);
+        let kind = Kind::of(&step);
+        if let Some(existing) = parent.children.get(hash, &key) {
+            return (Kind::of(&existing.step) == kind).then(|| Arc::clone(existing));
+        }
+        let size = node_bytes(&key) + step_bytes(&step);
+        // Another request may record the same path meanwhile: the first
+        // one's node stays.
+        let (node, added, grown) = parent.children.insert(hash, key, Arc::new(Node::new(step)));
+        let node = Arc::clone(node);
+        let size = size + grown;
+        if !added {
+            return (Kind::of(&node.step) == kind).then_some(node);
+        }
+        let total = self.bytes.fetch_add(size, Ordering::Relaxed) + size;
+        if total > self.max_bytes {
+            // Start over; requests walking the old tree keep their nodes.
+            *self.root.write() = Arc::new(Node::new(Step::Start));
+            self.bytes.store(0, Ordering::Relaxed);
+            self.resets.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                max_bytes = self.max_bytes,
+                "policy memo full; starting over"
+            );
+        }
+        Some(node)
+    }
+}
+
+impl Memo {
+    /// Empty trees that hold about `max_bytes` together.
+    pub(crate) fn new(max_bytes: usize) -> Self {
+        let n = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .min(64);
+        Self {
+            shards: (0..n).map(|_| Shard::new(max_bytes / n)).collect(),
+            max_bytes,
+            disabled: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Where a request on this thread starts; `None` when replaying was
+    /// switched off.
+    pub(crate) fn start(&self) -> Option<Start> {
+        if self.disabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let shard = shard_index(self.shards.len());
+        let root = Arc::clone(&self.shards[shard].root.read());
+        Some(Start { shard, root })
+    }
+
+    /// Stops replaying and recording for this generation: an instance did
+    /// not do what a recorded path said it would.
+    pub(crate) fn disable(&self) {
+        if !self.disabled.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the policy did not repeat itself on the same inputs; \
+                 it runs live on every request from now on"
+            );
+        }
+    }
+
+    pub(crate) fn count_replayed(&self, shard: usize) {
+        self.shards[shard].replayed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_live(&self, shard: usize) {
+        self.shards[shard].live.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> MemoStats {
+        let sum = |f: fn(&Shard) -> u64| self.shards.iter().map(f).sum::<u64>();
+        MemoStats {
+            replayed: sum(|s| s.replayed.load(Ordering::Relaxed)),
+            live: sum(|s| s.live.load(Ordering::Relaxed)),
+            resets: sum(|s| s.resets.load(Ordering::Relaxed)),
+            bytes: self
+                .shards
+                .iter()
+                .map(|s| s.bytes.load(Ordering::Relaxed))
+                .sum(),
+        }
+    }
+
+    /// Adds what a live hook did under `at` in `shard`'s tree: `first`
+    /// leads to its first step, each call's reply to the next, and the
+    /// hook's end (`returned`, or `Opaque` if the recording is) comes last.
+    /// Returns the end node, where the request goes on from, unless the
+    /// path ended opaque.
+    pub(crate) fn insert(
+        &self,
+        shard: usize,
+        at: &Node,
+        first: Key,
+        recording: Recording,
+        returned: Returned,
+    ) -> Option<Arc<Node>> {
+        if self.disabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let shard = &self.shards[shard];
+        let mut parent: Option<Arc<Node>> = None;
+        let mut key = first;
+        for call in recording.calls {
+            let step = Step::Call {
+                name: call.name,
+                op: call.op,
+            };
+            let node = {
+                let at = parent.as_deref().unwrap_or(at);
+                shard.child_or_insert(at, key, step)
+            };
+            let Some(node) = node else {
+                self.disable();
+                return None;
+            };
+            parent = Some(node);
+            key = Key::Reply(call.reply);
+        }
+        let end = if recording.opaque {
+            Step::Opaque
+        } else {
+            Step::Return(returned)
+        };
+        let opaque = recording.opaque;
+        let at = parent.as_deref().unwrap_or(at);
+        let Some(node) = shard.child_or_insert(at, key, end) else {
+            self.disable();
+            return None;
+        };
+        (!opaque).then_some(node)
+    }
+}
+
+fn step_bytes(step: &Step) -> usize {
+    match step {
+        Step::Start | Step::Opaque | Step::Call { .. } => 0,
+        Step::Return(Returned::Action(RequestAction::Synthetic(s))) => {
+            s.body.len() + s.headers.len() * 64
+        }
+        Step::Return(Returned::Settings(s)) => s.surrogate_keys.iter().map(|k| k.len() + 24).sum(),
+        Step::Return(_) => 0,
+    }
+}
+
+/// What a step is, to check that a new recording of a point agrees with
+/// the recorded one: the same call, or both ends. (A hook's results are not
+/// compared: the same calls with the same replies give the same result.)
+#[derive(PartialEq, Eq)]
+enum Kind {
+    Start,
+    Call(&'static str),
+    Return,
+    Opaque,
+}
+
+impl Kind {
+    fn of(step: &Step) -> Self {
+        match step {
+            Step::Start => Kind::Start,
+            Step::Call { name, .. } => Kind::Call(name),
+            Step::Return(_) => Kind::Return,
+            Step::Opaque => Kind::Opaque,
+        }
+    }
+}
+
+/// Replies given during replay, answered again to an instance that is
+/// being brought to the same point.
+#[derive(Default)]
+pub(crate) struct Tape {
+    replies: std::collections::VecDeque<(&'static str, Reply)>,
+    /// Set when the guest asked for something other than the tape holds.
+    pub(crate) broken: bool,
+}
+
+impl Tape {
+    pub(crate) fn new(replies: impl IntoIterator<Item = (&'static str, Reply)>) -> Self {
+        Self {
+            replies: replies.into_iter().collect(),
+            broken: false,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.replies.is_empty()
+    }
+
+    /// The reply recorded for the guest's next call, which must be `name`.
+    /// `None` when the tape has run out (the call is made live).
+    pub(crate) fn answer(&mut self, name: &'static str) -> Option<Result<Reply, ()>> {
+        let (recorded, reply) = self.replies.pop_front()?;
+        if recorded != name {
+            self.broken = true;
+            return Some(Err(()));
+        }
+        Some(Ok(reply))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: usize) -> Key {
+        Key::Reply(Reply::Str(format!("/page/{i}")))
+    }
+
+    #[test]
+    fn children_grow_past_their_first_table_and_keep_every_key() {
+        let node = Node::new(Step::Start);
+        for i in 0..5000 {
+            let (_, added, _) =
+                node.children
+                    .insert(hash(&key(i)), key(i), Arc::new(Node::new(Step::Opaque)));
+            assert!(added, "{i}");
+        }
+        for i in 0..5000 {
+            assert!(node.child(&key(i)).is_some(), "{i}");
+        }
+        assert!(node.child(&key(5000)).is_none());
+        // A second insert of a key keeps the first node.
+        let first = Arc::clone(node.child(&key(7)).expect("present"));
+        let (kept, added, _) =
+            node.children
+                .insert(hash(&key(7)), key(7), Arc::new(Node::new(Step::Opaque)));
+        assert!(!added);
+        assert!(Arc::ptr_eq(kept, &first));
+    }
+
+    #[test]
+    fn concurrent_recordings_of_the_same_keys_leave_one_node_each() {
+        let node = Node::new(Step::Start);
+        let winners: Vec<Vec<usize>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..2000)
+                            .filter(|&i| {
+                                let n = Arc::new(Node::new(Step::Opaque));
+                                node.children.insert(hash(&key(i)), key(i), n).1
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("no panic"))
+                .collect()
+        });
+        let mut all: Vec<usize> = winners.into_iter().flatten().collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..2000).collect::<Vec<_>>(),
+            "each key added exactly once"
+        );
+        for i in 0..2000 {
+            assert!(node.child(&key(i)).is_some());
+        }
+    }
+
+    #[test]
+    fn a_tape_answers_in_order_and_notices_a_different_call() {
+        let mut tape = Tape::new([
+            ("request.url", Reply::Str("/a".into())),
+            ("log.write", Reply::Unit),
+        ]);
+        assert_eq!(
+            tape.answer("request.url"),
+            Some(Ok(Reply::Str("/a".into())))
+        );
+        assert_eq!(tape.answer("request.header"), Some(Err(())));
+        assert!(tape.broken);
+        assert!(tape.is_empty());
+        assert_eq!(tape.answer("request.url"), None);
+    }
+}

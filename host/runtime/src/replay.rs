@@ -1,0 +1,240 @@
+//! Replay: a request's hooks answered from the paths earlier requests of
+//! the same policy generation recorded (see [`crate::memo`]), and the move
+//! to a live instance at the first hook or reply nobody recorded.
+//!
+//! [`PolicyCall`](crate::PolicyCall) wraps this around the plain call
+//! (an instance and its hooks) when replay is on; nothing else knows it.
+
+use std::sync::Arc;
+
+use crate::errors::{Hook, PolicyError};
+use crate::instance::{Lent, LiveCall};
+use crate::memo::{Entry, Key, Memo, Node, Recording, Reply, Returned, Start, Step, Tape};
+use crate::state::{StoreState, not_repeated};
+
+/// Where a replayed request's policy runs.
+enum Run {
+    /// No instance yet: hooks are answered from the recorded paths, with
+    /// this state holding what the calls changed.
+    Recorded(Box<StoreState>),
+    /// The request left the recorded paths: its own instance.
+    Live(Box<LiveCall>),
+    /// Between the two while an instance is being created; a request whose
+    /// hook was cancelled then stays here.
+    Gone,
+}
+
+/// One request walking the recorded paths, and the instance it gets when
+/// it leaves them.
+pub(crate) struct Replay {
+    /// Where this request is on the recorded paths; `None` once it left
+    /// what can be recorded.
+    cursor: Option<Arc<Node>>,
+    /// The memo shard the cursor's tree belongs to.
+    shard: usize,
+    /// The hooks answered from recorded paths so far, and (in one list,
+    /// in order) the replies the guest got in them, to bring an instance
+    /// to the same point.
+    entries: Vec<Entry>,
+    replies: Vec<(&'static str, Reply)>,
+    run: Run,
+}
+
+/// How far a hook got on the recorded paths.
+enum Walk {
+    /// The hook's recorded result, and the node the request is at now.
+    Returned(Returned, Arc<Node>),
+    /// Off the recorded paths: an instance takes over. What it does next
+    /// is recorded under the node and key given, if any.
+    Left(Option<(Arc<Node>, Key)>),
+}
+
+/// Answers a hook from the recorded paths below `from`: makes each
+/// recorded call on `state` and follows the child its reply leads to.
+/// The replies given are pushed to `replies`.
+fn replay(
+    state: &mut StoreState,
+    from: &Arc<Node>,
+    entry: &Entry,
+    replies: &mut Vec<(&'static str, Reply)>,
+) -> Walk {
+    let first = Key::Entry(entry.clone());
+    let Some(mut node) = from.child(&first) else {
+        return Walk::Left(Some((Arc::clone(from), first)));
+    };
+    loop {
+        let (name, reply) = match &node.step {
+            Step::Return(returned) => return Walk::Returned(returned.clone(), Arc::clone(node)),
+            Step::Call { name, op } => {
+                // Over the cap the guest must trap at this call: let it.
+                if !state.count_call() {
+                    return Walk::Left(None);
+                }
+                let _span =
+                    tracing::debug_span!("hostcall", call = *name, replayed = true).entered();
+                match op(state) {
+                    Ok(reply) => (*name, reply),
+                    Err(_) => {
+                        // The instance makes (and counts) this call itself
+                        // and gets the error as a trap.
+                        state.uncount_call();
+                        return Walk::Left(None);
+                    }
+                }
+            }
+            Step::Opaque | Step::Start => return Walk::Left(None),
+        };
+        let key = Key::Reply(reply);
+        match node.child(&key) {
+            Some(child) => {
+                if let Key::Reply(reply) = key {
+                    replies.push((name, reply));
+                }
+                node = child;
+            }
+            None => {
+                if let Key::Reply(reply) = &key {
+                    replies.push((name, reply.clone()));
+                }
+                return Walk::Left(Some((Arc::clone(node), key)));
+            }
+        }
+    }
+}
+
+impl Replay {
+    /// A request that starts at `start` of the recorded paths, with no
+    /// instance yet.
+    pub(crate) fn new(state: StoreState, start: Start) -> Self {
+        Self {
+            cursor: Some(start.root),
+            shard: start.shard,
+            // Room for a typical replayed request, so the walk does not
+            // grow them call by call (a profile had that at 2% of a hit).
+            entries: Vec::with_capacity(3),
+            replies: Vec::with_capacity(16),
+            run: Run::Recorded(Box::new(state)),
+        }
+    }
+
+    /// The request's store state, wherever it is now.
+    pub(crate) fn state_mut(&mut self) -> Option<&mut StoreState> {
+        match &mut self.run {
+            Run::Recorded(state) => Some(state),
+            Run::Live(live) => Some(live.state_mut()),
+            Run::Gone => None,
+        }
+    }
+
+    pub(crate) fn state(&self) -> Option<&StoreState> {
+        match &self.run {
+            Run::Recorded(state) => Some(state),
+            Run::Live(live) => Some(live.state()),
+            Run::Gone => None,
+        }
+    }
+
+    /// Whether the request has an instance of its own now.
+    pub(crate) fn is_live(&self) -> bool {
+        matches!(self.run, Run::Live(_))
+    }
+
+    /// Runs one hook with the heads lent as `lent`: from the recorded
+    /// paths while they lead on, else in the request's instance, recording
+    /// what it does as a new branch.
+    pub(crate) async fn hook(
+        &mut self,
+        memo: &Memo,
+        entry: &Entry,
+        lent: Lent,
+    ) -> Result<Returned, PolicyError> {
+        let branch = match &mut self.run {
+            Run::Recorded(state) => {
+                state.hook = entry.hook;
+                let walk = match &self.cursor {
+                    Some(from) => replay(state, from, entry, &mut self.replies),
+                    None => Walk::Left(None),
+                };
+                match walk {
+                    Walk::Returned(returned, node) => {
+                        self.cursor = Some(node);
+                        self.entries.push(entry.clone());
+                        memo.count_replayed(self.shard);
+                        return Ok(returned);
+                    }
+                    Walk::Left(branch) => {
+                        self.catch_up(memo, lent).await?;
+                        branch
+                    }
+                }
+            }
+            Run::Live(_) => self.cursor.take().map(|at| (at, Key::Entry(entry.clone()))),
+            Run::Gone => return Err(PolicyError::AlreadyFailed { hook: entry.hook }),
+        };
+        self.cursor = None;
+        memo.count_live(self.shard);
+        let Run::Live(live) = &mut self.run else {
+            return Err(PolicyError::AlreadyFailed { hook: entry.hook });
+        };
+        live.state_mut().recorder = branch.is_some().then(Recording::default);
+        let result = live.call_hook(entry, lent).await;
+        let state = live.state_mut();
+        let recording = state.recorder.take();
+        if state.tape.broken || !state.tape.is_empty() {
+            return Err(not_repeated_here(memo, entry.hook, "its recorded calls"));
+        }
+        let returned = result?;
+        if let (Some((at, key)), Some(recording)) = (branch, recording) {
+            self.cursor = memo.insert(self.shard, &at, key, recording, returned.clone());
+        }
+        Ok(returned)
+    }
+
+    /// Leaves the recorded paths: creates the request's instance with the
+    /// replay state and calls the hooks replayed so far in it, ready for
+    /// the current hook. The replies already given (in those hooks and so
+    /// far in this one) come from a tape, so nothing is done twice.
+    async fn catch_up(&mut self, memo: &Memo, lent: Lent) -> Result<(), PolicyError> {
+        let mut state = match std::mem::replace(&mut self.run, Run::Gone) {
+            Run::Recorded(state) => state,
+            other => {
+                self.run = other;
+                return Ok(());
+            }
+        };
+        let entries = std::mem::take(&mut self.entries);
+        state.tape = Tape::new(std::mem::take(&mut self.replies));
+        let mut live = match LiveCall::start(*state).await {
+            Ok(live) => live,
+            Err((error, state)) => {
+                // The heads are in the state's table: keep it to give
+                // them back.
+                self.run = Run::Recorded(state);
+                self.cursor = None;
+                return Err(error);
+            }
+        };
+        let mut caught_up = Ok(());
+        for past in &entries {
+            if let Err(e) = live.call_hook(past, lent).await {
+                caught_up = Err(e);
+                break;
+            }
+        }
+        self.run = Run::Live(Box::new(live));
+        caught_up.map_err(|e| {
+            let hook = e.hook().unwrap_or(Hook::Instantiate);
+            not_repeated_here(memo, hook, &format!("an earlier hook failed: {e}"))
+        })
+    }
+}
+
+/// The error of an instance that did not do what the recorded paths say
+/// it would; replaying is switched off for the policy generation.
+fn not_repeated_here(memo: &Memo, hook: Hook, what: &str) -> PolicyError {
+    memo.disable();
+    PolicyError::Trap {
+        hook,
+        message: not_repeated(what),
+    }
+}

@@ -1,0 +1,202 @@
+//! One request's store data: the resource table, the services, the caps and
+//! their counters. Every interface's `Host` trait is implemented on it, one
+//! file per interface.
+
+use std::sync::Arc;
+
+use wasmtime::component::{Resource, ResourceTable};
+
+use inlay_core::EsiOverrides;
+use crate::errors::{Hook, HostLimitTrap};
+use crate::limits::{CpuClock, MemoryLimiter};
+use crate::memo::{Recordable, Recorded, Recording, Tape};
+use crate::policy::{PolicyHandle, PolicyShared};
+use crate::services::PolicyServices;
+use inlay_core::{RequestHead, ResponseHead};
+
+/// The `T` of `Store<T>` for one request.
+pub(crate) struct StoreState {
+    /// Request and response heads lent to the guest during a hook.
+    pub(crate) table: ResourceTable,
+    /// The policy (name, config, limits) and the host's cache, kv and
+    /// fetcher.
+    handle: Arc<PolicyHandle>,
+    /// Memory cap.
+    pub(crate) limiter: MemoryLimiter,
+    /// CPU budget of the current hook.
+    pub(crate) clock: CpuClock,
+    /// The hook running now.
+    pub(crate) hook: Hook,
+    /// The request head while a hook runs (for the fetch default backend).
+    pub(crate) current_request: Option<Resource<RequestHead>>,
+    /// Host calls made so far in this request.
+    host_calls: u32,
+    /// Subrequests made so far in this request.
+    subrequests: u32,
+    /// Set when a cap was reached (the trap that follows is a limit).
+    pub(crate) limit_hit: Option<HostLimitTrap>,
+    /// What the policy asked of ESI.
+    pub(crate) esi: EsiOverrides,
+    /// The hook's calls so far, while they are being recorded.
+    pub(crate) recorder: Option<Recording>,
+    /// Replies to give without making the calls again (catching up).
+    pub(crate) tape: Tape,
+}
+
+impl StoreState {
+    pub(crate) fn new(handle: Arc<PolicyHandle>, tick: std::time::Duration) -> Self {
+        let limits = &handle.policy().shared().limits;
+        Self {
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter::new(limits.memory),
+            clock: CpuClock::new(limits.cpu_time(), tick),
+            hook: Hook::Instantiate,
+            current_request: None,
+            host_calls: 0,
+            subrequests: 0,
+            limit_hit: None,
+            esi: EsiOverrides::default(),
+            recorder: None,
+            tape: Tape::default(),
+            handle,
+        }
+    }
+
+    /// The policy generation and services this request runs with.
+    pub(crate) fn handle(&self) -> &Arc<PolicyHandle> {
+        &self.handle
+    }
+
+    /// The host's cache, kv and fetcher.
+    pub(crate) fn services(&self) -> &dyn PolicyServices {
+        self.handle.services()
+    }
+
+    /// The policy's name, config and limits.
+    pub(crate) fn policy(&self) -> &PolicyShared {
+        self.handle.policy().shared()
+    }
+
+    /// Makes a repeatable host call: `call` must depend only on its
+    /// captured arguments and on this state, so that it can be recorded
+    /// and made again on another request (see `runtime::memo`). While an
+    /// instance catches up, the reply comes from the tape instead.
+    pub(crate) fn call<R, F>(&mut self, name: &'static str, call: F) -> wasmtime::Result<R>
+    where
+        R: Recordable,
+        F: Fn(&mut StoreState) -> wasmtime::Result<R> + Send + Sync + 'static,
+    {
+        if let Some(answer) = self.tape.answer(name) {
+            return answer
+                .ok()
+                .and_then(R::from_reply)
+                .ok_or_else(|| wasmtime::format_err!("{}", not_repeated(name)));
+        }
+        let _span = self.hostcall(name)?;
+        let result = call(self)?;
+        if let Some(recording) = self.recorder.as_mut().filter(|r| !r.opaque) {
+            recording.calls.push(Recorded {
+                name,
+                reply: result.clone().into_reply(),
+                op: std::sync::Arc::new(move |state| call(state).map(R::into_reply)),
+            });
+        }
+        Ok(result)
+    }
+
+    /// Counts a host call whose reply depends on the world (clock, kv,
+    /// cache, fetch): the path recorded so far ends here. `false` once the
+    /// cap is reached, or when an instance that is catching up makes it
+    /// (it should have made a recorded call).
+    pub(crate) fn count_unrepeatable(&mut self) -> bool {
+        if !self.tape.is_empty() {
+            self.tape.broken = true;
+            return false;
+        }
+        if let Some(recording) = self.recorder.as_mut() {
+            recording.opaque = true;
+        }
+        self.count_call()
+    }
+
+    /// The request head lent as `rep`.
+    pub(crate) fn request(&mut self, rep: u32) -> wasmtime::Result<&mut RequestHead> {
+        Ok(self.table.get_mut(&Resource::new_borrow(rep))?)
+    }
+
+    /// The response head lent as `rep`.
+    pub(crate) fn response(&mut self, rep: u32) -> wasmtime::Result<&mut ResponseHead> {
+        Ok(self.table.get_mut(&Resource::new_borrow(rep))?)
+    }
+
+    /// Counts a host call; `false` once the cap is reached. Calls made in
+    /// replay count as the guest's own would.
+    pub(crate) fn count_call(&mut self) -> bool {
+        let limit = self.policy().limits.max_host_calls;
+        if self.host_calls >= limit {
+            self.limit_hit.get_or_insert(HostLimitTrap {
+                what: "host calls",
+                limit,
+            });
+            return false;
+        }
+        self.host_calls += 1;
+        true
+    }
+
+    /// Gives back a call counted in replay that the instance taking over
+    /// makes (and counts) again.
+    pub(crate) fn uncount_call(&mut self) {
+        self.host_calls = self.host_calls.saturating_sub(1);
+    }
+
+    /// Counts a host call for a function without an error variant: over the
+    /// cap the guest traps. Returns the call's tracing span, entered.
+    pub(crate) fn hostcall(
+        &mut self,
+        name: &'static str,
+    ) -> wasmtime::Result<tracing::span::EnteredSpan> {
+        if !self.count_call() {
+            return Err(wasmtime::Error::new(HostLimitTrap {
+                what: "host calls",
+                limit: self.policy().limits.max_host_calls,
+            }));
+        }
+        Ok(tracing::debug_span!("hostcall", call = name).entered())
+    }
+
+    /// Takes up to `wanted` subrequests from the cap; returns how many may go.
+    pub(crate) fn take_subrequests(&mut self, wanted: usize) -> usize {
+        let limit = self.policy().limits.max_subrequests;
+        let left = usize::try_from(limit.saturating_sub(self.subrequests)).unwrap_or(usize::MAX);
+        let granted = wanted.min(left);
+        // `granted <= left <= u32::MAX`, so this cannot saturate.
+        self.subrequests = self
+            .subrequests
+            .saturating_add(u32::try_from(granted).unwrap_or(u32::MAX));
+        if granted < wanted {
+            self.limit_hit.get_or_insert(HostLimitTrap {
+                what: "subrequests",
+                limit,
+            });
+        }
+        granted
+    }
+
+    /// The backend of the request being handled, for subrequests without one.
+    pub(crate) fn default_backend(&self) -> String {
+        self.current_request
+            .as_ref()
+            .and_then(|r| self.table.get(r).ok())
+            .map(|r| r.backend.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The error of an instance that, brought to where an earlier request's
+/// policy was, made a different call than it did.
+pub(crate) fn not_repeated(name: &str) -> String {
+    format!(
+        "the policy did not repeat its recorded calls (at {name}); it must not depend on anything but the host's replies"
+    )
+}
