@@ -19,7 +19,7 @@
 //!
 //! One submodule per concern: [`layout`] (key encodings of the
 //! trees), [`record`] (the record codec), [`usage`] (accounting against the
-//! bound, eviction), [`read`] and [`write`] (the object paths), [`kv`], and
+//! bound, eviction), [`read`] and [`write`](mod@write) (the object paths), [`kv`], and
 //! [`maintenance`] (crash cleanup, recount, sweeps, degraded mode).
 
 mod kv;
