@@ -5,9 +5,13 @@
 //!
 //! An object is a response body plus its [`ObjectMeta`], stored under a
 //! string key the host builds as `<primary>\u{1}<variant>` (primary: hash of
-//! host, URL and policy additions; variant: the Vary values). All methods of
-//! [`ObjectStore`] are synchronous and safe to call from many threads; the
-//! host calls them from `spawn_blocking` or directly when they hit memory.
+//! host, URL and policy additions; variant: the Vary values). Beside the
+//! objects, [`KvStore`] keeps small records (policy state) by namespace.
+//!
+//! Both traits are synchronous and safe to call from many threads. Every
+//! call that may reach the disk tier blocks on I/O, so async code runs it
+//! on a blocking thread (`spawn_blocking`). Each trait's docs list its
+//! blocking calls.
 //!
 //! * **Memory tier** ([`MemoryStore`]): a `quick_cache` (CLOCK-PRO style,
 //!   weighted by bytes) plus ordered indexes for prefix purge, surrogate keys
@@ -140,9 +144,19 @@ pub const MAX_META_LEN: usize = 32 * 1024;
 /// Reads never return corrupt data: anything that fails verification is a
 /// miss. Writes either complete or return an error and leave the previous
 /// object (if any) readable.
+///
+/// # Blocking
+///
+/// With a disk tier, every method that may reach it blocks on file and
+/// sled I/O: `get` (after a memory miss), `put`, `update_meta`, `remove`,
+/// `remove_prefix`, `soft_purge_prefix`, `keys_for_surrogate`,
+/// `purge_surrogate`, `sweep_expired`, `flush`, and `stats` (it reads the
+/// size of sled's files). Async code calls them on a blocking thread
+/// (`spawn_blocking`). `max_object_bytes` never touches the disk; without a
+/// disk tier no method does I/O.
 pub trait ObjectStore: Send + Sync {
     /// Looks up an object: memory first, then disk (promoting it to memory).
-    /// Objects past their keep window are misses.
+    /// Objects past their keep window are misses. May block on disk I/O.
     fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError>;
 
     /// Stores an object, replacing any previous one under `key`. Fills
@@ -177,15 +191,6 @@ pub trait ObjectStore: Send + Sync {
     /// `skey`. Returns how many objects were affected.
     fn purge_surrogate(&self, skey: &str, soft: bool) -> Result<u64, StoreError>;
 
-    /// Reads a small record from namespace `ns`.
-    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError>;
-
-    /// Writes a small record to namespace `ns`.
-    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError>;
-
-    /// Deletes a small record; returns whether it existed.
-    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError>;
-
     /// Removes every object removable at `now_ms`; returns how many.
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError>;
 
@@ -198,6 +203,27 @@ pub trait ObjectStore: Send + Sync {
 
     /// Makes every completed write durable (fsync).
     fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// Small persistent records by namespace and key: policies' state (one
+/// namespace per policy) and the host's own, such as a URL's Vary list.
+///
+/// Records are bounded by `kv_bytes` of the config. With a disk tier they
+/// live on disk only (the memory tier holds no copy): every call reads or
+/// writes sled and may block, so async code calls them on a blocking
+/// thread (`spawn_blocking`). Without a disk tier they are held in memory
+/// and no call does I/O.
+pub trait KvStore: Send + Sync {
+    /// Reads a small record from namespace `ns`. A record on disk that fails
+    /// its checksum is dropped and reads as absent.
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError>;
+
+    /// Writes a small record to namespace `ns` (at most
+    /// [`MAX_KV_VALUE_LEN`] bytes; [`StoreError::Full`] past the kv budget).
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError>;
+
+    /// Deletes a small record; returns whether it existed.
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError>;
 }
 
 /// Sizes and counters of a store, for metrics and the admin endpoint.

@@ -18,8 +18,8 @@ use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 
 use crate::{
-    ObjectMeta, ObjectStore, StoreError, StoreStats, StoredObject, check_key, check_kv, check_meta,
-    now_ms, seal,
+    KvStore, ObjectMeta, ObjectStore, StoreError, StoreStats, StoredObject, check_key, check_kv,
+    check_meta, now_ms, seal,
 };
 
 /// Fixed per-object overhead charged to the memory budget (cache slot and
@@ -500,21 +500,6 @@ impl ObjectStore for MemoryStore {
         Ok(self.purge_keys(self.tier.keys_for_surrogate(skey), soft))
     }
 
-    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
-        check_kv(ns, key, None)?;
-        Ok(self.kv.get(ns, key))
-    }
-
-    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        check_kv(ns, key, Some(value))?;
-        self.kv.set(ns, key, value)
-    }
-
-    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
-        check_kv(ns, key, None)?;
-        Ok(self.kv.delete(ns, key))
-    }
-
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {
         let n = self.tier.sweep(now_ms);
         Counters::add(&self.counters.expired_removed, n);
@@ -541,6 +526,23 @@ impl ObjectStore for MemoryStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+}
+
+impl KvStore for MemoryStore {
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
+        check_kv(ns, key, None)?;
+        Ok(self.kv.get(ns, key))
+    }
+
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        check_kv(ns, key, Some(value))?;
+        self.kv.set(ns, key, value)
+    }
+
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
+        check_kv(ns, key, None)?;
+        Ok(self.kv.delete(ns, key))
     }
 }
 

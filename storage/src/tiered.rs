@@ -15,8 +15,8 @@ use crate::engine::DiskEngine;
 use crate::engine::open_sled;
 use crate::memory::Counters;
 use crate::{
-    MemoryStore, ObjectMeta, ObjectStore, StoreConfig, StoreError, StoreStats, StoredObject,
-    check_key, check_kv, check_meta, now_ms, seal,
+    KvStore, MemoryStore, ObjectMeta, ObjectStore, StoreConfig, StoreError, StoreStats,
+    StoredObject, check_key, check_kv, check_meta, now_ms, seal,
 };
 
 struct Inner {
@@ -403,30 +403,6 @@ impl ObjectStore for TieredStore {
         Ok(n)
     }
 
-    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
-        check_kv(ns, key, None)?;
-        match &self.inner.disk {
-            Some(d) => d.kv_get(ns, key),
-            None => self.inner.memory.kv_get(ns, key),
-        }
-    }
-
-    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        check_kv(ns, key, Some(value))?;
-        match &self.inner.disk {
-            Some(d) => d.kv_set(ns, key, value),
-            None => self.inner.memory.kv_set(ns, key, value),
-        }
-    }
-
-    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
-        check_kv(ns, key, None)?;
-        match &self.inner.disk {
-            Some(d) => d.kv_delete(ns, key),
-            None => self.inner.memory.kv_delete(ns, key),
-        }
-    }
-
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {
         self.inner.sweep(now_ms)
     }
@@ -472,6 +448,32 @@ impl ObjectStore for TieredStore {
         match &self.inner.disk {
             Some(d) => d.flush(),
             None => Ok(()),
+        }
+    }
+}
+
+impl KvStore for TieredStore {
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
+        check_kv(ns, key, None)?;
+        match &self.inner.disk {
+            Some(d) => d.kv_get(ns, key),
+            None => self.inner.memory.kv_get(ns, key),
+        }
+    }
+
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        check_kv(ns, key, Some(value))?;
+        match &self.inner.disk {
+            Some(d) => d.kv_set(ns, key, value),
+            None => self.inner.memory.kv_set(ns, key, value),
+        }
+    }
+
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
+        check_kv(ns, key, None)?;
+        match &self.inner.disk {
+            Some(d) => d.kv_delete(ns, key),
+            None => self.inner.memory.kv_delete(ns, key),
         }
     }
 }
