@@ -15,7 +15,7 @@ use crate::engine::DiskEngine;
 use crate::engine::open_sled;
 use crate::memory::Counters;
 use crate::{
-    KvStore, MemoryStore, ObjectMeta, ObjectStore, StoreConfig, StoreError, StoreStats,
+    KvStore, MemoryStore, ObjectMeta, ObjectStore, Peek, StoreConfig, StoreError, StoreStats,
     StoredObject, check_key, check_kv, check_meta, now_ms, seal,
 };
 
@@ -324,6 +324,23 @@ impl ObjectStore for TieredStore {
         }
         Counters::bump(&inner.counters.hits_disk);
         Ok(Some(obj))
+    }
+
+    fn peek(&self, key: &str) -> Peek {
+        if check_key(key).is_err() {
+            return Peek::NotResident;
+        }
+        let inner = &*self.inner;
+        if let Some(obj) = inner.memory.tier.get(key, now_ms()) {
+            Counters::bump(&inner.counters.hits_memory);
+            return Peek::Hit(obj);
+        }
+        if inner.disk.is_some() {
+            // Counted by the `get` the caller makes next.
+            return Peek::NotResident;
+        }
+        Counters::bump(&inner.counters.misses);
+        Peek::Absent
     }
 
     fn put(&self, key: &str, meta: ObjectMeta, body: Bytes) -> Result<Arc<ObjectMeta>, StoreError> {
