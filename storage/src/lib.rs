@@ -5,9 +5,15 @@
 //!
 //! An object is a response body plus its [`ObjectMeta`], stored under a
 //! string key the host builds as `<primary>\u{1}<variant>` (primary: hash of
-//! host, URL and policy additions; variant: the Vary values). All methods of
-//! [`ObjectStore`] are synchronous and safe to call from many threads; the
-//! host calls them from `spawn_blocking` or directly when they hit memory.
+//! host, URL and policy additions; variant: the Vary values). Beside the
+//! objects, [`KvStore`] keeps small records (policy state) by namespace.
+//!
+//! Both traits are synchronous and safe to call from many threads. Every
+//! call that may reach the disk tier blocks on I/O, so async code runs it
+//! on a blocking thread (`spawn_blocking`); [`ObjectStore::peek`] answers
+//! from memory alone, never touching the disk, so a reactor thread serves
+//! memory hits itself and sends only the rest ([`Peek::NotResident`]) to
+//! `get` on a blocking thread. Each trait's docs list its blocking calls.
 //!
 //! * **Memory tier** ([`MemoryStore`]): a `quick_cache` (CLOCK-PRO style,
 //!   weighted by bytes) plus ordered indexes for prefix purge, surrogate keys
@@ -75,13 +81,14 @@
 //! | put, memory only | ~3 µs | ~50 µs |
 //! | put with disk (no fsync) | ~100 µs | ~10 ms |
 //!
-//! Disk paths block: call them from `spawn_blocking` in async code.
+//! Disk paths block: call them from `spawn_blocking` in async code; a
+//! memory hit through [`ObjectStore::peek`] does not.
 //!
 //! # Example
 //!
 //! ```
 //! use bytes::Bytes;
-//! use inlay_storage::{ObjectMeta, ObjectStore, StoreConfig, TieredStore, now_ms};
+//! use inlay_storage::{ObjectMeta, ObjectStore, Peek, StoreConfig, TieredStore, now_ms};
 //!
 //! let store = TieredStore::open(StoreConfig::memory_only(64 << 20))?;
 //! let meta = ObjectMeta {
@@ -92,7 +99,10 @@
 //!     ..ObjectMeta::default()
 //! };
 //! store.put("3f9a\u{1}gzip", meta, Bytes::from_static(b"hello"))?;
-//! let hit = store.get("3f9a\u{1}gzip")?.expect("just stored");
+//! // On a reactor thread: memory answers; only `NotResident` needs `get`.
+//! let Peek::Hit(hit) = store.peek("3f9a\u{1}gzip") else {
+//!     unreachable!("just stored, and memory-only");
+//! };
 //! assert_eq!(hit.body, "hello");
 //! assert!(hit.meta.is_fresh(now_ms()));
 //! assert_eq!(store.purge_surrogate("product-42", false)?, 1);
@@ -140,10 +150,30 @@ pub const MAX_META_LEN: usize = 32 * 1024;
 /// Reads never return corrupt data: anything that fails verification is a
 /// miss. Writes either complete or return an error and leave the previous
 /// object (if any) readable.
+///
+/// # Blocking
+///
+/// With a disk tier, every method that may reach it blocks on file and
+/// sled I/O: `get` (after a memory miss), `put`, `update_meta`, `remove`,
+/// `remove_prefix`, `soft_purge_prefix`, `keys_for_surrogate`,
+/// `purge_surrogate`, `sweep_expired`, `flush`, and `stats` (it reads the
+/// size of sled's files). Async code calls them on a blocking thread
+/// (`spawn_blocking`). [`peek`](ObjectStore::peek) and `max_object_bytes`
+/// never touch the disk and may run on a reactor thread; without a disk
+/// tier no method does I/O.
 pub trait ObjectStore: Send + Sync {
     /// Looks up an object: memory first, then disk (promoting it to memory).
-    /// Objects past their keep window are misses.
+    /// Objects past their keep window are misses. May block on disk I/O.
     fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError>;
+
+    /// Looks up an object in the memory tier alone, never touching the
+    /// disk, so a reactor thread can serve memory hits itself and send only
+    /// [`Peek::NotResident`] keys to `get` on a blocking thread.
+    ///
+    /// Counts in [`StoreStats`] as `get` would: a hit is a memory hit,
+    /// [`Peek::Absent`] a miss; [`Peek::NotResident`] counts nothing, the
+    /// `get` that follows counts the outcome.
+    fn peek(&self, key: &str) -> Peek;
 
     /// Stores an object, replacing any previous one under `key`. Fills
     /// `body_len` and `checksum` and returns the stored metadata.
@@ -177,15 +207,6 @@ pub trait ObjectStore: Send + Sync {
     /// `skey`. Returns how many objects were affected.
     fn purge_surrogate(&self, skey: &str, soft: bool) -> Result<u64, StoreError>;
 
-    /// Reads a small record from namespace `ns`.
-    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError>;
-
-    /// Writes a small record to namespace `ns`.
-    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError>;
-
-    /// Deletes a small record; returns whether it existed.
-    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError>;
-
     /// Removes every object removable at `now_ms`; returns how many.
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError>;
 
@@ -198,6 +219,39 @@ pub trait ObjectStore: Send + Sync {
 
     /// Makes every completed write durable (fsync).
     fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// What the memory tier alone says about a key ([`ObjectStore::peek`]).
+#[derive(Debug, Clone)]
+pub enum Peek {
+    /// The object, from memory (same checks as `get`: keep window, etc.).
+    Hit(StoredObject),
+    /// Definitely absent: no disk tier could hold it either.
+    Absent,
+    /// Not in memory; the disk tier may have it: call `get` (on a blocking
+    /// thread). An invalid key is `NotResident` too, so `get` reports it.
+    NotResident,
+}
+
+/// Small persistent records by namespace and key: policies' state (one
+/// namespace per policy) and the host's own, such as a URL's Vary list.
+///
+/// Records are bounded by `kv_bytes` of the config. With a disk tier they
+/// live on disk only (the memory tier holds no copy): every call reads or
+/// writes sled and may block, so async code calls them on a blocking
+/// thread (`spawn_blocking`). Without a disk tier they are held in memory
+/// and no call does I/O.
+pub trait KvStore: Send + Sync {
+    /// Reads a small record from namespace `ns`. A record on disk that fails
+    /// its checksum is dropped and reads as absent.
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError>;
+
+    /// Writes a small record to namespace `ns` (at most
+    /// [`MAX_KV_VALUE_LEN`] bytes; [`StoreError::Full`] past the kv budget).
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError>;
+
+    /// Deletes a small record; returns whether it existed.
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError>;
 }
 
 /// Sizes and counters of a store, for metrics and the admin endpoint.

@@ -18,8 +18,8 @@ use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, OptionsBuilder, Weighter};
 
 use crate::{
-    ObjectMeta, ObjectStore, StoreError, StoreStats, StoredObject, check_key, check_kv, check_meta,
-    now_ms, seal,
+    KvStore, ObjectMeta, ObjectStore, Peek, StoreError, StoreStats, StoredObject, check_key,
+    check_kv, check_meta, now_ms, seal,
 };
 
 /// Fixed per-object overhead charged to the memory budget (cache slot and
@@ -440,6 +440,16 @@ impl ObjectStore for MemoryStore {
         Ok(hit)
     }
 
+    fn peek(&self, key: &str) -> Peek {
+        // Memory is the whole store: a miss is final. `get` counts it.
+        match self.get(key) {
+            Ok(Some(obj)) => Peek::Hit(obj),
+            Ok(None) => Peek::Absent,
+            // The caller's `get` reports the error.
+            Err(_) => Peek::NotResident,
+        }
+    }
+
     fn put(&self, key: &str, meta: ObjectMeta, body: Bytes) -> Result<Arc<ObjectMeta>, StoreError> {
         check_key(key)?;
         check_meta(&meta)?;
@@ -500,21 +510,6 @@ impl ObjectStore for MemoryStore {
         Ok(self.purge_keys(self.tier.keys_for_surrogate(skey), soft))
     }
 
-    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
-        check_kv(ns, key, None)?;
-        Ok(self.kv.get(ns, key))
-    }
-
-    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        check_kv(ns, key, Some(value))?;
-        self.kv.set(ns, key, value)
-    }
-
-    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
-        check_kv(ns, key, None)?;
-        Ok(self.kv.delete(ns, key))
-    }
-
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {
         let n = self.tier.sweep(now_ms);
         Counters::add(&self.counters.expired_removed, n);
@@ -544,6 +539,23 @@ impl ObjectStore for MemoryStore {
     }
 }
 
+impl KvStore for MemoryStore {
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
+        check_kv(ns, key, None)?;
+        Ok(self.kv.get(ns, key))
+    }
+
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        check_kv(ns, key, Some(value))?;
+        self.kv.set(ns, key, value)
+    }
+
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
+        check_kv(ns, key, None)?;
+        Ok(self.kv.delete(ns, key))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -569,6 +581,17 @@ mod tests {
         assert_eq!(got.body, body);
         assert_eq!(*got.meta, *m);
         assert!(s.get("other").unwrap().is_none());
+        let st = s.stats();
+        assert_eq!((st.hits_memory, st.misses), (1, 1));
+    }
+
+    #[test]
+    fn peek_answers_from_memory_and_counts_as_get() {
+        let s = MemoryStore::new(4 << 20, 1 << 20);
+        s.put("k", meta(60_000, &[]), Bytes::from_static(b"hello"))
+            .unwrap();
+        assert!(matches!(s.peek("k"), Peek::Hit(o) if o.body == "hello"));
+        assert!(matches!(s.peek("other"), Peek::Absent));
         let st = s.stats();
         assert_eq!((st.hits_memory, st.misses), (1, 1));
     }

@@ -15,8 +15,8 @@ use crate::engine::DiskEngine;
 use crate::engine::open_sled;
 use crate::memory::Counters;
 use crate::{
-    MemoryStore, ObjectMeta, ObjectStore, StoreConfig, StoreError, StoreStats, StoredObject,
-    check_key, check_kv, check_meta, now_ms, seal,
+    KvStore, MemoryStore, ObjectMeta, ObjectStore, Peek, StoreConfig, StoreError, StoreStats,
+    StoredObject, check_key, check_kv, check_meta, now_ms, seal,
 };
 
 struct Inner {
@@ -326,6 +326,23 @@ impl ObjectStore for TieredStore {
         Ok(Some(obj))
     }
 
+    fn peek(&self, key: &str) -> Peek {
+        if check_key(key).is_err() {
+            return Peek::NotResident;
+        }
+        let inner = &*self.inner;
+        if let Some(obj) = inner.memory.tier.get(key, now_ms()) {
+            Counters::bump(&inner.counters.hits_memory);
+            return Peek::Hit(obj);
+        }
+        if inner.disk.is_some() {
+            // Counted by the `get` the caller makes next.
+            return Peek::NotResident;
+        }
+        Counters::bump(&inner.counters.misses);
+        Peek::Absent
+    }
+
     fn put(&self, key: &str, meta: ObjectMeta, body: Bytes) -> Result<Arc<ObjectMeta>, StoreError> {
         check_key(key)?;
         check_meta(&meta)?;
@@ -403,30 +420,6 @@ impl ObjectStore for TieredStore {
         Ok(n)
     }
 
-    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
-        check_kv(ns, key, None)?;
-        match &self.inner.disk {
-            Some(d) => d.kv_get(ns, key),
-            None => self.inner.memory.kv_get(ns, key),
-        }
-    }
-
-    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        check_kv(ns, key, Some(value))?;
-        match &self.inner.disk {
-            Some(d) => d.kv_set(ns, key, value),
-            None => self.inner.memory.kv_set(ns, key, value),
-        }
-    }
-
-    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
-        check_kv(ns, key, None)?;
-        match &self.inner.disk {
-            Some(d) => d.kv_delete(ns, key),
-            None => self.inner.memory.kv_delete(ns, key),
-        }
-    }
-
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {
         self.inner.sweep(now_ms)
     }
@@ -472,6 +465,32 @@ impl ObjectStore for TieredStore {
         match &self.inner.disk {
             Some(d) => d.flush(),
             None => Ok(()),
+        }
+    }
+}
+
+impl KvStore for TieredStore {
+    fn kv_get(&self, ns: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
+        check_kv(ns, key, None)?;
+        match &self.inner.disk {
+            Some(d) => d.kv_get(ns, key),
+            None => self.inner.memory.kv_get(ns, key),
+        }
+    }
+
+    fn kv_set(&self, ns: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        check_kv(ns, key, Some(value))?;
+        match &self.inner.disk {
+            Some(d) => d.kv_set(ns, key, value),
+            None => self.inner.memory.kv_set(ns, key, value),
+        }
+    }
+
+    fn kv_delete(&self, ns: &str, key: &str) -> Result<bool, StoreError> {
+        check_kv(ns, key, None)?;
+        match &self.inner.disk {
+            Some(d) => d.kv_delete(ns, key),
+            None => self.inner.memory.kv_delete(ns, key),
         }
     }
 }

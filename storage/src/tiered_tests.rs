@@ -51,9 +51,15 @@ fn body(seed: u64, len: usize) -> Bytes {
 /// byte counts do not race it.
 fn open_counted(cfg: StoreConfig) -> TieredStore {
     let s = TieredStore::open(cfg).unwrap();
+    wait_counted(&s);
+    s
+}
+
+/// Waits for the background count (and its reads) to finish.
+fn wait_counted(s: &TieredStore) {
     for _ in 0..500 {
         if s.disk_counted() {
-            return s;
+            return;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -545,6 +551,8 @@ struct FaultyEngine {
     max_value: AtomicUsize,
     /// Every write fails with `Full`.
     all: AtomicBool,
+    /// Reads so far (gets and scans).
+    reads: AtomicUsize,
 }
 
 impl FaultyEngine {
@@ -558,6 +566,7 @@ impl FaultyEngine {
 
 impl DiskEngine for FaultyEngine {
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.get(tree, key)
     }
     fn insert(&self, tree: TreeId, key: &[u8], value: &[u8]) -> Result<Option<Value>, StoreError> {
@@ -579,9 +588,11 @@ impl DiskEngine for FaultyEngine {
         self.inner.compare_and_swap(tree, key, old, new)
     }
     fn scan_prefix(&self, tree: TreeId, prefix: &[u8]) -> Entries<'_> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.scan_prefix(tree, prefix)
     }
     fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.range_from(tree, start)
     }
     fn generate_id(&self) -> Result<u64, StoreError> {
@@ -603,6 +614,7 @@ fn faulty_store(dir: &std::path::Path) -> (TieredStore, Arc<FaultyEngine>) {
         inner: Arc::new(sled),
         max_value: AtomicUsize::new(usize::MAX),
         all: AtomicBool::new(false),
+        reads: AtomicUsize::new(0),
     });
     let store = TieredStore::with_engine(cfg, faulty.clone()).unwrap();
     (store, faulty)
@@ -744,4 +756,102 @@ fn invalid_input_is_refused() {
         }),
         Err(StoreError::Config(_))
     ));
+}
+
+// ---- peek: the memory tier alone ----
+
+/// Hits from memory, hits from disk and misses so far.
+fn lookups(s: &TieredStore) -> (u64, u64, u64) {
+    let st = s.stats();
+    (st.hits_memory, st.hits_disk, st.misses)
+}
+
+/// Metadata of an object stored `age_ms` ago, removable `keep_ms` after it
+/// expired.
+fn aged(age_ms: u64, ttl_ms: u64, keep_ms: u64) -> ObjectMeta {
+    ObjectMeta {
+        stored_at_ms: now_ms() - age_ms,
+        keep_ms,
+        ..meta(ttl_ms, &[])
+    }
+}
+
+#[test]
+fn peek_serves_a_memory_hit_and_counts_it_once() {
+    let s = TieredStore::open(StoreConfig::memory_only(4 << 20)).unwrap();
+    s.put("k", meta(60_000, &[]), body(1, 1000)).unwrap();
+    match s.peek("k") {
+        Peek::Hit(obj) => assert_eq!(obj.body, body(1, 1000)),
+        other => panic!("expected a hit, got {other:?}"),
+    }
+    assert_eq!(lookups(&s), (1, 0, 0));
+}
+
+#[test]
+fn peek_without_a_disk_tier_calls_a_memory_miss_absent() {
+    let s = TieredStore::open(StoreConfig::memory_only(4 << 20)).unwrap();
+    assert!(matches!(s.peek("never-stored"), Peek::Absent));
+    assert_eq!(lookups(&s), (0, 0, 1));
+    // An invalid key goes on to `get`, which says what is wrong with it.
+    assert!(matches!(s.peek(""), Peek::NotResident));
+    assert!(matches!(s.get(""), Err(StoreError::InvalidKey(_))));
+}
+
+#[test]
+fn peek_with_a_disk_tier_reads_nothing_and_leaves_the_count_to_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, engine) = faulty_store(dir.path());
+    wait_counted(&s);
+    s.put("k", meta(60_000, &[]), body(1, 1000)).unwrap();
+    forget_memory(&s);
+    let reads = engine.reads.load(Ordering::SeqCst);
+    assert!(matches!(s.peek("k"), Peek::NotResident));
+    assert!(matches!(s.peek("never-stored"), Peek::NotResident));
+    assert_eq!(
+        engine.reads.load(Ordering::SeqCst),
+        reads,
+        "peek read the disk"
+    );
+    assert_eq!(lookups(&s), (0, 0, 0));
+    // The caller's `get` finds it on disk; peek + get count one lookup each.
+    assert_eq!(s.get("k").unwrap().unwrap().body, body(1, 1000));
+    assert!(s.get("never-stored").unwrap().is_none());
+    assert_eq!(lookups(&s), (0, 1, 1));
+    // `get` promoted it: now memory answers.
+    assert!(matches!(s.peek("k"), Peek::Hit(_)));
+    assert_eq!(lookups(&s), (1, 1, 1));
+}
+
+#[test]
+fn peek_on_a_degraded_disk_tier_still_sends_misses_to_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, faults) = faulty_store(dir.path());
+    s.put("k", meta(60_000, &[]), body(1, 1000)).unwrap();
+    faults.all.store(true, Ordering::SeqCst);
+    assert!(s.put("k2", meta(60_000, &[]), body(2, 10)).is_err());
+    assert!(s.stats().disk_degraded);
+    forget_memory(&s);
+    assert!(matches!(s.peek("k"), Peek::NotResident));
+    assert_eq!(s.get("k").unwrap().unwrap().body, body(1, 1000));
+}
+
+#[test]
+fn peek_applies_the_keep_window_as_get_does() {
+    let s = TieredStore::open(StoreConfig::memory_only(4 << 20)).unwrap();
+    // Expired 1 s ago, kept 60 s: still served (stale), as `get` does.
+    s.put("stale", aged(2_000, 1_000, 60_000), body(1, 10))
+        .unwrap();
+    assert!(matches!(s.peek("stale"), Peek::Hit(o) if !o.meta.is_fresh(now_ms())));
+    // Expired 1 s ago, no keep: removable, a miss, and dropped from memory.
+    s.put("gone", aged(2_000, 1_000, 0), body(2, 10)).unwrap();
+    assert!(matches!(s.peek("gone"), Peek::Absent));
+    assert_eq!(s.stats().memory_objects, 1);
+    assert_eq!(lookups(&s), (1, 0, 1));
+
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    s.put("gone", aged(2_000, 1_000, 0), body(2, 10)).unwrap();
+    assert!(matches!(s.peek("gone"), Peek::NotResident));
+    assert!(s.get("gone").unwrap().is_none());
+    assert_eq!(lookups(&s), (0, 0, 1));
 }

@@ -1,7 +1,7 @@
 //! The disk engine seam: a few ordered byte-trees, ids and flush.
 //!
 //! Everything about the layout (chunks, records, checksums, indexes) lives
-//! in `disk.rs` on top of this trait, so replacing sled means writing one
+//! in `disk/` on top of this trait, so replacing sled means writing one
 //! small adapter. Tests wrap the sled engine to inject write failures.
 
 mod chunk_files;
