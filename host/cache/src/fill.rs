@@ -6,8 +6,8 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::{HeaderMap, Response, header};
 use http_body_util::{BodyExt, StreamBody};
-use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_core::CacheSettings;
+use inlay_core::body::{self, BoxError, ProxyBody};
 use tracing::{debug, warn};
 
 use crate::HttpCache;
@@ -115,7 +115,10 @@ pub(crate) fn fill(
         if !storing {
             return;
         }
-        match cache.insert(&primary, &req_headers, meta, buf.freeze()).await {
+        match cache
+            .insert(&primary, &req_headers, meta, buf.freeze())
+            .await
+        {
             Ok(()) => {}
             Err(e) if e.is_full() => {
                 warn!(

@@ -286,9 +286,6 @@ impl HttpCache {
 
     /// Purges every object tagged with a surrogate key.
     pub async fn purge_key(&self, key: &str, soft: bool) -> Result<u64, StoreError> {
-        self.inner
-            .store
-            .purge_surrogate(key.to_owned(), soft)
-            .await
+        self.inner.store.purge_surrogate(key.to_owned(), soft).await
     }
 }

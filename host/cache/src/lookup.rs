@@ -78,7 +78,7 @@ pub enum Fetched {
     },
     /// A new response: the policy may change how it is cached, then
     /// [`NewResponse::store`] stores it while it streams.
-    New(NewResponse),
+    New(Box<NewResponse>),
 }
 
 /// A backend response on its way into the cache.
@@ -167,7 +167,7 @@ impl CacheFetch {
             });
         }
         let hit_for_miss = self.is_hit_for_miss();
-        Ok(Fetched::New(NewResponse {
+        Ok(Fetched::New(Box::new(NewResponse {
             resp,
             defaults,
             target: FillTarget {
@@ -177,7 +177,7 @@ impl CacheFetch {
                 flight: self.flight,
             },
             hit_for_miss,
-        }))
+        })))
     }
 
     /// The expired object, when the backend failed and it is still within
@@ -209,7 +209,7 @@ impl NewResponse {
     /// Stores the response as `settings` say while it streams, or marks
     /// the key hit-for-miss when it is uncacheable. Returns the response
     /// to send and how it was served.
-    pub fn store(self, settings: &CacheSettings) -> (Response<ProxyBody>, CacheStatus) {
+    pub fn store(self: Box<Self>, settings: &CacheSettings) -> (Response<ProxyBody>, CacheStatus) {
         let (resp, stored) = fill(self.resp, settings, self.target);
         let status = if self.hit_for_miss {
             CacheStatus::HitForMiss { stored }

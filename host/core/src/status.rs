@@ -108,7 +108,11 @@ mod tests {
     #[test]
     fn header_values_follow_rfc_9211() {
         let cases = [
-            (CacheStatus::Hit { ttl_left: 60 }, "inlay; hit; ttl=60", "hit"),
+            (
+                CacheStatus::Hit { ttl_left: 60 },
+                "inlay; hit; ttl=60",
+                "hit",
+            ),
             (
                 CacheStatus::Stale {
                     stale_for: 3,
@@ -135,7 +139,11 @@ mod tests {
                 "inlay; fwd=miss; stored",
                 "miss",
             ),
-            (CacheStatus::Miss { stored: false }, "inlay; fwd=miss", "miss"),
+            (
+                CacheStatus::Miss { stored: false },
+                "inlay; fwd=miss",
+                "miss",
+            ),
             (
                 CacheStatus::HitForMiss { stored: false },
                 "inlay; fwd=miss; detail=hit-for-miss",

@@ -12,9 +12,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use inlay_cache::{HttpCache, PrimaryKey, object_meta, stored_headers};
 use inlay_core::{CacheSettings, ProxyError, body, headers};
-use inlay_runtime::{
-    CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse,
-};
+use inlay_runtime::{CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse};
 
 use crate::backend::{Backend, Backends};
 
@@ -130,7 +128,11 @@ impl PolicyServices for HostServices {
         namespace: &str,
         key: &str,
     ) -> BoxFuture<'static, Result<Option<Vec<u8>>, String>> {
-        let (store, ns, key) = (self.cache.store().clone(), kv_namespace(namespace), key.to_owned());
+        let (store, ns, key) = (
+            self.cache.store().clone(),
+            kv_namespace(namespace),
+            key.to_owned(),
+        );
         Box::pin(async move {
             store
                 .kv_get(ns, key)
@@ -146,12 +148,25 @@ impl PolicyServices for HostServices {
         key: &str,
         value: Vec<u8>,
     ) -> BoxFuture<'static, Result<(), String>> {
-        let (store, ns, key) = (self.cache.store().clone(), kv_namespace(namespace), key.to_owned());
-        Box::pin(async move { store.kv_set(ns, key, value).await.map_err(|e| e.to_string()) })
+        let (store, ns, key) = (
+            self.cache.store().clone(),
+            kv_namespace(namespace),
+            key.to_owned(),
+        );
+        Box::pin(async move {
+            store
+                .kv_set(ns, key, value)
+                .await
+                .map_err(|e| e.to_string())
+        })
     }
 
     fn kv_delete(&self, namespace: &str, key: &str) -> BoxFuture<'static, Result<bool, String>> {
-        let (store, ns, key) = (self.cache.store().clone(), kv_namespace(namespace), key.to_owned());
+        let (store, ns, key) = (
+            self.cache.store().clone(),
+            kv_namespace(namespace),
+            key.to_owned(),
+        );
         Box::pin(async move { store.kv_delete(ns, key).await.map_err(|e| e.to_string()) })
     }
 

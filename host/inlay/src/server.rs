@@ -20,9 +20,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
-use inlay_core::body::ProxyBody;
 use crate::config::ServerConfig;
 use crate::pipeline::Pipeline;
+use inlay_core::body::ProxyBody;
 
 /// Serve `listeners` until `shutdown` resolves, then stop accepting, let
 /// in-flight requests finish for up to `shutdown_timeout`, and return.

@@ -443,7 +443,7 @@ async fn no_request_sees_the_state_another_request_left_in_the_policy() {
         assert_eq!(r.status, 200);
         assert_eq!(
             r.text(),
-            inlay::runtime::warm_request().uri.to_string(),
+            inlay_runtime::warm_request().uri.to_string(),
             "a request saw state left by another"
         );
     }

@@ -64,9 +64,7 @@ impl PolicyCall {
             .flatten();
         let run = match recorded {
             Some(start) => Run::Replayed(Box::new(Replay::new(state, start))),
-            None => Run::Live(Box::new(
-                LiveCall::start(state).await.map_err(|(e, _)| e)?,
-            )),
+            None => Run::Live(Box::new(LiveCall::start(state).await.map_err(|(e, _)| e)?)),
         };
         Ok(Self {
             handle,

@@ -13,11 +13,11 @@ use wasmtime::component::{ComponentType, Instance, Lift, Resource};
 
 use crate::bindings::Policy;
 use crate::bindings::inlay::policy::types as wit;
-use inlay_core::{CacheSettings, RequestAction, RequestHead, ResponseHead, SyntheticResponse};
 use crate::errors::{Hook, HostLimitTrap, PolicyError};
+use crate::imports::types::headers_from_list;
 use crate::memo::{Entry, Returned};
 use crate::state::StoreState;
-use crate::imports::types::headers_from_list;
+use inlay_core::{CacheSettings, RequestAction, RequestHead, ResponseHead, SyntheticResponse};
 
 fn secs(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)

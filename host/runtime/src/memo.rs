@@ -31,9 +31,9 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 
-use inlay_core::{CacheSettings, RequestAction};
 use crate::errors::Hook;
 use crate::state::StoreState;
+use inlay_core::{CacheSettings, RequestAction};
 
 /// A recorded host call, made again on another request's store state.
 pub(crate) type Op = Arc<dyn Fn(&mut StoreState) -> wasmtime::Result<Reply> + Send + Sync>;

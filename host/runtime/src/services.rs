@@ -126,8 +126,11 @@ pub trait PolicyServices: Send + Sync + 'static {
     fn cache_purge_key(&self, key: &str, soft: bool) -> BoxFuture<'static, Result<u32, String>>;
 
     /// Reads a value from the policy's kv namespace.
-    fn kv_get(&self, namespace: &str, key: &str)
-    -> BoxFuture<'static, Result<Option<Vec<u8>>, String>>;
+    fn kv_get(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> BoxFuture<'static, Result<Option<Vec<u8>>, String>>;
 
     /// Writes a value to the policy's kv namespace.
     fn kv_set(

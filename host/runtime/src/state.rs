@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use wasmtime::component::{Resource, ResourceTable};
 
-use inlay_core::EsiOverrides;
 use crate::errors::{Hook, HostLimitTrap};
 use crate::limits::{CpuClock, MemoryLimiter};
 use crate::memo::{Recordable, Recorded, Recording, Tape};
 use crate::policy::{PolicyHandle, PolicyShared};
 use crate::services::PolicyServices;
+use inlay_core::EsiOverrides;
 use inlay_core::{RequestHead, ResponseHead};
 
 /// The `T` of `Store<T>` for one request.

@@ -15,7 +15,9 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use parking_lot::Mutex;
 
 use super::*;
-use inlay_core::{CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead, SyntheticResponse};
+use inlay_core::{
+    CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead, SyntheticResponse,
+};
 
 /// In-memory services that record what the policy did.
 #[derive(Default)]
@@ -388,7 +390,7 @@ async fn config_kv_clock_and_esi_imports() {
     }
     // The namespace is the policy's name.
     assert_eq!(
-        services.kv_get("probe", "count").expect("kv"),
+        services.kv_get("probe", "count").await.expect("kv"),
         Some(b"3".to_vec())
     );
 
@@ -928,7 +930,9 @@ mod example_policies {
     fn policy_dir() -> PathBuf {
         std::env::var_os("INLAY_POLICY_DIR")
             .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/policies"))
+            .unwrap_or_else(|| {
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/policies")
+            })
     }
 
     async fn load(name: &str, limits: PolicyLimits) -> LoadedPolicy {

@@ -19,8 +19,8 @@ use http_body_util::{BodyExt, StreamBody};
 use tracing::{debug, warn};
 
 use inlay_cache::{ESI_MARK, PrimaryKey};
-use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_core::RequestHead;
+use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_esi::{EsiLimits, EsiVars, Fetch, Fragment, FragmentError, FragmentFetcher};
 
 use super::Pipeline;

@@ -5,9 +5,7 @@
 //! for the states).
 
 use http::Method;
-use inlay_cache::{
-    CacheFetch, Fetched, Lookup, PrimaryKey, fresh_status, stale_status,
-};
+use inlay_cache::{CacheFetch, Fetched, Lookup, PrimaryKey, fresh_status, stale_status};
 use inlay_core::{CacheStatus, ProxyError, RequestHead, StaleReason, body};
 use inlay_runtime::PolicyCall;
 use inlay_storage::StoredObject;
@@ -70,7 +68,8 @@ impl Pipeline {
     ) -> Result<Outcome, ProxyError> {
         let backend = self.backend(head)?;
         let validators = fetch.validators();
-        let fetched = fetch::send(backend, head, Method::GET, body::empty(), Some(validators)).await;
+        let fetched =
+            fetch::send(backend, head, Method::GET, body::empty(), Some(validators)).await;
         match fetch.on_response(fetched).await? {
             Fetched::Cached { object, status } => Ok(self.hit(object, status)),
             Fetched::New(mut new) => {
@@ -95,8 +94,14 @@ impl Pipeline {
         tokio::spawn(async move {
             debug!(key = fetch.primary().as_str(), "background refresh");
             let validators = fetch.validators();
-            let fetched =
-                fetch::send(&backend, &head, Method::GET, body::empty(), Some(validators)).await;
+            let fetched = fetch::send(
+                &backend,
+                &head,
+                Method::GET,
+                body::empty(),
+                Some(validators),
+            )
+            .await;
             match fetch.on_response(fetched).await {
                 Ok(Fetched::New(new)) => {
                     let settings = new.defaults().clone();

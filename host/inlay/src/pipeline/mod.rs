@@ -200,7 +200,8 @@ impl Pipeline {
             Route::Pass => {
                 let backend = self.backend(&head)?;
                 let mut resp = fetch::send(backend, &head, head.method.clone(), body, None).await?;
-                let defaults = backend_response::default_settings(&resp, &self.cache.rules().defaults);
+                let defaults =
+                    backend_response::default_settings(&resp, &self.cache.rules().defaults);
                 let settings =
                     backend_response::run_policy(policy.as_mut(), &mut head, &mut resp, defaults)
                         .await?;

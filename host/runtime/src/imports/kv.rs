@@ -45,11 +45,7 @@ impl Host for StoreState {
         .await
     }
 
-    async fn set(
-        &mut self,
-        key: String,
-        value: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), KvError>> {
+    async fn set(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), KvError>> {
         self.kv_call("kv.set", &key, |s| {
             if value.len() > s.policy().limits.kv_max_value {
                 return Err(KvError::TooLarge);
