@@ -215,6 +215,96 @@ mod tests {
         );
     }
 
+    /// A request must never see what an earlier request wrote in the same
+    /// pool slot. The first instance dirties 96 disjoint 64 KiB regions,
+    /// 6 MiB in all: more regions than `vendor/wasmtime`'s PAGEMAP_SCAN
+    /// buffer holds and more bytes than `linear_memory_keep_resident`, so
+    /// the reset copies the first 32 regions back, resumes the scan for the
+    /// next 32 (the patched path) and decommits the rest. Each region also
+    /// holds some of the data image, which must come back. (Without
+    /// PAGEMAP_SCAN, before Linux 6.7, it checks wasmtime's plain reset.)
+    #[test]
+    fn a_reused_slot_reads_only_its_image_where_a_previous_request_wrote() {
+        /// Regions one scan reports (`MAX_REGIONS` in the patched pagemap.rs).
+        const SCAN_REGIONS: usize = 32;
+        /// `linear_memory_keep_resident` in `PolicyEngine::new`.
+        const KEEP_RESIDENT: usize = 4 << 20;
+        const DIRTIED: usize = 64 << 10;
+        const STRIDE: usize = 2 * DIRTIED;
+        const RESIDENT_REGIONS: usize = KEEP_RESIDENT / DIRTIED;
+        const REGIONS: usize = RESIDENT_REGIONS + SCAN_REGIONS;
+        const IMAGE_AT: usize = 1000;
+        const _: () = assert!(RESIDENT_REGIONS > SCAN_REGIONS && REGIONS > RESIDENT_REGIONS);
+        let engine = PolicyEngine::new(&PolicyLimits::default()).expect("engine");
+        let image = |region: usize| format!("image of region {region:02}");
+        let data: String = (0..REGIONS)
+            .map(|k| {
+                format!(
+                    "(data (i32.const {}) \"{}\")\n",
+                    k * STRIDE + IMAGE_AT,
+                    image(k)
+                )
+            })
+            .collect();
+        let wat = format!(
+            r#"(module
+                (memory (export "memory") {pages})
+                {data}
+                (func (export "dirty")
+                    (local $at i32)
+                    (loop $next
+                        (memory.fill (local.get $at) (i32.const 0xa5) (i32.const {DIRTIED}))
+                        (local.set $at (i32.add (local.get $at) (i32.const {STRIDE})))
+                        (br_if $next (i32.lt_u (local.get $at) (i32.const {end}))))))"#,
+            pages = REGIONS * STRIDE / (64 << 10),
+            end = REGIONS * STRIDE,
+        );
+        let module = wasmtime::Module::new(engine.engine(), wat).expect("module");
+        let mut expected = vec![0u8; REGIONS * STRIDE];
+        for k in 0..REGIONS {
+            let at = k * STRIDE + IMAGE_AT;
+            expected[at..at + image(k).len()].copy_from_slice(image(k).as_bytes());
+        }
+
+        let mut slot = None;
+        // The first round checks `expected` against a fresh slot.
+        for round in 0..3 {
+            let mut store = wasmtime::Store::new(engine.engine(), ());
+            store.set_epoch_deadline(1_000_000);
+            let instance = wasmtime::Instance::new(&mut store, &module, &[]).expect("instantiates");
+            let memory = instance.get_memory(&mut store, "memory").expect("memory");
+            let base = memory.data_ptr(&store).addr();
+            assert_eq!(
+                *slot.get_or_insert(base),
+                base,
+                "round {round} got another slot"
+            );
+            if let Some(at) = memory
+                .data(&store)
+                .iter()
+                .zip(&expected)
+                .position(|(got, want)| got != want)
+            {
+                let region = at / STRIDE;
+                let reset_by = match region {
+                    ..SCAN_REGIONS => "the first scan",
+                    SCAN_REGIONS..RESIDENT_REGIONS => "the resumed scan",
+                    _ => "decommit",
+                };
+                panic!(
+                    "round {round}: byte {at} (region {region}, reset by {reset_by}) reads {:#04x}, not {:#04x}",
+                    memory.data(&store)[at],
+                    expected[at]
+                );
+            }
+            instance
+                .get_typed_func::<(), ()>(&mut store, "dirty")
+                .expect("dirty")
+                .call(&mut store, ())
+                .expect("runs");
+        }
+    }
+
     /// Funcrefs made while element segments are applied to an imported
     /// table (as in CPython's dynamically linked component) come from
     /// `vendor/wasmtime`'s per-module table of code offsets rather than

@@ -211,10 +211,10 @@ impl PageMap {
 ///   a region of memory to store a list of `page_region` structures. Below this
 ///   is always `MAX_REGIONS`. If there are more than this number of disjoint
 ///   regions of memory that need to be reported then the ioctl will also return
-///   early without reaching the end of memory. Note that this means that all
-///   further memory will be `decommit`'d with reported regions still going to
-///   `reset_manually`. This is arguably something we should detect and improve
-///   in Wasmtime, but for now `MAX_REGIONS` is hardcoded.
+///   early without reaching the end of memory. The scan is then resumed where
+///   it stopped, with what is left of `keep_resident`, so the walk ends early
+///   only once that budget is used up as above. (Inlay patch: upstream
+///   `decommit`s all further memory at the first full buffer.)
 ///
 /// In the end this ends up being a "more clever" version of this function than
 /// the one in the `pagemap_disabled` module. By using `PAGEMAP_SCAN` we can
@@ -356,7 +356,11 @@ pub unsafe fn reset_with_pagemap(
         // Resume a scan that stopped only because the buffer filled up, as
         // long as the page budget lasts and the scan made progress.
         let walk_end = result.walk_end();
-        if full && pages_left > 0 && walk_end.addr() > scan_start.addr() && walk_end.addr() < end.addr() {
+        if full
+            && pages_left > 0
+            && walk_end.addr() > scan_start.addr()
+            && walk_end.addr() < end.addr()
+        {
             scan_start = walk_end;
             continue;
         }
