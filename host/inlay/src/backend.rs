@@ -8,13 +8,12 @@ use http::{Request, Response, Uri, header};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
+use inlay_core::ProxyError;
 use inlay_core::body::{self, ProxyBody};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::body::TimeoutBody;
 use crate::config::{BackendConfig, Config};
-use inlay_core::ProxyError;
 
 /// One configured origin.
 #[derive(Debug)]

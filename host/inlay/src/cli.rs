@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use tokio::net::TcpListener;
-use tracing::{error, info};
-
 use inlay_cache::{CacheRules, CacheStore, Defaults, HttpCache};
 use inlay_runtime::{LoadedPolicy, PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 use inlay_storage::{StoreConfig, TieredStore};
+use tokio::net::TcpListener;
+use tracing::{error, info};
 
 use crate::access_log::AccessLog;
 use crate::config::{Config, Overrides, PolicyConfig};

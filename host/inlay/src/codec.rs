@@ -8,7 +8,6 @@ use bytes::Bytes;
 use flate2::Compression;
 use flate2::write::{GzDecoder, GzEncoder};
 use futures_util::stream::{BoxStream, StreamExt};
-
 use inlay_core::body::BoxError;
 
 enum Codec {

@@ -3,7 +3,7 @@
 //! Parsing walks the TOML tree by hand instead of using serde derive so that
 //! *every* error is reported at once, each with its key path and the value
 //! that was wrong (serde stops at the first). Every setting and its default
-//! is listed in `host/CONFIG.md`; keep the two in step.
+//! is listed in `host/inlay/CONFIG.md`; keep the two in step.
 
 use std::collections::BTreeMap;
 use std::fmt;

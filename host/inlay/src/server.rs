@@ -15,6 +15,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use inlay_core::body::ProxyBody;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
@@ -22,7 +23,6 @@ use tracing::{debug, info, warn};
 
 use crate::config::ServerConfig;
 use crate::pipeline::Pipeline;
-use inlay_core::body::ProxyBody;
 
 /// Serve `listeners` until `shutdown` resolves, then stop accepting, let
 /// in-flight requests finish for up to `shutdown_timeout`, and return.

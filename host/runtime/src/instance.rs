@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
+use inlay_core::{CacheSettings, RequestAction, RequestHead, ResponseHead, SyntheticResponse};
 use tracing::Instrument;
 use wasmtime::Store;
 use wasmtime::component::{ComponentType, Instance, Lift, Resource};
@@ -17,7 +18,6 @@ use crate::errors::{Hook, HostLimitTrap, PolicyError};
 use crate::imports::types::headers_from_list;
 use crate::memo::{Entry, Returned};
 use crate::state::StoreState;
-use inlay_core::{CacheSettings, RequestAction, RequestHead, ResponseHead, SyntheticResponse};
 
 fn secs(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)

@@ -29,14 +29,14 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use inlay_core::{CacheSettings, RequestAction};
 use parking_lot::RwLock;
 
 use crate::errors::Hook;
-use crate::state::StoreState;
-use inlay_core::{CacheSettings, RequestAction};
 
 /// A recorded host call, made again on another request's store state.
-pub(crate) type Op = Arc<dyn Fn(&mut StoreState) -> wasmtime::Result<Reply> + Send + Sync>;
+/// (`S` is the request's store state: the tree does not need to know it.)
+pub(crate) type Op<S> = Arc<dyn Fn(&mut S) -> wasmtime::Result<Reply> + Send + Sync>;
 
 /// What a repeatable host call returned to the guest.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -106,11 +106,11 @@ pub(crate) enum Returned {
 }
 
 /// How a path goes on from a node.
-pub(crate) enum Step {
+pub(crate) enum Step<S> {
     /// Nothing has happened yet (the root).
     Start,
     /// The guest makes this host call; children are keyed by its reply.
-    Call { name: &'static str, op: Op },
+    Call { name: &'static str, op: Op<S> },
     /// The hook returns this; children are keyed by the next hook entered.
     Return(Returned),
     /// The guest makes a call that cannot be repeated: run it live.
@@ -125,13 +125,13 @@ pub(crate) enum Key {
 }
 
 /// One point on the recorded paths.
-pub(crate) struct Node {
-    pub(crate) step: Step,
-    children: Children,
+pub(crate) struct Node<S> {
+    pub(crate) step: Step<S>,
+    children: Children<S>,
 }
 
-impl Node {
-    fn new(step: Step) -> Self {
+impl<S> Node<S> {
+    fn new(step: Step<S>) -> Self {
         Self {
             step,
             children: Children::new(FIRST_TABLE),
@@ -140,7 +140,7 @@ impl Node {
 
     /// The child reached by `key`, if recorded. Borrowed for as long as
     /// the node: children are never removed.
-    pub(crate) fn child(&self, key: &Key) -> Option<&Arc<Node>> {
+    pub(crate) fn child(&self, key: &Key) -> Option<&Arc<Node<S>>> {
         self.children.get(hash(key), key)
     }
 }
@@ -170,15 +170,15 @@ fn hash(key: &Key) -> u64 {
 /// load, and since slots are never cleared an empty slot on a key's probe
 /// sequence means the key is absent. (A `RwLock<HashMap>` here spent more
 /// time on its lock and reference-count atomics than the rest of a replay.)
-struct Children {
-    slots: Box<[Slot]>,
-    next: OnceLock<Box<Children>>,
+struct Children<S> {
+    slots: Box<[Slot<S>]>,
+    next: OnceLock<Box<Children<S>>>,
 }
 
 /// A child: its key's hash, the key, the node.
-type Slot = OnceLock<(u64, Key, Arc<Node>)>;
+type Slot<S> = OnceLock<(u64, Key, Arc<Node<S>>)>;
 
-impl Children {
+impl<S> Children<S> {
     fn new(capacity: usize) -> Self {
         Self {
             slots: (0..capacity).map(|_| OnceLock::new()).collect(),
@@ -186,14 +186,14 @@ impl Children {
         }
     }
 
-    fn probes(&self, hash: u64) -> impl Iterator<Item = &Slot> {
+    fn probes(&self, hash: u64) -> impl Iterator<Item = &Slot<S>> {
         let mask = self.slots.len() - 1;
         // The low bits pick the start; the table length is a power of two.
         let start = usize::try_from(hash).unwrap_or(usize::MAX) & mask;
         (0..PROBES.min(self.slots.len())).map(move |i| &self.slots[(start + i) & mask])
     }
 
-    fn get(&self, hash: u64, key: &Key) -> Option<&Arc<Node>> {
+    fn get(&self, hash: u64, key: &Key) -> Option<&Arc<Node<S>>> {
         let mut table = self;
         loop {
             for slot in table.probes(hash) {
@@ -210,7 +210,7 @@ impl Children {
     /// Sets `key` to `node` unless the key is there already; returns the
     /// node the key leads to, whether it is the one given, and the bytes of
     /// any bigger table made for it.
-    fn insert(&self, hash: u64, key: Key, node: Arc<Node>) -> (&Arc<Node>, bool, usize) {
+    fn insert(&self, hash: u64, key: Key, node: Arc<Node<S>>) -> (&Arc<Node<S>>, bool, usize) {
         let mut entry = (hash, key, node);
         let mut table = self;
         let mut grown = 0;
@@ -234,7 +234,7 @@ impl Children {
             }
             let bigger = table.slots.len() * 8;
             table = table.next.get_or_init(|| {
-                grown += bigger * std::mem::size_of::<Slot>();
+                grown += bigger * std::mem::size_of::<Slot<S>>();
                 Box::new(Children::new(bigger))
             });
         }
@@ -243,18 +243,27 @@ impl Children {
 
 /// A host call made while recording: what it was, how to make it again and
 /// what the guest got.
-pub(crate) struct Recorded {
+pub(crate) struct Recorded<S> {
     pub(crate) name: &'static str,
-    pub(crate) op: Op,
+    pub(crate) op: Op<S>,
     pub(crate) reply: Reply,
 }
 
 /// What a live hook did, for [`Memo::insert`]: its calls after the branch
 /// point, and whether it ended in a call that cannot be repeated.
-#[derive(Default)]
-pub(crate) struct Recording {
-    pub(crate) calls: Vec<Recorded>,
+pub(crate) struct Recording<S> {
+    pub(crate) calls: Vec<Recorded<S>>,
     pub(crate) opaque: bool,
+}
+
+// Not derived: a derive would ask `S: Default` of the store state.
+impl<S> Default for Recording<S> {
+    fn default() -> Self {
+        Self {
+            calls: Vec::new(),
+            opaque: false,
+        }
+    }
 }
 
 /// Counters of one policy generation's tree, for logs and tests.
@@ -278,8 +287,8 @@ pub struct MemoStats {
 /// third of the replay cost there). So each worker thread walks and
 /// records in a tree of its own, found by a thread-local shard index, and
 /// the byte budget is split between them.
-pub(crate) struct Memo {
-    shards: Box<[Shard]>,
+pub(crate) struct Memo<S> {
+    shards: Box<[Shard<S>]>,
     max_bytes: usize,
     /// Set after a recording contradicted the tree (a guest that does not
     /// repeat itself); nothing more is recorded or replayed.
@@ -291,8 +300,8 @@ pub(crate) struct Memo {
 /// threads on every request, never share one: a profile had the false
 /// sharing costing more than the walk itself.
 #[repr(align(128))]
-struct Shard {
-    root: RwLock<Arc<Node>>,
+struct Shard<S> {
+    root: RwLock<Arc<Node<S>>>,
     bytes: AtomicUsize,
     max_bytes: usize,
     replayed: AtomicU64,
@@ -301,9 +310,9 @@ struct Shard {
 }
 
 /// Where a request walks: its shard's number and root.
-pub(crate) struct Start {
+pub(crate) struct Start<S> {
     pub(crate) shard: usize,
-    pub(crate) root: Arc<Node>,
+    pub(crate) root: Arc<Node<S>>,
 }
 
 /// This thread's shard among `n`.
@@ -318,7 +327,7 @@ fn shard_index(n: usize) -> usize {
 /// Rough size of a node: the node with its first table of children, and
 /// its key. (What a recorded call captured, its arguments, is not counted;
 /// they are header names and values of the same order as the replies.)
-fn node_bytes(key: &Key) -> usize {
+fn node_bytes<S>(key: &Key) -> usize {
     let key_bytes = match key {
         Key::Entry(e) => e
             .settings
@@ -326,7 +335,7 @@ fn node_bytes(key: &Key) -> usize {
             .map_or(0, |s| s.surrogate_keys.iter().map(|k| k.len() + 24).sum()),
         Key::Reply(r) => reply_bytes(r),
     };
-    std::mem::size_of::<Node>() + FIRST_TABLE * std::mem::size_of::<Slot>() + 64 + key_bytes
+    std::mem::size_of::<Node<S>>() + FIRST_TABLE * std::mem::size_of::<Slot<S>>() + 64 + key_bytes
 }
 
 fn reply_bytes(reply: &Reply) -> usize {
@@ -340,7 +349,7 @@ fn reply_bytes(reply: &Reply) -> usize {
     }
 }
 
-impl Shard {
+impl<S> Shard<S> {
     fn new(max_bytes: usize) -> Self {
         Self {
             root: RwLock::new(Arc::new(Node::new(Step::Start))),
@@ -355,13 +364,13 @@ impl Shard {
     /// The child of `parent` at `key`, made with `step` if absent. Returns
     /// `None` if an existing child disagrees with `step` about what the
     /// guest does next.
-    fn child_or_insert(&self, parent: &Node, key: Key, step: Step) -> Option<Arc<Node>> {
+    fn child_or_insert(&self, parent: &Node<S>, key: Key, step: Step<S>) -> Option<Arc<Node<S>>> {
         let hash = hash(&key);
         let kind = Kind::of(&step);
         if let Some(existing) = parent.children.get(hash, &key) {
             return (Kind::of(&existing.step) == kind).then(|| Arc::clone(existing));
         }
-        let size = node_bytes(&key) + step_bytes(&step);
+        let size = node_bytes::<S>(&key) + step_bytes(&step);
         // Another request may record the same path meanwhile: the first
         // one's node stays.
         let (node, added, grown) = parent.children.insert(hash, key, Arc::new(Node::new(step)));
@@ -385,7 +394,7 @@ impl Shard {
     }
 }
 
-impl Memo {
+impl<S> Memo<S> {
     /// Empty trees that hold about `max_bytes` together.
     pub(crate) fn new(max_bytes: usize) -> Self {
         let n = std::thread::available_parallelism()
@@ -404,7 +413,7 @@ impl Memo {
 
     /// Where a request on this thread starts; `None` when replaying was
     /// switched off.
-    pub(crate) fn start(&self) -> Option<Start> {
+    pub(crate) fn start(&self) -> Option<Start<S>> {
         if self.disabled.load(Ordering::Relaxed) {
             return None;
         }
@@ -433,7 +442,7 @@ impl Memo {
     }
 
     pub(crate) fn stats(&self) -> MemoStats {
-        let sum = |f: fn(&Shard) -> u64| self.shards.iter().map(f).sum::<u64>();
+        let sum = |f: fn(&Shard<S>) -> u64| self.shards.iter().map(f).sum::<u64>();
         MemoStats {
             replayed: sum(|s| s.replayed.load(Ordering::Relaxed)),
             live: sum(|s| s.live.load(Ordering::Relaxed)),
@@ -454,16 +463,16 @@ impl Memo {
     pub(crate) fn insert(
         &self,
         shard: usize,
-        at: &Node,
+        at: &Node<S>,
         first: Key,
-        recording: Recording,
+        recording: Recording<S>,
         returned: Returned,
-    ) -> Option<Arc<Node>> {
+    ) -> Option<Arc<Node<S>>> {
         if self.disabled.load(Ordering::Relaxed) {
             return None;
         }
         let shard = &self.shards[shard];
-        let mut parent: Option<Arc<Node>> = None;
+        let mut parent: Option<Arc<Node<S>>> = None;
         let mut key = first;
         for call in recording.calls {
             let step = Step::Call {
@@ -496,7 +505,7 @@ impl Memo {
     }
 }
 
-fn step_bytes(step: &Step) -> usize {
+fn step_bytes<S>(step: &Step<S>) -> usize {
     match step {
         Step::Start | Step::Opaque | Step::Call { .. } => 0,
         Step::Return(Returned::Action(RequestAction::Synthetic(s))) => {
@@ -519,7 +528,7 @@ enum Kind {
 }
 
 impl Kind {
-    fn of(step: &Step) -> Self {
+    fn of<S>(step: &Step<S>) -> Self {
         match step {
             Step::Start => Kind::Start,
             Step::Call { name, .. } => Kind::Call(name),
@@ -572,11 +581,11 @@ mod tests {
 
     #[test]
     fn children_grow_past_their_first_table_and_keep_every_key() {
-        let node = Node::new(Step::Start);
+        let node = Node::<()>::new(Step::Start);
         for i in 0..5000 {
             let (_, added, _) =
                 node.children
-                    .insert(hash(&key(i)), key(i), Arc::new(Node::new(Step::Opaque)));
+                    .insert(hash(&key(i)), key(i), Arc::new(Node::<()>::new(Step::Opaque)));
             assert!(added, "{i}");
         }
         for i in 0..5000 {
@@ -587,21 +596,21 @@ mod tests {
         let first = Arc::clone(node.child(&key(7)).expect("present"));
         let (kept, added, _) =
             node.children
-                .insert(hash(&key(7)), key(7), Arc::new(Node::new(Step::Opaque)));
+                .insert(hash(&key(7)), key(7), Arc::new(Node::<()>::new(Step::Opaque)));
         assert!(!added);
         assert!(Arc::ptr_eq(kept, &first));
     }
 
     #[test]
     fn concurrent_recordings_of_the_same_keys_leave_one_node_each() {
-        let node = Node::new(Step::Start);
+        let node = Node::<()>::new(Step::Start);
         let winners: Vec<Vec<usize>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..4)
                 .map(|_| {
                     scope.spawn(|| {
                         (0..2000)
                             .filter(|&i| {
-                                let n = Arc::new(Node::new(Step::Opaque));
+                                let n = Arc::new(Node::<()>::new(Step::Opaque));
                                 node.children.insert(hash(&key(i)), key(i), n).1
                             })
                             .collect::<Vec<_>>()

@@ -17,10 +17,10 @@ use crate::engine::{EPOCH_TICK, PolicyEngine};
 use crate::errors::PolicyError;
 use crate::instance::LiveCall;
 use crate::limits::PolicyLimits;
-use crate::memo::{Memo, MemoStats};
+use crate::memo::MemoStats;
 use crate::prewarm;
 use crate::services::{NoServices, PolicyServices};
-use crate::state::StoreState;
+use crate::state::{Memo, StoreState};
 
 /// Where a policy comes from and what it is given (one `[policy]` section
 /// of the host config).

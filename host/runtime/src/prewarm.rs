@@ -26,10 +26,9 @@
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use inlay_core::{CacheSettings, RequestHead, ResponseHead};
 use wasmtime::component::{ComponentType, Lift, WasmList};
 use wasmtime_wizer::{ComponentInstanceState, Wizer};
-
-use inlay_core::{CacheSettings, RequestHead, ResponseHead};
 
 use crate::call::PolicyCall;
 use crate::engine::PolicyEngine;

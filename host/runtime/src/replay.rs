@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall};
-use crate::memo::{Entry, Key, Memo, Node, Recording, Reply, Returned, Start, Step, Tape};
-use crate::state::{StoreState, not_repeated};
+use crate::memo::{Entry, Key, Reply, Returned, Tape};
+use crate::state::{Memo, Node, Recording, Start, Step, StoreState, not_repeated};
 
 /// Where a replayed request's policy runs.
 enum Run {

@@ -4,15 +4,22 @@
 
 use std::sync::Arc;
 
+use inlay_core::EsiOverrides;
+use inlay_core::{RequestHead, ResponseHead};
 use wasmtime::component::{Resource, ResourceTable};
 
 use crate::errors::{Hook, HostLimitTrap};
 use crate::limits::{CpuClock, MemoryLimiter};
-use crate::memo::{Recordable, Recorded, Recording, Tape};
+use crate::memo::{self, Recordable, Recorded, Tape};
 use crate::policy::{PolicyHandle, PolicyShared};
 use crate::services::PolicyServices;
-use inlay_core::EsiOverrides;
-use inlay_core::{RequestHead, ResponseHead};
+
+/// The replay tree and its parts, over this store state.
+pub(crate) type Memo = memo::Memo<StoreState>;
+pub(crate) type Node = memo::Node<StoreState>;
+pub(crate) type Recording = memo::Recording<StoreState>;
+pub(crate) type Start = memo::Start<StoreState>;
+pub(crate) type Step = memo::Step<StoreState>;
 
 /// The `T` of `Store<T>` for one request.
 pub(crate) struct StoreState {

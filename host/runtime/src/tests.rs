@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use parking_lot::Mutex;
-
-use super::*;
 use inlay_core::{
     CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead, SyntheticResponse,
 };
+use parking_lot::Mutex;
+
+use super::*;
 
 /// In-memory services that record what the policy did.
 #[derive(Default)]

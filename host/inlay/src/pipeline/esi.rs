@@ -16,16 +16,15 @@ use bytes::Bytes;
 use futures_util::stream::{BoxStream, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Response, Uri, header};
 use http_body_util::{BodyExt, StreamBody};
-use tracing::{debug, warn};
-
 use inlay_cache::{ESI_MARK, PrimaryKey};
 use inlay_core::RequestHead;
 use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_esi::{EsiLimits, EsiVars, Fetch, Fragment, FragmentError, FragmentFetcher};
+use tracing::{debug, warn};
 
-use super::Pipeline;
 use crate::codec;
 use crate::config::EsiConfig;
+use super::Pipeline;
 
 /// The limits of the config, in the assembler's terms.
 pub fn limits(cfg: &EsiConfig) -> EsiLimits {

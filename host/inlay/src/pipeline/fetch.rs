@@ -1,7 +1,6 @@
 //! fetch: the backend request made from the client's request head.
 
 use http::{HeaderMap, Method, Request, header};
-
 use inlay_core::{ProxyBody, ProxyError, RequestHead, headers};
 
 use crate::backend::Backend;

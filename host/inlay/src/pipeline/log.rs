@@ -9,11 +9,11 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
+use inlay_core::body::{self, BoxError, ProxyBody};
+use inlay_core::{Blame, ProxyError};
 use tracing::{error, info, warn};
 
 use crate::access_log::{AccessLog, AccessRecord};
-use inlay_core::body::{self, BoxError, ProxyBody};
-use inlay_core::{Blame, ProxyError};
 
 /// Start the record from the request head as received.
 pub fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {

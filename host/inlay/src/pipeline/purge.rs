@@ -7,7 +7,6 @@
 //!   stale instead of removing them, so they are served in grace while refreshed.
 
 use http::{Response, StatusCode, header};
-
 use inlay_cache::{HttpCache, PrimaryKey};
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{ProxyError, RequestHead};

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 
 use http::{HeaderValue, Response, Uri, header};
-
 use inlay_core::{ProxyError, RequestAction, RequestHead, body, headers};
 use inlay_runtime::PolicyCall;
 
