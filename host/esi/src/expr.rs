@@ -64,6 +64,10 @@ use super::vars::{EsiVars, VarRef, VarScan, scan_var_ref};
 /// overflow the stack.
 const MAX_NESTING: usize = 64;
 
+/// Most `&` and `|` operators in one expression: a chain of them nests as
+/// deep as it is long, and evaluation recurses that deep.
+const MAX_OPERATORS: usize = 256;
+
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmpOp {
@@ -132,6 +136,9 @@ pub enum ExprError {
     /// More than the allowed nesting of parentheses and `!`.
     #[error("expression nested deeper than {MAX_NESTING}")]
     TooDeep,
+    /// More than the allowed number of `&` and `|` operators.
+    #[error("more than {MAX_OPERATORS} & and | operators")]
+    TooManyOperators,
     /// The expression is empty.
     #[error("empty expression")]
     Empty,
@@ -298,6 +305,7 @@ struct Parser {
     tokens: Vec<Token>,
     pos: usize,
     depth: usize,
+    operators: usize,
 }
 
 impl Parser {
@@ -314,7 +322,7 @@ impl Parser {
     fn or(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.and()?;
         while self.peek() == Some(&Token::Or) {
-            self.pos += 1;
+            self.operator()?;
             left = Expr::Or(Box::new(left), Box::new(self.and()?));
         }
         Ok(left)
@@ -323,10 +331,20 @@ impl Parser {
     fn and(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.not()?;
         while self.peek() == Some(&Token::And) {
-            self.pos += 1;
+            self.operator()?;
             left = Expr::And(Box::new(left), Box::new(self.not()?));
         }
         Ok(left)
+    }
+
+    /// Consume a `&` or `|`, counting it against [`MAX_OPERATORS`].
+    fn operator(&mut self) -> Result<(), ExprError> {
+        self.operators += 1;
+        if self.operators > MAX_OPERATORS {
+            return Err(ExprError::TooManyOperators);
+        }
+        self.pos += 1;
+        Ok(())
     }
 
     fn nested<T>(
@@ -439,6 +457,7 @@ impl Expr {
             tokens,
             pos: 0,
             depth: 0,
+            operators: 0,
         };
         let e = p.or()?;
         match p.peek() {
@@ -678,5 +697,13 @@ mod tests {
         assert_eq!(Expr::parse(&deep), Err(ExprError::TooDeep));
         let nots = format!("{}1", "!".repeat(100));
         assert_eq!(Expr::parse(&nots), Err(ExprError::TooDeep));
+        // A long chain nests as deep as it is long: refused, so evaluating
+        // (and dropping) it cannot overflow the stack.
+        let chain = format!("{}0", "0|".repeat(MAX_OPERATORS + 1));
+        assert_eq!(Expr::parse(&chain), Err(ExprError::TooManyOperators));
+        let chain = format!("{}0", "0&".repeat(MAX_OPERATORS + 1));
+        assert_eq!(Expr::parse(&chain), Err(ExprError::TooManyOperators));
+        let longest = format!("{}1", "0|".repeat(MAX_OPERATORS));
+        assert_eq!(Expr::parse(&longest).map(|e| e.eval(&vars())), Ok(Ok(true)));
     }
 }
