@@ -1,5 +1,4 @@
-//! Edge Side Includes (ESI 1.0): a streaming parser, the expression
-//! language, request variables and a parallel page assembler.
+#![doc = include_str!("../README.md")]
 //!
 //! # Pieces
 //!
@@ -15,7 +14,7 @@
 //! - [`EsiVars`]: `HTTP_HOST`, `HTTP_COOKIE{name}`, `HTTP_USER_AGENT{browser|os|version}`,
 //!   `QUERY_STRING{name}`, `HTTP_ACCEPT_LANGUAGE{lang}`, `HTTP_REFERER` and
 //!   custom variables set by policies.
-//! - [`assemble`]: turns a page body stream into the assembled output
+//! - [`assemble()`]: turns a page body stream into the assembled output
 //!   stream, fetching fragments through a [`FragmentFetcher`];
 //!   [`assemble_parsed`] does the same from a template parsed earlier, kept
 //!   by content in [`ParsedTemplates`]. A fragment the fetcher has at hand
@@ -69,7 +68,7 @@
 //!
 //! # Assembly
 //!
-//! See [`assemble`] and [`EsiLimits`]. In short: includes start as soon as
+//! See [`assemble()`] and [`EsiLimits`]. In short: includes start as soon as
 //! they are parsed (in parallel, `max_concurrency` per page); ESI fragments
 //! (`Fragment::esi`) are assembled recursively to `max_depth`; output keeps
 //! document order. An include fails on a non-2xx status, a fetch or body
