@@ -11,7 +11,10 @@ fn vars(subject: &str, pattern: &str) -> EsiVars {
     let mut v = EsiVars::new();
     v.set("A", "abc");
     v.set("N", "10");
-    v.set("UA", "Mozilla/5.0 (iPhone; CPU iPhone OS 17_0) Mobile <b> 123 é");
+    v.set(
+        "UA",
+        "Mozilla/5.0 (iPhone; CPU iPhone OS 17_0) Mobile <b> 123 é",
+    );
     v.set_entry("HTTP_COOKIE", "a", "1");
     v.set("S", subject);
     v.set("P", pattern);
