@@ -3,10 +3,12 @@
 //!
 //! Run: `cargo bench -p inlay-esi --bench when`
 //!
-//! `ua_literal` and `word_literal` have the pattern written in the template;
-//! `ua_variable` takes it from a variable (compiled on every evaluation);
-//! `nested_plus` is `(a+)+$` against 30 'a's and a 'b', exponential for a
-//! backtracking matcher.
+//! `ua_literal` and `word_literal` have the pattern written in the template
+//! (compiled on first use); `ua_variable` takes it from a variable with the
+//! same value each time (compiled once), `ua_variable_changing` from one
+//! whose value alternates (compiled every time, as a client-supplied pattern
+//! would be); `nested_plus` is `(a+)+$` against 30 'a's and a 'b',
+//! exponential for a backtracking matcher.
 
 // `criterion_group!` generates an undocumented function.
 #![allow(missing_docs)]
@@ -51,6 +53,19 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(node.select(black_box(&vars)).len()));
         });
     }
+    let Node::Choose(node) = choose("$(UA) matches_i $(RE)") else {
+        unreachable!()
+    };
+    let mut other = vars.clone();
+    other.set("RE", "(iphone|android).*mobil");
+    let pair = [vars, other];
+    let mut turn = 0;
+    g.bench_function("ua_variable_changing", |b| {
+        b.iter(|| {
+            turn ^= 1;
+            black_box(node.select(black_box(&pair[turn])).len())
+        });
+    });
     g.finish();
 }
 

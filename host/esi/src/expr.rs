@@ -25,7 +25,9 @@
 //! takes time linear in the subject, so no pattern can make a test slow. A
 //! pattern written in the template (`'''...'''` needs no escaping) is
 //! compiled the first time the test is evaluated and kept with the parsed
-//! template; one taken from a variable is compiled at each evaluation. A
+//! template; one taken from a variable is compiled when its value differs
+//! from the last evaluation's (so a value set once by a policy is compiled
+//! once per template, and a client-supplied one at each request). A
 //! pattern that does not compile, is longer than [`MAX_PATTERN_LEN`] bytes
 //! or compiles to more than [`MAX_COMPILED_SIZE`] bytes, or a subject
 //! longer than [`MAX_SUBJECT_LEN`] bytes, makes the test false with a
@@ -55,9 +57,9 @@
 
 use std::borrow::Cow;
 
+use super::pattern::{LastPattern, Pattern, PatternError};
 #[cfg(doc)]
 use super::pattern::{MAX_COMPILED_SIZE, MAX_PATTERN_LEN, MAX_SUBJECT_LEN};
-use super::pattern::{Pattern, PatternError};
 use super::vars::{EsiVars, VarRef, VarScan, scan_var_ref};
 
 /// Deepest nesting of parentheses and `!` accepted, so hostile input cannot
@@ -113,6 +115,9 @@ pub enum Expr {
     /// A regular expression written in the template on the right of
     /// `matches`/`matches_i`: compiled on first evaluation, then kept.
     Pattern(Pattern),
+    /// The right of `matches`/`matches_i` when it is computed (a variable):
+    /// compiled when the computed text differs from the last evaluation's.
+    PatternOf(Box<Expr>, LastPattern),
 }
 
 /// Why a `test` expression could not be parsed.
@@ -378,6 +383,9 @@ impl Parser {
                 (CmpOp::Matches | CmpOp::MatchesI, Expr::Str(s) | Expr::Num(_, s)) => {
                     Expr::Pattern(Pattern::new(&s, op == CmpOp::MatchesI))
                 }
+                (CmpOp::Matches | CmpOp::MatchesI, computed) => {
+                    Expr::PatternOf(Box::new(computed), LastPattern::default())
+                }
                 (_, right) => right,
             };
             return Ok(Expr::Compare(op, Box::new(left), Box::new(right)));
@@ -475,6 +483,7 @@ impl Expr {
             }
             Expr::Not(a) => a.pattern_count(),
             Expr::Pattern(_) => 1,
+            Expr::PatternOf(e, _) => 1 + e.pattern_count(),
             Expr::Str(_) | Expr::Num(..) | Expr::Var(_) => 0,
         }
     }
@@ -493,10 +502,16 @@ impl Expr {
             Expr::Num(n, t) => Value::Num(*n, Cow::Borrowed(t)),
             Expr::Var(v) => numeric_value(vars.resolve(v).unwrap_or(Cow::Borrowed(""))),
             Expr::Pattern(p) => Value::Str(Cow::Borrowed(p.source())),
+            Expr::PatternOf(e, _) => e.value(vars)?,
             Expr::Compare(op, a, b) => {
                 let a = a.value(vars)?;
                 Value::Bool(match (op, &**b) {
                     (CmpOp::Matches | CmpOp::MatchesI, Expr::Pattern(p)) => p.is_match(a.text())?,
+                    (CmpOp::Matches | CmpOp::MatchesI, Expr::PatternOf(e, last)) => {
+                        let source = e.value(vars)?;
+                        let pattern = last.get(source.text(), *op == CmpOp::MatchesI);
+                        pattern.is_match(a.text())?
+                    }
                     (op, b) => compare(*op, &a, &b.value(vars)?)?,
                 })
             }
@@ -522,7 +537,8 @@ fn compare(op: CmpOp, a: &Value<'_>, b: &Value<'_>) -> Result<bool, EvalError> {
             .text()
             .to_ascii_lowercase()
             .contains(&b.text().to_ascii_lowercase()),
-        // A pattern from a variable: compiled for this evaluation only.
+        // Only an expression built by hand gets here: compiled for this
+        // evaluation only.
         CmpOp::Matches | CmpOp::MatchesI => {
             Pattern::new(b.text(), op == CmpOp::MatchesI).is_match(a.text())?
         }
@@ -655,6 +671,9 @@ mod tests {
         assert_eq!(e.eval(&vars()), Ok(true));
         let e = Expr::parse("$(A) matches $(BAD)").expect("parses");
         assert!(e.eval(&v).is_err());
+        assert_eq!(e.eval(&v), e.eval(&v), "the same error again");
+        v.set("BAD", "^a");
+        assert_eq!(e.eval(&v), Ok(true), "a new value is compiled anew");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! a search: the pattern may match anywhere in the subject unless anchored
 //! with `^` / `$` (start / end of the subject; `(?m)` makes them lines).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use regex::{Regex, RegexBuilder};
 
@@ -105,6 +105,39 @@ impl std::fmt::Debug for Pattern {
             .field("source", &self.source)
             .field("case_insensitive", &self.case_insensitive)
             .finish_non_exhaustive()
+    }
+}
+
+/// The pattern last used by a `matches` whose pattern is computed at
+/// evaluation (a variable): reused while the computed text stays the same.
+/// Clones share it.
+#[derive(Clone, Default)]
+pub struct LastPattern(Arc<Mutex<Option<Pattern>>>);
+
+impl LastPattern {
+    /// The pattern for `source`: the last one when it is the same, else a
+    /// new one, kept in its place (compiled outside the lock, on first use).
+    pub fn get(&self, source: &str, case_insensitive: bool) -> Pattern {
+        let mut last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*last {
+            Some(p) if p.source() == source && p.case_insensitive() == case_insensitive => {
+                p.clone()
+            }
+            _ => last.insert(Pattern::new(source, case_insensitive)).clone(),
+        }
+    }
+}
+
+/// A cache, so any two are equal: expressions compare by what they say.
+impl PartialEq for LastPattern {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for LastPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LastPattern").finish_non_exhaustive()
     }
 }
 
@@ -323,6 +356,21 @@ mod tests {
             Pattern::new("a", false).is_match(&subject),
             Err(PatternError::SubjectTooLong(MAX_SUBJECT_LEN + 1))
         );
+    }
+
+    #[test]
+    fn the_last_pattern_is_reused_while_its_text_stays() {
+        let last = LastPattern::default();
+        assert_eq!(last.get("^a", false).is_match("ab"), Ok(true));
+        let again = last.get("^a", false);
+        assert!(again.compiled.get().is_some(), "compiled before: reused");
+        let other = last.get("^a", true);
+        assert!(
+            other.compiled.get().is_none(),
+            "matches_i is another pattern"
+        );
+        assert_eq!(other.is_match("AB"), Ok(true));
+        assert!(last.get("^b", true).compiled.get().is_none());
     }
 
     #[test]
