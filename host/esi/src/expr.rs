@@ -474,8 +474,8 @@ impl Expr {
         }
     }
 
-    /// How many patterns written in the template this test holds (each is
-    /// compiled once and then kept with the template).
+    /// How many compiled patterns this test keeps with its template (one
+    /// per `matches`/`matches_i`).
     pub(crate) fn pattern_count(&self) -> usize {
         match self {
             Expr::Or(a, b) | Expr::And(a, b) | Expr::Compare(_, a, b) => {
