@@ -16,17 +16,59 @@
 //! byte-wise on the string forms. An unset variable is the empty string
 //! (or its default). A bare operand is true unless it is empty, `false` or
 //! the number 0. `has`/`has_i` test for a substring (`_i`: ASCII
-//! case-insensitive); `matches`/`matches_i` search with a small regular
-//! expression engine (see [`super::regex`]).
+//! case-insensitive).
+//!
+//! # Regular expressions
+//!
+//! `matches`/`matches_i` search the left side for the regular expression on
+//! the right, with the [`regex`] crate (see [`crate::pattern`]): matching
+//! takes time linear in the subject, so no pattern can make a test slow. A
+//! pattern written in the template (`'''...'''` needs no escaping) is
+//! compiled the first time the test is evaluated and kept with the parsed
+//! template; one taken from a variable is compiled when its value differs
+//! from the last evaluation's (so a value set once by a policy is compiled
+//! once per template, and a client-supplied one at each request). A
+//! pattern that does not compile, is longer than [`MAX_PATTERN_LEN`] bytes
+//! or compiles to more than [`MAX_COMPILED_SIZE`] bytes, or a subject
+//! longer than [`MAX_SUBJECT_LEN`] bytes, makes the test false with a
+//! warning in the log; never a panic.
+//!
+//! The syntax is the `regex` crate's
+//! (<https://docs.rs/regex/1/regex/#syntax>). Where it differs from the
+//! hand-written backtracking engine of earlier versions:
+//!
+//! | pattern | now | before |
+//! |---|---|---|
+//! | `\d`, `\D` | ASCII digits (kept: rewritten to `[0-9]`; the crate's are Unicode) | the same |
+//! | `\<`, `\>` | literal `<`, `>` (kept, as in Perl; the crate's are word boundaries) | the same |
+//! | `\1` (back-references); `(?=` `(?!` `(?<=` `(?<!` (look-around) | error: a linear-time engine cannot match them | error |
+//! | `\b` `\B` `\A` `\z`; `\pL` `\p{Greek}`; `\x41` `\u{e9}`; flags `(?i)` `(?m)` `(?s)` `(?x)`; named groups `(?P<n>...)` | supported | error |
+//! | `a**`, `a*+`, `a{2}{3}` | a repeat of a repeat (`*+` is not possessive) | error |
+//! | counts over 1000 (`a{1001}`) | up to the compiled-size limit | error |
+//! | `[` inside a class | opens a nested or POSIX class (`[[:digit:]]`); `&&` `--` `~~` are set operations; write `\[` for a literal `[` | literal `[` |
+//! | `\é` (escaping a non-ASCII character) | error | literal `é` |
+//! | `matches_i` | Unicode simple case folding (`é` matches `É`) | ASCII case only |
+//! | `\w` | Unicode word characters, combining marks and connector punctuation included | Unicode letters and digits, and `_` |
+//! | long subjects | over [`MAX_SUBJECT_LEN`] bytes (8 KiB): false | over 8192 characters: false |
+//! | cost | linear in the subject; the pattern bounded by [`MAX_COMPILED_SIZE`] | a step budget: a costly search gave up (false) |
+//!
+//! Unchanged: a search unless anchored; `^`/`$` are the start/end of the
+//! subject; `.` matches anything but `\n`; `\s` is Unicode white space.
 
 use std::borrow::Cow;
 
-use super::regex::{Regex, RegexError};
+use super::pattern::{LastPattern, Pattern, PatternError};
+#[cfg(doc)]
+use super::pattern::{MAX_COMPILED_SIZE, MAX_PATTERN_LEN, MAX_SUBJECT_LEN};
 use super::vars::{EsiVars, VarRef, VarScan, scan_var_ref};
 
 /// Deepest nesting of parentheses and `!` accepted, so hostile input cannot
 /// overflow the stack.
 const MAX_NESTING: usize = 64;
+
+/// Most `&` and `|` operators in one expression: a chain of them nests as
+/// deep as it is long, and evaluation recurses that deep.
+const MAX_OPERATORS: usize = 256;
 
 /// A comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +112,12 @@ pub enum Expr {
     Num(f64, String),
     /// A variable reference.
     Var(VarRef),
+    /// A regular expression written in the template on the right of
+    /// `matches`/`matches_i`: compiled on first evaluation, then kept.
+    Pattern(Pattern),
+    /// The right of `matches`/`matches_i` when it is computed (a variable):
+    /// compiled when the computed text differs from the last evaluation's.
+    PatternOf(Box<Expr>, LastPattern),
 }
 
 /// Why a `test` expression could not be parsed.
@@ -93,6 +141,9 @@ pub enum ExprError {
     /// More than the allowed nesting of parentheses and `!`.
     #[error("expression nested deeper than {MAX_NESTING}")]
     TooDeep,
+    /// More than the allowed number of `&` and `|` operators.
+    #[error("more than {MAX_OPERATORS} & and | operators")]
+    TooManyOperators,
     /// The expression is empty.
     #[error("empty expression")]
     Empty,
@@ -101,9 +152,10 @@ pub enum ExprError {
 /// Why evaluating an expression failed (the test then counts as false).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EvalError {
-    /// The right side of `matches` is not a regular expression we support.
+    /// The right side of `matches` is not a regular expression we support,
+    /// or is too costly, or the left side is too long to search.
     #[error("bad regular expression: {0}")]
-    Regex(#[from] RegexError),
+    Regex(#[from] PatternError),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -258,6 +310,7 @@ struct Parser {
     tokens: Vec<Token>,
     pos: usize,
     depth: usize,
+    operators: usize,
 }
 
 impl Parser {
@@ -274,7 +327,7 @@ impl Parser {
     fn or(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.and()?;
         while self.peek() == Some(&Token::Or) {
-            self.pos += 1;
+            self.operator()?;
             left = Expr::Or(Box::new(left), Box::new(self.and()?));
         }
         Ok(left)
@@ -283,10 +336,20 @@ impl Parser {
     fn and(&mut self) -> Result<Expr, ExprError> {
         let mut left = self.not()?;
         while self.peek() == Some(&Token::And) {
-            self.pos += 1;
+            self.operator()?;
             left = Expr::And(Box::new(left), Box::new(self.not()?));
         }
         Ok(left)
+    }
+
+    /// Consume a `&` or `|`, counting it against [`MAX_OPERATORS`].
+    fn operator(&mut self) -> Result<(), ExprError> {
+        self.operators += 1;
+        if self.operators > MAX_OPERATORS {
+            return Err(ExprError::TooManyOperators);
+        }
+        self.pos += 1;
+        Ok(())
     }
 
     fn nested<T>(
@@ -315,7 +378,16 @@ impl Parser {
         if let Some(Token::Op(op)) = self.peek() {
             let op = *op;
             self.pos += 1;
-            let right = self.primary()?;
+            let right = match (op, self.primary()?) {
+                // Written in the template: compiled once, not per evaluation.
+                (CmpOp::Matches | CmpOp::MatchesI, Expr::Str(s) | Expr::Num(_, s)) => {
+                    Expr::Pattern(Pattern::new(&s, op == CmpOp::MatchesI))
+                }
+                (CmpOp::Matches | CmpOp::MatchesI, computed) => {
+                    Expr::PatternOf(Box::new(computed), LastPattern::default())
+                }
+                (_, right) => right,
+            };
             return Ok(Expr::Compare(op, Box::new(left), Box::new(right)));
         }
         Ok(left)
@@ -393,11 +465,26 @@ impl Expr {
             tokens,
             pos: 0,
             depth: 0,
+            operators: 0,
         };
         let e = p.or()?;
         match p.peek() {
             None => Ok(e),
             t => Err(ExprError::Syntax(describe(t))),
+        }
+    }
+
+    /// How many compiled patterns this test keeps with its template (one
+    /// per `matches`/`matches_i`).
+    pub(crate) fn pattern_count(&self) -> usize {
+        match self {
+            Expr::Or(a, b) | Expr::And(a, b) | Expr::Compare(_, a, b) => {
+                a.pattern_count() + b.pattern_count()
+            }
+            Expr::Not(a) => a.pattern_count(),
+            Expr::Pattern(_) => 1,
+            Expr::PatternOf(e, _) => 1 + e.pattern_count(),
+            Expr::Str(_) | Expr::Num(..) | Expr::Var(_) => 0,
         }
     }
 
@@ -414,9 +501,19 @@ impl Expr {
             Expr::Str(s) => Value::Str(Cow::Borrowed(s)),
             Expr::Num(n, t) => Value::Num(*n, Cow::Borrowed(t)),
             Expr::Var(v) => numeric_value(vars.resolve(v).unwrap_or(Cow::Borrowed(""))),
+            Expr::Pattern(p) => Value::Str(Cow::Borrowed(p.source())),
+            Expr::PatternOf(e, _) => e.value(vars)?,
             Expr::Compare(op, a, b) => {
-                let (a, b) = (a.value(vars)?, b.value(vars)?);
-                Value::Bool(compare(*op, &a, &b)?)
+                let a = a.value(vars)?;
+                Value::Bool(match (op, &**b) {
+                    (CmpOp::Matches | CmpOp::MatchesI, Expr::Pattern(p)) => p.is_match(a.text())?,
+                    (CmpOp::Matches | CmpOp::MatchesI, Expr::PatternOf(e, last)) => {
+                        let source = e.value(vars)?;
+                        let pattern = last.get(source.text(), *op == CmpOp::MatchesI);
+                        pattern.is_match(a.text())?
+                    }
+                    (op, b) => compare(*op, &a, &b.value(vars)?)?,
+                })
             }
         })
     }
@@ -440,8 +537,11 @@ fn compare(op: CmpOp, a: &Value<'_>, b: &Value<'_>) -> Result<bool, EvalError> {
             .text()
             .to_ascii_lowercase()
             .contains(&b.text().to_ascii_lowercase()),
-        CmpOp::Matches => Regex::new(b.text(), false)?.is_match(a.text())?,
-        CmpOp::MatchesI => Regex::new(b.text(), true)?.is_match(a.text())?,
+        // Only an expression built by hand gets here: compiled for this
+        // evaluation only.
+        CmpOp::Matches | CmpOp::MatchesI => {
+            Pattern::new(b.text(), op == CmpOp::MatchesI).is_match(a.text())?
+        }
     })
 }
 
@@ -524,7 +624,73 @@ mod tests {
     #[test]
     fn bad_regex_is_an_eval_error() {
         let e = Expr::parse("$(A) matches '(('").expect("parses");
-        assert!(e.eval(&vars()).is_err());
+        assert!(matches!(
+            e.eval(&vars()),
+            Err(EvalError::Regex(PatternError::Syntax(_)))
+        ));
+        let e = Expr::parse("$(A) matches '''(a)\\1'''").expect("parses");
+        assert_eq!(
+            e.eval(&vars()),
+            Err(EvalError::Regex(PatternError::Syntax(
+                "backreferences are not supported".into()
+            ))),
+            "a linear engine has no back-references"
+        );
+        let e = Expr::parse("$(A) matches '''\\w{20}'''").expect("parses");
+        assert_eq!(
+            e.eval(&vars()),
+            Err(EvalError::Regex(PatternError::TooLarge))
+        );
+    }
+
+    #[test]
+    fn a_written_pattern_is_compiled_with_the_test() {
+        let e = Expr::parse("$(A) matches_i '''^A\\w+$'''").expect("parses");
+        let Expr::Compare(CmpOp::MatchesI, _, right) = &e else {
+            panic!("not a matches_i comparison: {e:?}")
+        };
+        assert_eq!(**right, Expr::Pattern(Pattern::new("^A\\w+$", true)));
+        assert_eq!(e.eval(&vars()), Ok(true));
+        // Other operators keep a string.
+        assert!(matches!(
+            Expr::parse("$(A) has 'x'"),
+            Ok(Expr::Compare(CmpOp::Has, _, r)) if *r == Expr::Str("x".into())
+        ));
+    }
+
+    #[test]
+    fn a_pattern_from_a_variable_is_compiled_at_evaluation() {
+        let mut v = vars();
+        v.set("RE", "^ab");
+        v.set("BAD", "(");
+        let e = Expr::parse("$(A) matches $(RE)").expect("parses");
+        assert_eq!(e.eval(&v), Ok(true));
+        v.set("RE", "^b");
+        assert_eq!(e.eval(&v), Ok(false), "the variable's current value");
+        let e = Expr::parse("$(A) matches_i $(RE|'B')").expect("parses");
+        assert_eq!(e.eval(&vars()), Ok(true));
+        let e = Expr::parse("$(A) matches $(BAD)").expect("parses");
+        assert!(e.eval(&v).is_err());
+        assert_eq!(e.eval(&v), e.eval(&v), "the same error again");
+        v.set("BAD", "^a");
+        assert_eq!(e.eval(&v), Ok(true), "a new value is compiled anew");
+    }
+
+    #[test]
+    fn a_hostile_subject_gets_the_right_answer() {
+        let mut v = vars();
+        v.set("AB", format!("{}b", "a".repeat(30)));
+        for (test, want) in [
+            ("$(AB) matches '''(a+)+$'''", false),
+            ("$(AB) matches '''^(a|aa)+b$'''", true),
+            ("!($(AB) matches '''^(a*)*$''')", true),
+        ] {
+            assert_eq!(
+                Expr::parse(test).map(|e| e.eval(&v)),
+                Ok(Ok(want)),
+                "{test}"
+            );
+        }
     }
 
     #[test]
@@ -550,5 +716,13 @@ mod tests {
         assert_eq!(Expr::parse(&deep), Err(ExprError::TooDeep));
         let nots = format!("{}1", "!".repeat(100));
         assert_eq!(Expr::parse(&nots), Err(ExprError::TooDeep));
+        // A long chain nests as deep as it is long: refused, so evaluating
+        // (and dropping) it cannot overflow the stack.
+        let chain = format!("{}0", "0|".repeat(MAX_OPERATORS + 1));
+        assert_eq!(Expr::parse(&chain), Err(ExprError::TooManyOperators));
+        let chain = format!("{}0", "0&".repeat(MAX_OPERATORS + 1));
+        assert_eq!(Expr::parse(&chain), Err(ExprError::TooManyOperators));
+        let longest = format!("{}1", "0|".repeat(MAX_OPERATORS));
+        assert_eq!(Expr::parse(&longest).map(|e| e.eval(&vars())), Ok(Ok(true)));
     }
 }

@@ -1,5 +1,4 @@
-//! Edge Side Includes (ESI 1.0): a streaming parser, the expression
-//! language, request variables and a parallel page assembler.
+#![doc = include_str!("../README.md")]
 //!
 //! # Pieces
 //!
@@ -9,11 +8,13 @@
 //!   [`coalesce`]). Text is emitted as soon as it is seen; only bytes that may
 //!   start markup (at most one tag, [`MAX_TAG_LEN`]) are held back. Plain
 //!   text is scanned with `memchr`.
-//! - [`Expr`]: `<esi:when test="...">` expressions (see [`expr`]).
+//! - [`Expr`]: `<esi:when test="...">` expressions (see [`expr`]); the
+//!   `matches` operators run on the `regex` crate, in linear time and
+//!   within size limits ([`pattern`]).
 //! - [`EsiVars`]: `HTTP_HOST`, `HTTP_COOKIE{name}`, `HTTP_USER_AGENT{browser|os|version}`,
 //!   `QUERY_STRING{name}`, `HTTP_ACCEPT_LANGUAGE{lang}`, `HTTP_REFERER` and
 //!   custom variables set by policies.
-//! - [`assemble`]: turns a page body stream into the assembled output
+//! - [`assemble()`]: turns a page body stream into the assembled output
 //!   stream, fetching fragments through a [`FragmentFetcher`];
 //!   [`assemble_parsed`] does the same from a template parsed earlier, kept
 //!   by content in [`ParsedTemplates`]. A fragment the fetcher has at hand
@@ -29,6 +30,7 @@
 //! | `<esi:comment text="..."/>` | dropped |
 //! | `<!--esi ... -->` | the wrapper is removed; the inside is processed as ESI. The first `-->` outside a tag ends it. |
 //! | `<esi:choose>`/`<esi:when test>`/`<esi:otherwise>` | [`Node::Choose`], emitted when `</esi:choose>` arrives |
+//! | `test="$(X) matches '''re'''"`, `matches_i` | a regular-expression search in the `regex` crate's syntax ([`expr`] has the full table of differences from the engine of earlier versions): `\d` stays ASCII and `\<` `\>` literal, as before; back-references and look-around are errors (the test is false), as before; `\b`, `\p{..}`, `(?i)` flags and named groups now work; `[` inside a class opens a nested class; `matches_i` folds Unicode case, not only ASCII. A pattern written in the page is compiled once per parsed template. |
 //! | `<esi:try>`/`<esi:attempt>`/`<esi:except>` | [`Node::Try`], emitted when `</esi:try>` arrives |
 //! | `<esi:vars>...</esi:vars>` | the content's `$(NAME)`, `$(NAME{key})`, `$(NAME\|default)`, `$(NAME{key}\|'default')` are substituted. Not held back: emitted as [`Node::Vars`] pieces as they complete. |
 //! | anything else | passed through byte for byte, including ordinary `<!-- -->` comments and `<![CDATA[ ]]>` sections, inside which ESI markup is *not* interpreted (as Varnish does) |
@@ -58,6 +60,7 @@
 //! | unclosed `<!--esi` or `<esi:vars>` at end of input | nothing special: the content was already emitted |
 //! | `$(...)` that is malformed or longer than [`MAX_VAR_REF_LEN`] | literal text |
 //! | `test` that does not parse | the branch's test is false (logged at evaluation) |
+//! | `matches` pattern that does not compile or is over a limit of [`pattern`], or a subject over 8 KiB | the test is false (logged at evaluation) |
 //!
 //! Blocks are buffered until their closing tag (their content cannot be
 //! chosen before), so a page that opens a block and never closes it is held
@@ -65,7 +68,7 @@
 //!
 //! # Assembly
 //!
-//! See [`assemble`] and [`EsiLimits`]. In short: includes start as soon as
+//! See [`assemble()`] and [`EsiLimits`]. In short: includes start as soon as
 //! they are parsed (in parallel, `max_concurrency` per page); ESI fragments
 //! (`Fragment::esi`) are assembled recursively to `max_depth`; output keeps
 //! document order. An include fails on a non-2xx status, a fetch or body
@@ -86,7 +89,7 @@
 pub mod assemble;
 pub mod expr;
 pub mod parser;
-pub mod regex;
+pub mod pattern;
 pub mod templates;
 pub mod vars;
 

@@ -4,7 +4,8 @@
 //! Entries are found by a hash of the body and used only when the stored
 //! body is byte for byte the one asked about, so two templates can never be
 //! confused. The parsed nodes point into the body (`Bytes` slices), so an
-//! entry costs little more than the body it keeps alive.
+//! entry costs little more than the body it keeps alive, and the regular
+//! expressions of its `matches` tests once they are compiled.
 
 use std::sync::Arc;
 
@@ -12,15 +13,42 @@ use bytes::Bytes;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Weighter};
 
+use super::expr::Expr;
 use super::parser::{EsiParser, Node};
 
 /// Bytes of template bodies kept parsed (bodies plus a per-node estimate).
 pub const TEMPLATE_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 
+/// A node's own weight: a few words, plus its attribute strings.
+const NODE_WEIGHT: u64 = 128;
+
+/// A `matches` pattern written in the template, compiled with its lazy DFA
+/// cache: a few KB for ASCII patterns, up to several hundred for Unicode
+/// classes (`\w`); this is a middle estimate.
+const PATTERN_WEIGHT: u64 = 32 * 1024;
+
 /// A template body with its parse.
 struct Parsed {
     body: Bytes,
     nodes: Arc<[Node]>,
+    /// The cache weight, counted once at parse.
+    weight: u64,
+}
+
+/// What parsed nodes cost beyond the body bytes they point into.
+fn nodes_weight(nodes: &[Node]) -> u64 {
+    let block = |n: &Node| match n {
+        Node::Choose(c) => {
+            let whens = c.whens.iter().map(|w| {
+                let patterns = w.test.as_ref().map_or(0, Expr::pattern_count);
+                NODE_WEIGHT + nodes_weight(&w.body) + PATTERN_WEIGHT * patterns as u64
+            });
+            whens.sum::<u64>() + nodes_weight(&c.otherwise)
+        }
+        Node::Try(t) => nodes_weight(&t.attempt) + nodes_weight(&t.except),
+        Node::Text(_) | Node::Include(_) | Node::Vars(_) => 0,
+    };
+    nodes.iter().map(|n| NODE_WEIGHT + block(n)).sum()
 }
 
 #[derive(Clone)]
@@ -28,8 +56,7 @@ struct ParsedWeighter;
 
 impl Weighter<u64, Arc<Parsed>> for ParsedWeighter {
     fn weight(&self, _key: &u64, val: &Arc<Parsed>) -> u64 {
-        // The nodes themselves: a few words each, plus their attribute strings.
-        (val.body.len() + 128 * val.nodes.len() + 64) as u64
+        val.weight
     }
 }
 
@@ -75,6 +102,7 @@ impl ParsedTemplates {
         let mut parser = EsiParser::new();
         let mut nodes = parser.feed_bytes(body.clone());
         nodes.extend(parser.finish());
+        let weight = body.len() as u64 + nodes_weight(&nodes) + 64;
         let nodes: Arc<[Node]> = nodes.into();
         // A colliding entry is replaced: the newest template wins.
         self.cache.insert(
@@ -82,6 +110,7 @@ impl ParsedTemplates {
             Arc::new(Parsed {
                 body: body.clone(),
                 nodes: nodes.clone(),
+                weight,
             }),
         );
         nodes
@@ -119,6 +148,21 @@ mod tests {
         let other = Bytes::from_static(b"<esi:include src=\"/y\"/>");
         assert_eq!(&*t.nodes(&other), parse(&other).as_slice());
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn compiled_patterns_count_in_the_weight() {
+        let weigh = |page: &str| nodes_weight(&parse(page.as_bytes()));
+        let plain = weigh("<esi:choose><esi:when test=\"$(A) has 'x'\">a</esi:when></esi:choose>");
+        let one =
+            weigh("<esi:choose><esi:when test=\"$(A) matches 'x'\">a</esi:when></esi:choose>");
+        assert_eq!(one - plain, PATTERN_WEIGHT);
+        // Blocks inside blocks count too.
+        let nested = weigh(
+            "<esi:try><esi:attempt><esi:choose><esi:when test=\"$(A) matches 'x' | $(B) matches_i 'y'\">\
+             a</esi:when></esi:choose></esi:attempt></esi:try>",
+        );
+        assert!(nested >= 2 * PATTERN_WEIGHT, "{nested}");
     }
 
     #[test]

@@ -46,7 +46,11 @@ fuzz_target!(|data: &[u8]| {
     let mut nodes = parser.feed(&input[..split]);
     nodes.extend(parser.feed(&input[split..]));
     nodes.extend(parser.finish());
-    assert_eq!(coalesce(nodes), whole, "splitting at {split} changed the result");
+    assert_eq!(
+        coalesce(nodes),
+        whole,
+        "splitting at {split} changed the result"
+    );
 
     let mut vars = EsiVars::new();
     vars.set("A", "abc");

@@ -211,6 +211,21 @@ fn choose_selects_branch() {
 }
 
 #[test]
+fn a_when_whose_pattern_fails_is_false_and_the_next_branch_is_chosen() {
+    let nodes = parse(
+        br#"<esi:choose><esi:when test="$(UA) matches '''(a)\1'''">backref</esi:when><esi:when test="$(UA) matches '''[[]'''">class</esi:when><esi:when test="$(UA) matches_i '''(iphone|android).*mobile'''">M</esi:when><esi:otherwise>D</esi:otherwise></esi:choose>"#,
+    );
+    let [Node::Choose(c)] = nodes.as_slice() else {
+        panic!("one choose expected: {nodes:?}")
+    };
+    let mut v = EsiVars::new();
+    v.set("UA", "aa Android 14 Mobile");
+    assert_eq!(show(c.select(&v)), "M");
+    v.set("UA", "Windows NT; aa [");
+    assert_eq!(show(c.select(&v)), "D", "the same parse, evaluated again");
+}
+
+#[test]
 fn try_attempt_except() {
     assert_eq!(
         p(
