@@ -311,6 +311,16 @@ mod tests {
     }
 
     impl Sink {
+        /// A combined-format log writing here through a queue of `queue_lines`.
+        fn log(&self, queue_lines: usize) -> AccessLog {
+            AccessLog::with_writer(
+                AccessLogFormat::Combined,
+                Box::new(self.clone()),
+                queue_lines,
+            )
+            .unwrap()
+        }
+
         fn urls(&self) -> Vec<String> {
             String::from_utf8_lossy(&self.written.lock())
                 .lines()
@@ -332,8 +342,7 @@ mod tests {
     #[test]
     fn lines_arrive_in_order_and_promptly_without_a_flush() {
         let sink = Sink::default();
-        let log = AccessLog::with_writer(AccessLogFormat::Combined, Box::new(sink.clone()), 1024)
-            .unwrap();
+        let log = sink.log(1024);
         for i in 0..100 {
             log.write(&request(i));
         }
@@ -350,8 +359,7 @@ mod tests {
     fn a_full_queue_drops_and_counts_instead_of_blocking() {
         let sink = Sink::default();
         let stalled = sink.gate.lock();
-        let log =
-            AccessLog::with_writer(AccessLogFormat::Combined, Box::new(sink.clone()), 2).unwrap();
+        let log = sink.log(2);
         log.write(&request(0));
         let deadline = Instant::now() + Duration::from_secs(5);
         while sink.begun.load(Ordering::SeqCst) == 0 {
@@ -380,8 +388,7 @@ mod tests {
             delay: Duration::from_millis(50),
             ..Sink::default()
         };
-        let log = AccessLog::with_writer(AccessLogFormat::Combined, Box::new(sink.clone()), 1024)
-            .unwrap();
+        let log = sink.log(1024);
         for i in 0..20 {
             log.write(&request(i));
         }
@@ -393,8 +400,7 @@ mod tests {
     fn flush_gives_up_at_its_deadline_when_the_writer_is_stuck() {
         let sink = Sink::default();
         let _stalled = sink.gate.lock();
-        let log =
-            AccessLog::with_writer(AccessLogFormat::Combined, Box::new(sink.clone()), 1).unwrap();
+        let log = sink.log(1);
         log.write(&request(0));
         let started = Instant::now();
         assert!(!log.flush(Duration::from_millis(100)));

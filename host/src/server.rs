@@ -391,14 +391,7 @@ mod tests {
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        client
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut got = Vec::new();
-        let _ = client.read_to_end(&mut got).await;
-        let got = String::from_utf8_lossy(&got);
+        let got = get_until_closed(addr, "/").await;
         assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
         assert!(got.contains("\r\n6\r\nbefore\r\n"), "{got:?}");
         assert!(
@@ -449,30 +442,35 @@ mod tests {
         addr
     }
 
-    /// Start `run` with one listener; the returned sender stops it.
-    async fn start(
-        pipeline: Arc<Pipeline>,
-        limits: ServerConfig,
-    ) -> (
-        SocketAddr,
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    ) {
+    /// Serve one request to an origin that answers after `origin_delay`,
+    /// stop the server 100 ms into it, and time how long `run` takes to return.
+    async fn stop_during_a_request(
+        origin_delay: Duration,
+        shutdown_timeout: &str,
+    ) -> (Duration, tokio::task::JoinHandle<String>, SocketAddr) {
+        let (pipeline, limits) = pipeline_to(slow_origin(origin_delay).await, shutdown_timeout);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(run(vec![listener], pipeline, limits, async {
             let _ = stopped.await;
         }));
-        (addr, stop, server)
+        let client = tokio::spawn(get_until_closed(addr, "/slow"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stopping = Instant::now();
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("run returns within 5 s")
+            .unwrap();
+        (stopping.elapsed(), client, addr)
     }
 
-    async fn get_slowly(addr: SocketAddr) -> String {
+    /// Send one HTTP/1.1 GET and read until the server closes the connection.
+    async fn get_until_closed(addr: SocketAddr, path: &str) -> String {
         let mut client = TcpStream::connect(addr).await.unwrap();
-        client
-            .write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+        client.write_all(request.as_bytes()).await.unwrap();
         let mut got = Vec::new();
         let _ = client.read_to_end(&mut got).await;
         String::from_utf8_lossy(&got).into_owned()
@@ -480,18 +478,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_lets_the_request_in_flight_finish_then_returns() {
-        let origin = slow_origin(Duration::from_millis(400)).await;
-        let (pipeline, limits) = pipeline_to(origin, "10s");
-        let (addr, stop, server) = start(pipeline, limits).await;
-        let client = tokio::spawn(get_slowly(addr));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let stopping = Instant::now();
-        stop.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("run returns once the last connection is done")
-            .unwrap();
-        let waited = stopping.elapsed();
+        let (waited, client, addr) = stop_during_a_request(Duration::from_millis(400), "10s").await;
         assert!(
             waited >= Duration::from_millis(200),
             "returned after {waited:?}"
@@ -504,18 +491,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_deadline_ends_a_request_that_does_not_finish() {
-        let origin = slow_origin(Duration::from_secs(60)).await;
-        let (pipeline, limits) = pipeline_to(origin, "300ms");
-        let (addr, stop, server) = start(pipeline, limits).await;
-        let _client = tokio::spawn(get_slowly(addr));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let stopping = Instant::now();
-        stop.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("run returns at the shutdown deadline")
-            .unwrap();
-        let waited = stopping.elapsed();
+        let (waited, _, _) = stop_during_a_request(Duration::from_secs(60), "300ms").await;
         assert!(
             waited >= Duration::from_millis(300),
             "returned after {waited:?}"
