@@ -1,14 +1,26 @@
 //! The access log: one line per request, NCSA combined (as varnishncsa
 //! writes it) or JSON, written when the response body is finished.
+//!
+//! Requests only format their line and queue it; one writer thread writes
+//! the queue out, so a slow disk or a stalled stdout never holds a worker
+//! thread. When the queue is full the line is dropped and counted.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use tracing::warn;
 
 use crate::config::{AccessLogFormat, AccessLogTarget, LogConfig};
+
+/// Lines queued for the writer thread before new ones are dropped.
+const QUEUE_LINES: usize = 16 * 1024;
+
+/// Dropped lines are reported at most this often.
+const DROP_WARNING_EVERY: Duration = Duration::from_secs(10);
 
 /// What the log phase knows about a finished request.
 #[derive(Debug, Clone, Default)]
@@ -41,51 +53,155 @@ pub struct AccessRecord {
     pub error: Option<String>,
 }
 
-/// Writes access-log lines.
+/// Writes access-log lines without blocking the caller.
 #[derive(Clone)]
 pub struct AccessLog {
     format: AccessLogFormat,
-    sink: Option<Arc<Mutex<Box<dyn Write + Send>>>>,
+    queue: Option<Arc<Queue>>,
 }
 
 impl std::fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AccessLog")
             .field("format", &self.format)
+            .field("dropped", &self.dropped())
             .finish()
     }
 }
 
+/// The sending side of the writer thread's queue.
+struct Queue {
+    sender: Sender<Message>,
+    dropped: AtomicU64,
+    /// When the next drop may be reported, in milliseconds after `opened`.
+    next_warning_ms: AtomicU64,
+    opened: Instant,
+}
+
+enum Message {
+    Line(String),
+    /// Answered once everything queued before it is written and flushed.
+    Flush(Sender<()>),
+}
+
 impl AccessLog {
-    /// Open the configured target.
+    /// Open the configured target and start its writer thread.
     pub fn open(cfg: &LogConfig) -> std::io::Result<Self> {
-        let sink: Option<Box<dyn Write + Send>> = match &cfg.access_log {
-            AccessLogTarget::Off => None,
-            AccessLogTarget::Stdout => Some(Box::new(std::io::stdout())),
-            AccessLogTarget::Stderr => Some(Box::new(std::io::stderr())),
-            AccessLogTarget::File(p) => Some(Box::new(
+        let out: Box<dyn Write + Send> = match &cfg.access_log {
+            AccessLogTarget::Off => {
+                return Ok(Self {
+                    format: cfg.access_log_format,
+                    queue: None,
+                });
+            }
+            AccessLogTarget::Stdout => Box::new(std::io::stdout()),
+            AccessLogTarget::Stderr => Box::new(std::io::stderr()),
+            AccessLogTarget::File(p) => Box::new(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .open(p)?,
-            )),
+            ),
         };
+        Self::with_writer(cfg.access_log_format, out, QUEUE_LINES)
+    }
+
+    fn with_writer(
+        format: AccessLogFormat,
+        out: Box<dyn Write + Send>,
+        queue_lines: usize,
+    ) -> std::io::Result<Self> {
+        let (sender, receiver) = crossbeam_channel::bounded(queue_lines);
+        std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || write_lines(&receiver, out))?;
         Ok(Self {
-            format: cfg.access_log_format,
-            sink: sink.map(|s| Arc::new(Mutex::new(s))),
+            format,
+            queue: Some(Arc::new(Queue {
+                sender,
+                dropped: AtomicU64::new(0),
+                next_warning_ms: AtomicU64::new(0),
+                opened: Instant::now(),
+            })),
         })
     }
 
-    /// Write one line. Failures to write are ignored: logging must not fail requests.
+    /// Queue one line. A full queue drops it: logging must not hold requests.
     pub fn write(&self, r: &AccessRecord) {
-        let Some(sink) = &self.sink else { return };
+        let Some(queue) = &self.queue else { return };
         let line = match self.format {
             AccessLogFormat::Combined => combined(r),
             AccessLogFormat::Json => json(r),
         };
-        let mut w = sink.lock();
-        let _ = w.write_all(line.as_bytes());
-        let _ = w.flush();
+        match queue.sender.try_send(Message::Line(line)) {
+            Ok(()) => {}
+            // Disconnected means the writer thread is gone: the line is lost too.
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => queue.count_drop(),
+        }
+    }
+
+    /// Lines dropped so far because the writer could not keep up.
+    pub fn dropped(&self) -> u64 {
+        self.queue
+            .as_ref()
+            .map_or(0, |q| q.dropped.load(Ordering::Relaxed))
+    }
+
+    /// Block until every line queued so far is written and flushed, for at
+    /// most `within`; false if the writer did not get there in time.
+    pub fn flush(&self, within: Duration) -> bool {
+        let Some(queue) = &self.queue else {
+            return true;
+        };
+        let deadline = Instant::now() + within;
+        let (done, flushed) = crossbeam_channel::bounded(1);
+        queue
+            .sender
+            .send_deadline(Message::Flush(done), deadline)
+            .is_ok()
+            && flushed.recv_deadline(deadline).is_ok()
+    }
+}
+
+impl Queue {
+    fn count_drop(&self) {
+        let total = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.opened.elapsed().as_millis() as u64;
+        let next = self.next_warning_ms.load(Ordering::Relaxed);
+        let later = now + DROP_WARNING_EVERY.as_millis() as u64;
+        // One thread wins the exchange and warns; the others stay quiet.
+        if now >= next
+            && self
+                .next_warning_ms
+                .compare_exchange(next, later, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            warn!(
+                dropped = total,
+                "access log lines dropped: the writer cannot keep up with requests"
+            );
+        }
+    }
+}
+
+/// The writer thread: writes queued lines, and flushes whenever the queue is
+/// empty so that lines show up at once rather than at exit. Write errors
+/// are ignored: logging must not stop serving.
+fn write_lines(queue: &Receiver<Message>, out: Box<dyn Write + Send>) {
+    let mut out = BufWriter::new(out);
+    while let Ok(first) = queue.recv() {
+        for message in std::iter::once(first).chain(queue.try_iter()) {
+            match message {
+                Message::Line(line) => {
+                    let _ = out.write_all(line.as_bytes());
+                }
+                Message::Flush(done) => {
+                    let _ = out.flush();
+                    let _ = done.send(());
+                }
+            }
+        }
+        let _ = out.flush();
     }
 }
 
@@ -167,5 +283,127 @@ mod tests {
         );
         let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
         assert_eq!(j["status"], 200);
+    }
+
+    /// A sink the test can read, and optionally hold shut.
+    #[derive(Clone, Default)]
+    struct Sink {
+        written: Arc<parking_lot::Mutex<Vec<u8>>>,
+        /// While held, writes wait: a disk or pipe that stopped taking data.
+        gate: Arc<parking_lot::Mutex<()>>,
+        /// Each write takes this long: a slow disk.
+        delay: Duration,
+        /// Writes begun, finished or not.
+        begun: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.begun.fetch_add(1, Ordering::SeqCst);
+            drop(self.gate.lock());
+            std::thread::sleep(self.delay);
+            self.written.lock().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Sink {
+        /// A combined-format log writing here through a queue of `queue_lines`.
+        fn log(&self, queue_lines: usize) -> AccessLog {
+            AccessLog::with_writer(
+                AccessLogFormat::Combined,
+                Box::new(self.clone()),
+                queue_lines,
+            )
+            .unwrap()
+        }
+
+        fn urls(&self) -> Vec<String> {
+            String::from_utf8_lossy(&self.written.lock())
+                .lines()
+                .map(|l| l.split(' ').nth(6).unwrap_or_default().to_owned())
+                .collect()
+        }
+    }
+
+    fn request(i: usize) -> AccessRecord {
+        AccessRecord {
+            method: "GET".into(),
+            url: format!("/{i}"),
+            protocol: "HTTP/1.1".into(),
+            status: 200,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lines_arrive_in_order_and_promptly_without_a_flush() {
+        let sink = Sink::default();
+        let log = sink.log(1024);
+        for i in 0..100 {
+            log.write(&request(i));
+        }
+        let want: Vec<String> = (0..100).map(|i| format!("/{i}")).collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sink.urls().len() < want.len() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(sink.urls(), want);
+        assert_eq!(log.dropped(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_blocking() {
+        let sink = Sink::default();
+        let stalled = sink.gate.lock();
+        let log = sink.log(2);
+        log.write(&request(0));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sink.begun.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the writer never wrote line 0");
+            std::thread::yield_now();
+        }
+        // The writer is stuck on line 0: two lines fit in the queue, the rest go.
+        let started = Instant::now();
+        for i in 1..10 {
+            log.write(&request(i));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "writes blocked for {:?}",
+            started.elapsed()
+        );
+        assert_eq!(log.dropped(), 7);
+        drop(stalled);
+        assert!(log.flush(Duration::from_secs(5)));
+        assert_eq!(sink.urls(), ["/0", "/1", "/2"]);
+    }
+
+    #[test]
+    fn flush_returns_once_every_queued_line_is_written() {
+        let sink = Sink {
+            delay: Duration::from_millis(50),
+            ..Sink::default()
+        };
+        let log = sink.log(1024);
+        for i in 0..20 {
+            log.write(&request(i));
+        }
+        assert!(log.flush(Duration::from_secs(5)));
+        assert_eq!(sink.urls().len(), 20);
+    }
+
+    #[test]
+    fn flush_gives_up_at_its_deadline_when_the_writer_is_stuck() {
+        let sink = Sink::default();
+        let _stalled = sink.gate.lock();
+        let log = sink.log(1);
+        log.write(&request(0));
+        let started = Instant::now();
+        assert!(!log.flush(Duration::from_millis(100)));
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use inlay_cache::{CacheRules, CacheStore, Defaults, HttpCache};
+use inlay_cache::{CacheStore, HttpCache};
 use inlay_runtime::{LoadedPolicy, PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 use inlay_storage::{StoreConfig, TieredStore};
 use tokio::net::TcpListener;
@@ -181,25 +181,18 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         listeners.push(l);
     }
     let store = open_store(&cfg)?;
-    let rules = CacheRules {
-        defaults: Defaults {
-            ttl: cfg.cache.default_ttl,
-            grace: cfg.cache.default_grace,
-            keep: cfg.cache.default_keep,
-        },
-        max_object_size: cfg.cache.max_object_size,
-    };
     let pipeline = Arc::new(Pipeline::new(
         cfg.clone(),
-        HttpCache::new(store, rules),
+        HttpCache::new(store, cfg.cache.rules()),
         policy.clone(),
-        access_log,
+        access_log.clone(),
     ));
     if let (Some(slot), Some(pc)) = (policy.clone(), cfg.policy.clone()) {
         tokio::spawn(reload_on_sighup(slot, pc));
     }
     let cache = pipeline.cache().clone();
     crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown_signal()).await;
+    flush_access_log(access_log).await;
     if let Some(slot) = &policy {
         log_replay_stats(&slot.current());
     }
@@ -209,6 +202,22 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         Err(e) => error!(error = %e, "flushing the cache at shutdown failed"),
     }
     Ok(())
+}
+
+/// Write out the access-log lines still queued, and say if any were lost.
+async fn flush_access_log(log: AccessLog) {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+    let queue = log.clone();
+    let flushed = tokio::task::spawn_blocking(move || queue.flush(WITHIN)).await;
+    if !matches!(flushed, Ok(true)) {
+        error!("the access log writer did not finish within {WITHIN:?}; its last lines are lost");
+    }
+    if log.dropped() > 0 {
+        tracing::warn!(
+            dropped = log.dropped(),
+            "access log lines were dropped while serving"
+        );
+    }
 }
 
 /// How a policy generation's hooks were answered: from recorded paths

@@ -2,8 +2,11 @@
 //!
 //! Parsing walks the TOML tree by hand instead of using serde derive so that
 //! *every* error is reported at once, each with its key path and the value
-//! that was wrong (serde stops at the first). Every setting and its default
-//! is listed in `host/inlay/CONFIG.md`; keep the two in step.
+//! that was wrong (serde stops at the first). A serde version that converts
+//! each field on its own (this file's history, "serde-derived raw sections")
+//! reported the same errors in more lines and without the list of known
+//! keys. Every setting and its default is listed in `host/inlay/CONFIG.md`; keep
+//! the two in step.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -374,6 +377,20 @@ pub struct Overrides {
     pub cache_dir: Option<PathBuf>,
     /// `--admin ADDR`.
     pub admin: Option<String>,
+}
+
+impl CacheConfig {
+    /// What the cache needs of this section.
+    pub fn rules(&self) -> inlay_cache::CacheRules {
+        inlay_cache::CacheRules {
+            defaults: inlay_cache::Defaults {
+                ttl: self.default_ttl,
+                grace: self.default_grace,
+                keep: self.default_keep,
+            },
+            max_object_size: self.max_object_size,
+        }
+    }
 }
 
 impl BackendConfig {

@@ -18,7 +18,9 @@ use hyper_util::server::conn::auto;
 use inlay_core::body::ProxyBody;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::config::ServerConfig;
@@ -32,42 +34,41 @@ pub async fn run(
     limits: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let open = Arc::new(AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let limits = Arc::new(limits);
-    let mut accept_tasks = Vec::new();
-    for listener in listeners {
-        accept_tasks.push(tokio::spawn(accept_loop(
-            listener,
-            pipeline.clone(),
-            limits.clone(),
-            slots.clone(),
-            open.clone(),
-            stop_rx.clone(),
-        )));
-    }
+    let accept_tasks: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| {
+            tokio::spawn(accept_loop(
+                listener,
+                pipeline.clone(),
+                limits.clone(),
+                slots.clone(),
+                connections.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
     shutdown.await;
     info!(
-        connections = open.load(Ordering::Relaxed),
+        connections = connections.len(),
         "shutting down: no new connections, draining in-flight requests"
     );
-    for t in &accept_tasks {
+    // Closing the listeners first means no connection starts after the drain does.
+    for t in accept_tasks {
         t.abort();
+        let _ = t.await;
     }
-    let _ = stop_tx.send(true);
-    let deadline = Instant::now() + limits.shutdown_timeout;
-    while open.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let left = open.load(Ordering::Relaxed);
-    if left > 0 {
-        warn!(
-            connections = left,
+    stop.cancel();
+    connections.close();
+    match tokio::time::timeout(limits.shutdown_timeout, connections.wait()).await {
+        Ok(()) => info!("all connections drained"),
+        Err(_) => warn!(
+            connections = connections.len(),
             "shutdown deadline reached; closing remaining connections"
-        );
-    } else {
-        info!("all connections drained");
+        ),
     }
 }
 
@@ -76,8 +77,8 @@ async fn accept_loop(
     pipeline: Arc<Pipeline>,
     limits: Arc<ServerConfig>,
     slots: Arc<Semaphore>,
-    open: Arc<AtomicUsize>,
-    stop: watch::Receiver<bool>,
+    connections: TaskTracker,
+    stop: CancellationToken,
 ) {
     loop {
         // Wait for a free slot before accepting: excess clients wait in the
@@ -97,12 +98,9 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let pipeline = pipeline.clone();
         let limits = limits.clone();
-        let open = open.clone();
         let stop = stop.clone();
-        open.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(async move {
+        connections.spawn(async move {
             serve_connection(stream, peer, pipeline, &limits, stop).await;
-            open.fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         });
     }
@@ -113,7 +111,7 @@ async fn serve_connection(
     peer: SocketAddr,
     pipeline: Arc<Pipeline>,
     limits: &ServerConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let activity = Arc::new(Activity::default());
     let io = TokioIo::new(TrackedIo {
@@ -158,7 +156,7 @@ async fn serve_connection(
                 }
                 return;
             }
-            _ = stop.changed(), if !closing => {
+            _ = stop.cancelled(), if !closing => {
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
@@ -393,19 +391,114 @@ mod tests {
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        client
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut got = Vec::new();
-        let _ = client.read_to_end(&mut got).await;
-        let got = String::from_utf8_lossy(&got);
+        let got = get_until_closed(addr, "/").await;
         assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
         assert!(got.contains("\r\n6\r\nbefore\r\n"), "{got:?}");
         assert!(
             !got.ends_with("0\r\n\r\n"),
             "the cut page looks complete: {got:?}"
+        );
+    }
+
+    /// A pipeline to `origin`, with no policy and no access log.
+    fn pipeline_to(origin: SocketAddr, shutdown_timeout: &str) -> (Arc<Pipeline>, ServerConfig) {
+        let cfg = crate::config::Config::from_toml(&format!(
+            "[server]\nshutdown_timeout = \"{shutdown_timeout}\"\n\
+             [backends.origin]\naddress = \"http://{origin}\"\n\
+             [log]\naccess_log = \"off\"\n"
+        ))
+        .unwrap();
+        let store =
+            inlay_storage::TieredStore::open(inlay_storage::StoreConfig::memory_only(1 << 20))
+                .unwrap();
+        let access_log = crate::access_log::AccessLog::open(&cfg.log).unwrap();
+        let server = cfg.server.clone();
+        let cache = inlay_cache::HttpCache::new(
+            inlay_cache::CacheStore::from_store(Arc::new(store)),
+            cfg.cache.rules(),
+        );
+        let pipeline = Pipeline::new(
+            Arc::new(cfg),
+            cache,
+            None,
+            access_log,
+        );
+        (Arc::new(pipeline), server)
+    }
+
+    /// An origin that reads one request and answers it after `delay`.
+    async fn slow_origin(delay: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf).await;
+            tokio::time::sleep(delay).await;
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\ncache-control: no-store\r\n\r\ndone",
+                )
+                .await;
+            // Hold the connection open, as a keep-alive origin does.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        addr
+    }
+
+    /// Serve one request to an origin that answers after `origin_delay`,
+    /// stop the server 100 ms into it, and time how long `run` takes to return.
+    async fn stop_during_a_request(
+        origin_delay: Duration,
+        shutdown_timeout: &str,
+    ) -> (Duration, tokio::task::JoinHandle<String>, SocketAddr) {
+        let (pipeline, limits) = pipeline_to(slow_origin(origin_delay).await, shutdown_timeout);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(run(vec![listener], pipeline, limits, async {
+            let _ = stopped.await;
+        }));
+        let client = tokio::spawn(get_until_closed(addr, "/slow"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stopping = Instant::now();
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("run returns within 5 s")
+            .unwrap();
+        (stopping.elapsed(), client, addr)
+    }
+
+    /// Send one HTTP/1.1 GET and read until the server closes the connection.
+    async fn get_until_closed(addr: SocketAddr, path: &str) -> String {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let _ = client.read_to_end(&mut got).await;
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    #[tokio::test]
+    async fn shutdown_lets_the_request_in_flight_finish_then_returns() {
+        let (waited, client, addr) = stop_during_a_request(Duration::from_millis(400), "10s").await;
+        assert!(
+            waited >= Duration::from_millis(200),
+            "returned after {waited:?}"
+        );
+        let got = client.await.unwrap();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        assert!(got.ends_with("done"), "{got:?}");
+        assert!(TcpStream::connect(addr).await.is_err(), "still accepting");
+    }
+
+    #[tokio::test]
+    async fn shutdown_deadline_ends_a_request_that_does_not_finish() {
+        let (waited, _, _) = stop_during_a_request(Duration::from_secs(60), "300ms").await;
+        assert!(
+            waited >= Duration::from_millis(300),
+            "returned after {waited:?}"
         );
     }
 }
