@@ -219,7 +219,11 @@ async fn a_miss_is_stored_while_it_streams_and_then_hits() {
     let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
     assert!(!fetch.is_hit_for_miss());
     assert!(fetch.validators().is_empty());
-    let (body, status) = answer(fetch, response(200, &[("cache-control", "max-age=60")], "hello")).await;
+    let (body, status) = answer(
+        fetch,
+        response(200, &[("cache-control", "max-age=60")], "hello"),
+    )
+    .await;
     assert_eq!(body, "hello");
     assert_eq!(status, CacheStatus::Miss { stored: true });
     fresh_soon(&f.cache, &primary).await;
@@ -227,7 +231,9 @@ async fn a_miss_is_stored_while_it_streams_and_then_hits() {
         Lookup::Fresh(obj) => {
             assert_eq!(obj.body, "hello");
             let status = inlay_cache::fresh_status(&obj, inlay_storage::now_ms());
-            assert!(matches!(status, CacheStatus::Hit { ttl_left } if (58..=60).contains(&ttl_left)));
+            assert!(
+                matches!(status, CacheStatus::Hit { ttl_left } if (58..=60).contains(&ttl_left))
+            );
         }
         _ => panic!("expected a fresh hit"),
     }
@@ -252,7 +258,11 @@ async fn concurrent_misses_wait_for_one_fetch() {
         .collect();
     // Let every waiter reach the flight before the fetch ends.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let (body, _) = answer(first, response(200, &[("cache-control", "max-age=60")], "once")).await;
+    let (body, _) = answer(
+        first,
+        response(200, &[("cache-control", "max-age=60")], "once"),
+    )
+    .await;
     assert_eq!(body, "once");
     for waiter in waiters {
         assert_eq!(waiter.await.expect("joined"), "once");
@@ -264,12 +274,20 @@ async fn an_uncacheable_response_makes_its_key_hit_for_miss() {
     let f = fixture();
     let primary = key("/private");
     let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
-    let (_, status) = answer(fetch, response(200, &[("cache-control", "private")], "mine")).await;
+    let (_, status) = answer(
+        fetch,
+        response(200, &[("cache-control", "private")], "mine"),
+    )
+    .await;
     assert_eq!(status, CacheStatus::Miss { stored: false });
     // No flight is held any more, and the next request does not wait.
     let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
     assert!(fetch.is_hit_for_miss());
-    let (_, status) = answer(fetch, response(200, &[("cache-control", "private")], "mine")).await;
+    let (_, status) = answer(
+        fetch,
+        response(200, &[("cache-control", "private")], "mine"),
+    )
+    .await;
     assert_eq!(status, CacheStatus::HitForMiss { stored: false });
     // A purge forgets the mark.
     f.cache.purge_url(&primary, false).await.expect("purge");
@@ -288,7 +306,10 @@ async fn a_stale_object_in_grace_is_served_and_refreshed_by_one_request() {
     };
     assert_eq!(object.body, "old");
     let status = inlay_cache::stale_status(&object, inlay_storage::now_ms(), StaleReason::Grace);
-    assert!(matches!(status, CacheStatus::Stale { stale_for: 4, .. }), "{status:?}");
+    assert!(
+        matches!(status, CacheStatus::Stale { stale_for: 4, .. }),
+        "{status:?}"
+    );
     let refresh = refresh.expect("the first stale hit refreshes");
     // While it refreshes, other requests get the stale object and no refresh.
     let Lookup::Stale { refresh: none, .. } = f.cache.lookup(&primary, &HeaderMap::new()).await
@@ -296,7 +317,11 @@ async fn a_stale_object_in_grace_is_served_and_refreshed_by_one_request() {
         panic!("expected a stale hit");
     };
     assert!(none.is_none());
-    answer(refresh, response(200, &[("cache-control", "max-age=60")], "new")).await;
+    answer(
+        refresh,
+        response(200, &[("cache-control", "max-age=60")], "new"),
+    )
+    .await;
     assert_eq!(fresh_soon(&f.cache, &primary).await.body, "new");
 }
 
@@ -305,15 +330,33 @@ async fn a_304_revalidates_the_expired_object() {
     let f = fixture();
     let primary = key("/etag");
     let s = Duration::from_secs;
-    store_aged(&f.cache, &primary, s(100), s(1), s(0), s(3600), &[("etag", "\"v1\"")]).await;
+    store_aged(
+        &f.cache,
+        &primary,
+        s(100),
+        s(1),
+        s(0),
+        s(3600),
+        &[("etag", "\"v1\"")],
+    )
+    .await;
     let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
-    assert_eq!(fetch.validators().get(header::IF_NONE_MATCH).expect("validator"), "\"v1\"");
+    assert_eq!(
+        fetch
+            .validators()
+            .get(header::IF_NONE_MATCH)
+            .expect("validator"),
+        "\"v1\""
+    );
     let (body, status) = answer(
         fetch,
         response(304, &[("cache-control", "max-age=60"), ("x-new", "1")], ""),
     )
     .await;
-    assert_eq!((body.as_ref(), status), (&b"old"[..], CacheStatus::Revalidated));
+    assert_eq!(
+        (body.as_ref(), status),
+        (&b"old"[..], CacheStatus::Revalidated)
+    );
     let Lookup::Fresh(obj) = f.cache.lookup(&primary, &HeaderMap::new()).await else {
         panic!("expected a fresh hit after the 304");
     };
@@ -337,7 +380,10 @@ async fn a_failed_backend_serves_the_expired_object_within_keep_only() {
             assert_eq!(object.body, "old");
             assert!(matches!(
                 status,
-                CacheStatus::Stale { reason: StaleReason::StaleIfError, .. }
+                CacheStatus::Stale {
+                    reason: StaleReason::StaleIfError,
+                    ..
+                }
             ));
         }
         _ => panic!("expected the kept object"),
@@ -367,7 +413,11 @@ async fn vary_selects_a_variant_and_a_purge_removes_them_all() {
     fr.insert("accept-language", HeaderValue::from_static("fr"));
     for (headers, text) in [(&en, "hello"), (&fr, "bonjour")] {
         let fetch = fetch_of(f.cache.lookup(&primary, headers).await);
-        let resp = response(200, &[("cache-control", "max-age=60"), ("vary", "Accept-Language")], text);
+        let resp = response(
+            200,
+            &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+            text,
+        );
         answer(fetch, resp).await;
         for _ in 0..200 {
             if f.cache.get(&primary, headers).await.is_some() {
@@ -413,7 +463,11 @@ async fn no_store_call_runs_on_the_reactor_thread() {
     let reactor = std::thread::current().id();
     let primary = key("/threads");
     let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
-    answer(fetch, response(200, &[("cache-control", "max-age=60")], "x")).await;
+    answer(
+        fetch,
+        response(200, &[("cache-control", "max-age=60")], "x"),
+    )
+    .await;
     fresh_soon(&f.cache, &primary).await;
     let gets_before = f.store.gets.load(Ordering::Relaxed);
     // A memory hit is answered by `peek`, without a thread hop.
@@ -424,11 +478,18 @@ async fn no_store_call_runs_on_the_reactor_thread() {
     assert_eq!(f.store.gets.load(Ordering::Relaxed), gets_before);
     f.cache.purge_url(&primary, true).await.expect("soft purge");
     f.cache.purge_key("none", false).await.expect("purge");
-    f.cache.store().kv_set("ns".into(), "k".into(), b"v".to_vec()).await.expect("kv");
+    f.cache
+        .store()
+        .kv_set("ns".into(), "k".into(), b"v".to_vec())
+        .await
+        .expect("kv");
     f.cache.store().flush().await.expect("flush");
     let calls = f.store.threads.lock().clone();
     assert!(calls.iter().any(|(c, _)| *c == "put"), "{calls:?}");
     assert!(calls.iter().any(|(c, _)| *c == "kv_get"), "{calls:?}");
     let on_reactor: Vec<_> = calls.iter().filter(|(_, t)| *t == reactor).collect();
-    assert!(on_reactor.is_empty(), "store calls on the reactor thread: {on_reactor:?}");
+    assert!(
+        on_reactor.is_empty(),
+        "store calls on the reactor thread: {on_reactor:?}"
+    );
 }

@@ -417,12 +417,7 @@ mod tests {
             inlay_cache::CacheStore::from_store(Arc::new(store)),
             cfg.cache.rules(),
         );
-        let pipeline = Pipeline::new(
-            Arc::new(cfg),
-            cache,
-            None,
-            access_log,
-        );
+        let pipeline = Pipeline::new(Arc::new(cfg), cache, None, access_log);
         (Arc::new(pipeline), server)
     }
 

@@ -583,9 +583,11 @@ mod tests {
     fn children_grow_past_their_first_table_and_keep_every_key() {
         let node = Node::<()>::new(Step::Start);
         for i in 0..5000 {
-            let (_, added, _) =
-                node.children
-                    .insert(hash(&key(i)), key(i), Arc::new(Node::<()>::new(Step::Opaque)));
+            let (_, added, _) = node.children.insert(
+                hash(&key(i)),
+                key(i),
+                Arc::new(Node::<()>::new(Step::Opaque)),
+            );
             assert!(added, "{i}");
         }
         for i in 0..5000 {
@@ -594,9 +596,11 @@ mod tests {
         assert!(node.child(&key(5000)).is_none());
         // A second insert of a key keeps the first node.
         let first = Arc::clone(node.child(&key(7)).expect("present"));
-        let (kept, added, _) =
-            node.children
-                .insert(hash(&key(7)), key(7), Arc::new(Node::<()>::new(Step::Opaque)));
+        let (kept, added, _) = node.children.insert(
+            hash(&key(7)),
+            key(7),
+            Arc::new(Node::<()>::new(Step::Opaque)),
+        );
         assert!(!added);
         assert!(Arc::ptr_eq(kept, &first));
     }

@@ -16,7 +16,7 @@ use crate::compact::compact_data_segments;
 use crate::engine::{EPOCH_TICK, PolicyEngine};
 use crate::errors::PolicyError;
 use crate::instance::LiveCall;
-use crate::limits::PolicyLimits;
+use crate::limits::{CpuClock, PolicyLimits};
 use crate::memo::MemoStats;
 use crate::prewarm;
 use crate::services::{NoServices, PolicyServices};
@@ -97,6 +97,9 @@ fn new_memo(bytes: usize) -> Option<Arc<Memo>> {
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// The least CPU time the load check's instantiation gets.
+const LOAD_CHECK_CPU: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the first bytes of a `.wasm` file say it is.
 #[derive(Debug, PartialEq, Eq)]
@@ -262,12 +265,16 @@ impl LoadedPolicy {
                 message: format!("the compile task failed: {e}"),
             })??;
         // Instantiate once now, so that a policy that cannot start is
-        // refused at load rather than on its first request.
-        PolicyCall::start(
-            PolicyHandle::new(policy.clone(), Arc::new(NoServices)),
-            false,
-        )
-        .await?;
+        // refused at load rather than on its first request. This is not a
+        // request: a machine busy building or deploying may deschedule it
+        // for longer than a request's budget (CPU time is counted as wall
+        // time while the guest runs), so it gets at least LOAD_CHECK_CPU;
+        // start code that loops is still refused.
+        let handle = PolicyHandle::new(policy.clone(), Arc::new(NoServices));
+        let mut state = StoreState::new(handle, EPOCH_TICK);
+        let budget = policy.shared().limits.cpu_time().max(LOAD_CHECK_CPU);
+        state.clock = CpuClock::new(budget, EPOCH_TICK);
+        LiveCall::start_new(state).await.map_err(|(e, _)| e)?;
         tracing::info!(
             policy = %policy.name(),
             path = %policy.path().display(),

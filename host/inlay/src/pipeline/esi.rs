@@ -22,9 +22,9 @@ use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_esi::{EsiLimits, EsiVars, Fetch, Fragment, FragmentError, FragmentFetcher};
 use tracing::{debug, warn};
 
+use super::Pipeline;
 use crate::codec;
 use crate::config::EsiConfig;
-use super::Pipeline;
 
 /// The limits of the config, in the assembler's terms.
 pub fn limits(cfg: &EsiConfig) -> EsiLimits {

@@ -9,10 +9,10 @@ use futures_util::future::BoxFuture;
 use http::StatusCode;
 use tracing::Instrument;
 
+use super::types::{headers_from_list, headers_to_list};
 use crate::bindings::inlay::policy::cache::{CacheError, CachedObject, Host, NewObject};
 use crate::services;
 use crate::state::StoreState;
-use super::types::{headers_from_list, headers_to_list};
 
 fn secs(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
