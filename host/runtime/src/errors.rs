@@ -141,6 +141,16 @@ impl From<PolicyError> for inlay_core::ProxyError {
 }
 
 impl PolicyError {
+    /// Whether the guest ran into one of its limits (CPU time, memory, host
+    /// calls, subrequests): what the machine or the request did, not a
+    /// fault of the code, so the same code may pass the next time.
+    pub fn is_limit(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout { .. } | Self::OutOfMemory { .. } | Self::LimitExceeded { .. }
+        )
+    }
+
     /// The status the client gets when a request fails with this error.
     ///
     /// A misbehaving policy is the server's fault, never the client's, so

@@ -180,7 +180,7 @@ impl Replay {
         let result = live.call_hook(entry, lent).await;
         let state = live.state_mut();
         let recording = state.recorder.take();
-        if state.tape.broken || !state.tape.is_empty() {
+        if diverged(&state.tape, result.as_ref().err()) {
             return Err(not_repeated_here(memo, entry.hook, "its recorded calls"));
         }
         let returned = result?;
@@ -221,11 +221,32 @@ impl Replay {
                 break;
             }
         }
+        let broken = live.state().tape.broken;
         self.run = Run::Live(Box::new(live));
         caught_up.map_err(|e| {
+            // A hook that returned when it was recorded failed now: over a
+            // limit, the machine was busy; otherwise the policy differs.
+            if e.is_limit() && !broken {
+                return e;
+            }
             let hook = e.hook().unwrap_or(Hook::Instantiate);
             not_repeated_here(memo, hook, &format!("an earlier hook failed: {e}"))
         })
+    }
+}
+
+/// Whether an instance brought to a recorded point did something else than
+/// the recording says: it asked for another call than the tape holds
+/// (`broken`), or its hook ended without the calls left on the tape. A hook
+/// stopped by a limit (CPU time on a busy machine, memory) before it used
+/// the tape up did not diverge: it was cut short.
+fn diverged(tape: &Tape, failed: Option<&PolicyError>) -> bool {
+    if tape.broken {
+        return true;
+    }
+    match failed {
+        Some(e) if e.is_limit() => false,
+        _ => !tape.is_empty(),
     }
 }
 
@@ -236,5 +257,42 @@ fn not_repeated_here(memo: &Memo, hook: Hook, what: &str) -> PolicyError {
     PolicyError::Trap {
         hook,
         message: not_repeated(what),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn tape(replies: usize) -> Tape {
+        Tape::new((0..replies).map(|_| ("request.url", Reply::Str("/a".into()))))
+    }
+
+    #[test]
+    fn only_a_different_call_or_skipped_calls_count_as_divergence() {
+        let timeout = PolicyError::Timeout {
+            hook: Hook::OnRequest,
+            budget: Duration::from_millis(50),
+        };
+        let trap = PolicyError::Trap {
+            hook: Hook::OnRequest,
+            message: "unreachable".into(),
+        };
+        // Used up the tape and returned: it repeated itself.
+        assert!(!diverged(&tape(0), None));
+        // Returned with recorded calls left over: it skipped them.
+        assert!(diverged(&tape(1), None));
+        // Trapped before making the recorded calls.
+        assert!(diverged(&tape(1), Some(&trap)));
+        // Trapped after them: an ordinary failure of the live part.
+        assert!(!diverged(&tape(0), Some(&trap)));
+        // Cut short by its CPU budget (a busy machine) before using the tape up.
+        assert!(!diverged(&tape(2), Some(&timeout)));
+        // Asked for another call than recorded, whatever happened next.
+        let mut broken = tape(1);
+        assert_eq!(broken.answer("request.header"), Some(Err(())));
+        assert!(diverged(&broken, Some(&timeout)));
     }
 }
