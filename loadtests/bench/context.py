@@ -187,6 +187,20 @@ class Context:
             raise BenchError(f"filling {base}: {errors[:3]}")
         return time.monotonic() - t0
 
+    def sweep(self, target: Target, prefix: str, count: int) -> dict:
+        """Cache prefix+id for every id in [0, count): one wrk pass requesting each once,
+        then a check that the first, middle and last ids are hits."""
+        self.origin.reset()
+        r = self.gen.wrk_sweep(target.url, count, prefix)
+        r["origin_requests"] = self.origin.total()
+        if r["not_ok"]:
+            raise BenchError(f"filling {target.url}{prefix}N: {r['not_ok']} of {r['requests']} answers were not 200")
+        for i in (0, count // 2, count - 1):
+            _, headers, _ = http_get(f"{target.url}{prefix}{i}", timeout=30)
+            if not is_hit(headers):
+                raise BenchError(f"after filling {target.url}{prefix}N, id {i} is not a cache hit ({headers})")
+        return r
+
     def wrk(self, target: Target, path: str, *, env: dict[str, str] | None = None,
             connections: int = 64) -> dict:
         """One wrk run against target+path; also counts the origin requests it caused."""
@@ -254,6 +268,14 @@ def ratio_detail(rs: list[float]) -> str:
     if len(rs) <= 1:
         return f"1 pair" if rs else "no data"
     return f"{len(rs)} pairs: " + ", ".join(f"{r:.2f}" for r in rs)
+
+
+def zipf_head_share(n: int, s: float, k: int) -> float:
+    """Under Zipf(s) over n ranks (as `wrk/report.lua` draws), the share of draws among the top k."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    weights = [r ** -s for r in range(1, n + 1)]
+    return sum(weights[:k]) / sum(weights)
 
 
 def trend_median(runs: list[dict], metric: str) -> dict:
