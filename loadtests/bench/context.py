@@ -37,14 +37,17 @@ class Mode:
     vod_origin_delay_ms: int
     dyn_seconds: float
     dyn_concurrency: tuple[int, ...]
+    policy_urls: int  # distinct cached URLs of the policy section's Zipf mix
+    policy_zipf_replay_off: bool  # whether the replay-off targets run the Zipf mix too
 
 
 QUICK = Mode(
-    name="quick", pairs=1, budget_s=140, wrk_seconds=2,
+    name="quick", pairs=1, budget_s=185, wrk_seconds=2,
     esi_sizes=(1, 5, 10, 20), esi_nested_sizes=(5,), esi_vus=10, esi_iterations=20,
     ttfb_runs=2, ttfb_conns=100,
     vod_objects=200, vod_requests=5000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=1.5, dyn_concurrency=(1, 50, 100),
+    policy_urls=100_000, policy_zipf_replay_off=False,
 )
 FULL = Mode(
     name="full", pairs=3, budget_s=1020, wrk_seconds=4,
@@ -52,6 +55,7 @@ FULL = Mode(
     ttfb_runs=5, ttfb_conns=100,
     vod_objects=1000, vod_requests=50000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=2.5, dyn_concurrency=(1, 50, 100),
+    policy_urls=100_000, policy_zipf_replay_off=True,
 )
 MODES = {m.name: m for m in (QUICK, FULL)}
 

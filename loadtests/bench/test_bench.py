@@ -25,7 +25,7 @@ import svg  # noqa: E402
 from context import Ratio, Section, Table, med, pair_ratios, trend_median, zipf_head_share  # noqa: E402
 from loadgen import WRK_LUA, LoadGen, flatten_k6  # noqa: E402
 from procs import BenchError, CpuMeter, Registry, RssSampler, descendants, is_hit, replay_counts  # noqa: E402
-from scenarios import fragment_delays  # noqa: E402
+from scenarios import fragment_delays, swap_link  # noqa: E402
 
 
 class FragmentDelays(unittest.TestCase):
@@ -224,6 +224,21 @@ class InlayLogs(unittest.TestCase):
         self.assertEqual(replay_counts(line), {"replayed": 12, "live": 300000, "resets": 77, "bytes": 10138236})
         with self.assertRaises(BenchError):
             replay_counts("policy hooks replayed from recorded paths policy=headers replayed=1 live=2")
+
+
+class PolicyLink(unittest.TestCase):
+    def test_swap_link_repoints_the_link(self):
+        with tempfile.TemporaryDirectory() as d:
+            a, b, link = Path(d) / "a.wasm", Path(d) / "b.wasm", Path(d) / "p" / "headers.wasm"
+            a.write_text("a")
+            b.write_text("b")
+            link.parent.mkdir()
+            link.symlink_to(a)
+            swap_link(link, b)
+            self.assertEqual(link.read_text(), "b")
+            swap_link(link, a)
+            self.assertEqual(link.read_text(), "a")
+            self.assertEqual(sorted(p.name for p in link.parent.iterdir()), ["headers.wasm"])
 
 
 class ProcFs(unittest.TestCase):
