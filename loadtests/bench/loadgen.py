@@ -132,8 +132,9 @@ class LoadGen:
         text = out.decode(errors="replace")
         lines = [[int(x) for x in m.split()] for m in re.findall(r"^WRK_SWEEP_DONE ([\d ]+)$", text, re.M)]
         if len(lines) < threads:
+            stderr = err.decode(errors="replace").strip()[-300:]
             raise BenchError(f"wrk sweep of {count} URLs on {base} did not finish within {timeout:g}s "
-                             f"({len(lines)} of {threads} threads done): {err.decode(errors='replace').strip()[-300:]} {text[-300:]}")
+                             f"({len(lines)} of {threads} threads done): {stderr} {text[-300:]}")
         sent = sum(line[1] for line in lines)
         if sent != count:
             raise BenchError(f"wrk sweep on {base}: {sent} URLs requested, expected {count}")

@@ -398,6 +398,14 @@ class Inlay:
             return None
         return replay_counts(m.group(0))
 
+    def log_count(self, text: str) -> int:
+        """How many lines of this inlay's log contain `text`."""
+        try:
+            with self.log.open(errors="replace") as f:
+                return sum(text in line for line in f)
+        except OSError:
+            return 0
+
     def stop(self) -> None:
         if self.proc is not None:
             self.reg.stop(self.proc)
