@@ -37,14 +37,17 @@ class Mode:
     vod_origin_delay_ms: int
     dyn_seconds: float
     dyn_concurrency: tuple[int, ...]
+    policy_urls: int  # distinct cached URLs of the policy section's Zipf mix
+    policy_zipf_replay_off: bool  # whether the replay-off targets run the Zipf mix too
 
 
 QUICK = Mode(
-    name="quick", pairs=1, budget_s=140, wrk_seconds=2,
+    name="quick", pairs=1, budget_s=185, wrk_seconds=2,
     esi_sizes=(1, 5, 10, 20), esi_nested_sizes=(5,), esi_vus=10, esi_iterations=20,
     ttfb_runs=2, ttfb_conns=100,
     vod_objects=200, vod_requests=5000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=1.5, dyn_concurrency=(1, 50, 100),
+    policy_urls=100_000, policy_zipf_replay_off=False,
 )
 FULL = Mode(
     name="full", pairs=3, budget_s=1020, wrk_seconds=4,
@@ -52,6 +55,7 @@ FULL = Mode(
     ttfb_runs=5, ttfb_conns=100,
     vod_objects=1000, vod_requests=50000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=2.5, dyn_concurrency=(1, 50, 100),
+    policy_urls=100_000, policy_zipf_replay_off=True,
 )
 MODES = {m.name: m for m in (QUICK, FULL)}
 
@@ -187,6 +191,20 @@ class Context:
             raise BenchError(f"filling {base}: {errors[:3]}")
         return time.monotonic() - t0
 
+    def sweep(self, target: Target, prefix: str, count: int) -> dict:
+        """Cache prefix+id for every id in [0, count): one wrk pass requesting each once,
+        then a check that the first, middle and last ids are hits."""
+        self.origin.reset()
+        r = self.gen.wrk_sweep(target.url, count, prefix)
+        r["origin_requests"] = self.origin.total()
+        if r["not_ok"]:
+            raise BenchError(f"filling {target.url}{prefix}N: {r['not_ok']} of {r['requests']} answers were not 200")
+        for i in (0, count // 2, count - 1):
+            _, headers, _ = http_get(f"{target.url}{prefix}{i}", timeout=30)
+            if not is_hit(headers):
+                raise BenchError(f"after filling {target.url}{prefix}N, id {i} is not a cache hit ({headers})")
+        return r
+
     def wrk(self, target: Target, path: str, *, env: dict[str, str] | None = None,
             connections: int = 64) -> dict:
         """One wrk run against target+path; also counts the origin requests it caused."""
@@ -254,6 +272,14 @@ def ratio_detail(rs: list[float]) -> str:
     if len(rs) <= 1:
         return f"1 pair" if rs else "no data"
     return f"{len(rs)} pairs: " + ", ".join(f"{r:.2f}" for r in rs)
+
+
+def zipf_head_share(n: int, s: float, k: int) -> float:
+    """Under Zipf(s) over n ranks (as `wrk/report.lua` draws), the share of draws among the top k."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    weights = [r ** -s for r in range(1, n + 1)]
+    return sum(weights[:k]) / sum(weights)
 
 
 def trend_median(runs: list[dict], metric: str) -> dict:

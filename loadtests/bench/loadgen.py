@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import selectors
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from procs import BenchError, CpuMeter, Registry
 
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk" / "report.lua"
+WRK_SWEEP_LUA = HERE / "wrk" / "sweep.lua"
 K6_DIR = HERE.parent / "k6"
 
 
@@ -74,6 +77,71 @@ class LoadGen:
                            "p99": lat["p99"], "p99.9": lat["p999"], "max": lat["max"]},
             "cpu_s": cpu_s,
             "cpu_us_per_req": cpu_s * 1e6 / max(r["requests"], 1),
+        }
+
+    def wrk_sweep(
+        self,
+        base: str,
+        count: int,
+        prefix: str,
+        *,
+        suffix: str = "",
+        connections: int = 64,
+        threads: int = 2,
+        timeout: float = 600,
+    ) -> dict:
+        """GET base+prefix+id+suffix once for every id in [0, count) with wrk
+        (`wrk/sweep.lua`); returns requests, seconds and answers that were not 200."""
+        if count < threads:
+            raise BenchError(f"a sweep of {count} ids needs at least {threads}, one per wrk thread")
+        env = {"WRK_PATHS_COUNT": str(count), "WRK_PATHS_PREFIX": prefix, "WRK_SWEEP_THREADS": str(threads)}
+        if suffix:
+            env["WRK_PATHS_SUFFIX"] = suffix
+        # -d is only a bound: the script stops each thread when its ids are answered,
+        # and SIGINT (below) ends wrk's wait for -d.
+        argv = [self.wrk, f"-t{threads}", f"-c{max(connections, threads)}", f"-d{int(timeout)}s",
+                "--timeout", "30s", "-s", str(WRK_SWEEP_LUA), base + "/"]
+        self.reg.note_command(argv, env)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ, **env))
+        out = b""
+        err = b""
+        try:
+            # Raw reads, not readline(): a buffered reader could hold a line select() cannot see.
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ)
+                deadline = t0 + timeout
+                while out.count(b"WRK_SWEEP_DONE ") < threads and time.monotonic() < deadline:
+                    if not sel.select(timeout=max(deadline - time.monotonic(), 0)):
+                        continue
+                    chunk = os.read(proc.stdout.fileno(), 65536)
+                    if not chunk:  # wrk exited
+                        break
+                    out += chunk
+            seconds = time.monotonic() - t0
+            proc.send_signal(signal.SIGINT)
+            rest, err = proc.communicate(timeout=30)
+            out += rest
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"wrk sweep on {base}: wrk did not exit after SIGINT") from None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        text = out.decode(errors="replace")
+        lines = [[int(x) for x in m.split()] for m in re.findall(r"^WRK_SWEEP_DONE ([\d ]+)$", text, re.M)]
+        if len(lines) < threads:
+            stderr = err.decode(errors="replace").strip()[-300:]
+            raise BenchError(f"wrk sweep of {count} URLs on {base} did not finish within {timeout:g}s "
+                             f"({len(lines)} of {threads} threads done): {stderr} {text[-300:]}")
+        sent = sum(line[1] for line in lines)
+        if sent != count:
+            raise BenchError(f"wrk sweep on {base}: {sent} URLs requested, expected {count}")
+        return {
+            "requests": sum(line[3] for line in lines),
+            "seconds": seconds,
+            "not_ok": sum(line[4] for line in lines),
         }
 
     def k6_run(

@@ -12,10 +12,11 @@ import math
 import os
 import shutil
 import time
+from pathlib import Path
 
 import svg
 from context import (
-    Context, Section, Table, gbps, med, ms, num, pair_ratios, ratio_detail, trend_median, xr,
+    Context, Section, Table, gbps, med, ms, num, pair_ratios, ratio_detail, trend_median, xr, zipf_head_share,
 )
 from procs import BenchError, RssSampler, http_get, is_hit
 
@@ -136,10 +137,26 @@ def wrk_pass(ctx: Context) -> Section:
     return sec
 
 
+def swap_link(link: Path, target: Path) -> None:
+    """Point the symlink `link` at `target` in one step (rename over it)."""
+    tmp = link.with_name(link.name + ".new")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+# The many-URL mix of the policy section: YCSB's Zipf exponent over cached 177 B objects.
+ZIPF_S = 0.99
+ZIPF_PREFIX = "/static/177?id="
+
+
 def wrk_policy(ctx: Context) -> Section:
-    sec = Section("policy", "`headers` policy vs no policy on the same cached object (wrk)")
+    m = ctx.mode
+    n = m.policy_urls
+    one_url, zipf = "one URL", f"Zipf over {n:,} URLs"
+    sec = Section("policy", "`headers` policy vs no policy, on one cached URL and on a Zipf mix of many (wrk)")
     sec.about = (
-        "`/static/177`, cached, `wrk -t2 -c64`: Inlay without a policy vs Inlay with "
+        f"`wrk -t2 -c64 -d{m.wrk_seconds:g}s` on cached 177 B objects: Inlay without a policy vs Inlay with "
         "`--policy target/policies/headers.wasm` (build it with `make policies`), and with its "
         "C, JavaScript and Python ports (`headers-c|-js|-py.wasm`) where built. The policy runs "
         "on every request (on-request, on-deliver; a request it has seen before is replayed "
@@ -148,12 +165,36 @@ def wrk_policy(ctx: Context) -> Section:
         "instance of the pre-warmed snapshot for every request, as a request the policy "
         "has not seen does (each worker thread keeps one made ahead, `pre_instantiate`, but "
         "under wrk's constant load that only moves the instantiation's CPU, it does not "
-        "save it)."
+        f"save it). Two request mixes, alternated within each A/B pair: *{one_url}*, `/static/177` over "
+        f"and over (replay answers nearly every request), and *{zipf}*, `{ZIPF_PREFIX}K` with K drawn "
+        f"from a Zipf distribution (s = {ZIPF_S:g}, as YCSB; `wrk/report.lua` with `WRK_PATHS_ZIPF`): "
+        f"the top 1% of the URLs get {zipf_head_share(n, ZIPF_S, n // 100):.0%} of the requests, the top "
+        f"10% {zipf_head_share(n, ZIPF_S, n // 10):.0%}. `headers` reads the URL (it strips tracking "
+        "parameters), so every URL records a path of its own, and the replay trees "
+        "(`[policy] memo_size`, 16 MiB) and the cache both see real variety: the figure users see. "
+        f"Before the runs each Inlay gets all {n:,} objects (`wrk/sweep.lua`: each URL once; memory tier "
+        "256 MiB, about 1 KiB charged per object), served by the built-in policy (`default.wasm`, swapped "
+        "in through a symlink and `kill -HUP`; it caches the same objects), then the measured policy is "
+        "reloaded. After every run with replay on, a reload logs how the run's hooks were answered "
+        "(*hooks replayed*) and how often the trees filled up and started over; the next run starts on "
+        "empty trees. The origin counts requests during the Zipf runs (should be 0). `vs no policy` is "
+        "the median of the ratios within the pairs."
     )
     wasm = ctx.policy_dir / "headers.wasm"
     if not wasm.exists():
         sec.skipped = f"{wasm} is missing: run `make policies` first."
         return sec
+    # Each policy inlay loads its policy through a link of its own, so that the fill below
+    # can swap in a cheaper one (`kill -HUP` reloads the file the link names).
+    links: dict[str, tuple[Path, Path]] = {}
+
+    def linked(inst: str, wasm: Path) -> Path:
+        link = ctx.workdir / inst / wasm.name
+        link.parent.mkdir()
+        link.symlink_to(wasm)
+        links[inst] = (link, wasm)
+        return link
+
     targets = {"no policy": ctx.inlay("policy-none")}
     ports = [("headers policy", "headers"), ("headers in C", "headers-c"),
              ("headers in JavaScript", "headers-js"), ("headers in Python", "headers-py")]
@@ -162,7 +203,7 @@ def wrk_policy(ctx: Context) -> Section:
         if not path.exists():
             continue
         try:
-            pol = ctx.inlay(f"policy-{name}", policy=path)
+            pol = ctx.inlay(f"policy-{name}", policy=linked(f"policy-{name}", path))
         except BenchError as e:
             if name == "headers":
                 sec.skipped = f"`inlay serve --policy {path.name}` did not start: {e}"
@@ -178,23 +219,116 @@ def wrk_policy(ctx: Context) -> Section:
     for label, name in ports:
         if label in targets:
             targets[f"{label}, replay off"] = ctx.inlay(
-                f"policy-{name}-live", policy=ctx.policy_dir / f"{name}.wasm", memo_size="0")
-    for t in targets.values():
+                f"policy-{name}-live", policy=linked(f"policy-{name}-live", ctx.policy_dir / f"{name}.wasm"),
+                memo_size="0")
+    zipf_targets = [t for t in targets if m.policy_zipf_replay_off or not t.endswith(", replay off")]
+    # The fill requests every URL once: each is new to the policy, which then runs live
+    # (the Python port at about 2k requests/s here). The built-in policy (`default.wasm`)
+    # caches the same objects (neither adds to the cache key nor changes the response
+    # before it is stored), so it serves the fill; the measured policy is swapped back in.
+    fill_policy = ctx.policy_dir / "default.wasm"
+    sweeps = {}
+    for tname, t in targets.items():
+        if tname not in zipf_targets:
+            continue
+        swap = links.get(t.name) if fill_policy.exists() else None
+        if swap is not None:
+            ctx.reg.note_command(["ln", "-sfn", str(fill_policy), str(swap[0])])
+            swap_link(swap[0], fill_policy)
+            t.reload_policy()
+        sweeps[tname] = ctx.sweep(t, ZIPF_PREFIX, n)
+        if swap is not None:
+            ctx.reg.note_command(["ln", "-sfn", str(swap[1]), str(swap[0])])
+            swap_link(*swap)
+            t.reload_policy()
+    for tname, t in targets.items():
         ctx.warm(t.url + "/static/177")
-    res = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], "/static/177"))
-    sec.raw = res
-    by = res["177 B"]
-    rs = pair_ratios(by["headers policy"], by["no policy"], lambda r: r["rps"])
-    sec.ratio("`headers` policy / no policy (req/s, cached 177 B)", med(rs), 0.85, detail=ratio_detail(rs))
-    rs = pair_ratios(by["headers policy, replay off"], by["no policy"], lambda r: r["rps"])
-    sec.ratio("`headers` policy with replay off / no policy (req/s, cached 177 B)", med(rs), detail=ratio_detail(rs))
-    rps = {name: med([r["rps"] for r in runs]) for name, runs in by.items()}
-    rust = rps["headers policy"]
-    sec.tables.append(Table("Medians over the pairs", ["inlay", "req/s", "vs Rust policy", "p50 ms", "p99 ms", "CPU µs/req"],
-        [[name, num(rps[name]), f"{rps[name] / rust:.2f}x" if rust else "-",
-          ms(med([r["latency_ms"]["p50"] for r in runs])),
-          ms(med([r["latency_ms"]["p99"] for r in runs])), num(med([r["cpu_us_per_req"] for r in runs]))]
-         for name, runs in by.items()]))
+        if tname != "no policy":
+            _, headers, _ = http_get(t.url + "/static/177")
+            if headers.get("x-inlay-policy") != "headers":
+                raise BenchError(f"{tname}: the headers policy is not serving after the fill ({headers})")
+    zipf_env = {"WRK_PATHS_COUNT": str(n), "WRK_PATHS_PREFIX": ZIPF_PREFIX, "WRK_PATHS_ZIPF": f"{ZIPF_S:g}"}
+
+    def run(case: str, tname: str) -> dict | None:
+        t = targets[tname]
+        if case == one_url:
+            r = ctx.wrk(t, "/static/177")
+        elif tname in zipf_targets:
+            r = ctx.wrk(t, "/static/177", env=zipf_env)
+        else:
+            return None
+        if t.replay:
+            # A reload says how the run's hooks were answered, and the next run starts on
+            # empty replay trees (as after any of the trees' resets).
+            r["replay"] = t.reload_policy()
+        return r
+
+    res = ctx.alternate([one_url, zipf], list(targets), run)
+    sec.raw = {**res, "fill": sweeps}
+    rps = lambda r: r["rps"]  # noqa: E731
+    mix = {one_url: "one cached URL", zipf: f"Zipf over {n:,} cached URLs"}
+    for target, how, goal in (("headers policy", "", 0.85), ("headers policy, replay off", " with replay off", None)):
+        for case, what in mix.items():
+            if res[case][target][0] is not None:
+                rs = pair_ratios(res[case][target], res[case]["no policy"], rps)
+                sec.ratio(f"`headers` policy{how} / no policy (req/s, {what})", med(rs), goal, detail=ratio_detail(rs))
+
+    def cell(case: str, tname: str, f) -> str:
+        runs = [r for r in res[case][tname] if r is not None]
+        return "-" if not runs else f(runs)
+
+    def vs_none(case: str, tname: str) -> str:
+        if res[case][tname][0] is None:
+            return "-"
+        return xr(med(pair_ratios(res[case][tname], res[case]["no policy"], rps)))
+
+    def both(tname: str, f) -> str:
+        return f"{cell(one_url, tname, f)} / {cell(zipf, tname, f)}"
+
+    def replayed(runs: list[dict]) -> str:
+        counts = [r["replay"] for r in runs if r.get("replay")]
+        hooks = sum(c["replayed"] + c["live"] for c in counts)
+        return f"{sum(c['replayed'] for c in counts) / hooks:.0%}" if hooks else "-"
+
+    def resets(runs: list[dict]) -> str:
+        return "-" if not runs[0].get("replay") else num(med([r["replay"]["resets"] for r in runs]))
+
+    rows = []
+    for tname in targets:
+        zipf_vs_one = "-" if res[zipf][tname][0] is None else xr(
+            med(pair_ratios(res[zipf][tname], res[one_url][tname], rps)))
+        rows.append([
+            tname,
+            cell(one_url, tname, lambda runs: num(med([r["rps"] for r in runs]))), vs_none(one_url, tname),
+            cell(zipf, tname, lambda runs: num(med([r["rps"] for r in runs]))), vs_none(zipf, tname),
+            zipf_vs_one,
+            both(tname, lambda runs: num(med([r["cpu_us_per_req"] for r in runs]))),
+            both(tname, lambda runs: ms(med([r["latency_ms"]["p99"] for r in runs]))),
+            both(tname, replayed),
+            cell(zipf, tname, resets),
+            cell(zipf, tname, lambda runs: str(sum(r["origin_requests"] for r in runs))),
+        ])
+    sec.tables.append(Table("Medians over the pairs", [
+        "inlay", f"{one_url} req/s", "vs no policy", f"{zipf} req/s", "vs no policy", "Zipf / one URL",
+        "CPU µs/req, one URL / Zipf", "p99 ms, one URL / Zipf", "hooks replayed, one URL / Zipf",
+        "replay trees started over per Zipf run", "origin requests, Zipf runs"], rows))
+    for tname, t in targets.items():
+        # A hook over its CPU time fails its request (5xx; wrk counts them, over 1% fails
+        # the run), and may switch replay off for the rest of that run's generation.
+        slow = t.log_count("exceeded its CPU time")
+        unreplayed = t.log_count("did not repeat itself")
+        if slow or unreplayed:
+            sec.notes.append(f"{tname}: {slow} hook(s) over the policy CPU time limit; replay switched off "
+                             f"{unreplayed} time(s) after a hook did not repeat its recorded calls (see its log).")
+    if len(zipf_targets) < len(targets):
+        sec.notes.append(f"{m.name} mode: the replay-off targets run on {one_url} only.")
+    filler = "`default.wasm`" if fill_policy.exists() else "the measured policy itself (`default.wasm` is missing)"
+    sec.notes.append(f"Filling the cache with the Zipf runs' URLs (wrk, each URL once, with {filler}): " + "; ".join(
+        f"{name} {f['seconds']:.1f} s" for name, f in sweeps.items()) + ".")
+    sec.plots.append(("policy.svg", "requests/s, one URL and Zipf", svg.bar_chart(
+        f"headers policy: requests/s, one URL vs Zipf over {n:,} URLs (median of pairs)", list(targets),
+        {case: [med([r["rps"] for r in res[case][t] if r is not None]) for t in targets] for case in (one_url, zipf)},
+        "requests/s")))
     return sec
 
 

@@ -5,10 +5,14 @@
 
 from __future__ import annotations
 
+import http.server
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import xml.etree.ElementTree as ET
@@ -18,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import report  # noqa: E402
 import svg  # noqa: E402
-from context import Ratio, Section, Table, med, pair_ratios, trend_median  # noqa: E402
-from loadgen import flatten_k6  # noqa: E402
-from procs import CpuMeter, Registry, RssSampler, descendants, is_hit  # noqa: E402
-from scenarios import fragment_delays  # noqa: E402
+from context import Ratio, Section, Table, med, pair_ratios, trend_median, zipf_head_share  # noqa: E402
+from loadgen import WRK_LUA, LoadGen, flatten_k6  # noqa: E402
+from procs import BenchError, CpuMeter, Registry, RssSampler, descendants, is_hit, replay_counts  # noqa: E402
+from scenarios import fragment_delays, swap_link  # noqa: E402
 
 
 class FragmentDelays(unittest.TestCase):
@@ -62,6 +66,126 @@ class Stats(unittest.TestCase):
         self.assertIsNone(Ratio("a", None, 1.0).ok)
 
 
+class ZipfShare(unittest.TestCase):
+    def test_head_share(self):
+        self.assertAlmostEqual(zipf_head_share(2, 1.0, 1), 2 / 3)
+        self.assertAlmostEqual(zipf_head_share(10, 0.0, 3), 0.3)  # s = 0: uniform
+        self.assertEqual(zipf_head_share(100_000, 0.99, 100_000), 1.0)
+        # the YCSB-like mix of the policy section: the top 1 % of 100k URLs get over half the requests
+        self.assertGreater(zipf_head_share(100_000, 0.99, 1000), 0.5)
+        self.assertLess(zipf_head_share(100_000, 0.99, 1000), 0.7)
+
+    def test_bad_arguments_are_refused(self):
+        with self.assertRaises(ValueError):
+            zipf_head_share(10, 1.0, 11)
+        with self.assertRaises(ValueError):
+            zipf_head_share(0, 1.0, 0)
+
+
+class PathCounter:
+    """A loopback HTTP/1.1 server answering 200 to every GET and recording
+    the `id` query parameter per client connection."""
+
+    def __init__(self):
+        self.ids: dict[tuple, list[int]] = {}
+        self.lock = threading.Lock()
+        counter = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes
+
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                m = re.search(r"[?&]id=(\d+)", self.path)
+                if m:
+                    with counter.lock:
+                        counter.ids.setdefault(self.client_address, []).append(int(m.group(1)))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *_args):
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # wrk drops its connections when it stops
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "PathCounter":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def all_ids(self) -> list[int]:
+        with self.lock:
+            return [i for seq in self.ids.values() for i in seq]
+
+
+@unittest.skipUnless(shutil.which("wrk"), "wrk is not installed")
+class WrkScripts(unittest.TestCase):
+    """The wrk scripts against a local counting server (a second or two each)."""
+
+    def run_report_lua(self, url: str, env: dict[str, str]) -> str:
+        p = subprocess.run(["wrk", "-t2", "-c2", "-d1s", "-s", str(WRK_LUA), url + "/"], capture_output=True,
+                           text=True, timeout=30, env=dict(os.environ, **env))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("WRK_JSON {", p.stdout)
+        return p.stdout
+
+    def test_zipf_mix_follows_the_distribution_and_threads_differ(self):
+        n, s = 1000, 0.99
+        env = {"WRK_PATHS_COUNT": str(n), "WRK_PATHS_PREFIX": "/static/177?id=", "WRK_PATHS_ZIPF": str(s),
+               "WRK_SEED": "42"}
+        with PathCounter() as srv:
+            self.run_report_lua(srv.url, env)
+            ids = srv.all_ids()
+            per_connection = [seq for seq in srv.ids.values() if len(seq) >= 20]
+        self.assertGreater(len(ids), 300)
+        self.assertTrue(all(0 <= i < n for i in ids))
+        for k in (1, 10, 100):
+            share = sum(1 for i in ids if i < k) / len(ids)
+            self.assertAlmostEqual(share, zipf_head_share(n, s, k), delta=0.06, msg=f"top {k}")
+        # one connection per thread: each thread draws its own sequence (not the same one
+        # shifted by the request wrk draws on its first thread to check the script)
+        self.assertEqual(len(per_connection), 2)
+        a, b = per_connection
+        for shift in (0, 1):
+            self.assertNotEqual(a[shift:shift + 19], b[:19])
+            self.assertNotEqual(b[shift:shift + 19], a[:19])
+
+    def test_without_zipf_the_ids_are_uniform(self):
+        env = {"WRK_PATHS_COUNT": "1000", "WRK_PATHS_PREFIX": "/static/177?id="}
+        with PathCounter() as srv:
+            self.run_report_lua(srv.url, env)
+            ids = srv.all_ids()
+        self.assertGreater(len(ids), 300)
+        self.assertLess(sum(1 for i in ids if i < 100) / len(ids), 0.2)
+
+    def test_sweep_requests_every_id_once(self):
+        n = 3001  # odd: the two wrk threads get unequal shares
+        with tempfile.TemporaryDirectory() as d, PathCounter() as srv:
+            gen = LoadGen(Registry(Path(d)), "wrk", "k6")
+            r = gen.wrk_sweep(srv.url, n, "/static/177?id=", connections=8, timeout=60)
+            ids = srv.all_ids()
+        self.assertEqual(r["not_ok"], 0)
+        self.assertEqual(sorted(set(ids)), list(range(n)))
+        # only the last id may be asked for again (a connection that lost the race for it)
+        repeated = {i for i in ids if ids.count(i) > 1} if len(ids) != n else set()
+        self.assertLessEqual(repeated, {n - 1})
+        self.assertEqual(r["requests"], len(ids))
+        self.assertLess(r["seconds"], 30)  # it ends when done, not at wrk's -d
+
+
 class K6Summary(unittest.TestCase):
     def test_flatten_keeps_percentiles_and_failed_thresholds(self):
         data = {
@@ -91,6 +215,30 @@ class Hits(unittest.TestCase):
         self.assertTrue(is_hit({"x-varnish": "32770 3"}))
         self.assertFalse(is_hit({"x-varnish": "32770"}))
         self.assertFalse(is_hit({}))
+
+
+class InlayLogs(unittest.TestCase):
+    def test_replay_counts_from_the_reload_line(self):
+        line = ("2026-11-24T02:08:21.223627Z  INFO policy hooks replayed from recorded paths policy=headers "
+                "generation=2 replayed=12 live=300000 resets=77 bytes=10138236")
+        self.assertEqual(replay_counts(line), {"replayed": 12, "live": 300000, "resets": 77, "bytes": 10138236})
+        with self.assertRaises(BenchError):
+            replay_counts("policy hooks replayed from recorded paths policy=headers replayed=1 live=2")
+
+
+class PolicyLink(unittest.TestCase):
+    def test_swap_link_repoints_the_link(self):
+        with tempfile.TemporaryDirectory() as d:
+            a, b, link = Path(d) / "a.wasm", Path(d) / "b.wasm", Path(d) / "p" / "headers.wasm"
+            a.write_text("a")
+            b.write_text("b")
+            link.parent.mkdir()
+            link.symlink_to(a)
+            swap_link(link, b)
+            self.assertEqual(link.read_text(), "b")
+            swap_link(link, a)
+            self.assertEqual(link.read_text(), "a")
+            self.assertEqual(sorted(p.name for p in link.parent.iterdir()), ["headers.wasm"])
 
 
 class ProcFs(unittest.TestCase):
