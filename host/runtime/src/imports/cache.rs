@@ -2,17 +2,17 @@
 //! HTTP cache. Arguments are validated here; storage failures come back
 //! as `cache-error.storage`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::StatusCode;
-use tracing::Instrument;
 
 use super::types::{headers_from_list, headers_to_list};
 use crate::bindings::inlay::policy::cache::{CacheError, CachedObject, Host, NewObject};
 use crate::services;
 use crate::state::StoreState;
+
+use super::StorageError;
 
 fn secs(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
@@ -54,30 +54,12 @@ fn from_cached(obj: services::CachedObject) -> CachedObject {
     }
 }
 
-impl StoreState {
-    /// Runs one cache operation: counts the call, awaits the storage (time
-    /// not charged to the guest) and maps storage errors.
-    async fn cache_call<T>(
-        &mut self,
-        name: &'static str,
-        check: Result<(), CacheError>,
-        op: impl FnOnce(&StoreState) -> Result<BoxFuture<'static, Result<T, String>>, CacheError>,
-    ) -> wasmtime::Result<Result<T, CacheError>> {
-        let span = tracing::debug_span!("hostcall", call = name);
-        if !self.count_unrepeatable() {
-            return Ok(Err(CacheError::LimitExceeded));
-        }
-        if let Err(e) = check {
-            return Ok(Err(e));
-        }
-        let future = match op(self) {
-            Ok(f) => f,
-            Err(e) => return Ok(Err(e)),
-        };
-        let started = Instant::now();
-        let result = future.instrument(span).await;
-        self.clock.exclude(started.elapsed());
-        Ok(result.map_err(CacheError::Storage))
+impl StorageError for CacheError {
+    fn limit_exceeded() -> Self {
+        CacheError::LimitExceeded
+    }
+    fn storage(message: String) -> Self {
+        CacheError::Storage(message)
     }
 }
 
@@ -89,7 +71,7 @@ impl Host for StoreState {
     ) -> wasmtime::Result<Result<Option<CachedObject>, CacheError>> {
         let check = check_target(&host, &url);
         let found = self
-            .cache_call("cache.lookup", check, |s| {
+            .storage_call("cache.lookup", check, |s| {
                 Ok(s.services().cache_lookup(&host, &url))
             })
             .await?;
@@ -103,7 +85,7 @@ impl Host for StoreState {
         obj: NewObject,
     ) -> wasmtime::Result<Result<(), CacheError>> {
         let check = check_target(&host, &url);
-        self.cache_call("cache.insert", check, |s| {
+        self.storage_call("cache.insert", check, |s| {
             let obj = to_new_object(obj)?;
             Ok(s.services().cache_insert(&host, &url, obj))
         })
@@ -117,7 +99,7 @@ impl Host for StoreState {
         soft: bool,
     ) -> wasmtime::Result<Result<u32, CacheError>> {
         let check = check_target(&host, &url);
-        self.cache_call("cache.purge-url", check, |s| {
+        self.storage_call("cache.purge-url", check, |s| {
             Ok(s.services().cache_purge_url(&host, &url, soft))
         })
         .await
@@ -133,7 +115,7 @@ impl Host for StoreState {
         } else {
             Ok(())
         };
-        self.cache_call("cache.purge-key", check, |s| {
+        self.storage_call("cache.purge-key", check, |s| {
             Ok(s.services().cache_purge_key(&key, soft))
         })
         .await
