@@ -130,8 +130,10 @@ impl CacheStore {
         blocking(move || objects.flush()).await
     }
 
-    /// Sizes and counters of the object store (no I/O).
-    pub fn stats(&self) -> StoreStats {
-        self.objects.stats()
+    /// Sizes and counters of the object store (with a disk tier, reading
+    /// them asks the file system for sled's size).
+    pub async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || Ok(objects.stats())).await
     }
 }
