@@ -1,14 +1,13 @@
-//! The disk tier through the real binary: its size bound, and a full disk.
-
-mod common;
+//! The disk tier of the real binary: its size bound, and a full disk.
 
 use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Inlay, Origin, request};
 
-async fn site(url: &str) -> common::Reply {
+use crate::common::{Inlay, Origin, request};
+
+async fn site(url: &str) -> crate::common::Reply {
     request("GET", url, &[("host", "www.example.com")], Bytes::new()).await
 }
 
@@ -22,7 +21,7 @@ async fn the_disk_bound_holds_by_evicting_old_objects() {
             "[cache]\ndir = \"{}\"\nmemory_size = \"1MiB\"\ndisk_size = \"4MiB\"",
             dir.path().join("c").display()
         ))
-        .start();
+        .spawn_process();
     // 40 objects of 256 KiB: 10 MiB through a 4 MiB disk tier.
     for i in 0..40 {
         let r = site(&inlay.url(&format!("/bytes/262144?id={i}&cc=max-age%3D600"))).await;
@@ -71,7 +70,7 @@ async fn a_full_disk_is_survived_and_responses_are_served_uncached() {
             "[cache]\ndir = \"{}\"\nmemory_size = \"1MiB\"\ndisk_size = \"1GiB\"",
             mnt.join("c").display()
         ))
-        .start();
+        .spawn_process();
     // 24 MiB of objects into a 3 MiB filesystem.
     for i in 0..24 {
         let r = site(&inlay.url(&format!("/bytes/1048576?id={i}&cc=max-age%3D600"))).await;
