@@ -83,8 +83,8 @@ fn show_diagnostics_if_asked() {
     }
 }
 
-/// Inlay serving in the test process; stopped on drop, or with
-/// [`stop`](Self::stop), which waits for the drain and the flushes.
+/// Inlay serving in the test process; stopped (drained, flushed) by
+/// [`stop`](Self::stop) or on drop.
 pub struct Harness {
     pub addr: SocketAddr,
     /// The access log (written by the server's own writer thread).
@@ -116,24 +116,44 @@ impl Harness {
     /// requests drained, the access log written out, the cache flushed.
     /// The access log and the policy stay readable.
     pub async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let served = self.served.take().expect("stopped once");
-        tokio::time::timeout(Duration::from_secs(30), served)
+        self.stopped()
             .await
             .expect("inlay stopped within 30 s")
             .expect("the server task did not panic")
             .expect("inlay stopped cleanly");
     }
-}
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        // The server drains in the background; the runtime ends with the test.
+    /// Send the stop signal and wait for the server's task, once.
+    async fn stopped(
+        &mut self,
+    ) -> Result<Result<anyhow::Result<()>, tokio::task::JoinError>, tokio::time::error::Elapsed>
+    {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        let served = self.served.take().expect("stopped once");
+        tokio::time::timeout(Duration::from_secs(30), served).await
+    }
+}
+
+impl Drop for Harness {
+    /// Stops as [`stop`](Harness::stop) does, so that the shutdown does not
+    /// race the end of the test's runtime; a test that failed only sends
+    /// the signal.
+    fn drop(&mut self) {
+        if self.served.is_none() {
+            return;
+        }
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if std::thread::panicking() || !multi_thread {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+            return;
+        }
+        let handle = tokio::runtime::Handle::current();
+        let _ = tokio::task::block_in_place(|| handle.block_on(self.stopped()));
     }
 }
 
