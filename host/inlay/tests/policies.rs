@@ -347,12 +347,7 @@ async fn no_request_sees_the_state_another_request_left_in_the_policy() {
     // answers `/cap/state` with them. Each request must start from the
     // load-time snapshot: it sees the warm-up request and nothing else.
     let origin = Origin::start();
-    let inlay = Harness::builder()
-        .backend(&origin)
-        .arg("--policy")
-        .arg(policy("capabilities").display().to_string())
-        .start_in_process()
-        .await;
+    let inlay = with_policy(&origin, "capabilities").await;
     let mut answers = Vec::new();
     for round in 0..4 {
         let urls: Vec<String> = (0..16)
@@ -387,12 +382,7 @@ async fn no_request_sees_the_state_another_request_left_in_the_policy() {
 async fn policies_use_kv_cache_fetch_many_and_esi_host_functions() {
     // That kv survives a restart: process::persistence.
     let origin = Origin::start();
-    let inlay = Harness::builder()
-        .backend(&origin)
-        .arg("--policy")
-        .arg(policy("capabilities").display().to_string())
-        .start_in_process()
-        .await;
+    let inlay = with_policy(&origin, "capabilities").await;
     // kv: a counter.
     assert_eq!(get(&inlay.url("/cap/kv")).await.text(), "1");
     assert_eq!(get(&inlay.url("/cap/kv")).await.text(), "2");

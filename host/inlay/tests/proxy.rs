@@ -143,12 +143,7 @@ async fn h2c_clients_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_backend_is_503_slow_backend_is_504() {
-    // A port nobody listens on: bind, note the port, close.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::unused_port();
     let dead = Harness::builder()
         .toml(&format!(
             "[backends.default]\naddress = \"http://127.0.0.1:{port}\"\n[log]\naccess_log_format = \"json\""

@@ -39,6 +39,12 @@ pub async fn get(url: &str) -> Reply {
     request("GET", url, &[], Bytes::new()).await
 }
 
+/// A GET with `Host: www.example.com`, so that cache keys match across
+/// restarts on other ports.
+pub async fn get_site(url: &str) -> Reply {
+    request("GET", url, &[("host", "www.example.com")], Bytes::new()).await
+}
+
 pub async fn request(method: &str, url: &str, headers: &[(&str, &str)], body: Bytes) -> Reply {
     let mut req = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {

@@ -15,7 +15,7 @@ mod process;
 
 use std::path::{Path, PathBuf};
 
-pub use client::{Reply, echo_headers, echoed, esi_page, get, raw, request, urlencode};
+pub use client::{Reply, echo_headers, echoed, esi_page, get, get_site, raw, request, urlencode};
 pub use harness::{AccessLog, Harness};
 pub use origin::Origin;
 pub use process::{Inlay, Lines};
@@ -30,6 +30,15 @@ pub fn policy(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// A loopback port nobody listens on: bound, noted, closed.
+pub fn unused_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// What to run: a config file, command-line flags, environment. The same

@@ -155,6 +155,16 @@ impl Inlay {
         None
     }
 
+    /// Wait until the diagnostic log (stderr) has a line containing
+    /// `needle`; panic with the whole log if it does not come in `timeout`.
+    pub fn expect_log(&self, needle: &str, timeout: Duration) {
+        assert!(
+            self.log.wait_for(needle, timeout),
+            "no {needle:?} on stderr within {timeout:?}:\n{}",
+            self.log.text()
+        );
+    }
+
     /// Resident memory of the process, in KiB.
     pub fn rss_kib(&self) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();

@@ -7,27 +7,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::common::{Inlay, Origin, esi_page, get, policy, raw};
+use crate::common::{Inlay, Origin, esi_page, get, policy, raw, request, unused_port};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_requests_are_explained_on_stderr() {
-    // A port nobody listens on: bind, note the port, close.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = unused_port();
     let dead = Inlay::builder()
         .toml(&format!(
             "[backends.default]\naddress = \"http://127.0.0.1:{port}\""
         ))
         .spawn_process();
     assert_eq!(get(&dead.url("/x")).await.status, 503);
-    assert!(
-        dead.log.wait_for("unreachable", Duration::from_secs(5)),
-        "{}",
-        dead.log.text()
-    );
+    dead.expect_log("unreachable", Duration::from_secs(5));
 
     let origin = Origin::start();
     let slow = Inlay::builder()
@@ -37,12 +28,7 @@ async fn failed_requests_are_explained_on_stderr() {
         ))
         .spawn_process();
     assert_eq!(get(&slow.url("/hang")).await.status, 504);
-    assert!(
-        slow.log
-            .wait_for("first_byte_timeout", Duration::from_secs(5)),
-        "{}",
-        slow.log.text()
-    );
+    slow.expect_log("first_byte_timeout", Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,13 +45,7 @@ async fn malformed_and_slow_clients_are_explained_on_stderr() {
     )
     .await;
     assert!(resp.starts_with("HTTP/1.1 400"), "{resp:?}");
-    assert!(
-        inlay
-            .log
-            .wait_for("malformed request", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("malformed request", Duration::from_secs(5));
     let (_, closed) = raw(
         inlay.addr,
         b"GET / HTTP/1.1\r\nHost: a\r\nX-Slow:",
@@ -73,13 +53,7 @@ async fn malformed_and_slow_clients_are_explained_on_stderr() {
     )
     .await;
     assert!(closed);
-    assert!(
-        inlay
-            .log
-            .wait_for("header_read_timeout", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("header_read_timeout", Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,38 +65,22 @@ async fn esi_failures_are_explained_on_stderr() {
         .spawn_process();
     // An include that fails without a fallback ends the page.
     let failed = "before<esi:include src=\"/resp?status=500\"/>after";
-    let _ = crate::common::request(
+    let _ = request(
         "GET",
         &inlay.url(&esi_page(failed, true)),
         &[],
         Bytes::new(),
     )
     .await;
-    assert!(
-        inlay
-            .log
-            .wait_for("/resp?status=500", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("/resp?status=500", Duration::from_secs(5));
     // An include to a host that is not a configured backend is refused.
     let refused =
         "<esi:include src=\"http://169.254.169.254/latest/meta-data\" onerror=\"continue\"/>ok";
     assert_eq!(get(&inlay.url(&esi_page(refused, true))).await.text(), "ok");
-    assert!(
-        inlay
-            .log
-            .wait_for("not a configured backend", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("not a configured backend", Duration::from_secs(5));
     // Nesting deeper than max_depth.
     let _ = get(&inlay.url("/esi/page?n=1&nested=5&cacheable=0")).await;
-    assert!(
-        inlay.log.wait_for("depth", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("depth", Duration::from_secs(5));
     // More includes than max_includes.
     let many: String = (0..8)
         .map(|i| {
@@ -133,13 +91,7 @@ async fn esi_failures_are_explained_on_stderr() {
         })
         .collect();
     assert_eq!(get(&inlay.url(&esi_page(&many, true))).await.status, 200);
-    assert!(
-        inlay
-            .log
-            .wait_for("includes per page", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("includes per page", Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,10 +107,6 @@ async fn failing_policies_are_explained_on_stderr() {
             .arg(policy(fixture).display().to_string())
             .spawn_process();
         assert!(get(&inlay.url(path)).await.status >= 500);
-        assert!(
-            inlay.log.wait_for(said, Duration::from_secs(5)),
-            "{fixture}:\n{}",
-            inlay.log.text()
-        );
+        inlay.expect_log(said, Duration::from_secs(5));
     }
 }

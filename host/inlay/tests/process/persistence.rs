@@ -4,12 +4,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::common::{Inlay, Origin, get, policy, request};
-
-/// A GET with a fixed Host, so that keys match across restarts on other ports.
-async fn site(url: &str) -> crate::common::Reply {
-    request("GET", url, &[("host", "www.example.com")], Bytes::new()).await
-}
+use crate::common::{Inlay, Origin, get, get_site, policy, request, unused_port};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_survives_kill_9_and_purges_stay_purged() {
@@ -22,9 +17,9 @@ async fn the_cache_survives_kill_9_and_purges_stay_purged() {
         .arg(&cache_arg)
         .spawn_process();
     for n in [101, 102, 103] {
-        site(&inlay.url(&format!("/bytes/{n}?cc=max-age%3D600"))).await;
+        get_site(&inlay.url(&format!("/bytes/{n}?cc=max-age%3D600"))).await;
     }
-    site(&inlay.url("/bytes/200000?cc=max-age%3D600")).await; // several chunks
+    get_site(&inlay.url("/bytes/200000?cc=max-age%3D600")).await; // several chunks
     let r = request(
         "PURGE",
         &inlay.url("/bytes/103?cc=max-age%3D600"),
@@ -38,11 +33,7 @@ async fn the_cache_survives_kill_9_and_purges_stay_purged() {
     inlay.signal("KILL");
     drop(inlay);
     // Restart against a dead origin: what was cached is served from disk.
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let dead_port = unused_port();
     let restarted = Inlay::builder()
         .toml(&format!(
             "[backends.default]\naddress = \"http://127.0.0.1:{dead_port}\""
@@ -51,13 +42,13 @@ async fn the_cache_survives_kill_9_and_purges_stay_purged() {
         .arg(&cache_arg)
         .spawn_process();
     for n in [101, 102] {
-        let r = site(&restarted.url(&format!("/bytes/{n}?cc=max-age%3D600"))).await;
+        let r = get_site(&restarted.url(&format!("/bytes/{n}?cc=max-age%3D600"))).await;
         assert_eq!(r.status, 200, "object {n} lost after kill -9");
         assert_eq!(r.body.len(), n);
     }
-    let r = site(&restarted.url("/bytes/200000?cc=max-age%3D600")).await;
+    let r = get_site(&restarted.url("/bytes/200000?cc=max-age%3D600")).await;
     assert_eq!((r.status, r.body.len()), (200, 200000));
-    let r = site(&restarted.url("/bytes/103?cc=max-age%3D600")).await;
+    let r = get_site(&restarted.url("/bytes/103?cc=max-age%3D600")).await;
     assert_eq!(r.status, 503, "a purged object must not come back");
 }
 

@@ -66,23 +66,11 @@ async fn sighup_reloads_the_policy_under_load_without_failing_a_request() {
     // Swap in `headers` and reload; then a broken file, which must be refused.
     std::fs::copy(policy("headers"), &live).unwrap();
     inlay.signal("HUP");
-    assert!(
-        inlay
-            .log
-            .wait_for("policy reloaded", Duration::from_secs(20)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("policy reloaded", Duration::from_secs(20));
     tokio::time::sleep(Duration::from_millis(300)).await;
     std::fs::write(&live, b"not a wasm component").unwrap();
     inlay.signal("HUP");
-    assert!(
-        inlay
-            .log
-            .wait_for("reload refused", Duration::from_secs(20)),
-        "{}",
-        inlay.log.text()
-    );
+    inlay.expect_log("reload refused", Duration::from_secs(20));
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (mut ok, mut failed) = (0, 0);
