@@ -194,9 +194,11 @@ async fn malformed_requests_get_400_and_the_connection_is_closed() {
     .await;
     assert!(resp.starts_with("HTTP/1.1 400"), "{resp:?}");
     assert!(closed, "connection must be closed after a 400");
+    // This 400 keeps the connection open: ask for a close, or `raw` waits
+    // out its timeout.
     let (resp, _) = raw(
         inlay.addr,
-        b"GET / HTTP/1.1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
         Duration::from_secs(5),
     )
     .await;
