@@ -1,5 +1,6 @@
 //! The `inlay` command line: varnishd-style quick flags over a TOML file.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -162,17 +163,12 @@ fn init_tracing(level: &str) {
         .try_init();
 }
 
-/// Bind, serve until SIGTERM/SIGINT, drain.
+/// Bind, serve until SIGTERM/SIGINT, drain; SIGHUP reloads the policy.
 pub async fn serve(cfg: Config) -> anyhow::Result<()> {
-    let cfg = Arc::new(cfg);
-    let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
     // The policy is compiled before we listen: a bad one stops start-up here.
-    let policy = load_policy(&cfg).await?;
-    if cfg.admin.is_some() {
-        tracing::warn!("admin.listen is reserved: the admin API is not built yet; ignoring it");
-    }
+    let proxy = Proxy::load(cfg).await?;
     let mut listeners = Vec::new();
-    for addr in &cfg.server.listen {
+    for addr in &proxy.config().server.listen {
         let l = TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
@@ -180,28 +176,90 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         info!("listening on http://{}", l.local_addr()?);
         listeners.push(l);
     }
-    let store = open_store(&cfg)?;
-    let pipeline = Arc::new(Pipeline::new(
-        cfg.clone(),
-        HttpCache::new(store, cfg.cache.rules()),
-        policy.clone(),
-        access_log.clone(),
-    ));
-    if let (Some(slot), Some(pc)) = (policy.clone(), cfg.policy.clone()) {
+    if let (Some(slot), Some(pc)) = (proxy.policy().cloned(), proxy.config().policy.clone()) {
         tokio::spawn(reload_on_sighup(slot, pc));
     }
-    let cache = pipeline.cache().clone();
-    crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown_signal()).await;
-    flush_access_log(access_log).await;
-    if let Some(slot) = &policy {
-        log_replay_stats(&slot.current());
+    proxy.run(listeners, shutdown_signal()).await
+}
+
+/// Serve `listeners` until `shutdown` resolves, then drain and flush: what
+/// `inlay serve` does once it has bound its addresses, without signals.
+/// `cfg.server.listen` is not read; the listeners are the caller's.
+pub async fn run(
+    cfg: Config,
+    listeners: Vec<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    Proxy::load(cfg).await?.run(listeners, shutdown).await
+}
+
+/// The proxy before it serves: the access log open and the policy loaded,
+/// so that a bad policy stops start-up before anything listens.
+#[derive(Debug)]
+pub struct Proxy {
+    cfg: Arc<Config>,
+    access_log: AccessLog,
+    policy: Option<Arc<PolicySlot>>,
+}
+
+impl Proxy {
+    /// Open the access log and load the configured policy.
+    pub async fn load(cfg: Config) -> anyhow::Result<Self> {
+        let cfg = Arc::new(cfg);
+        let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
+        let policy = load_policy(&cfg).await?;
+        if cfg.admin.is_some() {
+            tracing::warn!("admin.listen is reserved: the admin API is not built yet; ignoring it");
+        }
+        Ok(Self {
+            cfg,
+            access_log,
+            policy,
+        })
     }
-    // sled fsyncs periodically: flush so a clean stop loses nothing.
-    match cache.store().flush().await {
-        Ok(()) => info!("cache flushed"),
-        Err(e) => error!(error = %e, "flushing the cache at shutdown failed"),
+
+    /// The configuration it serves with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
     }
-    Ok(())
+
+    /// The policy slot (reloaded in place by SIGHUP), if a policy is configured.
+    pub fn policy(&self) -> Option<&Arc<PolicySlot>> {
+        self.policy.as_ref()
+    }
+
+    /// Open the cache and serve `listeners` until `shutdown` resolves; then
+    /// drain in-flight requests, write out the access log and flush the cache.
+    pub async fn run(
+        self,
+        listeners: Vec<TcpListener>,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        let Self {
+            cfg,
+            access_log,
+            policy,
+        } = self;
+        let store = open_store(&cfg)?;
+        let pipeline = Arc::new(Pipeline::new(
+            cfg.clone(),
+            HttpCache::new(store, cfg.cache.rules()),
+            policy.clone(),
+            access_log.clone(),
+        ));
+        let cache = pipeline.cache().clone();
+        crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown).await;
+        flush_access_log(access_log).await;
+        if let Some(slot) = &policy {
+            log_replay_stats(&slot.current());
+        }
+        // sled fsyncs periodically: flush so a clean stop loses nothing.
+        match cache.store().flush().await {
+            Ok(()) => info!("cache flushed"),
+            Err(e) => error!(error = %e, "flushing the cache at shutdown failed"),
+        }
+        Ok(())
+    }
 }
 
 /// Write out the access-log lines still queued, and say if any were lost.

@@ -1,19 +1,14 @@
-//! The cache through the real binary: freshness rules, Vary, coalescing,
-//! grace, stale-if-error, revalidation, Range, purge, persistence.
+//! The cache, in process against the test origin: freshness rules, Vary,
+//! coalescing, grace, stale-if-error, revalidation, Range, purge.
 
 mod common;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Inlay, Origin, get, request};
+use common::{Harness, Origin, get, request};
 
-/// A GET with a fixed Host, so that keys match across restarts on other ports.
-async fn site(url: &str) -> common::Reply {
-    request("GET", url, &[("host", "www.example.com")], Bytes::new()).await
-}
-
-async fn twice(inlay: &Inlay, path: &str) -> (common::Reply, common::Reply) {
+async fn twice(inlay: &Harness, path: &str) -> (common::Reply, common::Reply) {
     let a = get(&inlay.url(path)).await;
     let b = get(&inlay.url(path)).await;
     (a, b)
@@ -22,7 +17,7 @@ async fn twice(inlay: &Inlay, path: &str) -> (common::Reply, common::Reply) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freshness_headers_decide_what_is_cached() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     // Cacheable: each of these is fetched once for two requests.
     let cached = [
         (1, "cc=max-age%3D60"),
@@ -96,10 +91,11 @@ async fn freshness_headers_decide_what_is_cached() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn age_counts_and_objects_expire() {
     let origin = Origin::start();
-    let inlay = Inlay::builder()
+    let inlay = Harness::builder()
         .backend(&origin)
         .toml("[cache]\ndefault_grace = \"0s\"")
-        .start();
+        .start_in_process()
+        .await;
     get(&inlay.url("/bytes/31?cc=max-age%3D2")).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let r = get(&inlay.url("/bytes/31?cc=max-age%3D2")).await;
@@ -116,7 +112,7 @@ async fn age_counts_and_objects_expire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vary_keeps_one_variant_per_header_value() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let url = inlay.url("/echo?cc=max-age%3D60&vary=X-Lang");
     for lang in ["en", "fr", "en", "fr", "de"] {
         let r = request("GET", &url, &[("x-lang", lang)], Bytes::new()).await;
@@ -133,7 +129,7 @@ async fn vary_keeps_one_variant_per_header_value() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_misses_cost_one_origin_request() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let url = inlay.url("/bytes/5000?delay_ms=500&cc=max-age%3D60");
     let mut tasks = Vec::new();
     for _ in 0..100 {
@@ -151,7 +147,7 @@ async fn a_hundred_concurrent_misses_cost_one_origin_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncacheable_keys_do_not_queue_behind_each_other() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     // Learn that the key is uncacheable (hit-for-miss) ...
     get(&inlay.url("/bytes/41?cc=no-store")).await;
     // ... then 10 concurrent slow requests run in parallel, not one after another.
@@ -177,7 +173,7 @@ async fn uncacheable_keys_do_not_queue_behind_each_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_serves_stale_while_exactly_one_background_fetch_refreshes() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let url = inlay.url("/bytes/51?cc=max-age%3D1,%20stale-while-revalidate%3D30&delay_ms=300");
     get(&url).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -224,17 +220,18 @@ async fn grace_serves_stale_while_exactly_one_background_fetch_refreshes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_if_error_serves_the_old_object_when_the_origin_fails() {
     let origin = Origin::start();
-    let inlay = Inlay::builder()
+    let inlay = Harness::builder()
         .toml(&format!(
             "[backends.default]\naddress = \"{}\"\n[cache]\ndefault_grace = \"0s\"",
             origin.url()
         ))
-        .start();
+        .start_in_process()
+        .await;
     // The query is part of the key, so the "failing" request must have the same URL:
     // a first good response, then the origin is gone.
     let r = get(&inlay.url("/bytes/61?cc=max-age%3D1,%20stale-if-error%3D60")).await;
     assert_eq!(r.status, 200);
-    drop(origin);
+    origin.stop().await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let r = get(&inlay.url("/bytes/61?cc=max-age%3D1,%20stale-if-error%3D60")).await;
     assert_eq!(r.status, 200, "stale object expected, got {}", r.text());
@@ -249,10 +246,11 @@ async fn stale_if_error_serves_the_old_object_when_the_origin_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_objects_are_revalidated_with_304() {
     let origin = Origin::start();
-    let inlay = Inlay::builder()
+    let inlay = Harness::builder()
         .backend(&origin)
         .toml("[cache]\ndefault_grace = \"0s\"\ndefault_keep = \"60s\"")
-        .start();
+        .start_in_process()
+        .await;
     let url = inlay.url("/bytes/71?cc=max-age%3D1&etag=v1");
     let first = get(&url).await;
     assert_eq!(first.header("etag"), Some("\"v1\""));
@@ -274,7 +272,7 @@ async fn expired_objects_are_revalidated_with_304() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_conditional_head_and_range_requests_are_answered_from_cache() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let url = inlay.url("/bytes/1000?cc=max-age%3D60&etag=abc");
     get(&url).await;
     let r = request("GET", &url, &[("if-none-match", "\"abc\"")], Bytes::new()).await;
@@ -297,7 +295,7 @@ async fn client_conditional_head_and_range_requests_are_answered_from_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_by_url_by_key_and_soft() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let a = inlay.url("/bytes/81?cc=max-age%3D60&sk=product-1%20all");
     let b = inlay.url("/bytes/82?cc=max-age%3D60&sk=product-2%20all");
     get(&a).await;
@@ -337,10 +335,11 @@ async fn purge_by_url_by_key_and_soft() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_is_refused_from_other_addresses() {
     let origin = Origin::start();
-    let inlay = Inlay::builder()
+    let inlay = Harness::builder()
         .backend(&origin)
         .toml("[cache]\npurge_allow = [\"10.0.0.0/8\"]")
-        .start();
+        .start_in_process()
+        .await;
     get(&inlay.url("/bytes/91?cc=max-age%3D60")).await;
     let r = request(
         "PURGE",
@@ -352,54 +351,4 @@ async fn purge_is_refused_from_other_addresses() {
     assert_eq!(r.status, 405);
     get(&inlay.url("/bytes/91?cc=max-age%3D60")).await;
     assert_eq!(origin.count("/bytes/91").await, 1, "still cached");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cache_survives_kill_9_and_purges_stay_purged() {
-    let dir = tempfile::tempdir().unwrap();
-    let origin = Origin::start();
-    let cache_arg = dir.path().join("cache").display().to_string();
-    let inlay = Inlay::builder()
-        .backend(&origin)
-        .arg("--cache-dir")
-        .arg(&cache_arg)
-        .start();
-    for n in [101, 102, 103] {
-        site(&inlay.url(&format!("/bytes/{n}?cc=max-age%3D600"))).await;
-    }
-    site(&inlay.url("/bytes/200000?cc=max-age%3D600")).await; // several chunks
-    let r = request(
-        "PURGE",
-        &inlay.url("/bytes/103?cc=max-age%3D600"),
-        &[("host", "www.example.com")],
-        Bytes::new(),
-    )
-    .await;
-    assert!(r.text().contains("\"purged\":1"), "{}", r.text());
-    // sled fsyncs every 500 ms; give it one period.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    inlay.signal("KILL");
-    drop(inlay);
-    // Restart against a dead origin: what was cached is served from disk.
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let restarted = Inlay::builder()
-        .toml(&format!(
-            "[backends.default]\naddress = \"http://127.0.0.1:{dead_port}\""
-        ))
-        .arg("--cache-dir")
-        .arg(&cache_arg)
-        .start();
-    for n in [101, 102] {
-        let r = site(&restarted.url(&format!("/bytes/{n}?cc=max-age%3D600"))).await;
-        assert_eq!(r.status, 200, "object {n} lost after kill -9");
-        assert_eq!(r.body.len(), n);
-    }
-    let r = site(&restarted.url("/bytes/200000?cc=max-age%3D600")).await;
-    assert_eq!((r.status, r.body.len()), (200, 200000));
-    let r = site(&restarted.url("/bytes/103?cc=max-age%3D600")).await;
-    assert_eq!(r.status, 503, "a purged object must not come back");
 }

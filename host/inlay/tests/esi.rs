@@ -1,38 +1,17 @@
-//! ESI through the real binary: opt-in, parallel fetch, order, limits,
-//! failures, safety, gzip.
+//! ESI, in process against the test origin: opt-in, parallel fetch, order,
+//! limits, failures, safety, gzip.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Inlay, Origin, get, request};
-
-/// A `/resp` URL whose body is `markup`, opted in to ESI unless `opt_in` is false.
-fn page(markup: &str, opt_in: bool) -> String {
-    let mut q = format!("/resp?ct=text/html&cc=no-store&body={}", urlencode(markup));
-    if opt_in {
-        q.push_str("&sc=content%3D%22ESI/1.0%22");
-    }
-    q
-}
-
-fn urlencode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+use common::{Harness, Origin, esi_page as page, get, request, urlencode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_opt_in_tags_pass_through_and_nothing_is_fetched() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let markup = "a<esi:include src=\"/bytes/7\"/>b";
     let r = get(&inlay.url(&page(markup, false))).await;
     assert_eq!(r.text(), markup);
@@ -45,7 +24,7 @@ async fn without_opt_in_tags_pass_through_and_nothing_is_fetched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn includes_are_fetched_at_once_and_written_in_document_order() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     // Fragment 0 is the slowest: order must still be 0, 1, 2, 3.
     let started = Instant::now();
     let r = get(&inlay.url("/esi/page?n=4&delays=600,100,300,200&cacheable=0")).await;
@@ -66,10 +45,11 @@ async fn includes_are_fetched_at_once_and_written_in_document_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serial_mode_takes_the_sum_of_the_delays() {
     let origin = Origin::start();
-    let inlay = Inlay::builder()
+    let inlay = Harness::builder()
         .backend(&origin)
         .toml("[esi]\nmax_concurrency = 1")
-        .start();
+        .start_in_process()
+        .await;
     let started = Instant::now();
     let r = get(&inlay.url("/esi/page?n=4&delay_ms=150&cacheable=0")).await;
     assert_eq!(r.status, 200);
@@ -83,7 +63,7 @@ async fn serial_mode_takes_the_sum_of_the_delays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alt_and_onerror_continue() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let markup = "[<esi:include src=\"/resp?status=500\" alt=\"/bytes/3\"/>]\
                   [<esi:include src=\"/resp?status=404\" onerror=\"continue\"/>]\
                   [<esi:try><esi:attempt><esi:include src=\"/resp?status=503\"/></esi:attempt><esi:except>fallback</esi:except></esi:try>]";
@@ -94,7 +74,11 @@ async fn alt_and_onerror_continue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_include_without_fallback_ends_the_page() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[log]\naccess_log_format = \"json\"")
+        .start_in_process()
+        .await;
     let markup = "before<esi:include src=\"/resp?status=500\"/>after";
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
@@ -112,30 +96,35 @@ async fn a_failed_include_without_fallback_ends_the_page() {
         body.is_err(),
         "the client must see a truncated page, not a silently broken one"
     );
+    // The access log says which include ended it.
+    let line = inlay
+        .access
+        .json_for(&page(markup, true), Duration::from_secs(5))
+        .await;
     assert!(
-        inlay
-            .log
-            .wait_for("/resp?status=500", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
+        line["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("/resp?status=500"),
+        "{line}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn includes_to_unknown_hosts_are_refused() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
-    let markup = "<esi:include src=\"http://169.254.169.254/latest/meta-data\" onerror=\"continue\"/>\
-                  <esi:include src=\"https://example.com/\" onerror=\"continue\"/>ok";
-    let r = get(&inlay.url(&page(markup, true))).await;
-    assert_eq!(r.text(), "ok");
-    assert!(
-        inlay
-            .log
-            .wait_for("not a configured backend", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // A server that is not a configured backend must never be asked.
+    let elsewhere = Origin::start();
+    let markup = format!(
+        "<esi:include src=\"http://169.254.169.254/latest/meta-data\" onerror=\"continue\"/>\
+         <esi:include src=\"https://example.com/\" onerror=\"continue\"/>\
+         <esi:include src=\"{}/bytes/3\" onerror=\"continue\"/>ok",
+        elsewhere.url()
     );
+    let r = get(&inlay.url(&page(&markup, true))).await;
+    assert_eq!(r.text(), "ok");
+    assert_eq!(elsewhere.count("/bytes/3").await, 0);
     // An absolute URL naming the configured backend is allowed.
     let markup = format!("<esi:include src=\"{}/bytes/2\"/>", origin.url());
     assert_eq!(get(&inlay.url(&page(&markup, true))).await.text(), "ab");
@@ -144,7 +133,7 @@ async fn includes_to_unknown_hosts_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cookies_and_authorization_are_not_forwarded_to_includes() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let markup = "<esi:include src=\"/echo?cc=no-store\"/>";
     let r = request(
         "GET",
@@ -172,7 +161,7 @@ async fn cookies_and_authorization_are_not_forwarded_to_includes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fragments_are_cached_by_their_own_headers() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     // The page is not cacheable; its fragments are (max-age=60).
     for _ in 0..3 {
         let r = get(&inlay.url("/esi/page?n=3&cacheable=1&x=nocache")).await;
@@ -185,10 +174,11 @@ async fn fragments_are_cached_by_their_own_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nested_includes_and_the_depth_limit() {
     let origin = Origin::start();
-    let inlay = Inlay::builder()
+    let inlay = Harness::builder()
         .backend(&origin)
-        .toml("[esi]\nmax_depth = 3")
-        .start();
+        .toml("[esi]\nmax_depth = 3\n[log]\naccess_log_format = \"json\"")
+        .start_in_process()
+        .await;
     let ok = get(&inlay.url("/esi/page?n=2&nested=2&cacheable=0")).await;
     assert!(ok.text().contains("data-id=\"1.1.0\""), "{}", ok.text());
     // Nested 5 deep exceeds max_depth 3: the page is ended.
@@ -203,20 +193,24 @@ async fn nested_includes_and_the_depth_limit() {
             .await
             .is_err()
     );
+    let line = inlay
+        .access
+        .json_for("/esi/page?n=1&nested=5&cacheable=0", Duration::from_secs(5))
+        .await;
     assert!(
-        inlay.log.wait_for("depth", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
+        line["error"].as_str().unwrap_or("").contains("depth"),
+        "{line}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn include_count_cap_and_include_timeout() {
     let origin = Origin::start();
-    let inlay = Inlay::builder()
+    let inlay = Harness::builder()
         .backend(&origin)
         .toml("[esi]\nmax_includes = 5\ninclude_timeout = \"300ms\"")
-        .start();
+        .start_in_process()
+        .await;
     let markup: String = (0..8)
         .map(|i| {
             format!(
@@ -228,13 +222,11 @@ async fn include_count_cap_and_include_timeout() {
     let r = get(&inlay.url(&page(&markup, true))).await;
     // 5 included, 3 refused by the cap: each fragment is a run starting with 'a'.
     assert_eq!(r.text().matches('a').count(), 5, "{}", r.text());
-    assert!(
-        inlay
-            .log
-            .wait_for("includes per page", Duration::from_secs(5)),
-        "{}",
-        inlay.log.text()
-    );
+    let mut fetched = 0;
+    for i in 1..=8 {
+        fetched += origin.count(&format!("/bytes/{i}")).await;
+    }
+    assert_eq!(fetched, 5, "includes over the cap are not fetched");
     let started = Instant::now();
     let markup = "x<esi:include src=\"/bytes/5?delay_ms=3000\" onerror=\"continue\"/>y";
     let r = get(&inlay.url(&page(markup, true))).await;
@@ -245,7 +237,7 @@ async fn include_count_cap_and_include_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gzip_pages_are_decoded_and_re_encoded_for_gzip_clients() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let url = inlay.url("/gzip/esi/page?n=2&cacheable=0");
     let plain = get(&url).await;
     assert_eq!(plain.header("content-encoding"), None);
@@ -264,7 +256,7 @@ async fn gzip_pages_are_decoded_and_re_encoded_for_gzip_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_bytes_do_not_wait_for_includes() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
     let started = Instant::now();
@@ -290,7 +282,7 @@ async fn first_bytes_do_not_wait_for_includes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_page_shows_what_the_cache_holds_for_its_template_and_fragments() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
     let frag = "/dynamic?cc=max-age%3D60&delay_ms=0";
     let cached_page = |markup: &str| {
         format!(

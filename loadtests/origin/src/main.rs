@@ -5,14 +5,6 @@
 //! inlay-origin --listen 127.0.0.1:0   # prints "listening on http://127.0.0.1:PORT"
 //! ```
 
-mod body;
-mod counters;
-mod esi;
-mod knobs;
-mod query;
-mod routes;
-mod server;
-
 use std::io::Write;
 use std::net::SocketAddr;
 
@@ -68,7 +60,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     stdout.flush().context("flushing stdout")?;
     drop(stdout);
 
-    server::serve(listener, shutdown).await;
+    inlay_origin::serve(listener, shutdown).await;
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! The command line: `inlay check` and start-up errors.
+//! The command line: `inlay check`, and start-up errors and exit codes.
 
 use std::process::Command;
 
@@ -57,6 +57,32 @@ fn serve_refuses_a_bad_config_without_panicking() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("-a") && err.contains("not-an-address"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_bad_policy_file_is_refused_at_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, b"\0asm garbage").unwrap();
+    let out = inlay()
+        .args([
+            "serve",
+            "-a",
+            "127.0.0.1:0",
+            "-b",
+            "http://127.0.0.1:1",
+            "--policy",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.wasm") && err.to_lowercase().contains("policy"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");

@@ -1,16 +1,9 @@
-//! The disk tier through the real binary: its size bound, and a full disk.
-
-mod common;
+//! The disk tier of the real binary: its size bound, and a full disk.
 
 use std::process::Command;
 use std::time::Duration;
 
-use bytes::Bytes;
-use common::{Inlay, Origin, request};
-
-async fn site(url: &str) -> common::Reply {
-    request("GET", url, &[("host", "www.example.com")], Bytes::new()).await
-}
+use crate::common::{Inlay, Origin, get_site};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_disk_bound_holds_by_evicting_old_objects() {
@@ -22,17 +15,17 @@ async fn the_disk_bound_holds_by_evicting_old_objects() {
             "[cache]\ndir = \"{}\"\nmemory_size = \"1MiB\"\ndisk_size = \"4MiB\"",
             dir.path().join("c").display()
         ))
-        .start();
+        .spawn_process();
     // 40 objects of 256 KiB: 10 MiB through a 4 MiB disk tier.
     for i in 0..40 {
-        let r = site(&inlay.url(&format!("/bytes/262144?id={i}&cc=max-age%3D600"))).await;
+        let r = get_site(&inlay.url(&format!("/bytes/262144?id={i}&cc=max-age%3D600"))).await;
         assert_eq!(r.status, 200);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The newest is still cached; the oldest was evicted and is fetched again.
-    site(&inlay.url("/bytes/262144?id=39&cc=max-age%3D600")).await;
+    get_site(&inlay.url("/bytes/262144?id=39&cc=max-age%3D600")).await;
     assert_eq!(origin.count("/bytes/262144").await, 40);
-    site(&inlay.url("/bytes/262144?id=0&cc=max-age%3D600")).await;
+    get_site(&inlay.url("/bytes/262144?id=0&cc=max-age%3D600")).await;
     assert_eq!(
         origin.count("/bytes/262144").await,
         41,
@@ -71,10 +64,10 @@ async fn a_full_disk_is_survived_and_responses_are_served_uncached() {
             "[cache]\ndir = \"{}\"\nmemory_size = \"1MiB\"\ndisk_size = \"1GiB\"",
             mnt.join("c").display()
         ))
-        .start();
+        .spawn_process();
     // 24 MiB of objects into a 3 MiB filesystem.
     for i in 0..24 {
-        let r = site(&inlay.url(&format!("/bytes/1048576?id={i}&cc=max-age%3D600"))).await;
+        let r = get_site(&inlay.url(&format!("/bytes/1048576?id={i}&cc=max-age%3D600"))).await;
         assert_eq!(r.status, 200, "request {i} failed: {}", r.text());
         assert_eq!(r.body.len(), 1 << 20);
     }
@@ -85,7 +78,7 @@ async fn a_full_disk_is_survived_and_responses_are_served_uncached() {
         inlay.log.text()
     );
     // Still serving, and what fits is still cached.
-    let r = site(&inlay.url("/resp?after=full")).await;
+    let r = get_site(&inlay.url("/resp?after=full")).await;
     assert_eq!(r.status, 200);
     assert!(!inlay.log.text().contains("panicked"));
 }

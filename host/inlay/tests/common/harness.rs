@@ -1,0 +1,203 @@
+//! The in-process harness: the real config loading, policy runtime,
+//! pipeline and server (`inlay::cli::Proxy`) on `127.0.0.1:0`, in the
+//! test's tokio runtime. No process is started and no output is parsed:
+//! the test knows the address because it bound the listener, and reads the
+//! access log from a file of its own.
+//!
+//! The diagnostic log is a process-global `tracing` subscriber, so no test
+//! may assert on it; to read it while debugging, set a filter:
+//! `INLAY_TEST_LOG=debug cargo test -p inlay --test cache -- purge`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser as _;
+use inlay::cli::{Cli, Command, Proxy};
+use inlay::config::AccessLogTarget;
+use inlay_runtime::{LoadedPolicy, PolicySlot};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::InlayBuilder;
+
+impl InlayBuilder {
+    /// Serve in the test's runtime, as `inlay serve --config FILE ARGS` would
+    /// after binding: the same config file and flags, a fresh port, and the
+    /// access log in a file the test reads ([`Harness::access`]).
+    pub async fn start_in_process(self) -> Harness {
+        assert!(
+            self.env.is_empty(),
+            "environment settings apply to a process: use spawn_process, or the test's runtime flavor"
+        );
+        show_diagnostics_if_asked();
+        let dir = tempfile::tempdir().unwrap();
+        let config = self.write_config(dir.path());
+        let argv = ["inlay", "serve", "--config"]
+            .into_iter()
+            .map(String::from)
+            .chain([config.display().to_string()])
+            .chain(self.args.iter().cloned());
+        let Command::Serve(serve) = Cli::try_parse_from(argv)
+            .unwrap_or_else(|e| panic!("bad flags {:?}: {e}", self.args))
+            .command
+        else {
+            unreachable!("the argv says serve")
+        };
+        let mut cfg = serve
+            .load_config()
+            .unwrap_or_else(|e| panic!("bad config: {e:#}"));
+        let access = dir.path().join("access.log");
+        cfg.log.access_log = AccessLogTarget::File(access.clone());
+        let proxy = Proxy::load(cfg)
+            .await
+            .unwrap_or_else(|e| panic!("inlay did not start: {e:#}"));
+        let policy = proxy.policy().cloned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(proxy.run(vec![listener], async {
+            let _ = stopped.await;
+        }));
+        Harness {
+            addr,
+            access: AccessLog(access),
+            policy,
+            stop: Some(stop),
+            served: Some(served),
+            _dir: dir,
+        }
+    }
+}
+
+/// With `INLAY_TEST_LOG` set, the diagnostic log of every server in this
+/// test process goes to stderr, filtered by it.
+fn show_diagnostics_if_asked() {
+    if let Ok(filter) = std::env::var("INLAY_TEST_LOG") {
+        // The first test to start a server installs it; the others find it there.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
+/// Inlay serving in the test process; stopped (drained, flushed) by
+/// [`stop`](Self::stop) or on drop.
+pub struct Harness {
+    pub addr: SocketAddr,
+    /// The access log (written by the server's own writer thread).
+    pub access: AccessLog,
+    policy: Option<Arc<PolicySlot>>,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    pub fn builder() -> InlayBuilder {
+        InlayBuilder::default()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// The policy new requests get (a harness started without one panics).
+    pub fn policy(&self) -> LoadedPolicy {
+        self.policy
+            .as_ref()
+            .expect("this harness runs no policy")
+            .current()
+    }
+
+    /// Stop as SIGTERM stops the binary: no new connections, in-flight
+    /// requests drained, the access log written out, the cache flushed.
+    /// The access log and the policy stay readable.
+    pub async fn stop(&mut self) {
+        self.stopped()
+            .await
+            .expect("inlay stopped within 30 s")
+            .expect("the server task did not panic")
+            .expect("inlay stopped cleanly");
+    }
+
+    /// Send the stop signal and wait for the server's task, once.
+    async fn stopped(
+        &mut self,
+    ) -> Result<Result<anyhow::Result<()>, tokio::task::JoinError>, tokio::time::error::Elapsed>
+    {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let served = self.served.take().expect("stopped once");
+        tokio::time::timeout(Duration::from_secs(30), served).await
+    }
+}
+
+impl Drop for Harness {
+    /// Stops as [`stop`](Harness::stop) does, so that the shutdown does not
+    /// race the end of the test's runtime; a test that failed only sends
+    /// the signal.
+    fn drop(&mut self) {
+        if self.served.is_none() {
+            return;
+        }
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if std::thread::panicking() || !multi_thread {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+            return;
+        }
+        let handle = tokio::runtime::Handle::current();
+        let _ = tokio::task::block_in_place(|| handle.block_on(self.stopped()));
+    }
+}
+
+/// The access log file of a [`Harness`].
+pub struct AccessLog(PathBuf);
+
+impl AccessLog {
+    /// Every line written so far.
+    pub fn lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.0)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub fn text(&self) -> String {
+        self.lines().join("\n")
+    }
+
+    /// The first line containing every one of `needles`, waiting up to
+    /// `timeout` for it: a line is written when its response body ends.
+    pub async fn wait_for(&self, needles: &[&str], timeout: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let found = self
+                .lines()
+                .into_iter()
+                .find(|l| needles.iter().all(|n| l.contains(n)));
+            if found.is_some() || tokio::time::Instant::now() >= deadline {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The JSON line (`access_log_format = "json"`) of the request for
+    /// `url` (path and query as sent), waiting up to `timeout` for it.
+    pub async fn json_for(&self, url: &str, timeout: Duration) -> serde_json::Value {
+        let needle = format!("\"url\":{}", serde_json::Value::from(url));
+        let line = self
+            .wait_for(&[&needle], timeout)
+            .await
+            .unwrap_or_else(|| panic!("no access log line for {url}:\n{}", self.text()));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+}

@@ -1,0 +1,15 @@
+//! Process-level behaviour: the real `inlay` binary, for what only a
+//! process shows (signals, kill -9, a full disk, the command line, the
+//! memory of the whole process, what it writes on stderr). Every other
+//! behaviour is tested in process: `tests/<area>.rs` with
+//! `common::Harness`. The layout rule: `docs/ARCHITECTURE.md`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli;
+mod diagnostics;
+mod disk;
+mod memory;
+mod persistence;
+mod signals;

@@ -1,0 +1,97 @@
+//! The resident memory of the whole process: bodies stream through in
+//! bounded memory, and failing policies do not leak.
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::common::{Inlay, Origin, get, policy};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_gib_body_streams_through_with_bounded_memory() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).spawn_process();
+    let before = inlay.rss_kib();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::get(inlay.url("/bytes/1073741824?chunk=65536"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let mut resp = client.request(req).await.unwrap();
+    let mut total: u64 = 0;
+    let mut peak = before;
+    let mut frames = 0u64;
+    while let Some(f) = resp.body_mut().frame().await {
+        total += f.unwrap().data_ref().map(|d| d.len() as u64).unwrap_or(0);
+        frames += 1;
+        if frames.is_multiple_of(2048) {
+            peak = peak.max(inlay.rss_kib());
+        }
+    }
+    assert_eq!(total, 1 << 30);
+    let growth_mib = (peak.saturating_sub(before)) / 1024;
+    assert!(
+        growth_mib <= 16,
+        "inlay grew by {growth_mib} MiB while streaming 1 GiB (rss {before} -> {peak} KiB)"
+    );
+
+    // And a 256 MiB request body streams to the origin the same way.
+    let (tx, body) =
+        tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::convert::Infallible>>(4);
+    tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'x'; 1 << 20]);
+        for _ in 0..256 {
+            if tx
+                .send(Ok(http_body::Frame::data(chunk.clone())))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut rx = body;
+    let body =
+        http_body_util::StreamBody::new(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    let up = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::post(inlay.url("/upload"))
+        .body(body)
+        .unwrap();
+    let resp = up.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let j: serde_json::Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(j["bytes"], 256u64 << 20);
+    let after = inlay.rss_kib();
+    assert!(
+        (after.saturating_sub(before)) / 1024 <= 16,
+        "rss {before} -> {after} KiB after upload"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_out_of_memory_leaves_the_process_memory_bounded() {
+    // That each such request fails alone: policies.rs.
+    let origin = Origin::start();
+    // As in policies.rs: a CPU budget the fixture cannot use up, so that
+    // it is the memory cap that stops each request.
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\ncpu_time = \"3s\"",
+            policy("oom").display().to_string()
+        ))
+        .spawn_process();
+    // Warm up: the first failure and a good request set the baseline.
+    assert!(get(&inlay.url("/oom")).await.status >= 500);
+    assert_eq!(get(&inlay.url("/resp")).await.status, 200);
+    let rss_before = inlay.rss_kib();
+    for _ in 0..10 {
+        assert!(get(&inlay.url("/oom")).await.status >= 500);
+    }
+    let growth = inlay.rss_kib().saturating_sub(rss_before) / 1024;
+    assert!(
+        growth < 100,
+        "rss grew by {growth} MiB over 10 OOM requests"
+    );
+}
