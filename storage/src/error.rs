@@ -37,6 +37,12 @@ pub enum StoreError {
     /// The configuration is unusable.
     #[error("invalid storage configuration: {0}")]
     Config(String),
+    /// A read asked not to wait would have waited for the disk device (the
+    /// bytes are not in the page cache). Only the no-wait read path
+    /// ([`ObjectStore::get_nowait`](crate::ObjectStore::get_nowait)) meets
+    /// it, and it answers `NotResident` instead.
+    #[error("the read would wait for the disk")]
+    WouldBlock,
     /// The disk engine failed in another way (a bug or an unsupported use).
     #[error("storage engine error: {0}")]
     Engine(String),

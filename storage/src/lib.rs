@@ -11,9 +11,12 @@
 //! Both traits are synchronous and safe to call from many threads. Every
 //! call that may reach the disk tier blocks on I/O, so async code runs it
 //! on a blocking thread (`spawn_blocking`); [`ObjectStore::peek`] answers
-//! from memory alone, never touching the disk, so a reactor thread serves
-//! memory hits itself and sends only the rest ([`Peek::NotResident`]) to
-//! `get` on a blocking thread. Each trait's docs list its blocking calls.
+//! from memory alone, never touching the disk, and
+//! [`ObjectStore::get_nowait`] also from the disk tier when its bytes are
+//! in the page cache (`RWF_NOWAIT`), so a reactor thread serves those hits
+//! itself and sends only the rest ([`Peek::NotResident`]) to `get` on a
+//! blocking thread (a hop costs more CPU than a disk-tier hit from the page
+//! cache). Each trait's docs list its blocking calls.
 //!
 //! * **Memory tier** ([`MemoryStore`]): a `quick_cache` (CLOCK-PRO style,
 //!   weighted by bytes) plus ordered indexes for prefix purge, surrogate keys
@@ -81,8 +84,8 @@
 //! | put, memory only | ~3 µs | ~50 µs |
 //! | put with disk (no fsync) | ~100 µs | ~10 ms |
 //!
-//! Disk paths block: call them from `spawn_blocking` in async code; a
-//! memory hit through [`ObjectStore::peek`] does not.
+//! Disk paths block: call them from `spawn_blocking` in async code; a hit
+//! through [`ObjectStore::peek`] or [`ObjectStore::get_nowait`] does not.
 //!
 //! # Example
 //!
@@ -159,7 +162,8 @@ pub const MAX_META_LEN: usize = 32 * 1024;
 /// `purge_surrogate`, `sweep_expired`, `flush`, and `stats` (it reads the
 /// size of sled's files). Async code calls them on a blocking thread
 /// (`spawn_blocking`). [`peek`](ObjectStore::peek) and `max_object_bytes`
-/// never touch the disk and may run on a reactor thread; without a disk
+/// never touch the disk, and [`get_nowait`](ObjectStore::get_nowait)
+/// never waits for it, so they may run on a reactor thread; without a disk
 /// tier no method does I/O.
 pub trait ObjectStore: Send + Sync {
     /// Looks up an object: memory first, then disk (promoting it to memory).
@@ -174,6 +178,19 @@ pub trait ObjectStore: Send + Sync {
     /// [`Peek::Absent`] a miss; [`Peek::NotResident`] counts nothing, the
     /// `get` that follows counts the outcome.
     fn peek(&self, key: &str) -> Peek;
+
+    /// Looks up an object without waiting for the disk device: memory
+    /// first, then the disk tier if its bytes are in the page cache
+    /// (`preadv2` with `RWF_NOWAIT`; the record and chunk pointers come
+    /// from sled, which keeps what it has read in memory). A hit from disk
+    /// is promoted to memory as by `get`. [`Peek::NotResident`] means the
+    /// read would wait (or failed): call `get` on a blocking thread, which
+    /// counts the lookup; the other answers count as `get` would.
+    ///
+    /// The default is [`peek`](ObjectStore::peek): memory alone.
+    fn get_nowait(&self, key: &str) -> Peek {
+        self.peek(key)
+    }
 
     /// Stores an object, replacing any previous one under `key`. Fills
     /// `body_len` and `checksum` and returns the stored metadata.

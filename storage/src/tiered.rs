@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crate::disk::DiskTier;
 #[cfg(test)]
 use crate::engine::DiskEngine;
-use crate::engine::open_sled;
+use crate::engine::{Wait, open_sled};
 use crate::memory::Counters;
 use crate::{
     KvStore, MemoryStore, ObjectMeta, ObjectStore, Peek, StoreConfig, StoreError, StoreStats,
@@ -279,8 +279,11 @@ impl Inner {
     }
 }
 
-impl ObjectStore for TieredStore {
-    fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+impl TieredStore {
+    /// `get`, with the disk tier's chunk reads as `wait` allows. A no-wait
+    /// read that would wait returns [`StoreError::WouldBlock`] and counts
+    /// nothing: the blocking `get` that follows counts the lookup.
+    fn get_with(&self, key: &str, wait: Wait) -> Result<Option<StoredObject>, StoreError> {
         check_key(key)?;
         let inner = &*self.inner;
         let now = now_ms();
@@ -292,8 +295,9 @@ impl ObjectStore for TieredStore {
             Counters::bump(&inner.counters.misses);
             return Ok(None);
         };
-        let found = match disk.get(key) {
+        let found = match disk.get(key, wait) {
             Ok(found) => found,
+            Err(StoreError::WouldBlock) => return Err(StoreError::WouldBlock),
             Err(e) => {
                 Counters::bump(&inner.counters.misses);
                 if disk.is_degraded() {
@@ -324,6 +328,22 @@ impl ObjectStore for TieredStore {
         }
         Counters::bump(&inner.counters.hits_disk);
         Ok(Some(obj))
+    }
+}
+
+impl ObjectStore for TieredStore {
+    fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        self.get_with(key, Wait::Block)
+    }
+
+    fn get_nowait(&self, key: &str) -> Peek {
+        match self.get_with(key, Wait::NoWait) {
+            Ok(Some(obj)) => Peek::Hit(obj),
+            Ok(None) => Peek::Absent,
+            // Would wait for the device, or failed: the caller's `get`
+            // reads it, or reports the error.
+            Err(_) => Peek::NotResident,
+        }
     }
 
     fn peek(&self, key: &str) -> Peek {

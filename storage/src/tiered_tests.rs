@@ -855,3 +855,61 @@ fn peek_applies_the_keep_window_as_get_does() {
     assert!(s.get("gone").unwrap().is_none());
     assert_eq!(lookups(&s), (0, 0, 1));
 }
+
+/// Drops the page cache of every chunk file under `dir` (made durable
+/// first: the kernel keeps dirty pages).
+#[allow(unsafe_code)]
+fn drop_page_cache(dir: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let mut todo = vec![dir.join("chunks")];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+                continue;
+            }
+            let f = std::fs::File::open(&path).unwrap();
+            f.sync_all().unwrap();
+            // SAFETY: advice on a valid open descriptor; no memory is passed.
+            let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            assert_eq!(rc, 0, "fadvise {}", path.display());
+        }
+    }
+}
+
+#[test]
+fn get_nowait_reads_the_disk_tier_only_from_the_page_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(config(dir.path())).unwrap();
+    wait_counted(&s);
+    s.put("small", meta(60_000, &[]), body(1, 16 << 10))
+        .unwrap();
+    s.put("large", meta(60_000, &[]), body(2, 512 << 10))
+        .unwrap();
+    s.flush().unwrap();
+    forget_memory(&s);
+    // Just written: in the page cache, read at once and promoted.
+    match s.get_nowait("small") {
+        Peek::Hit(obj) => assert_eq!(obj.body, body(1, 16 << 10)),
+        other => panic!("expected a hit from the page cache, got {other:?}"),
+    }
+    assert_eq!(lookups(&s), (0, 1, 0));
+    assert!(matches!(s.get_nowait("small"), Peek::Hit(_)));
+    assert_eq!(lookups(&s), (1, 1, 0));
+    // Absent from disk too: a miss, counted.
+    assert!(matches!(s.get_nowait("never-stored"), Peek::Absent));
+    assert_eq!(lookups(&s), (1, 1, 1));
+    // A large chunk is mapped and populated: that may wait, so never here.
+    assert!(matches!(s.get_nowait("large"), Peek::NotResident));
+    assert_eq!(lookups(&s), (1, 1, 1), "a no-wait miss counts nothing");
+    // Out of the page cache: the device would be read, so not here either.
+    forget_memory(&s);
+    drop_page_cache(dir.path());
+    assert!(matches!(s.get_nowait("small"), Peek::NotResident));
+    assert_eq!(lookups(&s), (1, 1, 1));
+    // The blocking read finds both.
+    assert_eq!(s.get("small").unwrap().unwrap().body, body(1, 16 << 10));
+    assert_eq!(s.get("large").unwrap().unwrap().body, body(2, 512 << 10));
+    assert_eq!(lookups(&s), (1, 3, 1));
+}

@@ -1,7 +1,9 @@
-//! The one async door to `inlay-storage`: every store call that may touch
-//! the disk runs on tokio's blocking pool, never on a reactor thread. A
-//! read first asks the memory tier (`peek`, which does no I/O), so a memory
-//! hit costs no thread hop.
+//! The one async door to `inlay-storage`: every store call that may wait
+//! for the disk runs on tokio's blocking pool, never on a reactor thread.
+//! A read first asks the store without waiting (`get_nowait`: the memory
+//! tier, then the disk tier's bytes only if the page cache holds them), so
+//! a hit costs no thread hop unless the device must be read: a hop costs
+//! about 17 µs of CPU here, more than the disk-tier hit itself.
 
 use std::sync::Arc;
 
@@ -57,10 +59,11 @@ impl CacheStore {
         }
     }
 
-    /// The object under `key`: from memory at once, else from disk on a
-    /// blocking thread. Read errors are logged and count as misses.
+    /// The object under `key`: from memory, or from disk when the page
+    /// cache holds it, at once; else from disk on a blocking thread. Read
+    /// errors are logged and count as misses.
     pub async fn get(&self, key: &str) -> Option<StoredObject> {
-        match self.objects.peek(key) {
+        match self.objects.get_nowait(key) {
             Peek::Hit(obj) => return Some(obj),
             Peek::Absent => return None,
             Peek::NotResident => {}

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use super::DiskTier;
 use super::layout::{chunk_set_prefix, surrogate_prefix, utf8};
 use super::record::Record;
-use crate::engine::{TreeId, Value};
+use crate::engine::{TreeId, Value, Wait};
 use crate::{StoreError, StoredObject};
 
 /// Why a body could not be read.
@@ -31,8 +31,15 @@ impl From<StoreError> for BodyError {
 impl DiskTier {
     /// Reads and verifies an object. Returns the object and its raw record
     /// (to detect a concurrent change before promoting it to memory).
-    /// A corrupt object is dropped and reported as a miss.
-    pub(crate) fn get(&self, key: &str) -> Result<Option<(StoredObject, Value)>, StoreError> {
+    /// A corrupt object is dropped and reported as a miss. With
+    /// [`Wait::NoWait`] the chunk bytes come only from the page cache, else
+    /// [`StoreError::WouldBlock`]; the record and chunk pointers are read
+    /// from sled, which keeps what it has read in memory.
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        wait: Wait,
+    ) -> Result<Option<(StoredObject, Value)>, StoreError> {
         // A concurrent put or remove can replace the record while we read its
         // chunks; then we read again instead of calling the object corrupt.
         for _ in 0..3 {
@@ -52,7 +59,7 @@ impl DiskTier {
                     return Ok(None);
                 }
             };
-            match self.read_body(key, &rec) {
+            match self.read_body(key, &rec, wait) {
                 Ok(body) => {
                     let obj = StoredObject {
                         meta: Arc::new(rec.meta),
@@ -78,7 +85,7 @@ impl DiskTier {
         self.engine.get(TreeId::Meta, key.as_bytes())
     }
 
-    fn read_body(&self, key: &str, rec: &Record) -> Result<Bytes, BodyError> {
+    fn read_body(&self, key: &str, rec: &Record, wait: Wait) -> Result<Bytes, BodyError> {
         let body_len = rec.meta.body_len;
         if body_len > self.max_body.max(self.capacity) {
             return Err(BodyError::Corrupt(format!(
@@ -90,7 +97,7 @@ impl DiskTier {
         let prefix = chunk_set_prefix(key, rec.id);
         let mut chunks = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
         let mut next: u64 = 0;
-        for item in self.engine.scan_prefix(TreeId::Chunks, &prefix) {
+        for item in self.engine.scan_chunks(&prefix, wait) {
             let (k, v) = item?;
             let index = k
                 .get(prefix.len()..)

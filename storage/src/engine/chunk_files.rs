@@ -26,7 +26,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Value;
+use super::{Value, Wait};
 use crate::StoreError;
 use crate::error::from_io;
 
@@ -140,8 +140,11 @@ impl ChunkFiles {
 
     /// The bytes `p` points to; a missing file, or one whose length is not
     /// the pointer's, is corruption. Files of [`MAP_AT_LEAST`] bytes or more
-    /// are mapped rather than read (see [`map`]).
-    pub(crate) fn read(&self, p: Pointer) -> Result<Value, StoreError> {
+    /// are mapped rather than read (see [`map`]). With [`Wait::NoWait`], the
+    /// bytes come only from the page cache ([`read_nowait`]); a file that
+    /// would be mapped, or bytes the cache lacks, are
+    /// [`StoreError::WouldBlock`].
+    pub(crate) fn read(&self, p: Pointer, wait: Wait) -> Result<Value, StoreError> {
         let f = match fs::File::open(self.path(p.file)) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -158,6 +161,13 @@ impl ChunkFiles {
                 "chunk file {:016x} has {len} bytes, its pointer says {}",
                 p.file, p.len
             )));
+        }
+        if wait == Wait::NoWait {
+            // Mapping populates every page: it may wait for the disk.
+            if len >= MAP_AT_LEAST {
+                return Err(StoreError::WouldBlock);
+            }
+            return read_nowait(&f, p);
         }
         if len >= MAP_AT_LEAST {
             // Mapping fails when the process is at its map count limit
@@ -231,6 +241,50 @@ fn map(f: &fs::File) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::MmapOptions::new().populate().map(f) }
 }
 
+/// Reads a whole chunk file from the page cache only (`preadv2` with
+/// `RWF_NOWAIT`): if any of its bytes would have to come from the device,
+/// or the kernel or file system cannot say, the read is
+/// [`StoreError::WouldBlock`] and the caller reads it where waiting is
+/// fine. One byte more than the pointer's length is asked for, to tell a
+/// file that grew from a right one.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn read_nowait(f: &fs::File, p: Pointer) -> Result<Value, StoreError> {
+    use std::os::fd::AsRawFd;
+    let want = p.len as usize + 1;
+    let mut buf: Vec<u8> = Vec::with_capacity(want);
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: want,
+    };
+    // SAFETY: `iov` describes `buf`'s allocation of `want` bytes, which
+    // stays alive and is not otherwise touched during the call; the kernel
+    // writes at most `want` bytes into it.
+    let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    let Ok(n) = usize::try_from(n) else {
+        // EAGAIN (not cached), EOPNOTSUPP or EINVAL (an old kernel or a
+        // file system without it): the blocking read will tell.
+        return Err(StoreError::WouldBlock);
+    };
+    // SAFETY: the kernel initialised the first `n <= want` bytes.
+    unsafe { buf.set_len(n) };
+    match n.cmp(&(p.len as usize)) {
+        std::cmp::Ordering::Equal => Ok(Value::Owned(buf)),
+        // Part of the file is not in the page cache.
+        std::cmp::Ordering::Less => Err(StoreError::WouldBlock),
+        std::cmp::Ordering::Greater => Err(StoreError::Corrupt(format!(
+            "chunk file {:016x} changed while read",
+            p.file
+        ))),
+    }
+}
+
+/// Without `RWF_NOWAIT`, nothing can be read without possibly waiting.
+#[cfg(not(target_os = "linux"))]
+fn read_nowait(_f: &fs::File, _p: Pointer) -> Result<Value, StoreError> {
+    Err(StoreError::WouldBlock)
+}
+
 /// The subdirectory of a file: its id's low byte, so no directory holds
 /// more than a 256th of the files.
 fn fan_out(file: u64) -> String {
@@ -266,7 +320,7 @@ mod tests {
                 file,
                 len: len as u32,
             };
-            let got = files.read(p).unwrap();
+            let got = files.read(p, Wait::Block).unwrap();
             assert_eq!(
                 matches!(got, Value::Mapped(_)),
                 len as u64 >= MAP_AT_LEAST,
@@ -288,9 +342,12 @@ mod tests {
             file: 7,
             len: 400_000,
         };
-        let body = files.read(p).unwrap().into_bytes();
+        let body = files.read(p, Wait::Block).unwrap().into_bytes();
         files.remove(p);
-        assert!(matches!(files.read(p), Err(StoreError::Corrupt(_))));
+        assert!(matches!(
+            files.read(p, Wait::Block),
+            Err(StoreError::Corrupt(_))
+        ));
         assert_eq!(body, want);
     }
 
@@ -312,12 +369,15 @@ mod tests {
                 len: len as u32,
             };
             assert!(
-                matches!(files.read(p), Err(StoreError::Corrupt(why)) if why.contains("pointer says")),
+                matches!(files.read(p, Wait::Block), Err(StoreError::Corrupt(why)) if why.contains("pointer says")),
                 "{len} bytes"
             );
             // Grown on disk.
             fs::write(&path, data(len + 1)).unwrap();
-            assert!(matches!(files.read(p), Err(StoreError::Corrupt(_))));
+            assert!(matches!(
+                files.read(p, Wait::Block),
+                Err(StoreError::Corrupt(_))
+            ));
         }
     }
 }

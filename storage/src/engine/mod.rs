@@ -92,6 +92,15 @@ impl PartialEq for Value {
     }
 }
 
+/// Whether a read may wait for the disk device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Read as usual.
+    Block,
+    /// Only what the page cache already holds; else [`StoreError::WouldBlock`].
+    NoWait,
+}
+
 /// Key-value pairs from a scan.
 pub(crate) type Entries<'a> = Box<dyn Iterator<Item = Result<(Value, Value), StoreError>> + 'a>;
 
@@ -118,6 +127,15 @@ pub(crate) trait DiskEngine: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Entries whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, tree: TreeId, prefix: &[u8]) -> Entries<'_>;
+    /// The `chunks` tree's entries under `prefix`, in key order, their
+    /// bytes read as `wait` allows. An engine that cannot read without
+    /// waiting answers [`StoreError::WouldBlock`] to `NoWait`.
+    fn scan_chunks(&self, prefix: &[u8], wait: Wait) -> Entries<'_> {
+        match wait {
+            Wait::Block => self.scan_prefix(TreeId::Chunks, prefix),
+            Wait::NoWait => Box::new(std::iter::once(Err(StoreError::WouldBlock))),
+        }
+    }
     /// Entries with key >= `start`, in key order.
     fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_>;
     /// A new id, larger than every id handed out before (also across restarts).

@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use super::chunk_files::{ChunkFiles, Pointer};
-use super::{DiskEngine, Entries, TreeId, Value};
+use super::{DiskEngine, Entries, TreeId, Value, Wait};
 use crate::error::from_io;
 use crate::{StoreConfig, StoreError};
 
@@ -246,21 +246,21 @@ impl SledEngine {
     /// decode or names a missing or short file yields an empty value: the
     /// layout's length check then calls the body corrupt, and cleanups that
     /// only want the keys still see them.
-    fn chunk_value(&self, ptr: &[u8]) -> Result<Value, StoreError> {
+    fn chunk_value(&self, ptr: &[u8], wait: Wait) -> Result<Value, StoreError> {
         let Ok(p) = Pointer::decode(ptr) else {
             return Ok(Value::Owned(Vec::new()));
         };
-        match self.chunks.read(p) {
+        match self.chunks.read(p, wait) {
             Ok(v) => Ok(v),
             Err(StoreError::Corrupt(_)) => Ok(Value::Owned(Vec::new())),
             Err(e) => Err(e),
         }
     }
 
-    fn chunk_entries<'a>(&'a self, inner: Entries<'a>) -> Entries<'a> {
+    fn chunk_entries<'a>(&'a self, inner: Entries<'a>, wait: Wait) -> Entries<'a> {
         Box::new(inner.map(move |r| {
             let (k, ptr) = r?;
-            Ok((k, self.chunk_value(&ptr)?))
+            Ok((k, self.chunk_value(&ptr, wait)?))
         }))
     }
 
@@ -278,7 +278,7 @@ impl DiskEngine for SledEngine {
         match (tree, v) {
             (TreeId::Chunks, Some(ptr)) => {
                 let p = Pointer::decode(&ptr)?;
-                Ok(Some(self.chunks.read(p)?))
+                Ok(Some(self.chunks.read(p, Wait::Block)?))
             }
             (_, v) => Ok(v.map(Value::Sled)),
         }
@@ -344,15 +344,20 @@ impl DiskEngine for SledEngine {
     fn scan_prefix(&self, tree: TreeId, prefix: &[u8]) -> Entries<'_> {
         let e = entries(self.tree(tree).scan_prefix(prefix));
         match tree {
-            TreeId::Chunks => self.chunk_entries(e),
+            TreeId::Chunks => self.chunk_entries(e, Wait::Block),
             _ => e,
         }
+    }
+
+    fn scan_chunks(&self, prefix: &[u8], wait: Wait) -> Entries<'_> {
+        let e = entries(self.tree(TreeId::Chunks).scan_prefix(prefix));
+        self.chunk_entries(e, wait)
     }
 
     fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_> {
         let e = entries(self.tree(tree).range(start.to_vec()..));
         match tree {
-            TreeId::Chunks => self.chunk_entries(e),
+            TreeId::Chunks => self.chunk_entries(e, Wait::Block),
             _ => e,
         }
     }
