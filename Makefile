@@ -7,7 +7,21 @@ DEMO_ORIGIN ?= 127.0.0.1:8080
 DEMO_LISTEN ?= 127.0.0.1:6081
 DEMO_POLICY ?= headers
 
-.PHONY: demo test build lint unit-tests bench bench-quick deps clean-policies vendor-check
+# The binaries the demo and the benchmarks run, and the tool that turns
+# policies into components, in one cargo run so they share dependencies (on
+# its own the tool compiles wasmparser and wit-component again, with other
+# features).
+BINARIES := -p inlay -p inlay-origin -p inlay-componentize
+
+# `make demo` builds into target/demo with a profile made for building fast:
+# no LTO (thin LTO of inlay alone took half of the release build's time),
+# opt-level 1 (a sixth less CPU than 3; the demo serves as it should). The
+# benchmarks keep [profile.release].
+DEMO_PROFILE := --profile demo --config 'profile.demo.inherits="release"' \
+	--config 'profile.demo.lto="off"' --config profile.demo.opt-level=1 \
+	--config profile.demo.codegen-units=16 --config profile.demo.debug=false
+
+.PHONY: demo test build deps bench bench-quick vendor-check
 
 include Makefile.policies
 
@@ -16,23 +30,33 @@ deps:
 	@bash loadtests/scripts/ensure-deps.sh build
 
 build:
-	$(CARGO) build --release -p inlay -p inlay-origin
+	$(CARGO) build --release $(BINARIES)
+
+# The policy scripts use the inlay-componentize these targets build.
+bench bench-quick: export INLAY_COMPONENTIZE := $(CURDIR)/target/release/inlay-componentize
+demo: export INLAY_COMPONENTIZE := $(CURDIR)/target/demo/inlay-componentize
+test: export INLAY_COMPONENTIZE := $(CURDIR)/target/debug/inlay-componentize
 
 # The main job: the demo origin, and inlay in front of it on the embedded
-# default config with a Wasm policy; ESI pages assembled in parallel.
-demo: deps build policies
-	@bash loadtests/scripts/demo.sh "$(DEMO_ORIGIN)" "$(DEMO_LISTEN)" "target/policies/$(DEMO_POLICY).wasm"
+# default config with a Wasm policy; ESI pages assembled in parallel. It
+# builds only what it runs: the two binaries and the policy it serves.
+demo: deps
+	$(CARGO) build $(DEMO_PROFILE) $(BINARIES)
+	bash policies/build.sh $(DEMO_POLICY)
+	@bash loadtests/scripts/demo.sh "$(DEMO_ORIGIN)" "$(DEMO_LISTEN)" "target/policies/$(DEMO_POLICY).wasm" target/demo
 
 # Every test: the vendored crate against its release and patches, formatting,
-# lints, unit and integration tests (host, storage, origin, SDK), and the
-# policies' native tests.
-test: deps vendor-check policies
+# lints, unit and integration tests (host, storage, origin, SDK), the
+# policies' native tests and the other languages' tests.
+# One debug build serves the tests and builds the binaries they start (and
+# the componentize tool); the policies are built between it and the runs.
+test: deps vendor-check
 	$(CARGO) fmt --all -- --check
-	$(CARGO) build --workspace --bins
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-run
 	bash policies/build.sh --test
 	bash policies/build-lang.sh --test
+	$(CARGO) test --workspace
 
 # vendor/wasmtime must be its crates.io release plus the patches in
 # vendor/wasmtime-patches (README.md there); about a second, and needs

@@ -16,7 +16,8 @@
 #       node and npm from apt-get when absent
 #   py  componentize-py 0.25.1 (pip, guest-sdk/python/requirements.txt) in a
 #       venv at target/lang/python-venv
-#   c   wit-bindgen-cli 0.60.0 (cargo install --locked into target/lang/tools),
+#   c   wit-bindgen-cli 0.60.0, its C generator only (cargo install --locked
+#       into target/lang/tools),
 #       Debian clang-19, lld-19, wasi-libc, libclang-rt-19-dev-wasm32
 # The components import only inlay:policy interfaces, no WASI: JS is built
 # with every ComponentizeJS feature disabled, Python with --stub-wasi, C
@@ -27,6 +28,7 @@
 # Environment:
 #   INLAY_LANG_DIR     toolchains and generated bindings (target/lang)
 #   CARGO_TARGET_DIR   target dir of inlay-componentize (<repo>/target)
+#   INLAY_COMPONENTIZE an inlay-componentize already built: not built here
 set -euo pipefail
 
 started=$(date +%s)
@@ -81,11 +83,12 @@ mkdir -p "$out" "$work"
 command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
 
 # --- the componentize tool: encodes C core modules, checks every output ------
-tool="$tool_target_dir/release/inlay-componentize"
+tool="${INLAY_COMPONENTIZE:-$tool_target_dir/release/inlay-componentize}"
 # build.sh has usually just built it: skip cargo (and its build lock) when
 # neither its sources nor Cargo.lock changed since the last check.
 tool_stamp="$work/.componentize-built"
-if [ ! -x "$tool" ] || stale "$tool_stamp" "$sdk/componentize" "$root/Cargo.lock"; then
+if [ -z "${INLAY_COMPONENTIZE:-}" ] &&
+    { [ ! -x "$tool" ] || stale "$tool_stamp" "$sdk/componentize" "$root/Cargo.lock"; }; then
     log "building inlay-componentize"
     CARGO_TARGET_DIR="$tool_target_dir" cargo build --release -q \
         --manifest-path "$root/Cargo.toml" -p inlay-componentize
@@ -182,7 +185,9 @@ build_c() {
     local bindgen="$work/tools/bin/wit-bindgen"
     if [ "$("$bindgen" --version 2>/dev/null | awk '{print $2}')" != "$WIT_BINDGEN_VERSION" ]; then
         log "installing wit-bindgen-cli $WIT_BINDGEN_VERSION (cargo install, a few minutes once)"
+        # Only the C generator: the default features add five more languages'.
         CARGO_TARGET_DIR="$work/cargo-target" cargo install -q --locked \
+            --no-default-features --features c \
             "wit-bindgen-cli@$WIT_BINDGEN_VERSION" --root "$work/tools"
     fi
     local gen="$work/c/gen"

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Build every Rust policy in policies/ to a WebAssembly component at
+# Build the Rust policies in policies/ to WebAssembly components at
 # target/policies/<name>.wasm (the folder the host loads policies from).
 #
-#   policies/build.sh           build (incremental: fast when nothing changed)
-#   policies/build.sh --test    also run the policies' native unit tests
+#   policies/build.sh             build every one (incremental: fast when
+#                                 nothing changed)
+#   policies/build.sh headers     build only the named policies (folder
+#                                 names; `make demo` builds the one it serves)
+#   policies/build.sh --test      also run the policies' native unit tests
+#                                 (of the named policies only, if any)
 #
 # Steps: (1) compile the policies workspace for wasm32-unknown-unknown into
 # core modules (policies/target); (2) build the `inlay-componentize` tool
@@ -19,6 +23,9 @@
 # Environment:
 #   POLICIES_TARGET_DIR  cargo target dir of the guest build (policies/target)
 #   CARGO_TARGET_DIR     target dir of the componentize tool (<repo>/target)
+#   INLAY_COMPONENTIZE   an inlay-componentize already built (`make demo` and
+#                        `make test` build it with the host binaries, which
+#                        share its dependencies): step (2) is skipped
 #   INLAY_WASM_LINKER    wasm linker to use instead of rustup's rust-lld
 set -euo pipefail
 
@@ -29,17 +36,37 @@ out="$root/target/policies"
 wasm_target_dir="${POLICIES_TARGET_DIR:-$policies/target}"
 tool_target_dir="${CARGO_TARGET_DIR:-$root/target}"
 run_tests=false
+names=()
 
 for arg in "$@"; do
     case "$arg" in
         --test) run_tests=true ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "build.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
+        -*) echo "build.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
+        *) names+=("$arg") ;;
     esac
 done
 
 log() { echo "policies: $*" >&2; }
 die() { echo "policies: error: $*" >&2; exit 1; }
+
+# The policies' folders, and the cargo packages to build: every policy, or
+# the named ones (package policy-<folder>).
+every=()
+for manifest in "$policies"/*/Cargo.toml; do
+    every+=("$(basename "$(dirname "$manifest")")")
+done
+selection=(--workspace)
+if [ "${#names[@]}" -eq 0 ]; then
+    names=("${every[@]}")
+else
+    selection=()
+    for name in "${names[@]}"; do
+        [ -f "$policies/$name/Cargo.toml" ] ||
+            die "no Rust policy named '$name' (the Rust policies: ${every[*]})"
+        selection+=(-p "policy-$name")
+    done
+fi
 
 command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
 
@@ -89,23 +116,27 @@ fi
 
 log "compiling guests into $wasm_target_dir"
 env "${wasm_env[@]}" CARGO_TARGET_DIR="$wasm_target_dir" \
-    "${wasm_build[@]}" --manifest-path "$policies/Cargo.toml"
+    "${wasm_build[@]}" --manifest-path "$policies/Cargo.toml" "${selection[@]}"
 
 # --- (2) the componentize tool (host toolchain, root workspace) ---------------
-log "building inlay-componentize"
-CARGO_TARGET_DIR="$tool_target_dir" cargo build --release -q \
-    --manifest-path "$root/Cargo.toml" -p inlay-componentize
-tool="$tool_target_dir/release/inlay-componentize"
+if [ -n "${INLAY_COMPONENTIZE:-}" ]; then
+    tool=$INLAY_COMPONENTIZE
+else
+    log "building inlay-componentize"
+    CARGO_TARGET_DIR="$tool_target_dir" cargo build --release -q \
+        --manifest-path "$root/Cargo.toml" -p inlay-componentize
+    tool="$tool_target_dir/release/inlay-componentize"
+fi
 [ -x "$tool" ] || die "inlay-componentize was not built at $tool"
 
 # --- (3) core modules -> components ---------------------------------------------
 mkdir -p "$out"
 core_dir="$wasm_target_dir/wasm32-unknown-unknown/release"
-built=0 fresh=0
-for manifest in "$policies"/*/Cargo.toml; do
-    name=$(basename "$(dirname "$manifest")")
+built=0 fresh=0 components=()
+for name in "${names[@]}"; do
     core="$core_dir/policy_${name//-/_}.wasm"
     component="$out/$name.wasm"
+    components+=("$component")
     [ -f "$core" ] || die "no core module for policy $name at $core (package must be named policy-$name, crate-type cdylib)"
     if [ "$component" -nt "$core" ] && [ "$component" -nt "$tool" ]; then
         fresh=$((fresh + 1))
@@ -114,11 +145,11 @@ for manifest in "$policies"/*/Cargo.toml; do
     "$tool" encode "$core" -o "$component" >/dev/null
     built=$((built + 1))
 done
-"$tool" check "$out"/*.wasm
+"$tool" check "${components[@]}"
 log "$built componentized, $fresh up to date, in $(( $(date +%s) - started ))s -> $out"
 
 # --- native unit tests -----------------------------------------------------------
 if $run_tests; then
     log "running native unit tests"
-    CARGO_TARGET_DIR="$wasm_target_dir" cargo test --manifest-path "$policies/Cargo.toml"
+    CARGO_TARGET_DIR="$wasm_target_dir" cargo test --manifest-path "$policies/Cargo.toml" "${selection[@]}"
 fi

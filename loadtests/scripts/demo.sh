@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # `make demo`: the test origin as the demo site, inlay in front of it on the
 # embedded default config with a Wasm policy. Ctrl-C stops both.
+#
+#   demo.sh ORIGIN_ADDR LISTEN_ADDR POLICY.wasm [BIN_DIR]
+#
+# BIN_DIR holds inlay and inlay-origin (target/release unless given).
 set -euo pipefail
-origin_addr="$1"; listen="$2"; policy="$3"
+origin_addr="$1"; listen="$2"; policy="$3"; bin="${4:-target/release}"
 cd "$(dirname "$0")/../.."
-bin=target/release
+for exe in "$bin/inlay" "$bin/inlay-origin" "$policy"; do
+  [ -f "$exe" ] || { echo "demo: $exe is missing (make demo builds it)" >&2; exit 1; }
+done
 
 for addr in "$origin_addr" "$listen"; do
   if (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null; then

@@ -43,7 +43,7 @@ pub enum Error {
 }
 
 /// What [`check_component`] found in a valid policy component.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct ComponentInfo {
     /// Imported interfaces, for example `inlay:policy/log@0.1.0`.
     pub imports: Vec<String>,

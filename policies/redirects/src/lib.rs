@@ -21,7 +21,7 @@
 use inlay_policy::{Action, Policy, Request, builtin, config, log};
 
 /// One redirect rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Rule {
     /// The path, or the prefix when `prefix` is set (without the `*`).
     pub from: String,
@@ -34,7 +34,7 @@ pub struct Rule {
 }
 
 /// Why a rule was skipped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum RuleError {
     /// The status is not 301, 302, 303, 307 or 308.
     BadStatus(String),
