@@ -155,7 +155,7 @@ pub fn parse(input: &[u8]) -> Vec<Node> {
     nodes
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 enum Mode {
     /// Ordinary content: look for ESI markup.
     Markup,
@@ -167,7 +167,7 @@ enum Mode {
     Cdata,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 enum BlockKind {
     Choose,
     When,
@@ -211,7 +211,7 @@ impl Frame {
 }
 
 /// Progress through an ESI tag whose `>` has not arrived yet.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct TagScan {
     /// Bytes of the tag already scanned.
     pos: usize,
@@ -220,7 +220,7 @@ struct TagScan {
 }
 
 /// What a `<` at the start of the input begins.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum LtKind {
     /// `<esi:` or `</esi:`.
     EsiTag,

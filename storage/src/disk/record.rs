@@ -11,7 +11,7 @@ const RECORD_VERSION: u8 = 1;
 const RECORD_HEADER: usize = 2 + 1 + 4 + 8 + 8 + 4;
 
 /// The metadata record of one object on disk.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub(crate) struct Record {
     /// Chunk set id: a fresh engine id per put, so an overwrite never mixes
     /// old and new chunks.

@@ -34,7 +34,7 @@ const POINTER_MAGIC: u8 = 0xC5;
 const POINTER_LEN: usize = 1 + 8 + 4;
 
 /// What the `chunks` tree stores for a chunk: its file id and length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Pointer {
     pub(crate) file: u64,
     pub(crate) len: u32,
