@@ -124,10 +124,11 @@ pub struct GeneratedFile {
 }
 
 /// Generate the C bindings of `world` in the WIT package directory `dir`,
-/// byte for byte what `wit-bindgen c DIR -w WORLD` (wit-bindgen-cli of the
-/// same version, default options) writes: `<world>.h`, `<world>.c` and
+/// the files `wit-bindgen c DIR -w WORLD` (wit-bindgen-cli of the same
+/// version, default options) writes: `<world>.h`, `<world>.c` and
 /// `<world>_component_type.o`, the object that carries the world to
-/// wit-component through the linker.
+/// wit-component through the linker. They are the CLI's byte for byte, but
+/// for the wit-component version the object's producers section names.
 pub fn c_bindings(dir: &Path, world: &str) -> Result<Vec<GeneratedFile>, Error> {
     let mut resolve = Resolve::default();
     let (pkg, _files) = resolve.push_dir(dir).map_err(Error::Wit)?;
