@@ -16,9 +16,9 @@
 #       node and npm from apt-get when absent
 #   py  componentize-py 0.25.1 (pip, guest-sdk/python/requirements.txt) in a
 #       venv at target/lang/python-venv
-#   c   wit-bindgen-cli 0.60.0, its C generator only (cargo install --locked
-#       into target/lang/tools),
-#       Debian clang-19, lld-19, wasi-libc, libclang-rt-19-dev-wasm32
+#   c   Debian clang-19, lld-19, wasi-libc, libclang-rt-19-dev-wasm32; the
+#       bindings come from `inlay-componentize c-bindings` (the wit-bindgen-c
+#       0.60 library, what `wit-bindgen c` runs)
 # The components import only inlay:policy interfaces, no WASI: JS is built
 # with every ComponentizeJS feature disabled, Python with --stub-wasi, C
 # without stdio. Each output is rebuilt only when its policy, its SDK, the
@@ -40,7 +40,6 @@ out="$root/target/policies"
 work="${INLAY_LANG_DIR:-$root/target/lang}"
 tool_target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
-WIT_BINDGEN_VERSION=0.60.0
 CLANG=clang-19
 run_tests=false
 langs=()
@@ -82,7 +81,7 @@ stale() {
 mkdir -p "$out" "$work"
 command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
 
-# --- the componentize tool: encodes C core modules, checks every output ------
+# --- the componentize tool: C bindings, encodes C core modules, checks outputs -
 tool="${INLAY_COMPONENTIZE:-$tool_target_dir/release/inlay-componentize}"
 # build.sh has usually just built it: skip cargo (and its build lock) when
 # neither its sources nor Cargo.lock changed since the last check.
@@ -182,19 +181,12 @@ build_c() {
     [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
     command -v "$CLANG" >/dev/null || die "$CLANG is not on PATH after installing ${packages[*]}"
 
-    local bindgen="$work/tools/bin/wit-bindgen"
-    if [ "$("$bindgen" --version 2>/dev/null | awk '{print $2}')" != "$WIT_BINDGEN_VERSION" ]; then
-        log "installing wit-bindgen-cli $WIT_BINDGEN_VERSION (cargo install, a few minutes once)"
-        # Only the C generator: the default features add five more languages'.
-        CARGO_TARGET_DIR="$work/cargo-target" cargo install -q --locked \
-            --no-default-features --features c \
-            "wit-bindgen-cli@$WIT_BINDGEN_VERSION" --root "$work/tools"
-    fi
+    # What `wit-bindgen c "$wit" -w policy` writes, from the tool built above.
     local gen="$work/c/gen"
-    if stale "$gen/policy_component_type.o" "$wit" "$bindgen"; then
+    if stale "$gen/policy_component_type.o" "$wit" "$tool"; then
         rm -rf "$gen"
-        "$bindgen" c "$wit" -w policy --out-dir "$gen" >/dev/null 2>&1 \
-            || die "wit-bindgen c failed on $wit"
+        "$tool" c-bindings "$wit" --world policy --out-dir "$gen" >/dev/null \
+            || die "generating the C bindings of $wit failed"
     fi
     local dir name t0 core
     for dir in "$policies"/*-c; do

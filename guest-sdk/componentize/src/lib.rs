@@ -6,7 +6,9 @@
 //! `wit-component` (the same 0.254 line the host's wasmtime accepts), writes
 //! the component and validates it. [`check_component`] validates any file
 //! and reports which capabilities it imports, so the build can refuse a
-//! policy that does not export the `handler` interface.
+//! policy that does not export the `handler` interface. [`c_bindings`]
+//! generates what `wit-bindgen c` does, so the C policies' build needs no
+//! separately installed `wit-bindgen-cli`.
 
 use std::path::Path;
 
@@ -40,6 +42,9 @@ pub enum Error {
     /// A WIT package could not be parsed or resolved.
     #[error("the WIT package is invalid: {0:#}")]
     Wit(anyhow::Error),
+    /// The C bindings generator refused the world.
+    #[error("generating the C bindings failed: {0:#}")]
+    CBindings(anyhow::Error),
 }
 
 /// What [`check_component`] found in a valid policy component.
@@ -106,5 +111,40 @@ pub fn check_wit(dir: &Path) -> Result<Vec<String>, Error> {
         .worlds
         .keys()
         .map(ToString::to_string)
+        .collect())
+}
+
+/// One file of generated bindings: its name (no folder) and contents.
+#[derive(Debug)]
+pub struct GeneratedFile {
+    /// For example `policy.h`.
+    pub name: String,
+    /// The bytes to write.
+    pub contents: Vec<u8>,
+}
+
+/// Generate the C bindings of `world` in the WIT package directory `dir`,
+/// the files `wit-bindgen c DIR -w WORLD` (wit-bindgen-cli of the same
+/// version, default options) writes: `<world>.h`, `<world>.c` and
+/// `<world>_component_type.o`, the object that carries the world to
+/// wit-component through the linker. They are the CLI's byte for byte, but
+/// for the wit-component version the object's producers section names.
+pub fn c_bindings(dir: &Path, world: &str) -> Result<Vec<GeneratedFile>, Error> {
+    let mut resolve = Resolve::default();
+    let (pkg, _files) = resolve.push_dir(dir).map_err(Error::Wit)?;
+    let world = resolve
+        .select_world(&[pkg], Some(world))
+        .map_err(Error::Wit)?;
+    let mut files = wit_bindgen_core::Files::default();
+    wit_bindgen_c::Opts::default()
+        .build()
+        .generate(&mut resolve, world, &mut files)
+        .map_err(Error::CBindings)?;
+    Ok(files
+        .iter()
+        .map(|(name, contents)| GeneratedFile {
+            name: name.to_owned(),
+            contents: contents.to_owned(),
+        })
         .collect())
 }

@@ -4,6 +4,7 @@
 //! inlay-componentize encode policy.core.wasm -o policy.wasm
 //! inlay-componentize check target/policies/*.wasm
 //! inlay-componentize wit guest-sdk/wit
+//! inlay-componentize c-bindings guest-sdk/wit --world policy -o target/lang/c/gen
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -40,6 +41,18 @@ enum Command {
     Wit {
         /// The directory holding the `.wit` files.
         dir: PathBuf,
+    },
+    /// Generate a world's C bindings, as `wit-bindgen c` 0.60 does.
+    CBindings {
+        /// The directory holding the `.wit` files.
+        dir: PathBuf,
+        /// The world to generate bindings for.
+        #[arg(short, long)]
+        world: String,
+        /// The folder to write the `.h`, `.c` and `_component_type.o` files
+        /// into (created when missing).
+        #[arg(short, long)]
+        out_dir: PathBuf,
     },
 }
 
@@ -84,6 +97,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let worlds = inlay_componentize::check_wit(&dir)
                 .with_context(|| format!("{}", dir.display()))?;
             println!("{}: ok, worlds [{}]", dir.display(), worlds.join(", "));
+        }
+        Command::CBindings {
+            dir,
+            world,
+            out_dir,
+        } => {
+            let files = inlay_componentize::c_bindings(&dir, &world)
+                .with_context(|| format!("{}", dir.display()))?;
+            std::fs::create_dir_all(&out_dir)
+                .with_context(|| format!("creating {}", out_dir.display()))?;
+            for file in files {
+                let path = out_dir.join(&file.name);
+                std::fs::write(&path, &file.contents)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                println!("{}", path.display());
+            }
         }
     }
     Ok(())
