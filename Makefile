@@ -21,7 +21,7 @@ DEMO_PROFILE := --profile demo --config 'profile.demo.inherits="release"' \
 	--config 'profile.demo.lto="off"' --config profile.demo.opt-level=1 \
 	--config profile.demo.codegen-units=16 --config profile.demo.debug=false
 
-.PHONY: demo test build deps bench bench-quick vendor-check
+.PHONY: demo test build deps bench bench-quick vendor-check conformance
 
 include Makefile.policies
 
@@ -69,3 +69,8 @@ bench: deps build policies
 
 bench-quick: deps build policies
 	bash loadtests/bench/run.sh quick
+
+# The public HTTP cache test suite (cache-tests.fyi) run through Inlay as the
+# suite runs Varnish; results and score in loadtests/reports/conformance/.
+conformance:
+	bash loadtests/conformance/run.sh
