@@ -33,7 +33,7 @@ use crate::HttpCache;
 use crate::fill::{FillTarget, fill};
 use crate::flight::Flight;
 use crate::key::PrimaryKey;
-use crate::object::{refreshed_meta, validators};
+use crate::object::{refreshed_meta, stored_headers, validators};
 use crate::rules;
 
 /// What the cache holds for a request.
@@ -186,6 +186,10 @@ impl CacheFetch {
         let object = self.expired.clone()?;
         let now = inlay_storage::now_ms();
         if !object.meta.in_keep(now) && !object.meta.in_grace(now) {
+            return None;
+        }
+        // must-revalidate, proxy-revalidate, s-maxage: an error, never stale.
+        if rules::forbids_stale(&stored_headers(&object.meta).0) {
             return None;
         }
         warn!(error = %why, "backend failed; serving stale object (stale-if-error)");

@@ -7,6 +7,7 @@ use inlay_core::{CacheSettings, headers};
 use inlay_storage::{ObjectMeta, StoredObject};
 
 use crate::key::vary_names;
+use crate::rules;
 
 /// Stored pseudo-header marking an object whose body is an ESI template.
 pub const ESI_MARK: &str = "inlay-internal-esi";
@@ -49,14 +50,20 @@ fn storable_headers(h: &HeaderMap, esi: bool) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The metadata an object is stored with.
+///
+/// The `Age` the response arrived with counts (RFC 9111 section 4.2.3): the
+/// object is dated back by it, so the `Age` delivered on hits starts there
+/// and grows; `s.ttl` stays the freshness left from now.
 pub fn object_meta(status: u16, h: &HeaderMap, s: &CacheSettings) -> ObjectMeta {
     let text =
         |name: header::HeaderName| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let now = inlay_storage::now_ms();
+    let age_ms = (rules::age(h) * 1000).min(now);
     ObjectMeta {
         status,
         headers: storable_headers(h, s.esi),
-        stored_at_ms: inlay_storage::now_ms(),
-        ttl_ms: s.ttl.as_millis() as u64,
+        stored_at_ms: now - age_ms,
+        ttl_ms: (s.ttl.as_millis() as u64).saturating_add(age_ms),
         grace_ms: s.grace.as_millis() as u64,
         keep_ms: s.keep.as_millis() as u64,
         surrogate_keys: s.surrogate_keys.clone(),
@@ -91,8 +98,10 @@ pub fn refreshed_meta(old: &ObjectMeta, not_modified: &HeaderMap, s: &CacheSetti
         meta.headers
             .push((name.as_str().to_owned(), value.as_bytes().to_vec()));
     }
-    meta.stored_at_ms = inlay_storage::now_ms();
-    meta.ttl_ms = s.ttl.as_millis() as u64;
+    let now = inlay_storage::now_ms();
+    let age_ms = (rules::age(not_modified) * 1000).min(now);
+    meta.stored_at_ms = now - age_ms;
+    meta.ttl_ms = (s.ttl.as_millis() as u64).saturating_add(age_ms);
     meta.grace_ms = s.grace.as_millis() as u64;
     meta.keep_ms = s.keep.as_millis() as u64;
     if let Some(e) = not_modified.get(header::ETAG).and_then(|v| v.to_str().ok()) {

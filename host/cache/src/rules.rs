@@ -39,20 +39,38 @@ pub struct CacheControl {
     pub stale_if_error: Option<u64>,
     /// `must-revalidate` or `proxy-revalidate`.
     pub must_revalidate: bool,
+    /// `must-understand`: `no-store` may be ignored for a status the cache
+    /// understands (RFC 9111 section 5.2.2.3).
+    pub must_understand: bool,
 }
 
 impl CacheControl {
     /// Parse every `Cache-Control` field of `headers`. Unknown or malformed
     /// directives are ignored, as RFC 9111 section 5.2 asks.
     pub fn parse(headers: &HeaderMap) -> Self {
+        Self::from_directives(directives(headers, header::CACHE_CONTROL))
+    }
+
+    /// The directives of the first targeted field (RFC 9213) aimed at us
+    /// that has any: `Inlay-Cache-Control`, then `CDN-Cache-Control`. When
+    /// there is one, `Cache-Control` and `Expires` are ignored.
+    pub fn targeted(headers: &HeaderMap) -> Option<Self> {
+        TARGETED_FIELDS.iter().find_map(|name| {
+            let d = directives(headers, header::HeaderName::from_static(name));
+            (!d.is_empty()).then(|| Self::from_directives(d))
+        })
+    }
+
+    fn from_directives(directives: Vec<(String, Option<String>)>) -> Self {
         let mut cc = Self::default();
-        for (name, value) in directives(headers, header::CACHE_CONTROL) {
+        for (name, value) in directives {
             match name.as_str() {
                 "no-store" => cc.no_store = true,
                 "no-cache" => cc.no_cache = true,
                 "private" => cc.private = true,
                 "public" => cc.public = true,
                 "must-revalidate" | "proxy-revalidate" => cc.must_revalidate = true,
+                "must-understand" => cc.must_understand = true,
                 "max-age" => cc.max_age = value.and_then(seconds).or(cc.max_age),
                 "s-maxage" => cc.s_maxage = value.and_then(seconds).or(cc.s_maxage),
                 "stale-while-revalidate" => {
@@ -68,6 +86,12 @@ impl CacheControl {
         cc
     }
 }
+
+/// Targeted cache-control fields (RFC 9213) Inlay obeys, first wins:
+/// `Inlay-Cache-Control` is for this cache alone (and is not forwarded to
+/// clients); `CDN-Cache-Control` is for every CDN on the way, so it is
+/// obeyed and also forwarded, for the CDNs in front of us.
+pub const TARGETED_FIELDS: [&str; 2] = ["inlay-cache-control", "cdn-cache-control"];
 
 /// Parsed `Surrogate-Control` (Edge Architecture Specification 1.0): it
 /// speaks to edge caches and wins over `Cache-Control` for them.
@@ -134,7 +158,8 @@ impl SurrogateControl {
     }
 }
 
-/// Statuses cached without explicit freshness (Varnish's built-in list).
+/// Statuses cached with `default_ttl` when the response says nothing
+/// (Varnish's built-in list).
 fn cacheable_by_default(status: StatusCode) -> bool {
     matches!(
         status.as_u16(),
@@ -142,10 +167,29 @@ fn cacheable_by_default(status: StatusCode) -> bool {
     )
 }
 
-/// Statuses that may be cached when the response gives explicit freshness.
-fn cacheable_with_explicit_freshness(status: StatusCode) -> bool {
-    cacheable_by_default(status) || matches!(status.as_u16(), 302 | 307 | 308 | 405 | 501)
+/// Heuristically cacheable statuses (RFC 9110 section 15.1), but 206:
+/// partial responses are not stored.
+fn heuristically_cacheable(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
 }
+
+/// Statuses whose caching semantics Inlay understands (for `must-understand`).
+fn understood(status: StatusCode) -> bool {
+    heuristically_cacheable(status) || matches!(status.as_u16(), 302 | 303 | 304 | 307)
+}
+
+/// Whether a response with explicit freshness may be stored: any final
+/// status (RFC 9111 section 3) but 206, as partial responses are not stored.
+fn cacheable_with_explicit_freshness(status: StatusCode) -> bool {
+    status.as_u16() >= 200 && status != StatusCode::PARTIAL_CONTENT
+}
+
+/// Heuristic freshness is a tenth of the time since `Last-Modified` (RFC
+/// 9111 section 4.2.2), at most a day.
+const HEURISTIC_MAX: u64 = 24 * 3600;
 
 /// The host's default decision for a backend response to a lookup request.
 pub fn decide(
@@ -154,7 +198,10 @@ pub fn decide(
     defaults: &Defaults,
     now: SystemTime,
 ) -> CacheSettings {
-    let cc = CacheControl::parse(headers);
+    let targeted = CacheControl::targeted(headers);
+    let cc = targeted
+        .clone()
+        .unwrap_or_else(|| CacheControl::parse(headers));
     let sc = SurrogateControl::parse(headers);
     let surrogate_keys = surrogate_keys(headers);
     let mut s = CacheSettings {
@@ -165,28 +212,50 @@ pub fn decide(
         surrogate_keys,
         esi: sc.esi,
     };
-    let explicit = sc.max_age.or(cc.s_maxage).or(cc.max_age);
-    let from_expires = || {
-        let expires = headers.get(header::EXPIRES)?.to_str().ok()?;
-        // RFC 9111: an invalid Expires (for example "0") means already expired.
-        let expires = httpdate::parse_http_date(expires).unwrap_or(SystemTime::UNIX_EPOCH);
-        let date = headers
+    let date = || {
+        headers
             .get(header::DATE)
             .and_then(|d| d.to_str().ok())
-            .and_then(|d| httpdate::parse_http_date(d).ok())
-            .unwrap_or(now);
+            .and_then(parse_http_date)
+            .unwrap_or(now)
+    };
+    let explicit = sc.max_age.or(cc.s_maxage).or(cc.max_age);
+    let from_expires = || {
+        // RFC 9213: a targeted field replaces Expires too.
+        if targeted.is_some() {
+            return None;
+        }
+        let expires = headers.get(header::EXPIRES)?.to_str().ok()?;
+        // RFC 9111: an invalid Expires (for example "0") means already expired.
+        let expires = parse_http_date(expires).unwrap_or(SystemTime::UNIX_EPOCH);
         Some(
             expires
-                .duration_since(date)
+                .duration_since(date())
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
         )
     };
     let lifetime = explicit.or_else(from_expires);
-    let allowed_status = if lifetime.is_some() {
-        cacheable_with_explicit_freshness(status)
-    } else {
-        cacheable_by_default(status)
+    let heuristic = || {
+        if !(heuristically_cacheable(status) || cc.public) {
+            return None;
+        }
+        let lm = headers.get(header::LAST_MODIFIED)?.to_str().ok()?;
+        let since = date().duration_since(parse_http_date(lm)?).ok()?;
+        Some((since.as_secs() / 10).min(HEURISTIC_MAX))
+    };
+    let lifetime = match lifetime {
+        Some(l) if cacheable_with_explicit_freshness(status) => l,
+        Some(_) => return s,
+        None => {
+            let default = cacheable_by_default(status).then_some(defaults.ttl.as_secs());
+            match (heuristic(), default) {
+                // default_ttl stays the floor: Last-Modified only lengthens it.
+                (Some(h), d) => h.max(d.unwrap_or(0)),
+                (None, Some(d)) => d,
+                (None, None) => return s,
+            }
+        }
     };
     let vary_star = headers
         .get_all(header::VARY)
@@ -194,32 +263,126 @@ pub fn decide(
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|v| v.trim() == "*");
+    let no_store = if cc.must_understand {
+        !understood(status)
+    } else {
+        cc.no_store
+    };
     // Surrogate-Control speaks to us directly: its max-age overrides private / no-cache.
     let forbidden = sc.no_store
-        || (sc.max_age.is_none() && (cc.no_store || cc.private || cc.no_cache))
+        || (sc.max_age.is_none() && (no_store || cc.private || cc.no_cache))
         || headers.contains_key(header::SET_COOKIE)
         || vary_star;
-    if forbidden || !allowed_status {
+    if forbidden {
         return s;
     }
-    let age = headers
-        .get(header::AGE)
-        .and_then(|a| a.to_str().ok())
-        .and_then(|a| a.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    let lifetime = lifetime.unwrap_or(defaults.ttl.as_secs());
-    s.ttl = Duration::from_secs(lifetime.saturating_sub(age));
+    s.ttl = Duration::from_secs(lifetime.saturating_sub(age(headers)));
     s.cacheable = true;
     if let Some(swr) = sc.stale.or(cc.stale_while_revalidate) {
         s.grace = Duration::from_secs(swr);
     }
-    if cc.must_revalidate {
+    if forbids_stale_with(&cc, &sc) {
         s.grace = Duration::ZERO;
     }
     if let Some(sie) = cc.stale_if_error {
         s.keep = s.keep.max(Duration::from_secs(sie));
     }
     s
+}
+
+/// Whether a response's headers forbid serving it stale, in grace or when
+/// the backend fails: `must-revalidate`, `proxy-revalidate` and `s-maxage`
+/// (which implies `proxy-revalidate` for a shared cache, RFC 9111 section
+/// 5.2.2.10), unless `Surrogate-Control` grants stale time itself. The
+/// object is still kept for revalidation.
+pub fn forbids_stale(headers: &HeaderMap) -> bool {
+    let cc = CacheControl::targeted(headers).unwrap_or_else(|| CacheControl::parse(headers));
+    forbids_stale_with(&cc, &SurrogateControl::parse(headers))
+}
+
+fn forbids_stale_with(cc: &CacheControl, sc: &SurrogateControl) -> bool {
+    (cc.must_revalidate || cc.s_maxage.is_some()) && sc.stale.is_none()
+}
+
+/// The `Age` a response arrived with, in seconds (RFC 9111 section 5.1):
+/// the first value of the first field; a value that is not a non-negative
+/// integer is ignored (0), one too large is capped at 2^31.
+pub fn age(headers: &HeaderMap) -> u64 {
+    let Some(first) = headers.get(header::AGE).and_then(|a| a.to_str().ok()) else {
+        return 0;
+    };
+    let first = first.split(',').next().unwrap_or_default();
+    // A parameter (`7200;foo=bar`) does not hide the number.
+    let first = first.split(';').next().unwrap_or_default();
+    seconds(first.to_owned()).unwrap_or(0)
+}
+
+/// Parse an HTTP date: the three formats of RFC 9110 section 5.6.7, then
+/// leniently (as RFC 9111 section 4.2 asks of Expires): any case, a wrong
+/// weekday, one-digit days, two-digit years.
+pub fn parse_http_date(s: &str) -> Option<SystemTime> {
+    httpdate::parse_http_date(s)
+        .ok()
+        .or_else(|| lenient_date(s))
+}
+
+/// `[weekday,] day month year time GMT` (IMF-fixdate, RFC 850 with dashes)
+/// or `weekday month day time year` (asctime), words in any case; the
+/// weekday is not checked.
+fn lenient_date(s: &str) -> Option<SystemTime> {
+    const MONTHS: [&str; 12] = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    if s.len() > 64 {
+        return None;
+    }
+    let (mut day, mut month, mut year, mut time) = (None, None, None, None);
+    for word in s
+        .split(|c: char| c == ' ' || c == ',' || c == '-')
+        .filter(|w| !w.is_empty())
+    {
+        let lower = word.to_ascii_lowercase();
+        if let Some(m) = MONTHS.iter().position(|m| *m == lower) {
+            month = Some(m as u64 + 1);
+        } else if word.contains(':') {
+            let mut parts = word.split(':').map(|p| p.parse::<u64>().ok());
+            match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                (Some(Some(h)), Some(Some(m)), Some(Some(s)), None)
+                    if h < 24 && m < 60 && s < 61 =>
+                {
+                    time = Some(h * 3600 + m * 60 + s)
+                }
+                _ => return None,
+            }
+        } else if let Ok(n) = word.parse::<u64>() {
+            match (word.len(), day) {
+                (1 | 2, None) => day = Some(n),
+                (2, Some(_)) => year = Some(if n < 70 { 2000 + n } else { 1900 + n }),
+                (4, _) => year = Some(n),
+                _ => return None,
+            }
+        } else if !(lower == "gmt"
+            || lower.len() >= 3 && lower.chars().all(|c| c.is_ascii_alphabetic()))
+        {
+            return None;
+        }
+    }
+    let (day, month, year, time) = (day?, month?, year?, time?);
+    if !(1..=31).contains(&day) || year < 1970 {
+        return None;
+    }
+    // Days from 1970-01-01 to the date (the civil-from-days inverse).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(days * 86_400 + time))
 }
 
 /// The `Surrogate-Key` header's keys (space-separated, possibly repeated fields).
@@ -412,12 +575,216 @@ mod tests {
         );
     }
 
+    #[test]
+    fn age_counts_first_value_only_and_ignores_garbage() {
+        let age_of = |vals: &[&str]| age(&h(&vals.iter().map(|v| ("age", *v)).collect::<Vec<_>>()));
+        assert_eq!(age_of(&["7200, 0"]), 7200, "`old, 0` is old");
+        assert_eq!(age_of(&["0, 7200"]), 0);
+        assert_eq!(age_of(&["7200", "0"]), 7200);
+        assert_eq!(age_of(&["7200;foo=bar"]), 7200);
+        for garbage in ["abc", "-7200", "7200.0", ""] {
+            assert_eq!(age_of(&[garbage]), 0, "{garbage:?}");
+        }
+        assert_eq!(age_of(&["99999999999"]), 2_147_483_648);
+        let s = decide_ok(&[("cache-control", "max-age=3600"), ("age", "7200, 0")]);
+        assert!(
+            s.ttl.is_zero(),
+            "a response older than its max-age is stale"
+        );
+    }
+
+    #[test]
+    fn revalidation_directives_forbid_stale_serving() {
+        for cc in [
+            "max-age=10, must-revalidate",
+            "max-age=10, proxy-revalidate",
+            "s-maxage=10",
+            "max-age=10, stale-while-revalidate=60, must-revalidate",
+        ] {
+            let headers = h(&[("cache-control", cc)]);
+            let s = decide(StatusCode::OK, &headers, &D, SystemTime::now());
+            assert!(s.cacheable && s.grace.is_zero(), "{cc}: no grace");
+            assert!(forbids_stale(&headers), "{cc}: no stale-if-error");
+        }
+        // Without them the defaults stand.
+        let headers = h(&[("cache-control", "max-age=10")]);
+        assert_eq!(
+            decide(StatusCode::OK, &headers, &D, SystemTime::now()).grace,
+            D.grace
+        );
+        assert!(!forbids_stale(&headers));
+        // Surrogate-Control's own stale time speaks to us and wins.
+        assert!(!forbids_stale(&h(&[
+            ("cache-control", "s-maxage=10"),
+            ("surrogate-control", "max-age=10+30"),
+        ])));
+        // immutable changes nothing: a stale immutable response is revalidated.
+        let immutable = decide_ok(&[("cache-control", "max-age=10, immutable")]);
+        assert_eq!(
+            (immutable.ttl, immutable.grace),
+            (Duration::from_secs(10), D.grace)
+        );
+    }
+
+    #[test]
+    fn targeted_fields_replace_cache_control_and_expires() {
+        let future = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3600));
+        // CDN-Cache-Control wins, either way.
+        let s = decide_ok(&[
+            ("cache-control", "max-age=3600"),
+            ("cdn-cache-control", "max-age=5"),
+        ]);
+        assert_eq!(s.ttl.as_secs(), 5);
+        let s = decide_ok(&[
+            ("cache-control", "max-age=5"),
+            ("cdn-cache-control", "max-age=3600, foo=bar"),
+        ]);
+        assert_eq!(s.ttl.as_secs(), 3600);
+        assert!(
+            decide_ok(&[("cdn-cache-control", "max-age=0"), ("expires", &future)])
+                .ttl
+                .is_zero()
+        );
+        for d in ["private", "no-cache", "no-store"] {
+            let s = decide_ok(&[
+                ("cache-control", "max-age=3600"),
+                ("expires", &future),
+                ("cdn-cache-control", d),
+            ]);
+            assert!(!s.cacheable, "CDN-Cache-Control: {d}");
+        }
+        assert!(
+            decide_ok(&[
+                ("cache-control", "no-store"),
+                ("cdn-cache-control", "max-age=60")
+            ])
+            .cacheable
+        );
+        // Inlay-Cache-Control is aimed at us alone and comes first.
+        let s = decide_ok(&[
+            ("cdn-cache-control", "no-store"),
+            ("inlay-cache-control", "max-age=7"),
+        ]);
+        assert_eq!((s.cacheable, s.ttl.as_secs()), (true, 7));
+        // An empty targeted field is not one.
+        let s = decide_ok(&[("cache-control", "max-age=9"), ("cdn-cache-control", "")]);
+        assert_eq!(s.ttl.as_secs(), 9);
+    }
+
+    #[test]
+    fn expires_is_parsed_leniently() {
+        let now = SystemTime::now();
+        let date = httpdate::fmt_http_date(now);
+        let ttl = |exp: &str| {
+            decide(
+                StatusCode::OK,
+                &h(&[("date", &date), ("expires", exp)]),
+                &Defaults {
+                    ttl: Duration::ZERO,
+                    ..D
+                },
+                now,
+            )
+            .ttl
+        };
+        for exp in [
+            "Thu Aug  8 02:01:18 2050",
+            "THU, 18 Aug 2050 02:01:18 GMT",
+            "Thu, 18 AUG 2050 02:01:18 GMT",
+            "Thu, 18 Aug 2050 02:01:18 gMT",
+            "Thursday, 18-Aug-50 02:01:18 GMT",
+        ] {
+            assert!(ttl(exp) > Duration::from_secs(3600 * 24 * 365), "{exp}");
+        }
+        assert_eq!(
+            parse_http_date("thu, 01 jan 1970 00:01:00 gmt"),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(60))
+        );
+        assert_eq!(
+            parse_http_date("Mon, 29 Feb 2016 12:00:00 GMT"),
+            httpdate::parse_http_date("Mon, 29 Feb 2016 12:00:00 GMT").ok()
+        );
+        for bad in [
+            "0",
+            "",
+            "soon",
+            "Thu, 99 Aug 2050 02:01:18 GMT",
+            "18 Aug 2050 25:00:00 GMT",
+        ] {
+            assert!(ttl(bad).is_zero(), "{bad:?} means already expired");
+        }
+    }
+
+    #[test]
+    fn statuses_with_explicit_or_heuristic_freshness() {
+        let now = SystemTime::now();
+        let no_default = Defaults {
+            ttl: Duration::ZERO,
+            ..D
+        };
+        let with = |status: u16, pairs: &[(&str, &str)], d: &Defaults| {
+            decide(StatusCode::from_u16(status).unwrap(), &h(pairs), d, now)
+        };
+        for status in [299, 303, 400, 499, 500, 502, 503, 504, 599] {
+            let s = with(status, &[("cache-control", "max-age=60")], &D);
+            assert!(s.cacheable && s.ttl.as_secs() == 60, "{status}");
+            assert!(
+                !with(status, &[], &D).cacheable,
+                "{status} without freshness"
+            );
+        }
+        assert!(!with(206, &[("cache-control", "max-age=60")], &D).cacheable);
+        // A tenth of the time since Last-Modified, for heuristically cacheable statuses.
+        let date = httpdate::fmt_http_date(now);
+        let lm = httpdate::fmt_http_date(now - Duration::from_secs(100_000));
+        let pairs = [("date", date.as_str()), ("last-modified", lm.as_str())];
+        for status in [200, 203, 204, 404, 405, 410, 414, 501] {
+            let s = with(status, &pairs, &no_default);
+            assert_eq!((s.cacheable, s.ttl.as_secs()), (true, 10_000), "{status}");
+        }
+        assert!(!with(599, &pairs, &no_default).cacheable);
+        let public = [pairs[0], pairs[1], ("cache-control", "public")];
+        assert_eq!(with(599, &public, &no_default).ttl.as_secs(), 10_000);
+        // default_ttl stays the floor; the heuristic is capped at a day.
+        let recent = httpdate::fmt_http_date(now - Duration::from_secs(100));
+        assert_eq!(
+            with(200, &[("date", &date), ("last-modified", &recent)], &D).ttl,
+            D.ttl
+        );
+        let old = httpdate::fmt_http_date(now - Duration::from_secs(100_000_000));
+        assert_eq!(
+            with(200, &[("date", &date), ("last-modified", &old)], &D)
+                .ttl
+                .as_secs(),
+            HEURISTIC_MAX
+        );
+    }
+
+    #[test]
+    fn must_understand_lets_understood_statuses_ignore_no_store() {
+        let cc = [("cache-control", "max-age=60, no-store, must-understand")];
+        assert!(decide_ok(&cc).cacheable);
+        assert!(
+            !decide(
+                StatusCode::from_u16(299).unwrap(),
+                &h(&cc),
+                &D,
+                SystemTime::now()
+            )
+            .cacheable
+        );
+        assert!(!decide_ok(&[("cache-control", "max-age=60, no-store")]).cacheable);
+    }
+
     proptest! {
         #[test]
         fn any_header_text_parses_without_panic(cc in ".{0,80}", sc in ".{0,80}") {
             let mut m = HeaderMap::new();
             if let Ok(v) = cc.parse() { m.insert(header::CACHE_CONTROL, v); }
             if let Ok(v) = sc.parse() { m.insert("surrogate-control", v); }
+            if let Ok(v) = cc.parse() { m.insert("cdn-cache-control", v); }
+            if let Ok(v) = sc.parse() { m.insert(header::EXPIRES, v); }
+            if let Ok(v) = cc.parse() { m.insert(header::AGE, v); }
             let _ = decide(StatusCode::OK, &m, &D, SystemTime::now());
         }
     }

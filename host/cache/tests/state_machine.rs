@@ -493,3 +493,78 @@ async fn no_store_call_runs_on_the_reactor_thread() {
         "store calls on the reactor thread: {on_reactor:?}"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn revalidation_directives_turn_a_failed_backend_into_an_error_not_stale() {
+    let f = fixture();
+    let s = Duration::from_secs;
+    for cc in [
+        "max-age=1, must-revalidate",
+        "max-age=1, proxy-revalidate",
+        "s-maxage=1",
+    ] {
+        let primary = key(&format!("/{cc}"));
+        // Kept for an hour: revalidation may use it, a failure may not.
+        store_aged(
+            &f.cache,
+            &primary,
+            s(100),
+            s(1),
+            s(0),
+            s(3600),
+            &[("cache-control", cc), ("etag", "\"v1\"")],
+        )
+        .await;
+        let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
+        assert!(!fetch.validators().is_empty(), "{cc}: still revalidated");
+        let down = ProxyError::BackendDown {
+            backend: "origin".into(),
+            reason: "refused".into(),
+        };
+        assert!(fetch.on_response(Err(down)).await.is_err(), "{cc}");
+        let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
+        let (body, status) = answer(fetch, response(503, &[], "down")).await;
+        assert_eq!(body, "down", "{cc}");
+        assert!(!matches!(status, CacheStatus::Stale { .. }), "{cc}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_age_a_response_arrives_with_counts_and_keeps_growing() {
+    let f = fixture();
+    let primary = key("/aged");
+    let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
+    answer(
+        fetch,
+        response(200, &[("cache-control", "max-age=60"), ("age", "30")], "x"),
+    )
+    .await;
+    let obj = fresh_soon(&f.cache, &primary).await;
+    let now = inlay_storage::now_ms();
+    // Delivered Age starts at the upstream Age; 30 s of freshness are left.
+    assert!((30_000..35_000).contains(&obj.meta.age_ms(now)));
+    let status = inlay_cache::fresh_status(&obj, now);
+    assert!(matches!(status, CacheStatus::Hit { ttl_left } if (25..=30).contains(&ttl_left)));
+
+    // `Age: 7200, 0` is two hours old: stored, but never fresh.
+    let old = key("/old");
+    let fetch = fetch_of(f.cache.lookup(&old, &HeaderMap::new()).await);
+    answer(
+        fetch,
+        response(
+            200,
+            &[("cache-control", "max-age=3600"), ("age", "7200, 0")],
+            "x",
+        ),
+    )
+    .await;
+    for _ in 0..200 {
+        if f.cache.get(&old, &HeaderMap::new()).await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stored = f.cache.get(&old, &HeaderMap::new()).await.expect("stored");
+    assert!(!stored.meta.is_fresh(inlay_storage::now_ms()));
+    assert!(stored.meta.age_ms(inlay_storage::now_ms()) >= 7_200_000);
+}
