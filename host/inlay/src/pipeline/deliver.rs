@@ -215,9 +215,12 @@ pub fn finish(mut resp: Response<ProxyBody>, status: CacheStatus) -> Response<Pr
     *resp.version_mut() = http::Version::HTTP_11;
     let h = resp.headers_mut();
     headers::strip_hop_by_hop(h);
-    // Surrogate-Control and Surrogate-Key speak to the edge only.
+    // Surrogate-Control and Surrogate-Key speak to the edge only, and
+    // Inlay-Cache-Control to us alone (CDN-Cache-Control goes on, for the
+    // CDNs in front of us: RFC 9213 makes it end-to-end).
     h.remove("surrogate-control");
     h.remove("surrogate-key");
+    h.remove("inlay-cache-control");
     headers::add_via(h);
     if let Ok(v) = HeaderValue::from_str(&status.header_value()) {
         h.insert("cache-status", v);
