@@ -352,3 +352,85 @@ async fn purge_is_refused_from_other_addresses() {
     get(&inlay.url("/bytes/91?cc=max-age%3D60")).await;
     assert_eq!(origin.count("/bytes/91").await, 1, "still cached");
 }
+
+async fn post(inlay: &Harness, path: &str) -> common::Reply {
+    request("POST", &inlay.url(path), &[], Bytes::from_static(b"x")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_methods_invalidate_the_url_and_same_host_locations() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let fresh = |n: u32| format!("/bytes/{n}?cc=max-age%3D60");
+    for n in 41..=45 {
+        twice(&inlay, &fresh(n)).await;
+        assert_eq!(origin.count(&format!("/bytes/{n}")).await, 1, "{n} cached");
+    }
+    // POST, PUT, DELETE and unknown methods to the URL itself.
+    for (method, n) in [("POST", 41), ("PUT", 42), ("M-SEARCH", 43)] {
+        let r = request(method, &inlay.url(&fresh(n)), &[], Bytes::new()).await;
+        assert_eq!(r.status, 200, "{method}");
+        get(&inlay.url(&fresh(n))).await;
+        assert_eq!(
+            origin.count(&format!("/bytes/{n}")).await,
+            3,
+            "{method} invalidated /bytes/{n}"
+        );
+    }
+    // Location on our host is invalidated; another host's is not ours to drop.
+    assert_eq!(
+        post(
+            &inlay,
+            "/bytes/50?h=Location:/bytes/44%3Fcc%3Dmax-age%253D60"
+        )
+        .await
+        .status,
+        200
+    );
+    post(
+        &inlay,
+        "/bytes/51?h=Content-Location:http://elsewhere.example/bytes/45%3Fcc%3Dmax-age%253D60",
+    )
+    .await;
+    // An error response invalidates nothing.
+    post(
+        &inlay,
+        "/bytes/52?status=500&h=Content-Location:/bytes/45%3Fcc%3Dmax-age%253D60",
+    )
+    .await;
+    for n in [44, 45] {
+        get(&inlay.url(&fresh(n))).await;
+    }
+    assert_eq!(origin.count("/bytes/44").await, 2, "Location invalidated");
+    assert_eq!(origin.count("/bytes/45").await, 1, "still cached");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_age_counts_and_targeted_cache_control_wins() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // An Age from upstream is part of the object's age on every hit.
+    let (_, b) = twice(&inlay, "/bytes/61?cc=max-age%3D60&h=Age:30").await;
+    assert!(b.header("cache-status").unwrap().contains("hit"));
+    let age: u64 = b.header("age").unwrap().parse().unwrap();
+    assert!((30..60).contains(&age), "Age {age}");
+    // `Age: 7200, 0` is two hours old: never fresh for a max-age of an hour.
+    twice(&inlay, "/bytes/62?cc=max-age%3D3600&h=Age:7200,%200").await;
+    assert_eq!(origin.count("/bytes/62").await, 2);
+    // Inlay-Cache-Control and CDN-Cache-Control win over Cache-Control;
+    // Inlay-Cache-Control is ours alone, CDN-Cache-Control goes on.
+    let (_, b) = twice(
+        &inlay,
+        "/bytes/63?cc=no-store&h=Inlay-Cache-Control:max-age%3D60&h=CDN-Cache-Control:no-store",
+    )
+    .await;
+    assert_eq!(origin.count("/bytes/63").await, 1);
+    assert!(b.header("inlay-cache-control").is_none());
+    assert_eq!(b.header("cdn-cache-control"), Some("no-store"));
+    twice(
+        &inlay,
+        "/bytes/64?cc=max-age%3D60&h=CDN-Cache-Control:no-cache",
+    )
+    .await;
+    assert_eq!(origin.count("/bytes/64").await, 2);
+}

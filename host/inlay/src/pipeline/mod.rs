@@ -11,12 +11,15 @@
 //! 6. [`deliver`]: the response headers for the client, conditional and Range.
 //! 7. [`log`]: always runs: one access-log line when the body is done.
 //!
-//! [`purge`] answers the PURGE method. This file only sequences the phases.
+//! [`purge`] answers the PURGE method; [`invalidate`] drops what a passed
+//! unsafe request (POST, PUT, DELETE...) changed. This file only sequences
+//! the phases.
 
 pub mod backend_response;
 pub mod deliver;
 pub mod esi;
 pub mod fetch;
+pub mod invalidate;
 pub mod log;
 pub mod lookup;
 pub mod purge;
@@ -200,6 +203,7 @@ impl Pipeline {
             Route::Pass => {
                 let backend = self.backend(&head)?;
                 let mut resp = fetch::send(backend, &head, head.method.clone(), body, None).await?;
+                invalidate::after_unsafe(&self.cache, &head, resp.status(), resp.headers()).await;
                 let defaults =
                     backend_response::default_settings(&resp, &self.cache.rules().defaults);
                 let settings =
