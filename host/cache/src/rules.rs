@@ -54,11 +54,14 @@ impl CacheControl {
     /// The directives of the first targeted field (RFC 9213) aimed at us
     /// that has any: `Inlay-Cache-Control`, then `CDN-Cache-Control`. When
     /// there is one, `Cache-Control` and `Expires` are ignored.
+    ///
+    /// Targeted fields are Structured Field dictionaries (RFC 9651): one
+    /// that does not parse, or whose `max-age`-like directive is not an
+    /// integer, is ignored as a whole, as RFC 9213 section 2.1 asks.
     pub fn targeted(headers: &HeaderMap) -> Option<Self> {
-        TARGETED_FIELDS.iter().find_map(|name| {
-            let d = directives(headers, header::HeaderName::from_static(name));
-            (!d.is_empty()).then(|| Self::from_directives(d))
-        })
+        TARGETED_FIELDS
+            .iter()
+            .find_map(|name| targeted_directives(headers, name).map(Self::from_directives))
     }
 
     fn from_directives(directives: Vec<(String, Option<String>)>) -> Self {
@@ -92,6 +95,50 @@ impl CacheControl {
 /// clients); `CDN-Cache-Control` is for every CDN on the way, so it is
 /// obeyed and also forwarded, for the CDNs in front of us.
 pub const TARGETED_FIELDS: [&str; 2] = ["inlay-cache-control", "cdn-cache-control"];
+
+/// The directives of the targeted field `name`, if it is present, a valid
+/// dictionary, and not empty. Bounded: a field of more than 4 KiB is ignored.
+fn targeted_directives(headers: &HeaderMap, name: &str) -> Option<Vec<(String, Option<String>)>> {
+    let mut text = String::new();
+    for v in headers.get_all(name) {
+        if !text.is_empty() {
+            text.push_str(", ");
+        }
+        text.push_str(v.to_str().ok()?);
+    }
+    if text.trim().is_empty() || text.len() > 4096 {
+        return None;
+    }
+    let dict: sfv::Dictionary = sfv::Parser::new(&text).parse().ok()?;
+    let mut out = Vec::with_capacity(dict.len());
+    for (key, entry) in &dict {
+        let key = key.as_str();
+        let numeric = matches!(
+            key,
+            "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error"
+        );
+        let sfv::ListEntry::Item(item) = entry else {
+            if numeric {
+                return None;
+            }
+            continue;
+        };
+        match (&item.bare_item, numeric) {
+            (sfv::BareItem::Integer(n), true) => {
+                let n = i64::from(*n);
+                if n < 0 {
+                    return None;
+                }
+                out.push((key.to_owned(), Some(n.to_string())));
+            }
+            (_, true) => return None,
+            // Flags and extensions: a value (`no-cache="x"`) changes nothing
+            // a shared cache does with them here.
+            (_, false) => out.push((key.to_owned(), None)),
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
 
 /// Parsed `Surrogate-Control` (Edge Architecture Specification 1.0): it
 /// speaks to edge caches and wins over `Cache-Control` for them.
@@ -326,63 +373,90 @@ pub fn parse_http_date(s: &str) -> Option<SystemTime> {
         .or_else(|| lenient_date(s))
 }
 
-/// `[weekday,] day month year time GMT` (IMF-fixdate, RFC 850 with dashes)
-/// or `weekday month day time year` (asctime), words in any case; the
-/// weekday is not checked.
+/// IMF-fixdate, RFC 850 or asctime in their exact layout, but with letters
+/// in any case and the weekday unchecked: RFC 9111 section 4.2 asks caches
+/// to be lenient with Expires, and these are the slips the public suite
+/// expects tolerated (not other zones, two-digit years or odd spacing).
 fn lenient_date(s: &str) -> Option<SystemTime> {
     const MONTHS: [&str; 12] = [
         "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
     ];
-    if s.len() > 64 {
+    let s = s.trim().to_ascii_lowercase();
+    if !s.is_ascii() {
         return None;
     }
-    let (mut day, mut month, mut year, mut time) = (None, None, None, None);
-    for word in s
-        .split(|c: char| c == ' ' || c == ',' || c == '-')
-        .filter(|w| !w.is_empty())
-    {
-        let lower = word.to_ascii_lowercase();
-        if let Some(m) = MONTHS.iter().position(|m| *m == lower) {
-            month = Some(m as u64 + 1);
-        } else if word.contains(':') {
-            let mut parts = word.split(':').map(|p| p.parse::<u64>().ok());
-            match (parts.next(), parts.next(), parts.next(), parts.next()) {
-                (Some(Some(h)), Some(Some(m)), Some(Some(s)), None)
-                    if h < 24 && m < 60 && s < 61 =>
-                {
-                    time = Some(h * 3600 + m * 60 + s)
-                }
-                _ => return None,
-            }
-        } else if let Ok(n) = word.parse::<u64>() {
-            match (word.len(), day) {
-                (1 | 2, None) => day = Some(n),
-                (2, Some(_)) => year = Some(if n < 70 { 2000 + n } else { 1900 + n }),
-                (4, _) => year = Some(n),
-                _ => return None,
-            }
-        } else if !(lower == "gmt"
-            || lower.len() >= 3 && lower.chars().all(|c| c.is_ascii_alphabetic()))
-        {
+    let num = |t: &str| -> Option<u64> {
+        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-    }
-    let (day, month, year, time) = (day?, month?, year?, time?);
+        t.parse().ok()
+    };
+    let month = |t: &str| MONTHS.iter().position(|m| *m == t).map(|m| m as u64 + 1);
+    let time = |t: &str| -> Option<u64> {
+        let b = t.as_bytes();
+        if b.len() != 8 || b[2] != b':' || b[5] != b':' {
+            return None;
+        }
+        let (h, m, sec) = (num(&t[0..2])?, num(&t[3..5])?, num(&t[6..8])?);
+        (h < 24 && m < 60 && sec < 61).then_some(h * 3600 + m * 60 + sec)
+    };
+    let weekday = |t: &str| (3..=9).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_lowercase());
+    let (day, mon, year, secs) = if let Some((wk, rest)) = s.split_once(", ") {
+        if !weekday(wk) {
+            return None;
+        }
+        let b = rest.as_bytes();
+        match rest.len() {
+            // 18 aug 2050 02:01:18 gmt
+            24 if b[2] == b' ' && b[6] == b' ' && b[11] == b' ' && rest.ends_with(" gmt") => (
+                num(&rest[0..2])?,
+                month(&rest[3..6])?,
+                num(&rest[7..11])?,
+                time(&rest[12..20])?,
+            ),
+            // 18-aug-50 02:01:18 gmt
+            22 if b[2] == b'-' && b[6] == b'-' && b[9] == b' ' && rest.ends_with(" gmt") => {
+                let yy = num(&rest[7..9])?;
+                (
+                    num(&rest[0..2])?,
+                    month(&rest[3..6])?,
+                    if yy < 70 { 2000 + yy } else { 1900 + yy },
+                    time(&rest[10..18])?,
+                )
+            }
+            _ => return None,
+        }
+    } else {
+        // thu aug  8 02:01:18 2050
+        let b = s.as_bytes();
+        if s.len() != 24 || b[3] != b' ' || b[7] != b' ' || b[10] != b' ' || b[19] != b' ' {
+            return None;
+        }
+        if !weekday(&s[0..3]) {
+            return None;
+        }
+        (
+            num(s[8..10].trim_start())?,
+            month(&s[4..7])?,
+            num(&s[20..24])?,
+            time(&s[11..19])?,
+        )
+    };
     if !(1..=31).contains(&day) || year < 1970 {
         return None;
     }
-    // Days from 1970-01-01 to the date (the civil-from-days inverse).
-    let (y, m) = if month <= 2 {
-        (year - 1, month + 9)
+    // Days from 1970-01-01 to the date (the inverse of civil-from-days).
+    let (y, m) = if mon <= 2 {
+        (year - 1, mon + 9)
     } else {
-        (year, month - 3)
+        (year, mon - 3)
     };
     let era = y / 400;
     let yoe = y - era * 400;
     let doy = (153 * m + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = (era * 146_097 + doe).checked_sub(719_468)?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(days * 86_400 + time))
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(days * 86_400 + secs))
 }
 
 /// The `Surrogate-Key` header's keys (space-separated, possibly repeated fields).
@@ -666,9 +740,24 @@ mod tests {
             ("inlay-cache-control", "max-age=7"),
         ]);
         assert_eq!((s.cacheable, s.ttl.as_secs()), (true, 7));
-        // An empty targeted field is not one.
-        let s = decide_ok(&[("cache-control", "max-age=9"), ("cdn-cache-control", "")]);
-        assert_eq!(s.ttl.as_secs(), 9);
+        // An empty or invalid targeted field is not one (RFC 9213 2.1).
+        for invalid in [
+            "",
+            "max-age=10000, &&&&&",
+            "max-age=\"10000\"",
+            "max-age=-1",
+        ] {
+            let s = decide_ok(&[
+                ("cache-control", "max-age=9"),
+                ("cdn-cache-control", invalid),
+            ]);
+            assert_eq!(s.ttl.as_secs(), 9, "{invalid:?}");
+        }
+        let s = decide_ok(&[
+            ("cache-control", "max-age=9"),
+            ("cdn-cache-control", "max-age=99999999999"),
+        ]);
+        assert_eq!(s.ttl.as_secs(), 2_147_483_648);
     }
 
     #[test]
@@ -709,7 +798,16 @@ mod tests {
             "",
             "soon",
             "Thu, 99 Aug 2050 02:01:18 GMT",
-            "18 Aug 2050 25:00:00 GMT",
+            "Thu, 18 Aug 2050 25:00:00 GMT",
+            "Thu, 18 Aug 2050 02:01:18 UTC",
+            "Thu, 18 Aug 2050 02:01:18 AEST",
+            "Thu, 18 Aug 50 02:01:18 GMT",
+            "Thu 18 Aug 2050 02:01:18 GMT",
+            "Thu, 18  Aug  2050 02:01:18 GMT",
+            "Thu, 18-Aug-2050 02:01:18 GMT",
+            "Thu, 18 Aug 2050 02.01.18 GMT",
+            "Thu, 18 Aug 2050 2:01:18 GMT",
+            "Thü, 18 Aug 2050 02:01:18 GMT",
         ] {
             assert!(ttl(bad).is_zero(), "{bad:?} means already expired");
         }
