@@ -177,8 +177,10 @@ fn not_modified(req: &HeaderMap, resp: &HeaderMap) -> bool {
         .get(header::IF_MODIFIED_SINCE)
         .and_then(|v| v.to_str().ok())
     {
+        // Without Last-Modified, the stored Date stands in (RFC 9111 4.3.2).
         let lm = resp
             .get(header::LAST_MODIFIED)
+            .or_else(|| resp.get(header::DATE))
             .and_then(|v| v.to_str().ok())
             .and_then(|v| httpdate::parse_http_date(v).ok());
         if let (Ok(ims), Some(lm)) = (httpdate::parse_http_date(ims), lm) {
@@ -266,5 +268,18 @@ mod tests {
             HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
         );
         assert!(not_modified(&req, &resp));
+        // No Last-Modified: the stored response's Date stands in.
+        let mut resp = HeaderMap::new();
+        resp.insert(
+            header::DATE,
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
+        );
+        assert!(not_modified(&req, &resp));
+        req.insert(
+            header::IF_MODIFIED_SINCE,
+            HeaderValue::from_static("Sat, 05 Nov 1994 08:49:37 GMT"),
+        );
+        assert!(!not_modified(&req, &resp));
+        assert!(!not_modified(&req, &HeaderMap::new()));
     }
 }
