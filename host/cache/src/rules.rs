@@ -246,9 +246,8 @@ pub fn decide(
     now: SystemTime,
 ) -> CacheSettings {
     let targeted = CacheControl::targeted(headers);
-    let cc = targeted
-        .clone()
-        .unwrap_or_else(|| CacheControl::parse(headers));
+    let has_targeted = targeted.is_some();
+    let cc = targeted.unwrap_or_else(|| CacheControl::parse(headers));
     let sc = SurrogateControl::parse(headers);
     let surrogate_keys = surrogate_keys(headers);
     let mut s = CacheSettings {
@@ -269,7 +268,7 @@ pub fn decide(
     let explicit = sc.max_age.or(cc.s_maxage).or(cc.max_age);
     let from_expires = || {
         // RFC 9213: a targeted field replaces Expires too.
-        if targeted.is_some() {
+        if has_targeted {
             return None;
         }
         let expires = headers.get(header::EXPIRES)?.to_str().ok()?;
