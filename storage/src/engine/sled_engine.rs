@@ -81,7 +81,20 @@ fn is_system_error(e: &std::io::Error) -> bool {
     }
     matches!(
         e.raw_os_error(),
-        Some(libc::EACCES | libc::EPERM | libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EIO | libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::ENOTDIR | libc::EEXIST | libc::ELOOP)
+        Some(
+            libc::EACCES
+                | libc::EPERM
+                | libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOMEM
+                | libc::EIO
+                | libc::ENOSPC
+                | libc::EDQUOT
+                | libc::EROFS
+                | libc::ENOTDIR
+                | libc::EEXIST
+                | libc::ELOOP
+        )
     )
 }
 
