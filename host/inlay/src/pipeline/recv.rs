@@ -32,6 +32,16 @@ pub fn normalise(
         0 | 1 => {}
         _ => return Err(ProxyError::BadRequest("more than one Host header".into())),
     }
+    // A host name is visible ASCII (RFC 3986 reg-name, IP literals, port);
+    // anything else would reach the key and the backend as bytes nobody
+    // can read back.
+    if let Some(host) = headers.get(header::HOST)
+        && !host.as_bytes().iter().all(|b| (0x21..=0x7e).contains(b))
+    {
+        return Err(ProxyError::BadRequest(
+            "Host is not a host name (visible ASCII only)".into(),
+        ));
+    }
     let pq = parts
         .uri
         .path_and_query()
