@@ -76,13 +76,19 @@ pub async fn route(
     let Some(call) = policy else {
         return Ok(builtin(head));
     };
-    Ok(match call.on_request(head).await? {
+    // The client's body goes on as it came: the policy cannot reframe it.
+    let length = head.headers.get(header::CONTENT_LENGTH).cloned();
+    let action = call.on_request(head).await;
+    headers::restore_framing(&mut head.headers, length);
+    Ok(match action? {
         RequestAction::Lookup => Route::Lookup,
         RequestAction::Pass => Route::Pass,
         RequestAction::Synthetic(s) => {
             let mut resp = Response::new(body::full(s.body));
             *resp.status_mut() = s.status;
             *resp.headers_mut() = s.headers;
+            // The server frames the policy's body from its length.
+            headers::restore_framing(resp.headers_mut(), None);
             Route::Synthetic(resp)
         }
     })
