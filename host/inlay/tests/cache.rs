@@ -478,3 +478,61 @@ async fn the_stripped_fields_are_configurable() {
         Some("evil.example")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spelling_of_a_vary_header_does_not_make_variants() {
+    // cache-tests vary-normalise-combine, -space, -lang-order, -lang-case,
+    // -lang-space.
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let url = inlay.url("/echo?cc=max-age%3D60&vary=Accept-Language,Foo");
+    let first = request(
+        "GET",
+        &url,
+        &[("accept-language", "en, de"), ("foo", "1, 2")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(first.status, 200);
+    let same: [&[(&str, &str)]; 5] = [
+        &[("accept-language", "de, en"), ("foo", "1,2")],
+        &[("accept-language", "eN, De"), ("foo", " 1, 2 ")],
+        &[
+            ("accept-language", " en ,   de"),
+            ("foo", "1"),
+            ("foo", "2"),
+        ],
+        &[
+            ("accept-language", "en"),
+            ("accept-language", "de"),
+            ("foo", "1 ,2"),
+        ],
+        &[("accept-language", "DE,EN"), ("foo", "1,,2")],
+    ];
+    for headers in same {
+        let r = request("GET", &url, headers, Bytes::new()).await;
+        assert!(
+            r.header("cache-status").unwrap().contains("hit"),
+            "{headers:?}: {:?}",
+            r.headers
+        );
+        assert_eq!(r.body, first.body, "{headers:?}");
+    }
+    assert_eq!(origin.count("/echo").await, 1);
+    // Different values are still different variants.
+    request(
+        "GET",
+        &url,
+        &[("accept-language", "en, fr"), ("foo", "1, 2")],
+        Bytes::new(),
+    )
+    .await;
+    request(
+        "GET",
+        &url,
+        &[("accept-language", "en, de"), ("foo", "2, 1")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(origin.count("/echo").await, 3);
+}
