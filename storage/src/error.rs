@@ -37,13 +37,12 @@ pub enum StoreError {
     /// The database directory could not be opened for a reason of the
     /// system, not of its contents (permissions, file descriptors, a file
     /// where the directory should be); it was left untouched.
-    #[error("cannot open the storage directory {dir}: {source}")]
+    #[error("cannot open the storage directory {dir}: {error}")]
     Open {
         /// The directory.
         dir: PathBuf,
         /// What the system said.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The configuration is unusable.
     #[error("invalid storage configuration: {0}")]

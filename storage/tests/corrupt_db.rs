@@ -96,9 +96,9 @@ fn a_file_where_the_directory_should_be_is_refused_and_left_alone() {
     let db = dir.path().join("cache");
     std::fs::write(&db, b"not a directory").unwrap();
     match TieredStore::open(config(&db)) {
-        Err(StoreError::Open { dir: d, source }) => {
+        Err(StoreError::Open { dir: d, error }) => {
             assert_eq!(d, db);
-            let text = StoreError::Open { dir: d, source }.to_string();
+            let text = StoreError::Open { dir: d, error }.to_string();
             assert!(text.contains("cannot open the storage directory"), "{text}");
         }
         Err(e) => panic!("expected Open, got {e:?}"),

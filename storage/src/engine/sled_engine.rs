@@ -187,7 +187,7 @@ pub(crate) fn open_sled(dir: &Path, config: &StoreConfig) -> Result<OpenedSled, 
         Err(OpenFailure::Locked) => Err(StoreError::Locked(dir.to_path_buf())),
         Err(OpenFailure::System(e)) => Err(StoreError::Open {
             dir: dir.to_path_buf(),
-            source: e,
+            error: e,
         }),
         Err(OpenFailure::NoSpace) => {
             tracing::error!(dir = %dir.display(), "no space left to open the cache database");
@@ -211,7 +211,7 @@ pub(crate) fn open_sled(dir: &Path, config: &StoreConfig) -> Result<OpenedSled, 
                 Err(OpenFailure::NoSpace) => Err(StoreError::Full),
                 Err(OpenFailure::System(e)) => Err(StoreError::Open {
                     dir: dir.to_path_buf(),
-                    source: e,
+                    error: e,
                 }),
                 Err(OpenFailure::Broken(why)) => Err(StoreError::Engine(format!(
                     "a fresh database could not be created in {}: {why}",
