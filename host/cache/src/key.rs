@@ -146,9 +146,12 @@ impl ContentCodings {
                         accepted = qvalue_above_zero(value.trim());
                     }
                 }
-                // Only the codings we prefer and `*` matter: the rest cost
-                // no memory, however long the field.
-                if coding == "*" || self.0.iter().any(|c| c.eq_ignore_ascii_case(coding)) {
+                // Only the first mention of a coding we prefer or of `*`
+                // counts: memory stays bounded by the list, however long
+                // or repetitive the field.
+                let relevant =
+                    coding == "*" || self.0.iter().any(|c| c.eq_ignore_ascii_case(coding));
+                if relevant && !elements.iter().any(|(c, _)| c.eq_ignore_ascii_case(coding)) {
                     elements.push((coding.to_ascii_lowercase(), accepted));
                 }
             }
