@@ -34,6 +34,16 @@ pub enum StoreError {
     /// The database directory is locked by another process or store.
     #[error("storage directory {0} is in use by another process")]
     Locked(PathBuf),
+    /// The database directory could not be opened for a reason of the
+    /// system, not of its contents (permissions, file descriptors, a file
+    /// where the directory should be); it was left untouched.
+    #[error("cannot open the storage directory {dir}: {error}")]
+    Open {
+        /// The directory.
+        dir: PathBuf,
+        /// What the system said.
+        error: std::io::Error,
+    },
     /// The configuration is unusable.
     #[error("invalid storage configuration: {0}")]
     Config(String),

@@ -72,8 +72,10 @@
 //!   degraded too, instead of hanging the caller;
 //! * a database sled cannot open (corruption, even a panic inside sled) is
 //!   moved aside; a locked one ([`StoreError::Locked`], after waiting 2 s
-//!   for a lock being released) or a full disk ([`StoreError::Full`]) is
-//!   not, and `open` fails: the host may then run memory-only.
+//!   for a lock being released), a full disk ([`StoreError::Full`]) or an
+//!   error of the system ([`StoreError::Open`]: EACCES, EMFILE, ENOTDIR, a
+//!   file where the directory should be...) is not, and `open` fails,
+//!   leaving the directory as it was.
 //!
 //! # Cost (criterion, `cargo bench -p inlay-storage --bench store`, 2 shared cores; measured with the chunks inside sled, before chunk files)
 //!

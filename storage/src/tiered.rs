@@ -38,10 +38,12 @@ pub struct TieredStore {
 
 impl TieredStore {
     /// Opens the store. With `config.dir`, opens (or creates) the sled
-    /// database there; a database that cannot be opened is moved aside and
-    /// replaced by an empty one. Fails only on an invalid config, a
-    /// directory locked by another process, or when not even a fresh
-    /// database can be created.
+    /// database there; a corrupt database is moved aside and replaced by an
+    /// empty one. Fails, touching nothing, on an invalid config, a directory
+    /// locked by another process, a full disk or an error of the system
+    /// ([`StoreError::Open`]: permissions, file descriptors, a file where
+    /// the directory should be); fails when not even a fresh database can
+    /// be created.
     pub fn open(config: StoreConfig) -> Result<TieredStore, StoreError> {
         config.validate()?;
         tracing::debug!(dir = ?config.dir, memory_bytes = config.memory_bytes, disk_bytes = config.disk_bytes, "opening object store");

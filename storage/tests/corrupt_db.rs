@@ -1,6 +1,6 @@
 //! Opening never fails because of a damaged database: it is moved aside to
-//! `<dir>.corrupt-<unix_ts>` and a fresh one is used. A locked database is
-//! never moved aside.
+//! `<dir>.corrupt-<unix_ts>` and a fresh one is used. A locked database, or
+//! one the system will not let us open, is never moved aside.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -89,14 +89,39 @@ fn garbage_directory_is_moved_aside_and_the_store_opens_empty() {
 }
 
 #[test]
-fn a_file_where_the_directory_should_be_is_moved_aside() {
+fn a_file_where_the_directory_should_be_is_refused_and_left_alone() {
+    // A mistyped `cache.dir` naming some file of the user's must not be
+    // renamed: that file is not a damaged database.
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("cache");
     std::fs::write(&db, b"not a directory").unwrap();
-    let s = TieredStore::open(config(&db)).unwrap();
-    assert!(s.stats().disk_recreated);
-    s.put("k", meta(), body(2)).unwrap();
-    assert_eq!(moved_aside(&db).len(), 1);
+    match TieredStore::open(config(&db)) {
+        Err(StoreError::Open { dir: d, error }) => {
+            assert_eq!(d, db);
+            let text = StoreError::Open { dir: d, error }.to_string();
+            assert!(text.contains("cannot open the storage directory"), "{text}");
+        }
+        Err(e) => panic!("expected Open, got {e:?}"),
+        Ok(_) => panic!("opened a store over a file"),
+    }
+    assert!(moved_aside(&db).is_empty());
+    assert_eq!(std::fs::read(&db).unwrap(), b"not a directory");
+}
+
+#[test]
+fn a_database_inside_a_file_is_refused_and_nothing_is_moved() {
+    // ENOTDIR on the way to the directory: the system's error, not the
+    // database's.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let db = file.join("cache");
+    assert!(matches!(
+        TieredStore::open(config(&db)),
+        Err(StoreError::Open { .. })
+    ));
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
 #[test]

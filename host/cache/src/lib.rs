@@ -33,7 +33,7 @@ use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Weighter};
 
 pub use flight::Flight;
-pub use key::{PrimaryKey, vary_names};
+pub use key::{ContentCodings, PrimaryKey, vary_names};
 pub use lookup::{CacheFetch, Fetched, Lookup, NewResponse, fresh_status, stale_status};
 pub use object::{ESI_MARK, object_meta, refreshed_meta, stored_headers, validators};
 pub use rules::Defaults;
@@ -43,12 +43,15 @@ use flight::Flights;
 use hit_for_miss::HitForMiss;
 
 /// What the cache is configured with (`[cache]`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CacheRules {
     /// TTL, grace and keep for responses that say nothing.
     pub defaults: Defaults,
     /// Bodies larger than this stream through without being stored.
     pub max_object_size: u64,
+    /// The content codings that are variants of their own
+    /// (`cache.accept_encoding`).
+    pub accept_encoding: ContentCodings,
 }
 
 /// Bytes of Vary names kept in memory, by primary key (each entry costs
@@ -151,7 +154,11 @@ impl HttpCache {
 
     /// The storage key the request selects among the variants of `primary`.
     async fn storage_key(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> String {
-        primary.storage_key(&self.vary_of(primary).await, req_headers)
+        primary.storage_key(
+            &self.vary_of(primary).await,
+            req_headers,
+            &self.inner.rules.accept_encoding,
+        )
     }
 
     /// The object a request selects, when it is fresh and in memory; no
@@ -159,10 +166,11 @@ impl HttpCache {
     /// for everything else.
     pub fn get_fresh(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
         let vary = self.inner.vary.get(primary)?;
-        let obj = self
-            .inner
-            .store
-            .get_resident(&primary.storage_key(&vary, req_headers))?;
+        let obj = self.inner.store.get_resident(&primary.storage_key(
+            &vary,
+            req_headers,
+            &self.inner.rules.accept_encoding,
+        ))?;
         obj.meta.is_fresh(inlay_storage::now_ms()).then_some(obj)
     }
 
@@ -257,7 +265,7 @@ impl HttpCache {
                 .vary
                 .insert(primary.clone(), Arc::new(vary.clone()));
         }
-        let key = primary.storage_key(&vary, req_headers);
+        let key = primary.storage_key(&vary, req_headers, &self.inner.rules.accept_encoding);
         self.inner.store.put(key, meta, body).await?;
         self.inner.hit_for_miss.clear(primary);
         Ok(())

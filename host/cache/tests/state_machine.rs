@@ -124,6 +124,7 @@ fn fixture() -> Fixture {
             keep: Duration::ZERO,
         },
         max_object_size: 1 << 20,
+        accept_encoding: Default::default(),
     };
     let cache = HttpCache::new(CacheStore::from_store(store.clone()), rules);
     Fixture { cache, store }

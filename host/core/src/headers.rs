@@ -35,6 +35,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::UPGRADE);
 }
 
+/// Undo what a policy hook did to the framing of a message: the host alone
+/// frames bodies. Hop-by-hop fields (`Connection`, `Transfer-Encoding`,
+/// `Keep-Alive`, `Upgrade`...) the hook set are removed, and
+/// `Content-Length` is put back to `length`, its value before the hook
+/// (removed when there was none). A wrong length would truncate a body or
+/// desynchronise the connection, and could be stored with the object.
+pub fn restore_framing(headers: &mut HeaderMap, length: Option<HeaderValue>) {
+    strip_hop_by_hop(headers);
+    headers.remove(header::CONTENT_LENGTH);
+    if let Some(length) = length {
+        headers.insert(header::CONTENT_LENGTH, length);
+    }
+}
+
 /// Append Inlay to the `Via` field.
 pub fn add_via(headers: &mut HeaderMap) {
     headers.append(header::VIA, HeaderValue::from_static(VIA));
@@ -74,6 +88,33 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn framing_set_by_a_policy_is_undone() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        let before = h.get(header::CONTENT_LENGTH).cloned();
+        // What a policy might set.
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=1"));
+        h.insert("x-policy", HeaderValue::from_static("kept"));
+        restore_framing(&mut h, before);
+        assert_eq!(h.get_all(header::CONTENT_LENGTH).iter().count(), 1);
+        assert_eq!(h.get(header::CONTENT_LENGTH).unwrap(), "10");
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h.get("x-policy").unwrap(), "kept");
+        // No length before: none after.
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        restore_framing(&mut h, None);
+        assert!(!h.contains_key(header::CONTENT_LENGTH));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use inlay_cache::{CacheStore, HttpCache};
 use inlay_runtime::{LoadedPolicy, PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
-use inlay_storage::{StoreConfig, TieredStore};
+use inlay_storage::{StoreConfig, StoreError, TieredStore};
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
@@ -361,6 +361,12 @@ fn open_store(cfg: &Config) -> anyhow::Result<CacheStore> {
     sc.disk_bytes = cfg.cache.disk_size;
     let store = match TieredStore::open(sc) {
         Ok(store) => store,
+        // The system refused the directory (permissions, file descriptors,
+        // a file in the way): the operator must fix it; the store left the
+        // data as it was.
+        Err(e @ StoreError::Open { .. }) => {
+            return Err(e).context("opening the persistent cache (cache.dir)");
+        }
         // A corrupt database is moved aside by the store itself; what is left
         // (a full disk, a directory another process holds) must not stop the
         // server: serve with a memory-only cache and say so loudly.

@@ -128,7 +128,33 @@ pub struct CacheConfig {
     pub max_object_size: u64,
     /// Client addresses (CIDR) allowed to send `PURGE`.
     pub purge_allow: Vec<IpNet>,
+    /// Content codings that are variants of their own, most preferred
+    /// first; a fetch for the cache asks for exactly one of them or
+    /// `identity`.
+    pub accept_encoding: Vec<String>,
+    /// Request fields removed from fetches for the cache: the origin may
+    /// trust them, and they are not in the key.
+    pub strip_request_headers: Vec<http::HeaderName>,
 }
+
+/// The default of `cache.strip_request_headers`: fields frameworks trust to
+/// build absolute links and redirects, or to rewrite the URL or method,
+/// none of them in the cache key (see the README's "Forwarding headers").
+pub const STRIP_REQUEST_HEADERS: [&str; 13] = [
+    "forwarded",
+    "x-forwarded-host",
+    "x-forwarded-server",
+    "x-host",
+    "x-forwarded-proto",
+    "x-forwarded-scheme",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
 
 /// `[esi]`.
 #[derive(Debug, Clone)]
@@ -389,6 +415,7 @@ impl CacheConfig {
                 keep: self.default_keep,
             },
             max_object_size: self.max_object_size,
+            accept_encoding: inlay_cache::ContentCodings::new(&self.accept_encoding),
         }
     }
 }
@@ -898,6 +925,8 @@ impl Reader {
                 "default_keep",
                 "max_object_size",
                 "purge_allow",
+                "accept_encoding",
+                "strip_request_headers",
             ],
         );
         let mut purge_allow = Vec::new();
@@ -912,6 +941,8 @@ impl Reader {
                 Err(m) => self.err(format!("cache.purge_allow[{i}]"), m),
             }
         }
+        let accept_encoding = self.accept_encoding(t);
+        let strip_request_headers = self.strip_request_headers(t);
         let memory_size = self.size(t, p, "memory_size", 256 << 20);
         if memory_size < 1 << 20 {
             self.err(
@@ -928,7 +959,55 @@ impl Reader {
             default_keep: self.duration(t, p, "default_keep", Duration::ZERO),
             max_object_size: self.size(t, p, "max_object_size", 64 << 20),
             purge_allow,
+            accept_encoding,
+            strip_request_headers,
         }
+    }
+
+    /// `cache.accept_encoding`: content-coding tokens, each once; not
+    /// `identity` or `*` (identity is what is left when none matches).
+    fn accept_encoding(&mut self, t: &Table) -> Vec<String> {
+        let Some(list) = self.strings(t, "cache", "accept_encoding") else {
+            return vec!["br".into(), "gzip".into()];
+        };
+        let mut out: Vec<String> = Vec::new();
+        for (i, c) in list.iter().enumerate() {
+            let path = format!("cache.accept_encoding[{i}]");
+            let lower = c.to_ascii_lowercase();
+            if lower == "identity" || lower == "*" {
+                self.err(path, format!("{c:?} is not a coding to prefer: identity is what is sent when no listed coding is accepted"));
+            } else if lower.is_empty()
+                || !lower
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || "-_.+!".contains(ch))
+            {
+                self.err(path, format!("{c:?} is not a content-coding name"));
+            } else if out.contains(&lower) {
+                self.err(path, format!("{c:?} is listed twice"));
+            } else {
+                out.push(lower);
+            }
+        }
+        out
+    }
+
+    /// `cache.strip_request_headers`: header names; Host cannot be one.
+    fn strip_request_headers(&mut self, t: &Table) -> Vec<http::HeaderName> {
+        let list = self
+            .strings(t, "cache", "strip_request_headers")
+            .unwrap_or_else(|| STRIP_REQUEST_HEADERS.map(String::from).to_vec());
+        let mut out = Vec::new();
+        for (i, name) in list.iter().enumerate() {
+            let path = format!("cache.strip_request_headers[{i}]");
+            match http::HeaderName::from_bytes(name.trim().as_bytes()) {
+                Ok(n) if n == http::header::HOST => {
+                    self.err(path, "Host is part of the cache key and cannot be stripped")
+                }
+                Ok(n) => out.push(n),
+                Err(_) => self.err(path, format!("{name:?} is not a header name")),
+            }
+        }
+        out
     }
 
     fn esi(&mut self, t: &Table) -> EsiConfig {
@@ -1141,5 +1220,38 @@ mod tests {
                 .contains("::ffff:127.0.0.1".parse().unwrap())
         );
         assert!(IpNet::parse("1.2.3.4/33").is_err());
+    }
+
+    #[test]
+    fn cache_codings_and_stripped_fields_parse_and_bad_ones_are_named() {
+        let base = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.cache.accept_encoding, ["br", "gzip"]);
+        assert_eq!(
+            c.cache.strip_request_headers.len(),
+            STRIP_REQUEST_HEADERS.len()
+        );
+        let c = Config::from_toml(&format!(
+            "{base}[cache]\naccept_encoding = [\"ZSTD\", \"gzip\"]\nstrip_request_headers = []\n"
+        ))
+        .unwrap();
+        assert_eq!(c.cache.accept_encoding, ["zstd", "gzip"]);
+        assert!(c.cache.strip_request_headers.is_empty());
+        let err = Config::from_toml(&format!(
+            "{base}[cache]\naccept_encoding = [\"gzip\", \"identity\", \"GZIP\", \"a b\"]\nstrip_request_headers = [\"x-ok\", \"bad name\", \"Host\"]\n"
+        ))
+        .unwrap_err();
+        let text = err.to_string();
+        for want in [
+            "cache.accept_encoding[1]",
+            "cache.accept_encoding[2]",
+            "cache.accept_encoding[3]",
+            "cache.strip_request_headers[1]",
+            "cache.strip_request_headers[2]",
+        ] {
+            assert!(text.contains(want), "missing {want} in {text}");
+        }
+        assert!(!text.contains("accept_encoding[0]"), "{text}");
+        assert!(!text.contains("strip_request_headers[0]"), "{text}");
     }
 }

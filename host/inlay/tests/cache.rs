@@ -434,3 +434,187 @@ async fn upstream_age_counts_and_targeted_cache_control_wins() {
     .await;
     assert_eq!(origin.count("/bytes/64").await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_preferred_coding_is_a_variant_and_the_fill_asks_for_exactly_it() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // The origin varies on Accept-Encoding; `/echo` shows what it was asked.
+    let url = inlay.url("/echo?cc=max-age%3D60&vary=Accept-Encoding");
+    // (the client's Accept-Encoding, what the client must be served)
+    let cases: [(&[&str], &str); 9] = [
+        (&["br"], "br"),
+        // Neither a client without Accept-Encoding nor a gzip-only one may
+        // get the brotli variant.
+        (&[], "identity"),
+        (&["gzip"], "gzip"),
+        // A browser's long list must not poison the gzip variant.
+        (&["gzip, deflate, br, zstd"], "br"),
+        (&["GZIP ,  x-custom"], "gzip"),
+        (&["br;q=0, gzip"], "gzip"),
+        (&["deflate"], "identity"),
+        (&["*;q=0, identity;q=0"], "identity"),
+        (&["x-a", "br"], "br"),
+    ];
+    for (values, want) in cases {
+        let h: Vec<(&str, &str)> = values.iter().map(|v| ("accept-encoding", *v)).collect();
+        let r = request("GET", &url, &h, Bytes::new()).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            common::echoed(&r, "accept-encoding").as_deref(),
+            Some(want),
+            "{values:?}"
+        );
+    }
+    assert_eq!(origin.count("/echo").await, 3, "one fill per coding");
+    // A pass is not cached: the origin sees the client's own list.
+    let r = request(
+        "POST",
+        &url,
+        &[("accept-encoding", "gzip, deflate, br, zstd")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(
+        common::echoed(&r, "accept-encoding").as_deref(),
+        Some("gzip, deflate, br, zstd")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_codings_decide_the_variants() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[cache]\naccept_encoding = [\"gzip\"]")
+        .start_in_process()
+        .await;
+    let url = inlay.url("/echo?cc=max-age%3D60&vary=Accept-Encoding");
+    for (ae, want) in [("br", "identity"), ("br, gzip", "gzip"), ("gzip", "gzip")] {
+        let r = request("GET", &url, &[("accept-encoding", ae)], Bytes::new()).await;
+        assert_eq!(common::echoed(&r, "accept-encoding").as_deref(), Some(want));
+    }
+    assert_eq!(origin.count("/echo").await, 2);
+}
+
+/// Fields an origin may trust to build links and redirects, none of them
+/// in the key.
+const UNKEYED: [(&str, &str); 7] = [
+    ("x-forwarded-host", "evil.example"),
+    ("x-original-url", "/admin"),
+    ("x-rewrite-url", "/admin"),
+    ("x-http-method-override", "DELETE"),
+    ("forwarded", "host=evil.example;proto=http"),
+    ("x-forwarded-proto", "http"),
+    ("x-forwarded-scheme", "http"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unkeyed_forwarding_fields_do_not_reach_the_origin_on_fills() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let mut sent: Vec<(&str, &str)> = UNKEYED.to_vec();
+    sent.push(("x-kept", "1"));
+    let r = request(
+        "GET",
+        &inlay.url("/echo?cc=max-age%3D60"),
+        &sent,
+        Bytes::new(),
+    )
+    .await;
+    for (name, _) in UNKEYED {
+        assert_eq!(common::echoed(&r, name), None, "{name} reached the origin");
+    }
+    assert_eq!(common::echoed(&r, "x-kept").as_deref(), Some("1"));
+    assert_eq!(
+        common::echoed(&r, "x-forwarded-for").as_deref(),
+        Some("127.0.0.1")
+    );
+    // A pass is not cached: the origin sees them.
+    let r = request("POST", &inlay.url("/echo"), &sent, Bytes::new()).await;
+    for (name, value) in UNKEYED {
+        assert_eq!(common::echoed(&r, name).as_deref(), Some(value), "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stripped_fields_are_configurable() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[cache]\nstrip_request_headers = [\"x-kept\"]")
+        .start_in_process()
+        .await;
+    let mut sent: Vec<(&str, &str)> = UNKEYED.to_vec();
+    sent.push(("x-kept", "1"));
+    let r = request(
+        "GET",
+        &inlay.url("/echo?cc=max-age%3D60"),
+        &sent,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(common::echoed(&r, "x-kept"), None);
+    assert_eq!(
+        common::echoed(&r, "x-forwarded-host").as_deref(),
+        Some("evil.example")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spelling_of_a_vary_header_does_not_make_variants() {
+    // cache-tests vary-normalise-combine, -space, -lang-order, -lang-case,
+    // -lang-space.
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let url = inlay.url("/echo?cc=max-age%3D60&vary=Accept-Language,Foo");
+    let first = request(
+        "GET",
+        &url,
+        &[("accept-language", "en, de"), ("foo", "1, 2")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(first.status, 200);
+    let same: [&[(&str, &str)]; 5] = [
+        &[("accept-language", "de, en"), ("foo", "1,2")],
+        &[("accept-language", "eN, De"), ("foo", " 1, 2 ")],
+        &[
+            ("accept-language", " en ,   de"),
+            ("foo", "1"),
+            ("foo", "2"),
+        ],
+        &[
+            ("accept-language", "en"),
+            ("accept-language", "de"),
+            ("foo", "1 ,2"),
+        ],
+        &[("accept-language", "DE,EN"), ("foo", "1,,2")],
+    ];
+    for headers in same {
+        let r = request("GET", &url, headers, Bytes::new()).await;
+        assert!(
+            r.header("cache-status").unwrap().contains("hit"),
+            "{headers:?}: {:?}",
+            r.headers
+        );
+        assert_eq!(r.body, first.body, "{headers:?}");
+    }
+    assert_eq!(origin.count("/echo").await, 1);
+    // Different values are still different variants.
+    request(
+        "GET",
+        &url,
+        &[("accept-language", "en, fr"), ("foo", "1, 2")],
+        Bytes::new(),
+    )
+    .await;
+    request(
+        "GET",
+        &url,
+        &[("accept-language", "en, de"), ("foo", "2, 1")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(origin.count("/echo").await, 3);
+}

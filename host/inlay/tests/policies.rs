@@ -481,3 +481,55 @@ async fn repeated_requests_replay_the_policy_and_clients_see_the_same_responses(
         stats.live
     );
 }
+
+/// A hostile policy (`tests/fixtures/framing-guest`) sets Content-Length,
+/// Transfer-Encoding, Connection, Upgrade and Keep-Alive in every hook, none
+/// of them true. The host frames every body itself: the backend request,
+/// the response stored and delivered, and the policy's synthetic answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_cannot_change_how_bodies_are_framed() {
+    let origin = Origin::start();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/framing.core.wasm");
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .arg("--policy")
+        .arg(fixture.display().to_string())
+        .start_in_process()
+        .await;
+    let hop_by_hop = ["transfer-encoding", "connection", "upgrade", "keep-alive"];
+    // A miss (stored while it streams), then a hit from the store.
+    for round in ["miss", "hit"] {
+        let r = get(&inlay.url("/bytes/100?cc=max-age%3D60")).await;
+        assert_eq!(r.status, 200, "{round}");
+        assert_eq!(r.body.len(), 100, "{round}");
+        assert_eq!(r.header("content-length"), Some("100"), "{round}");
+        assert_eq!(r.header("x-policy"), Some("delivered"), "{round}");
+        for name in hop_by_hop {
+            assert_eq!(r.header(name), None, "{round}: {name}");
+        }
+    }
+    assert_eq!(origin.count("/bytes/100").await, 1);
+    // The client's body reaches the origin as the client framed it.
+    let r = request(
+        "POST",
+        &inlay.url("/echo"),
+        &[],
+        Bytes::from_static(b"hello"),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let seen: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(seen["body_len"], 5, "{seen}");
+    assert_eq!(common::echoed(&r, "content-length").as_deref(), Some("5"));
+    assert_eq!(common::echoed(&r, "transfer-encoding"), None);
+    assert_eq!(common::echoed(&r, "connection"), None);
+    // A synthetic answer is framed by its own body.
+    let r = get(&inlay.url("/framing/synthetic")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "synthetic body");
+    assert_eq!(r.header("content-length"), Some("14"));
+    for name in hop_by_hop {
+        assert_eq!(r.header(name), None, "synthetic: {name}");
+    }
+}

@@ -48,8 +48,54 @@ enum OpenFailure {
     Locked,
     /// No space to open it: the database is fine, moving it would not help.
     NoSpace,
+    /// The system refused (permissions, file descriptors, memory, a file
+    /// in the way...): the database may be fine, so it is left untouched.
+    System(std::io::Error),
     /// The database is unusable.
     Broken(String),
+}
+
+/// Whether an I/O error while opening says something about the system
+/// (permissions, limits, the path) rather than about the database's bytes.
+/// Only the latter may move a database aside: a cache directory that is
+/// merely unreadable, or a path that names some other file, must be left
+/// as it is and the start must fail.
+fn is_system_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    if matches!(
+        e.kind(),
+        K::PermissionDenied
+            | K::ReadOnlyFilesystem
+            | K::NotADirectory
+            | K::IsADirectory
+            | K::AlreadyExists
+            | K::OutOfMemory
+            | K::ResourceBusy
+            | K::StorageFull
+            | K::QuotaExceeded
+            | K::InvalidFilename
+            | K::Interrupted
+            | K::WouldBlock
+    ) {
+        return true;
+    }
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EACCES
+                | libc::EPERM
+                | libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOMEM
+                | libc::EIO
+                | libc::ENOSPC
+                | libc::EDQUOT
+                | libc::EROFS
+                | libc::ENOTDIR
+                | libc::EEXIST
+                | libc::ELOOP
+        )
+    )
 }
 
 fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure> {
@@ -79,6 +125,7 @@ fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure>
         Ok(Ok((db, trees, live))) => match ChunkFiles::open(dir, &live) {
             Ok(chunks) => Ok(SledEngine { db, trees, chunks }),
             Err(StoreError::Full) => Err(OpenFailure::NoSpace),
+            Err(StoreError::Io(e)) if is_system_error(&e) => Err(OpenFailure::System(e)),
             Err(e) => Err(OpenFailure::Broken(format!("chunk files: {e}"))),
         },
         Ok(Err(sled::Error::Io(e))) if e.to_string().contains("could not acquire lock") => {
@@ -92,6 +139,7 @@ fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure>
         {
             Err(OpenFailure::NoSpace)
         }
+        Ok(Err(sled::Error::Io(e))) if is_system_error(&e) => Err(OpenFailure::System(e)),
         Ok(Err(e)) => Err(OpenFailure::Broken(e.to_string())),
         Err(panic) => {
             let what = panic
@@ -126,8 +174,10 @@ fn try_open_waiting(dir: &Path, config: &StoreConfig) -> Result<SledEngine, Open
     }
 }
 
-/// Opens sled in `dir`; a database that cannot be opened is renamed to
-/// `<dir>.corrupt-<unix_ts>` and a fresh one is created in its place.
+/// Opens sled in `dir`; a corrupt database is renamed to
+/// `<dir>.corrupt-<unix_ts>` and a fresh one is created in its place. A
+/// lock, a full disk or an error of the system (permissions, file
+/// descriptors, a file in the way) fails the open and touches nothing.
 pub(crate) fn open_sled(dir: &Path, config: &StoreConfig) -> Result<OpenedSled, StoreError> {
     match try_open_waiting(dir, config) {
         Ok(engine) => Ok(OpenedSled {
@@ -135,6 +185,10 @@ pub(crate) fn open_sled(dir: &Path, config: &StoreConfig) -> Result<OpenedSled, 
             moved_aside: None,
         }),
         Err(OpenFailure::Locked) => Err(StoreError::Locked(dir.to_path_buf())),
+        Err(OpenFailure::System(e)) => Err(StoreError::Open {
+            dir: dir.to_path_buf(),
+            error: e,
+        }),
         Err(OpenFailure::NoSpace) => {
             tracing::error!(dir = %dir.display(), "no space left to open the cache database");
             Err(StoreError::Full)
@@ -155,6 +209,10 @@ pub(crate) fn open_sled(dir: &Path, config: &StoreConfig) -> Result<OpenedSled, 
                 }),
                 Err(OpenFailure::Locked) => Err(StoreError::Locked(dir.to_path_buf())),
                 Err(OpenFailure::NoSpace) => Err(StoreError::Full),
+                Err(OpenFailure::System(e)) => Err(StoreError::Open {
+                    dir: dir.to_path_buf(),
+                    error: e,
+                }),
                 Err(OpenFailure::Broken(why)) => Err(StoreError::Engine(format!(
                     "a fresh database could not be created in {}: {why}",
                     dir.display()
@@ -372,5 +430,34 @@ impl DiskEngine for SledEngine {
 
     fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk().map_err(map_sled)? + self.chunks.bytes())
+    }
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    #[test]
+    fn errors_of_the_system_are_not_corruption() {
+        for errno in [
+            libc::EACCES,
+            libc::EPERM,
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOSPC,
+            libc::EROFS,
+            libc::ENOTDIR,
+            libc::EIO,
+        ] {
+            let e = std::io::Error::from_raw_os_error(errno);
+            assert!(is_system_error(&e), "{e}");
+        }
+        for kind in [
+            std::io::ErrorKind::InvalidData,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::Other,
+        ] {
+            assert!(!is_system_error(&kind.into()), "{kind:?}");
+        }
     }
 }

@@ -5,9 +5,9 @@
 
 use std::time::SystemTime;
 
-use http::Response;
+use http::{Response, header};
 use inlay_cache::rules::{self, Defaults};
-use inlay_core::{CacheSettings, ProxyBody, ProxyError, RequestHead, ResponseHead};
+use inlay_core::{CacheSettings, ProxyBody, ProxyError, RequestHead, ResponseHead, headers};
 use inlay_runtime::PolicyCall;
 
 /// The host's default cache settings for a response.
@@ -30,7 +30,11 @@ pub async fn run_policy(
         status: resp.status(),
         headers: std::mem::take(resp.headers_mut()),
     };
+    let length = rh.headers.get(header::CONTENT_LENGTH).cloned();
     let result = call.on_backend_response(head, &mut rh, defaults).await;
+    // What goes to the client and the store is framed by the backend's
+    // body, not by the policy.
+    headers::restore_framing(&mut rh.headers, length);
     *resp.status_mut() = rh.status;
     *resp.headers_mut() = rh.headers;
     Ok(result?)

@@ -203,7 +203,9 @@ pub async fn run_policy(
         status: resp.status(),
         headers: std::mem::take(resp.headers_mut()),
     };
+    let length = rh.headers.get(header::CONTENT_LENGTH).cloned();
     let result = call.on_deliver(head, &mut rh).await;
+    headers::restore_framing(&mut rh.headers, length);
     *resp.status_mut() = rh.status;
     *resp.headers_mut() = rh.headers;
     result?;

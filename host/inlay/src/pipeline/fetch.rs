@@ -1,6 +1,7 @@
 //! fetch: the backend request made from the client's request head.
 
-use http::{HeaderMap, Method, Request, header};
+use http::{HeaderMap, HeaderName, Method, Request, header};
+use inlay_cache::ContentCodings;
 use inlay_core::{ProxyBody, ProxyError, RequestHead, headers};
 
 use crate::backend::Backend;
@@ -15,28 +16,43 @@ const PARTIAL_FIELDS: [header::HeaderName; 5] = [
     header::RANGE,
 ];
 
+/// How a fetch for the cache differs from the client's request.
+pub struct ForCache<'a> {
+    /// The cache's own validators, sent instead of the client's
+    /// conditional and Range fields.
+    pub validators: HeaderMap,
+    /// Accept-Encoding becomes the coding the cache key selects.
+    pub codings: &'a ContentCodings,
+    /// Fields the origin may trust that are not in the key
+    /// (`cache.strip_request_headers`).
+    pub strip: &'a [HeaderName],
+}
+
 /// Send `head` to `backend` with `method` and `body`, adding `Via` and
-/// `X-Forwarded-For`. `for_cache` is `Some(validators)` when the response is
-/// meant for the cache: the client's conditional and Range fields are then
-/// replaced by the cache's own validators.
+/// `X-Forwarded-For`. `for_cache` is set when the response is meant for the
+/// cache: the client's conditional and Range fields are then replaced by the
+/// cache's own validators, Accept-Encoding by the value the key used, and
+/// the unkeyed fields the origin may trust are removed, so what the origin
+/// answers is what every request with this key may be served.
 pub async fn send(
     backend: &Backend,
     head: &RequestHead,
     method: Method,
     body: ProxyBody,
-    for_cache: Option<HeaderMap>,
+    for_cache: Option<ForCache<'_>>,
 ) -> Result<http::Response<ProxyBody>, ProxyError> {
     let mut req = Request::new(body);
     *req.method_mut() = method;
     *req.uri_mut() = head.uri.clone();
     let h = req.headers_mut();
     h.clone_from(&head.headers);
-    if let Some(validators) = for_cache {
-        for f in &PARTIAL_FIELDS {
+    if let Some(fill) = for_cache {
+        for f in PARTIAL_FIELDS.iter().chain(fill.strip) {
             h.remove(f);
         }
         h.remove(header::CONTENT_LENGTH);
-        h.extend(validators);
+        fill.codings.normalise(h);
+        h.extend(fill.validators);
     }
     // Tell the origin we process ESI (Edge Architecture Specification).
     h.insert(

@@ -11,7 +11,8 @@ use inlay_runtime::PolicyCall;
 use inlay_storage::StoredObject;
 use tracing::{debug, warn};
 
-use super::{Outcome, Pipeline, backend_response, deliver, fetch};
+use super::fetch::{self, ForCache};
+use super::{Outcome, Pipeline, backend_response, deliver};
 
 impl Pipeline {
     /// Looks the request up and, when the cache has nothing to serve,
@@ -67,9 +68,8 @@ impl Pipeline {
         policy: Option<&mut PolicyCall>,
     ) -> Result<Outcome, ProxyError> {
         let backend = self.backend(head)?;
-        let validators = fetch.validators();
-        let fetched =
-            fetch::send(backend, head, Method::GET, body::empty(), Some(validators)).await;
+        let fill = self.for_cache(fetch.validators());
+        let fetched = fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await;
         match fetch.on_response(fetched).await? {
             Fetched::Cached { object, status } => Ok(self.hit(object, status)),
             Fetched::New(mut new) => {
@@ -83,6 +83,15 @@ impl Pipeline {
         }
     }
 
+    /// What a fetch for the cache changes in the client's request.
+    fn for_cache(&self, validators: http::HeaderMap) -> ForCache<'_> {
+        ForCache {
+            validators,
+            codings: &self.cache.rules().accept_encoding,
+            strip: &self.config.cache.strip_request_headers,
+        }
+    }
+
     /// Refreshes a stale object while it is served: the same fetch for the
     /// cache as a miss, with the host's default settings (no policy: the
     /// request it would run for is already answered).
@@ -91,17 +100,17 @@ impl Pipeline {
             return;
         };
         let head = head.clone();
+        let config = self.config.clone();
+        let cache = self.cache.clone();
         tokio::spawn(async move {
             debug!(key = fetch.primary().as_str(), "background refresh");
-            let validators = fetch.validators();
-            let fetched = fetch::send(
-                &backend,
-                &head,
-                Method::GET,
-                body::empty(),
-                Some(validators),
-            )
-            .await;
+            let fill = ForCache {
+                validators: fetch.validators(),
+                codings: &cache.rules().accept_encoding,
+                strip: &config.cache.strip_request_headers,
+            };
+            let fetched =
+                fetch::send(&backend, &head, Method::GET, body::empty(), Some(fill)).await;
             match fetch.on_response(fetched).await {
                 Ok(Fetched::New(new)) => {
                     let settings = new.defaults().clone();

@@ -165,6 +165,7 @@ impl Pipeline {
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let (parts, body) = req.into_parts();
+        let http1 = parts.version < http::Version::HTTP_2;
         let mut record = log::start(&parts, peer);
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
         let result = self
@@ -177,7 +178,14 @@ impl Pipeline {
                 log::failure(&e, &record);
                 record.error = Some(e.to_string());
                 record.cache = CacheStatus::Error.log_name();
-                deliver::finish(e.to_response(), CacheStatus::Error)
+                let mut resp = deliver::finish(e.to_response(), CacheStatus::Error);
+                // After a malformed request nothing on the connection can be
+                // trusted (Varnish and nginx close too); HTTP/2 has no such field.
+                if http1 && matches!(e, ProxyError::BadRequest(_)) {
+                    resp.headers_mut()
+                        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+                }
+                resp
             }
         };
         log::finish(resp, record, started, self.access_log.clone())

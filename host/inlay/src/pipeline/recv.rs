@@ -32,6 +32,16 @@ pub fn normalise(
         0 | 1 => {}
         _ => return Err(ProxyError::BadRequest("more than one Host header".into())),
     }
+    // A host name is visible ASCII (RFC 3986 reg-name, IP literals, port);
+    // anything else would reach the key and the backend as bytes nobody
+    // can read back.
+    if let Some(host) = headers.get(header::HOST)
+        && !host.as_bytes().iter().all(|b| (0x21..=0x7e).contains(b))
+    {
+        return Err(ProxyError::BadRequest(
+            "Host is not a host name (visible ASCII only)".into(),
+        ));
+    }
     let pq = parts
         .uri
         .path_and_query()
@@ -66,13 +76,19 @@ pub async fn route(
     let Some(call) = policy else {
         return Ok(builtin(head));
     };
-    Ok(match call.on_request(head).await? {
+    // The client's body goes on as it came: the policy cannot reframe it.
+    let length = head.headers.get(header::CONTENT_LENGTH).cloned();
+    let action = call.on_request(head).await;
+    headers::restore_framing(&mut head.headers, length);
+    Ok(match action? {
         RequestAction::Lookup => Route::Lookup,
         RequestAction::Pass => Route::Pass,
         RequestAction::Synthetic(s) => {
             let mut resp = Response::new(body::full(s.body));
             *resp.status_mut() = s.status;
             *resp.headers_mut() = s.headers;
+            // The server frames the policy's body from its length.
+            headers::restore_framing(resp.headers_mut(), None);
             Route::Synthetic(resp)
         }
     })

@@ -87,3 +87,33 @@ fn a_bad_policy_file_is_refused_at_start_with_a_clear_error() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn a_cache_dir_the_system_refuses_stops_the_start_and_is_left_alone() {
+    // A mistyped cache directory that names a file: not a corrupt database
+    // to move aside, and not something to serve around silently.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, b"precious").unwrap();
+    let out = inlay()
+        .args([
+            "serve",
+            "-a",
+            "127.0.0.1:0",
+            "-b",
+            "http://127.0.0.1:1",
+            "--cache-dir",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("notes.txt") && err.contains("cache.dir"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
