@@ -40,6 +40,10 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
 }
 
+/// Longest duration accepted for any key: beyond it, `Instant::now() + d`
+/// may overflow (and panic) at run time, and no timeout or TTL means it.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// `[server]`.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -596,6 +600,22 @@ impl Reader {
     }
 
     fn duration(&mut self, t: &Table, prefix: &str, key: &str, default: Duration) -> Duration {
+        let d = self.any_duration(t, prefix, key, default);
+        if d > MAX_DURATION {
+            self.err(
+                join(prefix, key),
+                format!(
+                    "too long: at most \"{}d\" (100 years), got {}s",
+                    MAX_DURATION.as_secs() / 86_400,
+                    d.as_secs()
+                ),
+            );
+            return default;
+        }
+        d
+    }
+
+    fn any_duration(&mut self, t: &Table, prefix: &str, key: &str, default: Duration) -> Duration {
         match t.get(key) {
             None => default,
             Some(Value::String(s)) => match humantime::parse_duration(s) {
@@ -1044,6 +1064,36 @@ mod tests {
     fn embedded_default_is_valid() {
         let c = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(c.default_backend().name, "default");
+    }
+
+    #[test]
+    fn absurd_durations_are_rejected_with_their_path() {
+        let text = r#"
+            [server]
+            idle_timeout = "1000000000000d"
+            shutdown_timeout = 9223372036854775807
+            [cache]
+            default_ttl = "36500d"
+            [backends.default]
+            address = "http://127.0.0.1:8080"
+        "#;
+        let err = Config::from_toml(text).unwrap_err();
+        let ConfigError::Invalid(issues) = err else {
+            panic!("expected Invalid, got {err:?}")
+        };
+        let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["server.idle_timeout", "server.shutdown_timeout"],
+            "{issues:#?}"
+        );
+        assert!(issues[0].message.contains("at most"), "{issues:#?}");
+        // A century is accepted (a TTL of years is legitimate).
+        let c = Config::from_toml(
+            "[cache]\ndefault_ttl = \"36500d\"\n[backends.default]\naddress = \"http://127.0.0.1:8080\"",
+        )
+        .unwrap();
+        assert_eq!(c.cache.default_ttl, Duration::from_secs(36_500 * 86_400));
     }
 
     #[test]
