@@ -57,6 +57,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Largest request head accepted, in bytes.
     pub max_header_size: usize,
+    /// Largest request body accepted, in bytes; larger ones get 413.
+    pub max_request_body: u64,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     pub shutdown_timeout: Duration,
 }
@@ -786,6 +788,7 @@ impl Reader {
                 "header_read_timeout",
                 "idle_timeout",
                 "max_header_size",
+                "max_request_body",
                 "shutdown_timeout",
             ],
         );
@@ -819,6 +822,7 @@ impl Reader {
             ),
             idle_timeout: self.duration(t, p, "idle_timeout", Duration::from_secs(60)),
             max_header_size: max_header_size as usize,
+            max_request_body: self.size(t, p, "max_request_body", 64 << 20),
             shutdown_timeout: self.duration(t, p, "shutdown_timeout", Duration::from_secs(30)),
         }
     }
