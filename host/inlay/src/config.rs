@@ -168,6 +168,8 @@ pub struct PolicyConfig {
     pub max_host_calls: u32,
     /// Subrequests allowed per request.
     pub max_subrequests: u32,
+    /// Bytes of subrequest response bodies one request may buffer.
+    pub max_subrequest_bytes: u64,
     /// Concurrent policy instances (requests running a policy at once).
     pub max_instances: u32,
     /// Start requests from a snapshot taken after one synthetic request.
@@ -430,6 +432,7 @@ impl PolicyConfig {
             memory: 64 << 20,
             max_host_calls: 10_000,
             max_subrequests: 32,
+            max_subrequest_bytes: 16 << 20,
             max_instances: 1000,
             prewarm: true,
             pre_instantiate: true,
@@ -1001,6 +1004,7 @@ impl Reader {
                 "memory",
                 "max_host_calls",
                 "max_subrequests",
+                "max_subrequest_bytes",
                 "max_instances",
                 "prewarm",
                 "pre_instantiate",
@@ -1044,6 +1048,7 @@ impl Reader {
             ) as u32,
             max_subrequests: self.uint(t, p, "max_subrequests", d.max_subrequests.into(), 0, 10_000)
                 as u32,
+            max_subrequest_bytes: self.size(t, p, "max_subrequest_bytes", d.max_subrequest_bytes),
             max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
                 as u32,
             prewarm: self.boolean(t, p, "prewarm", d.prewarm),
