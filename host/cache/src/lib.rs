@@ -96,6 +96,64 @@ mod variants {
     }
 }
 
+/// Storage keys for keys of any length. The store takes keys up to
+/// `inlay_storage::MAX_KEY_LEN` (8 KiB), and a URL (or a Vary'd header
+/// value) may be longer: a part longer than [`long_keys::PLAIN_MAX`] is
+/// stored as its first bytes, an unforgeable marker (a control character,
+/// which neither a URL, a Host nor policy key data can hold: `PrimaryKey`
+/// escapes them and Vary values blank them) and its SHA-256. The primary
+/// part and the variant part are shortened apart, so every variant of a
+/// URL still shares one prefix and a purge by URL still finds them all.
+/// Two keys that differ share a stored key only if SHA-256 collides, so no
+/// full key is kept to compare.
+mod long_keys {
+    use sha2::{Digest, Sha256};
+
+    use crate::key::{PrimaryKey, VARIANT_SEP};
+
+    /// Longest part kept as it is, in bytes.
+    pub(crate) const PLAIN_MAX: usize = 2048;
+    /// Bytes of a long part kept readable before its hash.
+    const KEPT: usize = 256;
+    /// Marks a shortened part.
+    const MARK: char = '\u{3}';
+
+    fn part(p: &str, out: &mut String) {
+        if p.len() <= PLAIN_MAX {
+            out.push_str(p);
+            return;
+        }
+        let mut end = KEPT;
+        while !p.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.push_str(&p[..end]);
+        out.push(MARK);
+        for b in Sha256::digest(p.as_bytes()) {
+            out.push_str(&format!("{b:02x}"));
+        }
+    }
+
+    /// The stored key shared by every variant of `primary` (and the key of
+    /// its base object).
+    pub(crate) fn base(primary: &PrimaryKey) -> String {
+        let mut k = String::with_capacity(primary.as_str().len().min(PLAIN_MAX) + 80);
+        part(primary.as_str(), &mut k);
+        k.push(VARIANT_SEP);
+        k
+    }
+
+    /// The stored key of the variant `full` (a `PrimaryKey::storage_key`).
+    pub(crate) fn variant(primary: &PrimaryKey, full: &str) -> String {
+        let mut k = base(primary);
+        let variant = full
+            .get(primary.as_str().len() + VARIANT_SEP.len_utf8()..)
+            .unwrap_or_default();
+        part(variant, &mut k);
+        k
+    }
+}
+
 struct Inner {
     store: CacheStore,
     rules: CacheRules,
@@ -147,14 +205,20 @@ impl HttpCache {
     /// What the base key of `primary` holds: the response itself, or the
     /// variants header (see [`variants`]).
     async fn base_of(&self, primary: &PrimaryKey) -> Option<StoredObject> {
-        self.inner.store.get(&primary.variants_prefix()).await
+        self.inner.store.get(&long_keys::base(primary)).await
+    }
+
+    /// The stored key of the variant of `primary` that a request with
+    /// `req_headers` selects, when it varies on `vary`.
+    fn variant_key(primary: &PrimaryKey, vary: &[String], req_headers: &HeaderMap) -> String {
+        long_keys::variant(primary, &primary.storage_key(vary, req_headers))
     }
 
     /// The storage key the request selects among the variants of `primary`.
     async fn storage_key(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> String {
         match self.base_of(primary).await {
-            Some(base) => primary.storage_key(&base.meta.vary, req_headers),
-            None => primary.variants_prefix(),
+            Some(base) => Self::variant_key(primary, &base.meta.vary, req_headers),
+            None => long_keys::base(primary),
         }
     }
 
@@ -162,9 +226,9 @@ impl HttpCache {
     /// coalescing, no waiting, no I/O. For callers that have a slower path
     /// for everything else.
     pub fn get_fresh(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
-        let mut obj = self.inner.store.get_resident(&primary.variants_prefix())?;
+        let mut obj = self.inner.store.get_resident(&long_keys::base(primary))?;
         if variants::is_header(&obj.meta) {
-            let key = primary.storage_key(&obj.meta.vary, req_headers);
+            let key = Self::variant_key(primary, &obj.meta.vary, req_headers);
             obj = self.inner.store.get_resident(&key)?;
         }
         obj.meta.is_fresh(inlay_storage::now_ms()).then_some(obj)
@@ -176,7 +240,7 @@ impl HttpCache {
         if !variants::is_header(&base.meta) {
             return Some(base);
         }
-        let key = primary.storage_key(&base.meta.vary, req_headers);
+        let key = Self::variant_key(primary, &base.meta.vary, req_headers);
         self.inner.store.get(&key).await
     }
 
@@ -252,7 +316,7 @@ impl HttpCache {
         meta: ObjectMeta,
         body: Bytes,
     ) -> Result<(), StoreError> {
-        let key = primary.storage_key(&meta.vary, req_headers);
+        let key = Self::variant_key(primary, &meta.vary, req_headers);
         if !meta.vary.is_empty() {
             self.ensure_header(primary, &meta).await?;
         }
@@ -275,7 +339,7 @@ impl HttpCache {
         self.inner
             .store
             .put(
-                primary.variants_prefix(),
+                long_keys::base(primary),
                 variants::header_for(meta),
                 Bytes::new(),
             )
@@ -307,7 +371,7 @@ impl HttpCache {
         let purged = self
             .inner
             .store
-            .purge_prefix(primary.variants_prefix(), soft)
+            .purge_prefix(long_keys::base(primary), soft)
             .await?;
         // The variants header goes with its variants but is no response.
         Ok(purged.saturating_sub(u64::from(header)))

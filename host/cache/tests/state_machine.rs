@@ -591,3 +591,55 @@ async fn no_store_call_runs_on_the_reactor_thread() {
         "store calls on the reactor thread: {on_reactor:?}"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn urls_and_variants_longer_than_the_store_allows_still_cache() {
+    let f = fixture();
+    // Past the store's 8 KiB key limit, with Vary and without.
+    let long = key(&format!("/huge?{}", "q".repeat(20_000)));
+    let other = key(&format!("/huge?{}r", "q".repeat(20_000)));
+    insert_varied(&f.cache, &long, "en").await;
+    let s = Duration::from_secs;
+    store_aged(&f.cache, &other, s(0), s(60), s(0), s(0), &[]).await;
+    let mut en = HeaderMap::new();
+    en.insert("accept-language", HeaderValue::from_static("en"));
+    assert!(matches!(
+        f.cache.lookup(&long, &en).await,
+        Lookup::Fresh(obj) if obj.body == "en"
+    ));
+    // Two long URLs that share their first 20,000 bytes stay apart.
+    assert!(matches!(
+        f.cache.lookup(&other, &HeaderMap::new()).await,
+        Lookup::Fresh(obj) if obj.body == "old"
+    ));
+    // A long variant value (a 10 KiB Accept-Language) caches too.
+    let mut big = HeaderMap::new();
+    let value = HeaderValue::from_str(&"x".repeat(10_000)).expect("value");
+    big.insert("accept-language", value);
+    let resp = response(
+        200,
+        &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+        "",
+    );
+    let settings = CacheSettings {
+        cacheable: true,
+        ttl: Duration::from_secs(60),
+        grace: Duration::ZERO,
+        keep: Duration::ZERO,
+        surrogate_keys: Vec::new(),
+        esi: false,
+    };
+    let meta = object_meta(200, resp.headers(), &settings);
+    f.cache
+        .insert(&long, &big, meta, Bytes::from_static(b"big"))
+        .await
+        .expect("a long variant stores");
+    assert!(matches!(
+        f.cache.lookup(&long, &big).await,
+        Lookup::Fresh(obj) if obj.body == "big"
+    ));
+    // A purge of the long URL removes its variants, not the other URL.
+    assert_eq!(f.cache.purge_url(&long, false).await.expect("purge"), 2);
+    assert!(f.cache.get(&long, &en).await.is_none());
+    assert!(f.cache.get(&other, &HeaderMap::new()).await.is_some());
+}
