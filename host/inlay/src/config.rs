@@ -1076,6 +1076,23 @@ mod tests {
     }
 
     #[test]
+    fn request_and_subrequest_body_bounds_parse() {
+        let c = Config::from_toml(
+            "[server]\nmax_request_body = \"1KiB\"\n[backends.default]\naddress = \"http://127.0.0.1:8080\"\n[policy]\npath = \"p.wasm\"\nmax_subrequest_bytes = \"2MiB\"",
+        )
+        .unwrap();
+        assert_eq!(c.server.max_request_body, 1024);
+        let pc = c.policy.as_ref().expect("policy");
+        assert_eq!(pc.max_subrequest_bytes, 2 << 20);
+        assert_eq!(
+            crate::cli::policy_source(pc).limits.max_subrequest_bytes,
+            2 << 20
+        );
+        let d = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(d.server.max_request_body, 64 << 20);
+    }
+
+    #[test]
     fn absurd_durations_are_rejected_with_their_path() {
         let text = r#"
             [server]
