@@ -253,7 +253,9 @@ pub enum Peek {
 }
 
 /// Small persistent records by namespace and key: policies' state (one
-/// namespace per policy) and the host's own, such as a URL's Vary list.
+/// namespace per policy). The cache keeps nothing here (a URL's Vary names
+/// live in a variants-header object beside its variants), so `kv_bytes`
+/// is the policies' own budget.
 ///
 /// Records are bounded by `kv_bytes` of the config. With a disk tier they
 /// live on disk only (the memory tier holds no copy): every call reads or

@@ -913,3 +913,36 @@ fn get_nowait_reads_the_disk_tier_only_from_the_page_cache() {
     assert_eq!(s.get("large").unwrap().unwrap().body, body(2, 512 << 10));
     assert_eq!(lookups(&s), (1, 3, 1));
 }
+
+#[test]
+fn an_old_vary_index_in_kv_is_dropped_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        kv_bytes: 64 << 10,
+        ..config(dir.path())
+    };
+    {
+        let s = open_counted(cfg.clone());
+        for i in 0..200 {
+            s.kv_set(
+                "inlay.vary",
+                &format!("example.com\u{2}/v?{i}"),
+                b"accept-language",
+            )
+            .unwrap();
+        }
+        s.kv_set("policy", "k", b"v").unwrap();
+    }
+    let s = open_counted(cfg);
+    assert!(
+        s.kv_get("inlay.vary", "example.com\u{2}/v?0")
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        s.kv_get("policy", "k").unwrap().unwrap(),
+        Bytes::from_static(b"v")
+    );
+    // Only the policy's record is charged to the kv budget.
+    assert!(s.stats().kv_bytes < 200, "{}", s.stats().kv_bytes);
+}

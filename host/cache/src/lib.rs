@@ -29,8 +29,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderMap;
 use inlay_storage::{ObjectMeta, StoreError, StoredObject};
-use quick_cache::sync::Cache;
-use quick_cache::{DefaultHashBuilder, Weighter};
 
 pub use flight::Flight;
 pub use key::{ContentCodings, PrimaryKey, vary_names};
@@ -54,19 +52,108 @@ pub struct CacheRules {
     pub accept_encoding: ContentCodings,
 }
 
-/// Bytes of Vary names kept in memory, by primary key (each entry costs
-/// its key and names plus about 64 bytes).
-const VARY_MEMORY: u64 = 16 << 20;
-/// The kv namespace where the Vary header names of each primary key live.
-const VARY_NS: &str = "inlay.vary";
+/// Where the Vary names of a URL live, and why.
+///
+/// The object stored under a primary key's base key (`primary` + the
+/// variant separator, with no variant part) is either the response itself
+/// (its `vary` is empty) or, when the response varies, a *variants header*:
+/// an empty record whose `vary` lists the names, which the variants are
+/// stored beside (`base` + `name=value`...). A lookup reads the base key,
+/// and only when it is a header, the one variant it selects: at most two
+/// store reads, O(1) whatever the number of URLs. The header is an object
+/// like the others, so it is purged with its variants (same prefix),
+/// evicted under the same memory and disk bounds, and expires after them;
+/// nothing about Vary lives outside the objects, so no index can grow
+/// apart from what is cached. An old cache's `inlay.vary` kv records
+/// (before this layout) are deleted when the disk tier opens.
+mod variants {
+    use inlay_storage::ObjectMeta;
 
-#[derive(Clone)]
-struct VaryWeighter;
+    /// Whether an object read at a base key is a variants header.
+    pub(crate) fn is_header(meta: &ObjectMeta) -> bool {
+        !meta.vary.is_empty()
+    }
 
-impl Weighter<PrimaryKey, Arc<Vec<String>>> for VaryWeighter {
-    fn weight(&self, key: &PrimaryKey, names: &Arc<Vec<String>>) -> u64 {
-        let names: usize = names.iter().map(|n| n.len() + 24).sum();
-        (key.as_str().len() + names + 64) as u64
+    /// The variants header for a variant stored with `meta`: it lives as
+    /// long as the variant and as long again, so that storing variants one
+    /// after another rewrites it at most every half of their lifetime.
+    pub(crate) fn header_for(meta: &ObjectMeta) -> ObjectMeta {
+        let life = meta.removable_at_ms().saturating_sub(meta.stored_at_ms);
+        ObjectMeta {
+            status: 200,
+            stored_at_ms: meta.stored_at_ms,
+            ttl_ms: meta.ttl_ms,
+            grace_ms: meta.grace_ms,
+            keep_ms: meta.keep_ms.saturating_add(life),
+            vary: meta.vary.clone(),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// Whether `header` (what the base key holds, if anything) already
+    /// serves a variant stored with `meta`.
+    pub(crate) fn header_covers(header: Option<&ObjectMeta>, meta: &ObjectMeta) -> bool {
+        header.is_some_and(|h| {
+            is_header(h) && h.vary == meta.vary && h.removable_at_ms() >= meta.removable_at_ms()
+        })
+    }
+}
+
+/// Storage keys for keys of any length. The store takes keys up to
+/// `inlay_storage::MAX_KEY_LEN` (8 KiB), and a URL (or a Vary'd header
+/// value) may be longer: a part longer than [`long_keys::PLAIN_MAX`] is
+/// stored as its first bytes, an unforgeable marker (a control character,
+/// which neither a URL, a Host nor policy key data can hold: `PrimaryKey`
+/// escapes them and Vary values blank them) and its SHA-256. The primary
+/// part and the variant part are shortened apart, so every variant of a
+/// URL still shares one prefix and a purge by URL still finds them all.
+/// Two keys that differ share a stored key only if SHA-256 collides, so no
+/// full key is kept to compare.
+mod long_keys {
+    use sha2::{Digest, Sha256};
+
+    use crate::key::{PrimaryKey, VARIANT_SEP};
+
+    /// Longest part kept as it is, in bytes.
+    pub(crate) const PLAIN_MAX: usize = 2048;
+    /// Bytes of a long part kept readable before its hash.
+    const KEPT: usize = 256;
+    /// Marks a shortened part.
+    const MARK: char = '\u{3}';
+
+    fn part(p: &str, out: &mut String) {
+        if p.len() <= PLAIN_MAX {
+            out.push_str(p);
+            return;
+        }
+        let mut end = KEPT;
+        while !p.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.push_str(&p[..end]);
+        out.push(MARK);
+        for b in Sha256::digest(p.as_bytes()) {
+            out.push_str(&format!("{b:02x}"));
+        }
+    }
+
+    /// The stored key shared by every variant of `primary` (and the key of
+    /// its base object).
+    pub(crate) fn base(primary: &PrimaryKey) -> String {
+        let mut k = String::with_capacity(primary.as_str().len().min(PLAIN_MAX) + 80);
+        part(primary.as_str(), &mut k);
+        k.push(VARIANT_SEP);
+        k
+    }
+
+    /// The stored key of the variant `full` (a `PrimaryKey::storage_key`).
+    pub(crate) fn variant(primary: &PrimaryKey, full: &str) -> String {
+        let mut k = base(primary);
+        let variant = full
+            .get(primary.as_str().len() + VARIANT_SEP.len_utf8()..)
+            .unwrap_or_default();
+        part(variant, &mut k);
+        k
     }
 }
 
@@ -75,8 +162,6 @@ struct Inner {
     rules: CacheRules,
     flights: Flights,
     hit_for_miss: HitForMiss,
-    /// The Vary names of recently seen primary keys (the kv store has all).
-    vary: Cache<PrimaryKey, Arc<Vec<String>>, VaryWeighter, DefaultHashBuilder>,
 }
 
 /// The host's HTTP cache. Cloning is cheap (one shared cache).
@@ -96,20 +181,12 @@ impl std::fmt::Debug for HttpCache {
 impl HttpCache {
     /// A cache over `store` with `rules`.
     pub fn new(store: CacheStore, rules: CacheRules) -> Self {
-        let vary = Cache::with(
-            16_384,
-            VARY_MEMORY,
-            VaryWeighter,
-            DefaultHashBuilder::default(),
-            Default::default(),
-        );
         Self {
             inner: Arc::new(Inner {
                 store,
                 rules,
                 flights: Flights::default(),
                 hit_for_miss: HitForMiss::default(),
-                vary,
             }),
         }
     }
@@ -128,55 +205,51 @@ impl HttpCache {
         self.inner.rules.max_object_size
     }
 
-    /// The Vary names of `primary`, read from the kv store when they are
-    /// not in memory.
-    async fn vary_of(&self, primary: &PrimaryKey) -> Arc<Vec<String>> {
-        if let Some(names) = self.inner.vary.get(primary) {
-            return names;
-        }
-        let stored = self
-            .inner
-            .store
-            .kv_get(VARY_NS.to_owned(), primary.as_str().to_owned())
-            .await;
-        let names: Vec<String> = match stored {
-            Ok(Some(b)) => String::from_utf8_lossy(&b)
-                .split(',')
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            _ => Vec::new(),
-        };
-        let names = Arc::new(names);
-        self.inner.vary.insert(primary.clone(), names.clone());
-        names
+    /// What the base key of `primary` holds: the response itself, or the
+    /// variants header (see [`variants`]).
+    async fn base_of(&self, primary: &PrimaryKey) -> Option<StoredObject> {
+        self.inner.store.get(&long_keys::base(primary)).await
+    }
+
+    /// The stored key of the variant of `primary` that a request with
+    /// `req_headers` selects, when it varies on `vary`.
+    fn variant_key(
+        &self,
+        primary: &PrimaryKey,
+        vary: &[String],
+        req_headers: &HeaderMap,
+    ) -> String {
+        let codings = &self.inner.rules.accept_encoding;
+        long_keys::variant(primary, &primary.storage_key(vary, req_headers, codings))
     }
 
     /// The storage key the request selects among the variants of `primary`.
     async fn storage_key(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> String {
-        primary.storage_key(
-            &self.vary_of(primary).await,
-            req_headers,
-            &self.inner.rules.accept_encoding,
-        )
+        match self.base_of(primary).await {
+            Some(base) => self.variant_key(primary, &base.meta.vary, req_headers),
+            None => long_keys::base(primary),
+        }
     }
 
     /// The object a request selects, when it is fresh and in memory; no
     /// coalescing, no waiting, no I/O. For callers that have a slower path
     /// for everything else.
     pub fn get_fresh(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
-        let vary = self.inner.vary.get(primary)?;
-        let obj = self.inner.store.get_resident(&primary.storage_key(
-            &vary,
-            req_headers,
-            &self.inner.rules.accept_encoding,
-        ))?;
+        let mut obj = self.inner.store.get_resident(&long_keys::base(primary))?;
+        if variants::is_header(&obj.meta) {
+            let key = self.variant_key(primary, &obj.meta.vary, req_headers);
+            obj = self.inner.store.get_resident(&key)?;
+        }
         obj.meta.is_fresh(inlay_storage::now_ms()).then_some(obj)
     }
 
     /// The object a request selects, fresh or not (the caller decides).
     pub async fn get(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
-        let key = self.storage_key(primary, req_headers).await;
+        let base = self.base_of(primary).await?;
+        if !variants::is_header(&base.meta) {
+            return Some(base);
+        }
+        let key = self.variant_key(primary, &base.meta.vary, req_headers);
         self.inner.store.get(&key).await
     }
 
@@ -243,7 +316,8 @@ impl HttpCache {
     }
 
     /// Stores a complete response for `primary` under the variant the
-    /// request selects, recording the response's Vary names first.
+    /// request selects; a response with Vary first (re)writes the variants
+    /// header when it does not already cover it.
     pub async fn insert(
         &self,
         primary: &PrimaryKey,
@@ -251,24 +325,34 @@ impl HttpCache {
         meta: ObjectMeta,
         body: Bytes,
     ) -> Result<(), StoreError> {
-        let vary = meta.vary.clone();
-        if *self.vary_of(primary).await != vary {
-            self.inner
-                .store
-                .kv_set(
-                    VARY_NS.to_owned(),
-                    primary.as_str().to_owned(),
-                    vary.join(",").into_bytes(),
-                )
-                .await?;
-            self.inner
-                .vary
-                .insert(primary.clone(), Arc::new(vary.clone()));
+        let key = self.variant_key(primary, &meta.vary, req_headers);
+        if !meta.vary.is_empty() {
+            self.ensure_header(primary, &meta).await?;
         }
-        let key = primary.storage_key(&vary, req_headers, &self.inner.rules.accept_encoding);
         self.inner.store.put(key, meta, body).await?;
         self.inner.hit_for_miss.clear(primary);
         Ok(())
+    }
+
+    /// Makes the variants header of `primary` list `meta.vary` and outlive
+    /// a variant stored with `meta`.
+    async fn ensure_header(
+        &self,
+        primary: &PrimaryKey,
+        meta: &ObjectMeta,
+    ) -> Result<(), StoreError> {
+        let base = self.base_of(primary).await;
+        if variants::header_covers(base.as_ref().map(|b| &*b.meta), meta) {
+            return Ok(());
+        }
+        self.inner
+            .store
+            .put(
+                long_keys::base(primary),
+                variants::header_for(meta),
+                Bytes::new(),
+            )
+            .await
     }
 
     /// Replaces the metadata of the stored variant (after a 304).
@@ -279,6 +363,9 @@ impl HttpCache {
         meta: ObjectMeta,
     ) -> Result<bool, StoreError> {
         let key = self.storage_key(primary, req_headers).await;
+        if !meta.vary.is_empty() {
+            self.ensure_header(primary, &meta).await?;
+        }
         self.inner.store.update_meta(key, meta).await
     }
 
@@ -286,10 +373,17 @@ impl HttpCache {
     /// Returns how many objects were affected.
     pub async fn purge_url(&self, primary: &PrimaryKey, soft: bool) -> Result<u64, StoreError> {
         self.inner.hit_for_miss.clear(primary);
-        self.inner
-            .store
-            .purge_prefix(primary.variants_prefix(), soft)
+        let header = self
+            .base_of(primary)
             .await
+            .is_some_and(|b| variants::is_header(&b.meta));
+        let purged = self
+            .inner
+            .store
+            .purge_prefix(long_keys::base(primary), soft)
+            .await?;
+        // The variants header goes with its variants but is no response.
+        Ok(purged.saturating_sub(u64::from(header)))
     }
 
     /// Purges every object tagged with a surrogate key.

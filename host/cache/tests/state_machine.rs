@@ -112,8 +112,13 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_with_kv(1 << 20)
+}
+
+/// A fixture whose kv records may take `kv_bytes` together.
+fn fixture_with_kv(kv_bytes: u64) -> Fixture {
     let store = Arc::new(Recording {
-        inner: MemoryStore::new(64 << 20, 1 << 20),
+        inner: MemoryStore::new(64 << 20, kv_bytes),
         threads: Mutex::new(Vec::new()),
         gets: AtomicUsize::new(0),
     });
@@ -433,9 +438,102 @@ async fn vary_selects_a_variant_and_a_purge_removes_them_all() {
             _ => panic!("expected the {text} variant"),
         }
     }
+    // The count is of responses: the variants header is not one.
     assert_eq!(f.cache.purge_url(&primary, false).await.expect("purge"), 2);
     assert!(f.cache.get(&primary, &en).await.is_none());
     assert!(f.cache.get(&primary, &fr).await.is_none());
+    // Nothing of the URL is left behind, not even its Vary names.
+    assert_eq!(f.store.stats().memory_objects, 0);
+}
+
+/// Inserts a response for `primary` that varies on Accept-Language, as
+/// the request with `lang` selects it.
+async fn insert_varied(cache: &HttpCache, primary: &PrimaryKey, lang: &'static str) {
+    let resp = response(
+        200,
+        &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+        "",
+    );
+    let settings = CacheSettings {
+        cacheable: true,
+        ttl: Duration::from_secs(60),
+        grace: Duration::ZERO,
+        keep: Duration::ZERO,
+        surrogate_keys: Vec::new(),
+        esi: false,
+    };
+    let meta = object_meta(200, resp.headers(), &settings);
+    let mut headers = HeaderMap::new();
+    headers.insert("accept-language", HeaderValue::from_static(lang));
+    cache
+        .insert(primary, &headers, meta, Bytes::from_static(lang.as_bytes()))
+        .await
+        .expect("insert");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn many_varied_urls_all_cache_and_use_no_kv_quota() {
+    // 16 KiB of kv: the old Vary index (one kv record per URL) was full
+    // after about 200 URLs, and every later Vary'd response failed to store.
+    let f = fixture_with_kv(16 << 10);
+    let mut en = HeaderMap::new();
+    en.insert("accept-language", HeaderValue::from_static("en"));
+    for i in 0..1_000 {
+        insert_varied(&f.cache, &key(&format!("/v?q={i}")), "en").await;
+    }
+    for i in (0..1_000).step_by(97) {
+        match f.cache.lookup(&key(&format!("/v?q={i}")), &en).await {
+            Lookup::Fresh(obj) => assert_eq!(obj.body, "en"),
+            _ => panic!("/v?q={i} is not cached"),
+        }
+    }
+    assert_eq!(f.store.stats().kv_bytes, 0);
+    // The policies' kv budget is whole.
+    f.cache
+        .store()
+        .kv_set("policy".into(), "k".into(), vec![0; 8 << 10])
+        .await
+        .expect("policy kv has its quota");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_varied_url_longer_than_a_kib_caches() {
+    let f = fixture();
+    let primary = key(&format!("/long?{}", "q".repeat(4000)));
+    insert_varied(&f.cache, &primary, "en").await;
+    insert_varied(&f.cache, &primary, "fr").await;
+    let mut fr = HeaderMap::new();
+    fr.insert("accept-language", HeaderValue::from_static("fr"));
+    match f.cache.lookup(&primary, &fr).await {
+        Lookup::Fresh(obj) => assert_eq!(obj.body, "fr"),
+        _ => panic!("a long Vary'd URL is not cached"),
+    }
+    // And a fresh variant is found in memory without I/O too.
+    assert!(f.cache.get_fresh(&primary, &fr).is_some());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_url_that_stops_varying_is_served_without_vary() {
+    let f = fixture();
+    let primary = key("/changes");
+    insert_varied(&f.cache, &primary, "en").await;
+    let s = Duration::from_secs;
+    store_aged(&f.cache, &primary, s(0), s(60), s(0), s(0), &[]).await;
+    match f.cache.lookup(&primary, &HeaderMap::new()).await {
+        Lookup::Fresh(obj) => {
+            assert!(obj.meta.vary.is_empty());
+            assert_eq!(obj.body, "old");
+        }
+        _ => panic!("expected the response without Vary"),
+    }
+    // And back to varying.
+    insert_varied(&f.cache, &primary, "en").await;
+    let mut en = HeaderMap::new();
+    en.insert("accept-language", HeaderValue::from_static("en"));
+    assert!(matches!(
+        f.cache.lookup(&primary, &en).await,
+        Lookup::Fresh(obj) if obj.body == "en"
+    ));
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -487,7 +585,7 @@ async fn no_store_call_runs_on_the_reactor_thread() {
     f.cache.store().flush().await.expect("flush");
     let calls = f.store.threads.lock().clone();
     assert!(calls.iter().any(|(c, _)| *c == "put"), "{calls:?}");
-    assert!(calls.iter().any(|(c, _)| *c == "kv_get"), "{calls:?}");
+    assert!(calls.iter().any(|(c, _)| *c == "kv_set"), "{calls:?}");
     let on_reactor: Vec<_> = calls.iter().filter(|(_, t)| *t == reactor).collect();
     assert!(
         on_reactor.is_empty(),
@@ -568,4 +666,56 @@ async fn the_age_a_response_arrives_with_counts_and_keeps_growing() {
     let stored = f.cache.get(&old, &HeaderMap::new()).await.expect("stored");
     assert!(!stored.meta.is_fresh(inlay_storage::now_ms()));
     assert!(stored.meta.age_ms(inlay_storage::now_ms()) >= 7_200_000);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn urls_and_variants_longer_than_the_store_allows_still_cache() {
+    let f = fixture();
+    // Past the store's 8 KiB key limit, with Vary and without.
+    let long = key(&format!("/huge?{}", "q".repeat(20_000)));
+    let other = key(&format!("/huge?{}r", "q".repeat(20_000)));
+    insert_varied(&f.cache, &long, "en").await;
+    let s = Duration::from_secs;
+    store_aged(&f.cache, &other, s(0), s(60), s(0), s(0), &[]).await;
+    let mut en = HeaderMap::new();
+    en.insert("accept-language", HeaderValue::from_static("en"));
+    assert!(matches!(
+        f.cache.lookup(&long, &en).await,
+        Lookup::Fresh(obj) if obj.body == "en"
+    ));
+    // Two long URLs that share their first 20,000 bytes stay apart.
+    assert!(matches!(
+        f.cache.lookup(&other, &HeaderMap::new()).await,
+        Lookup::Fresh(obj) if obj.body == "old"
+    ));
+    // A long variant value (a 10 KiB Accept-Language) caches too.
+    let mut big = HeaderMap::new();
+    let value = HeaderValue::from_str(&"x".repeat(10_000)).expect("value");
+    big.insert("accept-language", value);
+    let resp = response(
+        200,
+        &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+        "",
+    );
+    let settings = CacheSettings {
+        cacheable: true,
+        ttl: Duration::from_secs(60),
+        grace: Duration::ZERO,
+        keep: Duration::ZERO,
+        surrogate_keys: Vec::new(),
+        esi: false,
+    };
+    let meta = object_meta(200, resp.headers(), &settings);
+    f.cache
+        .insert(&long, &big, meta, Bytes::from_static(b"big"))
+        .await
+        .expect("a long variant stores");
+    assert!(matches!(
+        f.cache.lookup(&long, &big).await,
+        Lookup::Fresh(obj) if obj.body == "big"
+    ));
+    // A purge of the long URL removes its variants, not the other URL.
+    assert_eq!(f.cache.purge_url(&long, false).await.expect("purge"), 2);
+    assert!(f.cache.get(&long, &en).await.is_none());
+    assert!(f.cache.get(&other, &HeaderMap::new()).await.is_some());
 }

@@ -66,6 +66,12 @@ pub enum ProxyError {
         /// What happened, for the log.
         message: String,
     },
+    /// The request body is larger than `server.max_request_body`.
+    #[error("request body over the {limit}-byte limit")]
+    RequestTooLarge {
+        /// The configured limit in bytes.
+        limit: u64,
+    },
     /// A bug or resource failure inside Inlay.
     #[error("internal error: {0}")]
     Internal(String),
@@ -77,6 +83,7 @@ impl ProxyError {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BackendDown { .. } | Self::BackendBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BackendProtocol { .. } => StatusCode::BAD_GATEWAY,
@@ -88,7 +95,9 @@ impl ProxyError {
     /// Whose fault it is.
     pub fn blame(&self) -> Blame {
         match self {
-            Self::BadRequest(_) | Self::MethodNotAllowed(_) => Blame::Client,
+            Self::BadRequest(_) | Self::MethodNotAllowed(_) | Self::RequestTooLarge { .. } => {
+                Blame::Client
+            }
             Self::BackendDown { .. }
             | Self::BackendBusy { .. }
             | Self::BackendTimeout { .. }

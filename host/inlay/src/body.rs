@@ -60,7 +60,9 @@ where
         let mut this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(frame) => {
-                let deadline = tokio::time::Instant::now() + *this.timeout;
+                let now = tokio::time::Instant::now();
+                // Config bounds timeouts; a checked add still never panics.
+                let deadline = now.checked_add(*this.timeout).unwrap_or(now);
                 this.sleep.as_mut().reset(deadline);
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }

@@ -304,6 +304,7 @@ pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
             memory: pc.memory,
             max_host_calls: pc.max_host_calls,
             max_subrequests: pc.max_subrequests,
+            max_subrequest_bytes: pc.max_subrequest_bytes,
             max_instances: pc.max_instances,
             ..PolicyLimits::default()
         },

@@ -40,6 +40,10 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
 }
 
+/// Longest duration accepted for any key: beyond it, `Instant::now() + d`
+/// may overflow (and panic) at run time, and no timeout or TTL means it.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// `[server]`.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -53,6 +57,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Largest request head accepted, in bytes.
     pub max_header_size: usize,
+    /// Largest request body accepted, in bytes; larger ones get 413.
+    pub max_request_body: u64,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     pub shutdown_timeout: Duration,
 }
@@ -188,6 +194,8 @@ pub struct PolicyConfig {
     pub max_host_calls: u32,
     /// Subrequests allowed per request.
     pub max_subrequests: u32,
+    /// Bytes of subrequest response bodies one request may buffer.
+    pub max_subrequest_bytes: u64,
     /// Concurrent policy instances (requests running a policy at once).
     pub max_instances: u32,
     /// Start requests from a snapshot taken after one synthetic request.
@@ -451,6 +459,7 @@ impl PolicyConfig {
             memory: 64 << 20,
             max_host_calls: 10_000,
             max_subrequests: 32,
+            max_subrequest_bytes: 16 << 20,
             max_instances: 1000,
             prewarm: true,
             pre_instantiate: true,
@@ -623,6 +632,22 @@ impl Reader {
     }
 
     fn duration(&mut self, t: &Table, prefix: &str, key: &str, default: Duration) -> Duration {
+        let d = self.any_duration(t, prefix, key, default);
+        if d > MAX_DURATION {
+            self.err(
+                join(prefix, key),
+                format!(
+                    "too long: at most \"{}d\" (100 years), got {}s",
+                    MAX_DURATION.as_secs() / 86_400,
+                    d.as_secs()
+                ),
+            );
+            return default;
+        }
+        d
+    }
+
+    fn any_duration(&mut self, t: &Table, prefix: &str, key: &str, default: Duration) -> Duration {
         match t.get(key) {
             None => default,
             Some(Value::String(s)) => match humantime::parse_duration(s) {
@@ -793,6 +818,7 @@ impl Reader {
                 "header_read_timeout",
                 "idle_timeout",
                 "max_header_size",
+                "max_request_body",
                 "shutdown_timeout",
             ],
         );
@@ -826,6 +852,7 @@ impl Reader {
             ),
             idle_timeout: self.duration(t, p, "idle_timeout", Duration::from_secs(60)),
             max_header_size: max_header_size as usize,
+            max_request_body: self.size(t, p, "max_request_body", 64 << 20),
             shutdown_timeout: self.duration(t, p, "shutdown_timeout", Duration::from_secs(30)),
         }
     }
@@ -1056,6 +1083,7 @@ impl Reader {
                 "memory",
                 "max_host_calls",
                 "max_subrequests",
+                "max_subrequest_bytes",
                 "max_instances",
                 "prewarm",
                 "pre_instantiate",
@@ -1099,6 +1127,7 @@ impl Reader {
             ) as u32,
             max_subrequests: self.uint(t, p, "max_subrequests", d.max_subrequests.into(), 0, 10_000)
                 as u32,
+            max_subrequest_bytes: self.size(t, p, "max_subrequest_bytes", d.max_subrequest_bytes),
             max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
                 as u32,
             prewarm: self.boolean(t, p, "prewarm", d.prewarm),
@@ -1123,6 +1152,53 @@ mod tests {
     fn embedded_default_is_valid() {
         let c = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(c.default_backend().name, "default");
+    }
+
+    #[test]
+    fn request_and_subrequest_body_bounds_parse() {
+        let c = Config::from_toml(
+            "[server]\nmax_request_body = \"1KiB\"\n[backends.default]\naddress = \"http://127.0.0.1:8080\"\n[policy]\npath = \"p.wasm\"\nmax_subrequest_bytes = \"2MiB\"",
+        )
+        .unwrap();
+        assert_eq!(c.server.max_request_body, 1024);
+        let pc = c.policy.as_ref().expect("policy");
+        assert_eq!(pc.max_subrequest_bytes, 2 << 20);
+        assert_eq!(
+            crate::cli::policy_source(pc).limits.max_subrequest_bytes,
+            2 << 20
+        );
+        let d = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(d.server.max_request_body, 64 << 20);
+    }
+
+    #[test]
+    fn absurd_durations_are_rejected_with_their_path() {
+        let text = r#"
+            [server]
+            idle_timeout = "1000000000000d"
+            shutdown_timeout = 9223372036854775807
+            [cache]
+            default_ttl = "36500d"
+            [backends.default]
+            address = "http://127.0.0.1:8080"
+        "#;
+        let err = Config::from_toml(text).unwrap_err();
+        let ConfigError::Invalid(issues) = err else {
+            panic!("expected Invalid, got {err:?}")
+        };
+        let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["server.idle_timeout", "server.shutdown_timeout"],
+            "{issues:#?}"
+        );
+        assert!(issues[0].message.contains("at most"), "{issues:#?}");
+        // A century is accepted (a TTL of years is legitimate).
+        let c = Config::from_toml(
+            "[cache]\ndefault_ttl = \"36500d\"\n[backends.default]\naddress = \"http://127.0.0.1:8080\"",
+        )
+        .unwrap();
+        assert_eq!(c.cache.default_ttl, Duration::from_secs(36_500 * 86_400));
     }
 
     #[test]

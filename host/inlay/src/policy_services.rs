@@ -12,7 +12,9 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use inlay_cache::{HttpCache, PrimaryKey, object_meta, stored_headers};
 use inlay_core::{CacheSettings, ProxyError, body, headers};
-use inlay_runtime::{CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse};
+use inlay_runtime::{
+    BodyBudget, CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse,
+};
 
 use crate::backend::{Backend, Backends};
 
@@ -204,7 +206,7 @@ async fn subrequest(backend: Arc<Backend>, req: SubRequest) -> Result<SubRespons
         Err(other) => return Err(FetchError::ConnectFailed(other.to_string())),
     };
     let (parts, body) = resp.into_parts();
-    let body = read_limited(body).await?;
+    let body = read_limited(body, &req.body_budget).await?;
     let mut headers = parts.headers;
     headers::strip_hop_by_hop(&mut headers);
     Ok(SubResponse {
@@ -214,8 +216,9 @@ async fn subrequest(backend: Arc<Backend>, req: SubRequest) -> Result<SubRespons
     })
 }
 
-/// Buffer a subrequest body up to [`MAX_SUBREQUEST_BODY`].
-async fn read_limited(mut body: body::ProxyBody) -> Result<Bytes, FetchError> {
+/// Buffer a subrequest body up to [`MAX_SUBREQUEST_BODY`] and what is left
+/// of the request's `budget` (shared by its parallel subrequests).
+async fn read_limited(mut body: body::ProxyBody, budget: &BodyBudget) -> Result<Bytes, FetchError> {
     let mut buf = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
@@ -226,11 +229,37 @@ async fn read_limited(mut body: body::ProxyBody) -> Result<Bytes, FetchError> {
             }
         })?;
         if let Some(data) = frame.data_ref() {
-            if buf.len() + data.len() > MAX_SUBREQUEST_BODY {
+            if buf.len() + data.len() > MAX_SUBREQUEST_BODY || !budget.take(data.len() as u64) {
                 return Err(FetchError::BodyTooLarge);
             }
             buf.extend_from_slice(data);
         }
     }
     Ok(buf.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn parallel_subrequests_share_one_body_budget() {
+        let budget = BodyBudget::new(8 << 20);
+        let six = || body::full(vec![0u8; 6 << 20]);
+        // One body fits; a second of the same request does not, although
+        // each is under the per-subrequest cap.
+        let (a, b) = tokio::join!(read_limited(six(), &budget), read_limited(six(), &budget));
+        let ok = [a.is_ok(), b.is_ok()];
+        assert_eq!(ok.iter().filter(|x| **x).count(), 1, "{ok:?}");
+        assert!(matches!(
+            read_limited(six(), &budget).await,
+            Err(FetchError::BodyTooLarge)
+        ));
+        // Small bodies still fit in what is left.
+        assert!(
+            read_limited(body::full(vec![0u8; 1024]), &budget)
+                .await
+                .is_ok()
+        );
+    }
 }

@@ -133,6 +133,29 @@ async fn vary_keeps_one_variant_per_header_value() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_varied_urls_cache() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // Past the old Vary index's 1 KiB kv key, and past the store's 8 KiB key.
+    for pad in [1_500, 12_000] {
+        let url = inlay.url(&format!(
+            "/echo?cc=max-age%3D60&vary=X-Lang&pad={}",
+            "p".repeat(pad)
+        ));
+        for lang in ["en", "fr", "en", "fr"] {
+            let r = request("GET", &url, &[("x-lang", lang)], Bytes::new()).await;
+            assert_eq!(r.status, 200);
+            assert!(r.text().contains(&format!("\"{lang}\"")), "{lang}");
+        }
+    }
+    assert_eq!(
+        origin.count("/echo").await,
+        4,
+        "one fetch per URL and variant"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_misses_cost_one_origin_request() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;

@@ -276,3 +276,41 @@ async fn every_request_gets_one_access_log_line() {
     assert_eq!(inlay.access.lines().len(), 1, "{}", inlay.access.text());
     assert_eq!(json.access.lines().len(), 1, "{}", json.access.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_over_max_request_body_gets_413() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("max_request_body = \"1KiB\"")
+        .start_in_process()
+        .await;
+    // A declared length over the limit: 413 before the origin is asked.
+    let (resp, _) = raw(
+        inlay.addr,
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 1048576\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 413"), "{resp:?}");
+    assert_eq!(origin.count("/upload").await, 0);
+    // A chunked body that claims a chunk of 2^64-19 bytes and then streams:
+    // cut at the limit, answered 413.
+    let mut chunked =
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffed\r\n"
+            .to_vec();
+    chunked.extend(std::iter::repeat_n(b'x', 64 << 10));
+    let (resp, closed) = raw(inlay.addr, &chunked, Duration::from_secs(10)).await;
+    assert!(resp.starts_with("HTTP/1.1 413"), "{resp:?}");
+    assert!(closed);
+    // Within the limit, bodies pass whole.
+    let r = request(
+        "POST",
+        &inlay.url("/upload"),
+        &[],
+        Bytes::from(vec![7u8; 1024]),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("\"bytes\":1024"), "{}", r.text());
+}

@@ -67,4 +67,6 @@ pub use limits::PolicyLimits;
 pub use memo::MemoStats;
 pub use policy::{LoadedPolicy, PolicyHandle, PolicySlot, PolicySource};
 pub use prewarm::warm_request;
-pub use services::{CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse};
+pub use services::{
+    BodyBudget, CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse,
+};

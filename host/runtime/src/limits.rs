@@ -34,6 +34,14 @@ pub struct PolicyLimits {
     pub kv_max_value: usize,
     /// Longest log line a policy may write, in bytes; longer ones are cut.
     pub log_max_line: usize,
+    /// Log lines one request's policy may write; later ones are dropped
+    /// (with one warning saying so).
+    pub log_max_lines: u32,
+    /// Bytes of subrequest response bodies one request may buffer, all its
+    /// subrequests together (`send-many` runs them in parallel, so each
+    /// one's own cap is not enough); past it a fetch fails with
+    /// `body-too-large`.
+    pub max_subrequest_bytes: u64,
 }
 
 impl Default for PolicyLimits {
@@ -47,6 +55,8 @@ impl Default for PolicyLimits {
             kv_max_key: 1024,
             kv_max_value: 1 << 20,
             log_max_line: 8 << 10,
+            log_max_lines: 1000,
+            max_subrequest_bytes: 16 << 20,
         }
     }
 }

@@ -4,6 +4,8 @@
 //! caps) before calling these, so an implementation sees only well-formed
 //! input and reports only its own failures.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +44,32 @@ pub struct NewObject {
     pub surrogate_keys: Vec<String>,
 }
 
+/// The bytes of subrequest bodies one request may still buffer, shared by
+/// all its subrequests (clones share the same budget).
+#[derive(Clone, Debug)]
+pub struct BodyBudget(Arc<AtomicU64>);
+
+impl BodyBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: u64) -> Self {
+        Self(Arc::new(AtomicU64::new(bytes)))
+    }
+
+    /// Takes `n` bytes; `false` (and nothing taken) when fewer are left.
+    pub fn take(&self, n: u64) -> bool {
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(n)
+            })
+            .is_ok()
+    }
+
+    /// Bytes left.
+    pub fn left(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// A subrequest made by a policy (`fetch.send`, `fetch.send-many`).
 #[derive(Clone, Debug)]
 pub struct SubRequest {
@@ -55,6 +83,8 @@ pub struct SubRequest {
     pub headers: HeaderMap,
     /// Request body.
     pub body: Bytes,
+    /// What the request's subrequests may still buffer of response bodies.
+    pub body_budget: BodyBudget,
 }
 
 /// A subrequest's response.

@@ -9,10 +9,11 @@ use inlay_core::{RequestHead, ResponseHead};
 use wasmtime::component::{Resource, ResourceTable};
 
 use crate::errors::{Hook, HostLimitTrap};
+use crate::imports::log::LogQuota;
 use crate::limits::{CpuClock, MemoryLimiter};
 use crate::memo::{self, Recordable, Recorded, Tape};
 use crate::policy::{PolicyHandle, PolicyShared};
-use crate::services::PolicyServices;
+use crate::services::{BodyBudget, PolicyServices};
 
 /// The replay tree and its parts, over this store state.
 pub(crate) type Memo = memo::Memo<StoreState>;
@@ -40,6 +41,10 @@ pub(crate) struct StoreState {
     host_calls: u32,
     /// Subrequests made so far in this request.
     subrequests: u32,
+    /// What this request's subrequests may still buffer of their bodies.
+    pub(crate) subrequest_bytes: BodyBudget,
+    /// Log lines written so far in this request.
+    pub(crate) log_lines: LogQuota,
     /// Set when a cap was reached (the trap that follows is a limit).
     pub(crate) limit_hit: Option<HostLimitTrap>,
     /// What the policy asked of ESI.
@@ -61,6 +66,8 @@ impl StoreState {
             current_request: None,
             host_calls: 0,
             subrequests: 0,
+            subrequest_bytes: BodyBudget::new(limits.max_subrequest_bytes),
+            log_lines: LogQuota::new(limits.log_max_lines),
             limit_hit: None,
             esi: EsiOverrides::default(),
             recorder: None,

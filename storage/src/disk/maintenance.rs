@@ -7,12 +7,17 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::kv::kv_stored_size;
-use super::layout::{be_u64, utf8};
+use super::layout::{be_u64, kv_key, utf8};
 use super::record::Record;
 use super::{BATCH, DiskTier};
 use crate::StoreError;
 use crate::engine::{TreeId, Value};
 use crate::error::from_io;
+
+/// The kv namespace where caches before the variants-header layout kept
+/// one record of Vary names per URL (inlay-cache now keeps them in the
+/// objects); its records only took kv budget, so the count drops them.
+const LEGACY_VARY_NS: &str = "inlay.vary";
 
 /// How long a flush may take before the disk tier is declared stuck.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -102,9 +107,21 @@ impl DiskTier {
         }
         self.usage.scanned_all();
         let mut kv = 0u64;
+        let legacy = kv_key(LEGACY_VARY_NS, "");
+        let mut dropped = 0u64;
         for item in self.engine.range_from(TreeId::Kv, &[]) {
             let (k, v) = item?;
+            if k.starts_with(&legacy) {
+                // Not counted: removed, or left to the next open's count.
+                if self.engine.remove(TreeId::Kv, &k).is_ok() {
+                    dropped += 1;
+                }
+                continue;
+            }
             kv += kv_stored_size(&k, &v);
+        }
+        if dropped > 0 {
+            tracing::info!(dropped, "removed the old Vary index from the kv records");
         }
         self.usage.finish_recount(bytes, objects, kv);
         Ok(())

@@ -5,7 +5,9 @@
 //! for the states).
 
 use http::Method;
+use http_body_util::BodyExt;
 use inlay_cache::{CacheFetch, Fetched, Lookup, PrimaryKey, fresh_status, stale_status};
+use inlay_core::body::ProxyBody;
 use inlay_core::{CacheStatus, ProxyError, RequestHead, StaleReason, body};
 use inlay_runtime::PolicyCall;
 use inlay_storage::StoredObject;
@@ -102,6 +104,7 @@ impl Pipeline {
         let head = head.clone();
         let config = self.config.clone();
         let cache = self.cache.clone();
+        let max_object_size = self.cache.rules().max_object_size;
         tokio::spawn(async move {
             debug!(key = fetch.primary().as_str(), "background refresh");
             let fill = ForCache {
@@ -115,13 +118,63 @@ impl Pipeline {
                 Ok(Fetched::New(new)) => {
                     let settings = new.defaults().clone();
                     let (resp, _) = new.store(&settings);
-                    // Nobody reads this body: drain it so the store completes.
-                    let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+                    // Nobody reads this body: drain it so the store completes,
+                    // frame by frame, and no further than an object can be.
+                    drain(resp.into_body(), max_object_size).await;
                 }
                 // Revalidated, or the backend failed and the stale object stays.
                 Ok(Fetched::Cached { .. }) => {}
                 Err(e) => warn!(error = %e, "background refresh failed; the stale object stays"),
             }
         });
+    }
+}
+
+/// Reads `body` to its end without keeping it, stopping (and dropping the
+/// rest, which aborts the fetch) once more than `limit` bytes have come:
+/// past `limit` the cache stores nothing anyway. Returns the bytes read.
+async fn drain(mut body: ProxyBody, limit: u64) -> u64 {
+    let mut read = 0u64;
+    while read <= limit {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    read = read.saturating_add(data.len() as u64);
+                }
+            }
+            Some(Err(_)) | None => break,
+        }
+    }
+    read
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use bytes::Bytes;
+    use futures_util::stream;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use inlay_core::body::BoxError;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_background_refresh_reads_no_further_than_an_object_can_be() {
+        // An endless body, counting what is pulled from it.
+        let pulled = Arc::new(AtomicU64::new(0));
+        let counter = pulled.clone();
+        let frames = stream::repeat_with(move || {
+            counter.fetch_add(64 << 10, Ordering::Relaxed);
+            Ok::<_, BoxError>(Frame::data(Bytes::from(vec![0u8; 64 << 10])))
+        });
+        let endless = body::boxed(StreamBody::new(frames));
+        let read = drain(endless, 1 << 20).await;
+        assert!(read > 1 << 20);
+        assert!(pulled.load(Ordering::Relaxed) <= (1 << 20) + (64 << 10));
+        // A body within the limit is read to its end.
+        assert_eq!(drain(body::full(vec![1u8; 1000]), 1 << 20).await, 1000);
     }
 }

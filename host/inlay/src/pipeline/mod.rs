@@ -27,6 +27,7 @@ pub mod recv;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use http::{Method, Request, Response, header};
@@ -168,10 +169,22 @@ impl Pipeline {
         let http1 = parts.version < http::Version::HTTP_2;
         let mut record = log::start(&parts, peer);
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
-        let result = self
-            .process(parts, body::boxed(body), peer, &mut record)
-            .instrument(span)
-            .await;
+        let limit = self.config.server.max_request_body;
+        let over = Arc::new(AtomicBool::new(false));
+        let result = match recv::check_declared_length(&parts.headers, limit) {
+            Ok(()) => {
+                let body = recv::capped_body(body::boxed(body), limit, over.clone());
+                self.process(parts, body, peer, &mut record)
+                    .instrument(span)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        // A backend fetch that failed because the body was cut is a 413.
+        let result = result.map_err(|e| match over.load(Ordering::Relaxed) {
+            true => ProxyError::RequestTooLarge { limit },
+            false => e,
+        });
         let resp = match result {
             Ok(resp) => resp,
             Err(e) => {

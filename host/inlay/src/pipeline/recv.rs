@@ -2,12 +2,76 @@
 //! hop-by-hop fields); then the route is decided.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
-use http::{HeaderValue, Response, Uri, header};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, Uri, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{LengthLimitError, Limited};
+use inlay_core::body::{BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestAction, RequestHead, body, headers};
 use inlay_runtime::PolicyCall;
 
 use super::Route;
+
+/// Refuses a request whose declared `Content-Length` is over `limit`
+/// bytes, before anything is sent to a backend.
+pub fn check_declared_length(headers: &HeaderMap, limit: u64) -> Result<(), ProxyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit => Err(ProxyError::RequestTooLarge { limit }),
+        _ => Ok(()),
+    }
+}
+
+/// The request body, failing once more than `limit` bytes have come (a
+/// chunked body can claim any chunk size, so the stream itself is
+/// counted); `over` is set when it did, so the failure is the client's 413
+/// and not the backend's 502.
+pub fn capped_body(body: ProxyBody, limit: u64, over: Arc<AtomicBool>) -> ProxyBody {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    inlay_core::body::boxed(CappedBody {
+        inner: Limited::new(body, limit),
+        over,
+    })
+}
+
+struct CappedBody {
+    inner: Limited<ProxyBody>,
+    over: Arc<AtomicBool>,
+}
+
+impl Body for CappedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &polled
+            && e.downcast_ref::<LengthLimitError>().is_some()
+        {
+            self.over.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// Turn the client's request head into the form every later phase relies on:
 /// a `Host` header (taken from the URI authority for HTTP/2 and absolute-form

@@ -11,13 +11,14 @@ use tracing::Instrument;
 
 use super::types::{headers_from_list, headers_to_list, parse_path_and_query};
 use crate::bindings::inlay::policy::fetch::{FetchError, FetchRequest, FetchResponse, Host};
-use crate::services::{self, SubRequest};
+use crate::services::{self, BodyBudget, SubRequest};
 use crate::state::StoreState;
 
 /// Validates a guest's subrequest and turns it into the host's type.
 fn to_sub_request(
     req: FetchRequest,
     backend_exists: impl Fn(&str) -> bool,
+    body_budget: &BodyBudget,
 ) -> Result<SubRequest, FetchError> {
     if let Some(backend) = &req.backend
         && !backend_exists(backend)
@@ -38,6 +39,7 @@ fn to_sub_request(
         uri,
         headers,
         body: Bytes::from(req.body),
+        body_budget: body_budget.clone(),
     })
 }
 
@@ -70,7 +72,8 @@ impl Host for StoreState {
             return Ok(Err(FetchError::LimitExceeded));
         }
         let services = self.services();
-        let sub = match to_sub_request(req, |b| services.backend_exists(b)) {
+        let sub = match to_sub_request(req, |b| services.backend_exists(b), &self.subrequest_bytes)
+        {
             Ok(sub) => sub,
             Err(e) => return Ok(Err(e)),
         };
@@ -106,7 +109,7 @@ impl Host for StoreState {
                 results.push(Some(Err(FetchError::LimitExceeded)));
                 continue;
             }
-            match to_sub_request(req, |b| services.backend_exists(b)) {
+            match to_sub_request(req, |b| services.backend_exists(b), &self.subrequest_bytes) {
                 Ok(sub) => {
                     batch.push(sub);
                     slots.push(i);

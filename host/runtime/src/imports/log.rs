@@ -16,14 +16,57 @@ fn truncate(line: &str, max: usize) -> &str {
     &line[..end]
 }
 
+/// How many log lines one request's policy may still write.
+pub(crate) struct LogQuota {
+    written: u32,
+    max: u32,
+}
+
+/// What to do with the next line.
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    /// Write it.
+    Write,
+    /// Drop it, saying once that lines are being dropped.
+    DropFirst,
+    /// Drop it silently.
+    Drop,
+}
+
+impl LogQuota {
+    pub(crate) fn new(max: u32) -> Self {
+        Self { written: 0, max }
+    }
+
+    fn admit(&mut self) -> Admit {
+        let n = self.written;
+        self.written = self.written.saturating_add(1);
+        match n {
+            n if n < self.max => Admit::Write,
+            n if n == self.max => Admit::DropFirst,
+            _ => Admit::Drop,
+        }
+    }
+}
+
 impl Host for StoreState {
     fn write(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         // Replayed requests write the line too: it is the policy's output.
         self.call("log.write", move |s| {
-            // A policy must not be able to flood the log with one huge line.
-            let message = truncate(&message, s.policy().limits.log_max_line);
+            // A policy must not flood the log with many lines or huge ones.
+            let admit = s.log_lines.admit();
             let policy = s.policy().name.as_str();
             let hook = s.hook.as_str();
+            match admit {
+                Admit::Write => {}
+                Admit::DropFirst => {
+                    let max = s.policy().limits.log_max_lines;
+                    tracing::warn!(target: "inlay::policy", policy, hook, "log line limit ({max} per request) reached; dropping this request's further lines");
+                    return Ok(());
+                }
+                Admit::Drop => return Ok(()),
+            }
+            let message = truncate(&message, s.policy().limits.log_max_line);
             match level {
                 Level::Trace => tracing::trace!(target: "inlay::policy", policy, hook, "{message}"),
                 Level::Debug => tracing::debug!(target: "inlay::policy", policy, hook, "{message}"),
@@ -38,6 +81,20 @@ impl Host for StoreState {
 
 #[cfg(test)]
 mod tests {
+    use super::{Admit, LogQuota};
+
+    #[test]
+    fn lines_past_the_quota_are_dropped_with_one_warning() {
+        let mut q = LogQuota::new(3);
+        for _ in 0..3 {
+            assert_eq!(q.admit(), Admit::Write);
+        }
+        assert_eq!(q.admit(), Admit::DropFirst);
+        for _ in 0..10_000 {
+            assert_eq!(q.admit(), Admit::Drop);
+        }
+    }
+
     #[test]
     fn truncate_respects_char_boundaries() {
         assert_eq!(super::truncate("héllo", 2), "h");

@@ -8,7 +8,7 @@ mod config;
 mod esi;
 mod fetch;
 mod kv;
-mod log;
+pub(crate) mod log;
 pub(crate) mod types;
 
 use std::time::Instant;
