@@ -1,7 +1,8 @@
 //! hash / lookup: the cache key, and what the cache holds for it. Fresh hits
 //! go to deliver; stale hits within grace are delivered while one background
 //! fetch refreshes them; misses join a single in-flight fetch per key, and
-//! the request that holds it fetches for the cache (see `inlay_cache::lookup`
+//! the request that holds it fetches for the cache; the others stream its
+//! response from the object being filled (see `inlay_cache::lookup`
 //! for the states).
 
 use http::Method;
@@ -34,6 +35,11 @@ impl Pipeline {
                 }
                 let status = stale_status(&object, now, StaleReason::Grace);
                 Ok(self.hit(object, status))
+            }
+            Lookup::Joined(joined) => {
+                let status = joined.status(now);
+                let esi = joined.esi();
+                Ok(Outcome::new(joined.into_response(), status).with_esi(esi))
             }
             Lookup::Fetch(fetch) => self.fetch_for_cache(head, fetch, policy).await,
         }
@@ -105,9 +111,8 @@ impl Pipeline {
             match fetch.on_response(fetched).await {
                 Ok(Fetched::New(new)) => {
                     let settings = new.defaults().clone();
-                    let (resp, _) = new.store(&settings);
-                    // Nobody reads this body: drain it so the store completes.
-                    let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+                    // The fill completes on its own; nobody reads this copy.
+                    drop(new.store(&settings));
                 }
                 // Revalidated, or the backend failed and the stale object stays.
                 Ok(Fetched::Cached { .. }) => {}
