@@ -221,6 +221,47 @@ async fn a_coalesced_request_streams_the_body_while_it_is_being_fetched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_body_that_fails_midway_cuts_every_reader_and_is_not_stored() {
+    use http_body_util::BodyExt;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("between_bytes_timeout = \"1s\"")
+        .start_in_process()
+        .await;
+    // 1000 bytes, then a stall longer than between_bytes_timeout.
+    let url = inlay.url("/slow-body?n=20000&first=1000&after_ms=3000&cc=max-age%3D60");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let fetch = |url: String| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::get(url)
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap();
+            let resp = client.request(req).await.unwrap();
+            resp.into_body().collect().await.map(|b| b.to_bytes().len())
+        }
+    };
+    let first = tokio::spawn(fetch(url.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let joined = fetch(url.clone()).await;
+    assert!(
+        joined.is_err(),
+        "the joined request got a whole body: {joined:?}"
+    );
+    let first = first.await.unwrap();
+    assert!(
+        first.is_err(),
+        "the first request got a whole body: {first:?}"
+    );
+    // Nothing partial was stored: the next request fetches again.
+    tokio::spawn(fetch(url));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.count("/slow-body").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coalesced_request_of_another_variant_does_not_get_the_one_being_fetched() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;
