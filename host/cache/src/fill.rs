@@ -1,18 +1,24 @@
-//! Filling the cache: a response is stored while it streams to the client.
+//! Filling the cache: a task of the fill's own reads the backend body at
+//! the backend's speed into an object being filled ([`Filling`]) and then
+//! into the store; the client that fetched it and every coalesced waiter
+//! read that object at their own pace.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use http::{HeaderMap, Response, header};
+use http::{HeaderMap, Response, StatusCode, header};
 use http_body_util::{BodyExt, StreamBody};
 use inlay_core::CacheSettings;
 use inlay_core::body::{self, BoxError, ProxyBody};
+use inlay_storage::ObjectMeta;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::HttpCache;
 use crate::flight::Flight;
-use crate::key::PrimaryKey;
+use crate::key::{ContentCodings, PrimaryKey};
 use crate::object::object_meta;
 
 /// The longest an uncacheable key stays hit-for-miss.
@@ -28,14 +34,93 @@ pub(crate) struct FillTarget {
     pub(crate) flight: Option<Flight>,
 }
 
-/// Stores `resp` if `settings` allow while streaming it back; returns the
-/// response to send and whether it is being stored. An uncacheable
-/// response marks its key hit-for-miss instead.
+/// Why a body read from an object being filled was cut.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    /// The backend body failed midway; nothing was stored.
+    #[error("backend body failed while it was being stored: {0}")]
+    Backend(Arc<str>),
+    /// The body grew past `max_object_size` while a coalesced request was
+    /// streaming it; it is not stored, and only its first client gets the rest.
+    #[error("response grew past max_object_size while streaming to a coalesced request")]
+    TooBig,
+    /// The fill ended without saying why (its task was cancelled).
+    #[error("the fill of this response was abandoned")]
+    Abandoned,
+}
+
+/// How far a fill is: the chunks read from the backend so far, and how it ended.
+#[derive(Default)]
+struct Progress {
+    chunks: Vec<Bytes>,
+    end: Option<End>,
+}
+
+#[derive(Clone)]
+enum End {
+    /// The whole body is in `chunks`.
+    Complete,
+    /// The backend failed.
+    Failed(Arc<str>),
+    /// Over `max_object_size`: the first client gets the rest through its
+    /// own channel; nobody else does.
+    TooBig,
+}
+
+/// A response being stored, which coalesced requests stream while it grows.
+/// Its memory is the object being stored (at most `max_object_size`).
+pub(crate) struct Filling {
+    status: StatusCode,
+    headers: HeaderMap,
+    meta: Arc<ObjectMeta>,
+    /// The storage key of the variant it fills.
+    variant: String,
+    esi: bool,
+    progress: watch::Receiver<Progress>,
+}
+
+impl Filling {
+    /// Whether a request with `req_headers` for `primary` selects the
+    /// variant being filled.
+    pub(crate) fn serves(
+        &self,
+        primary: &PrimaryKey,
+        req_headers: &HeaderMap,
+        codings: &ContentCodings,
+    ) -> bool {
+        primary.storage_key(&self.meta.vary, req_headers, codings) == self.variant
+    }
+
+    /// The metadata the object will be stored with.
+    pub(crate) fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+
+    /// Whether the body is an ESI template.
+    pub(crate) fn esi(&self) -> bool {
+        self.esi
+    }
+
+    /// The response as the client that fetched it got it, its body read
+    /// from the start of the object being filled.
+    pub(crate) fn response(&self) -> Response<ProxyBody> {
+        let mut resp = Response::new(reader(self.progress.clone(), None));
+        *resp.status_mut() = self.status;
+        *resp.headers_mut() = self.headers.clone();
+        resp
+    }
+}
+
+/// Stores `resp` if `settings` allow; returns the response to send and
+/// whether it is being stored. An uncacheable response marks its key
+/// hit-for-miss instead.
 ///
-/// The body is read by a task of its own, so the object is completed and
-/// stored even if the client goes away (as Varnish does); the client reads
-/// through a small bounded channel, so a slow client slows the fetch
-/// instead of growing memory.
+/// A stored body is read by a task of its own at the backend's speed, so
+/// a slow client neither slows the fill nor holds the waiters, and the
+/// object is completed and stored even if the client goes away (as Varnish
+/// does). A body that turns out larger than `max_object_size` is not
+/// stored: from then on it is passed through to the first client at its
+/// pace, and the fill stops if that client goes away.
 pub(crate) fn fill(
     resp: Response<ProxyBody>,
     settings: &CacheSettings,
@@ -65,83 +150,183 @@ pub(crate) fn fill(
         return (resp, false);
     }
     let meta = object_meta(resp.status().as_u16(), resp.headers(), settings);
-    let (parts, mut body) = resp.into_parts();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, BoxError>>(8);
-    tokio::spawn(async move {
-        let FillTarget {
-            cache,
-            primary,
-            req_headers,
-            flight,
-        } = target;
-        let capacity = declared.unwrap_or(16 << 10).min(max_object_size);
-        let mut buf = BytesMut::with_capacity(usize::try_from(capacity).unwrap_or(16 << 10));
-        let mut storing = true;
-        let mut client = Some(tx);
-        loop {
-            match body.frame().await {
-                None => break,
-                Some(Ok(frame)) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    if storing {
-                        if (buf.len() + data.len()) as u64 > max_object_size {
-                            storing = false;
-                            buf = BytesMut::new();
-                        } else {
-                            buf.extend_from_slice(&data);
-                        }
-                    }
-                    if let Some(tx) = &client
-                        && tx.send(Ok(data)).await.is_err()
-                    {
-                        client = None;
-                    }
-                    if !storing && client.is_none() {
-                        return;
-                    }
-                }
-                Some(Err(e)) => {
-                    warn!(key = primary.as_str(), error = %e, "backend body failed; object not stored");
-                    if let Some(tx) = &client {
-                        let _ = tx.send(Err(e)).await;
-                    }
-                    return;
-                }
-            }
-        }
-        drop(client);
-        if !storing {
-            return;
-        }
-        match cache
-            .insert(&primary, &req_headers, meta, buf.freeze())
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if e.is_full() => {
-                warn!(
-                    key = primary.as_str(),
-                    "cache disk is full: response served uncached"
-                )
-            }
-            Err(e) => {
-                warn!(key = primary.as_str(), error = %e, "cache write failed: response served uncached")
-            }
-        }
-        // Waiters look the key up again once the object is in the store.
-        drop(flight);
+    let (parts, body) = resp.into_parts();
+    let (progress, progress_rx) = watch::channel(Progress::default());
+    let (rest, rest_rx) = mpsc::channel::<Result<Bytes, BoxError>>(8);
+    let filling = Arc::new(Filling {
+        status: parts.status,
+        headers: parts.headers.clone(),
+        variant: target.primary.storage_key(
+            &meta.vary,
+            &target.req_headers,
+            &target.cache.rules().accept_encoding,
+        ),
+        meta: Arc::new(meta.clone()),
+        esi: settings.esi,
+        progress: progress_rx.clone(),
     });
-    let stream = receiver_stream(rx).map(|r| r.map(http_body::Frame::data));
+    if let Some(flight) = &target.flight {
+        flight.publish(filling);
+    }
+    tokio::spawn(drive(body, progress, rest, meta, max_object_size, target));
     (
-        Response::from_parts(parts, body::boxed(StreamBody::new(stream))),
+        Response::from_parts(parts, reader(progress_rx, Some(rest_rx))),
         true,
     )
 }
 
-fn receiver_stream<T: Send + 'static>(
-    mut rx: tokio::sync::mpsc::Receiver<T>,
-) -> impl futures_util::Stream<Item = T> + Send + 'static {
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// The fill's task: reads the backend body into `progress` and stores it.
+async fn drive(
+    mut body: ProxyBody,
+    progress: watch::Sender<Progress>,
+    rest: mpsc::Sender<Result<Bytes, BoxError>>,
+    meta: ObjectMeta,
+    max_object_size: u64,
+    target: FillTarget,
+) {
+    let FillTarget {
+        cache,
+        primary,
+        req_headers,
+        mut flight,
+    } = target;
+    let mut size: u64 = 0;
+    let mut storing = true;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if storing && size + data.len() as u64 > max_object_size {
+                    debug!(
+                        key = primary.as_str(),
+                        "response grew past max_object_size: passed through, not stored"
+                    );
+                    storing = false;
+                    progress.send_modify(|p| p.end = Some(End::TooBig));
+                    // Later requests fetch for themselves.
+                    flight = None;
+                }
+                if storing {
+                    size += data.len() as u64;
+                    progress.send_modify(|p| p.chunks.push(data));
+                } else if rest.send(Ok(data)).await.is_err() {
+                    // Not stored, and its one client went away.
+                    return;
+                }
+            }
+            Some(Err(e)) => {
+                warn!(key = primary.as_str(), error = %e, "backend body failed; object not stored");
+                if storing {
+                    let why: Arc<str> = e.to_string().into();
+                    progress.send_modify(|p| p.end = Some(End::Failed(why)));
+                } else {
+                    let _ = rest.send(Err(e)).await;
+                }
+                return;
+            }
+        }
+    }
+    drop(body);
+    if !storing {
+        return;
+    }
+    progress.send_modify(|p| p.end = Some(End::Complete));
+    let whole = concat(&progress.borrow().chunks, size);
+    match cache.insert(&primary, &req_headers, meta, whole).await {
+        Ok(()) => {}
+        Err(e) if e.is_full() => {
+            warn!(
+                key = primary.as_str(),
+                "cache disk is full: response served uncached"
+            )
+        }
+        Err(e) => {
+            warn!(key = primary.as_str(), error = %e, "cache write failed: response served uncached")
+        }
+    }
+    // Waiters that did not join look the key up again once it is stored.
+    drop(flight);
+}
+
+/// The chunks as one buffer (no copy for a body of one chunk).
+fn concat(chunks: &[Bytes], size: u64) -> Bytes {
+    if let [one] = chunks {
+        return one.clone();
+    }
+    let mut buf = BytesMut::with_capacity(usize::try_from(size).unwrap_or(0));
+    for c in chunks {
+        buf.extend_from_slice(c);
+    }
+    buf.freeze()
+}
+
+/// What a reader does next.
+enum Step {
+    Chunk(Bytes),
+    End(End),
+    Wait,
+}
+
+/// A body read from an object being filled, from its first byte. `rest`
+/// (the first client's) carries the body on when it grows too big to store.
+fn reader(
+    progress: watch::Receiver<Progress>,
+    rest: Option<mpsc::Receiver<Result<Bytes, BoxError>>>,
+) -> ProxyBody {
+    struct Reader {
+        progress: watch::Receiver<Progress>,
+        next: usize,
+        rest: Option<mpsc::Receiver<Result<Bytes, BoxError>>>,
+        done: bool,
+    }
+    let start = Reader {
+        progress,
+        next: 0,
+        rest,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(start, |mut r| async move {
+        if r.done {
+            return None;
+        }
+        loop {
+            let step = {
+                let p = r.progress.borrow_and_update();
+                match (p.chunks.get(r.next), &p.end) {
+                    (Some(c), _) => Step::Chunk(c.clone()),
+                    (None, Some(end)) => Step::End(end.clone()),
+                    (None, None) => Step::Wait,
+                }
+            };
+            let err = match step {
+                Step::Chunk(c) => {
+                    r.next += 1;
+                    return Some((Ok(c), r));
+                }
+                Step::End(End::Complete) => return None,
+                Step::End(End::Failed(why)) => FillError::Backend(why),
+                Step::End(End::TooBig) => match r.rest.as_mut() {
+                    Some(rest) => {
+                        let item = rest.recv().await?;
+                        return Some((item, r));
+                    }
+                    None => FillError::TooBig,
+                },
+                Step::Wait => {
+                    if r.progress.changed().await.is_ok() {
+                        continue;
+                    }
+                    FillError::Abandoned
+                }
+            };
+            r.done = true;
+            return Some((Err(BoxError::from(err)), r));
+        }
+    });
+    body::boxed(StreamBody::new(
+        stream.map(|r| r.map(http_body::Frame::data)),
+    ))
 }

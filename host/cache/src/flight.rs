@@ -1,5 +1,7 @@
-//! Request coalescing: one fetch per key at a time; other requests for the
-//! key wait for it and then look the key up again.
+//! Request coalescing: one fetch per key at a time. Other requests for the
+//! key wait for it: once its response is being stored they stream it from
+//! the object being filled ([`Filling`]); otherwise they look the key up
+//! again when the fetch ends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,23 +11,28 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tracing::debug;
 
+use crate::fill::Filling;
 use crate::key::PrimaryKey;
 
 /// How long a waiter waits for another request's fetch before fetching itself.
 const MAX_WAIT: Duration = Duration::from_secs(120);
 
+/// What a flight shows its waiters: nothing yet, or the object being filled.
+type Published = Option<Arc<Filling>>;
+
 /// The fetches in flight, by key.
 #[derive(Clone, Default)]
 pub(crate) struct Flights {
-    map: Arc<Mutex<HashMap<PrimaryKey, watch::Receiver<()>>>>,
+    map: Arc<Mutex<HashMap<PrimaryKey, watch::Receiver<Published>>>>,
 }
 
 /// The right to fetch a key while other requests for it wait. Dropping it
-/// (after storing, or on failure) wakes them; they look the key up again.
+/// (after storing, or on failure) wakes the waiters that have not joined
+/// the object being filled; they look the key up again.
 pub struct Flight {
     flights: Flights,
     primary: PrimaryKey,
-    _done: watch::Sender<()>,
+    filling: watch::Sender<Published>,
 }
 
 impl Drop for Flight {
@@ -39,6 +46,21 @@ impl Flight {
     pub fn primary(&self) -> &PrimaryKey {
         &self.primary
     }
+
+    /// Lets waiters stream the response from the object being filled.
+    pub(crate) fn publish(&self, filling: Arc<Filling>) {
+        self.filling.send_replace(Some(filling));
+    }
+}
+
+/// How a wait for another request's fetch ended.
+pub(crate) enum Waited {
+    /// No fetch of the key was in flight.
+    NoFlight,
+    /// The fetch ended (stored, failed, or the wait timed out): look again.
+    Ended,
+    /// The fetch is storing a response this request accepts: stream it.
+    Joined(Arc<Filling>),
 }
 
 impl Flights {
@@ -48,25 +70,35 @@ impl Flights {
         if map.contains_key(primary) {
             return None;
         }
-        let (tx, rx) = watch::channel(());
+        let (tx, rx) = watch::channel(None);
         map.insert(primary.clone(), rx);
         Some(Flight {
             flights: self.clone(),
             primary: primary.clone(),
-            _done: tx,
+            filling: tx,
         })
     }
 
-    /// Waits for the fetch of `primary` in flight to end (stored or
-    /// failed), up to [`MAX_WAIT`]. Returns at once and `false` when there
-    /// is none.
-    pub(crate) async fn wait(&self, primary: &PrimaryKey) -> bool {
+    /// Waits, up to [`MAX_WAIT`], for the fetch of `primary` in flight to
+    /// publish an object being filled that `accept` takes (the variant the
+    /// request selects), or to end.
+    pub(crate) async fn wait(
+        &self,
+        primary: &PrimaryKey,
+        accept: impl Fn(&Filling) -> bool,
+    ) -> Waited {
         let Some(mut rx) = self.map.lock().get(primary).cloned() else {
-            return false;
+            return Waited::NoFlight;
         };
         debug!(key = primary.as_str(), "joining in-flight fetch");
-        // The sender never sends: `changed` returns when it is dropped.
-        let _ = tokio::time::timeout(MAX_WAIT, rx.changed()).await;
-        true
+        let joined = rx.wait_for(|p| p.as_deref().is_some_and(&accept));
+        match tokio::time::timeout(MAX_WAIT, joined).await {
+            Ok(Ok(published)) => match published.as_ref() {
+                Some(filling) => Waited::Joined(filling.clone()),
+                None => Waited::Ended,
+            },
+            // The flight ended without a response this request can use.
+            Ok(Err(_)) | Err(_) => Waited::Ended,
+        }
     }
 }

@@ -30,14 +30,17 @@ use bytes::Bytes;
 use http::HeaderMap;
 use inlay_storage::{ObjectMeta, StoreError, StoredObject};
 
+pub use fill::FillError;
 pub use flight::Flight;
 pub use key::{ContentCodings, PrimaryKey, vary_names};
-pub use lookup::{CacheFetch, Fetched, Lookup, NewResponse, fresh_status, stale_status};
+pub use lookup::{
+    CacheFetch, Fetched, JoinedFill, Lookup, NewResponse, fresh_status, stale_status,
+};
 pub use object::{ESI_MARK, object_meta, refreshed_meta, stored_headers, validators};
 pub use rules::Defaults;
 pub use store::CacheStore;
 
-use flight::Flights;
+use flight::{Flights, Waited};
 use hit_for_miss::HitForMiss;
 
 /// What the cache is configured with (`[cache]`).
@@ -294,9 +297,17 @@ impl HttpCache {
             if self.inner.hit_for_miss.contains(primary) {
                 return fetch(None);
             }
-            if !waited && self.inner.flights.wait(primary).await {
-                waited = true;
-                continue;
+            if !waited {
+                let codings = &self.inner.rules.accept_encoding;
+                let selects = |f: &fill::Filling| f.serves(primary, req_headers, codings);
+                match self.inner.flights.wait(primary, selects).await {
+                    Waited::Joined(filling) => return Lookup::Joined(JoinedFill { filling }),
+                    Waited::Ended => {
+                        waited = true;
+                        continue;
+                    }
+                    Waited::NoFlight => {}
+                }
             }
             if let Some(flight) = self.inner.flights.try_fly(primary) {
                 return fetch(Some(flight));

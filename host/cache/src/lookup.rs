@@ -17,7 +17,9 @@
 //! ```
 //!
 //! The request that holds a key's [`Flight`] fetches it; other requests
-//! for the key wait for that fetch and look again (coalescing). A refresh
+//! for the key wait for that fetch (coalescing): once its response is being
+//! stored they stream it as it comes in ([`Lookup::Joined`]), otherwise
+//! they look again when it ends. A refresh
 //! in the background follows the same path with the host's default
 //! settings.
 
@@ -30,7 +32,7 @@ use inlay_storage::StoredObject;
 use tracing::warn;
 
 use crate::HttpCache;
-use crate::fill::{FillTarget, fill};
+use crate::fill::{FillTarget, Filling, fill};
 use crate::flight::Flight;
 use crate::key::PrimaryKey;
 use crate::object::{refreshed_meta, stored_headers, validators};
@@ -48,8 +50,38 @@ pub enum Lookup {
         /// Held by the one request that refreshes the object.
         refresh: Option<CacheFetch>,
     },
+    /// Another request is fetching and storing the variant this request
+    /// selects: stream it from the object being filled.
+    Joined(JoinedFill),
     /// Nothing usable: fetch from the backend (see [`CacheFetch`]).
     Fetch(CacheFetch),
+}
+
+/// A response another request is storing, joined while it streams in: the
+/// body is read from the object being filled, at this client's own pace.
+pub struct JoinedFill {
+    pub(crate) filling: Arc<Filling>,
+}
+
+impl JoinedFill {
+    /// How it is served at `now_ms`: a hit on the object being stored.
+    pub fn status(&self, now_ms: u64) -> CacheStatus {
+        CacheStatus::Hit {
+            ttl_left: self.filling.meta().expires_at_ms().saturating_sub(now_ms) / 1000,
+        }
+    }
+
+    /// Whether the body is an ESI template to assemble.
+    pub fn esi(&self) -> bool {
+        self.filling.esi()
+    }
+
+    /// The response as the fetching client got it, its body streamed from
+    /// the object being filled. A body that the backend cuts, or that
+    /// outgrows `max_object_size`, ends with an error ([`crate::FillError`]).
+    pub fn into_response(self) -> Response<ProxyBody> {
+        self.filling.response()
+    }
 }
 
 /// A fetch from the backend for the cache: a miss (other requests for the

@@ -160,6 +160,7 @@ fn fetch_of(lookup: Lookup) -> CacheFetch {
         Lookup::Fetch(fetch) => fetch,
         Lookup::Fresh(_) => panic!("expected a fetch, got a fresh hit"),
         Lookup::Stale { .. } => panic!("expected a fetch, got a stale hit"),
+        Lookup::Joined(_) => panic!("expected a fetch, got a fill to join"),
     }
 }
 
@@ -257,6 +258,7 @@ async fn concurrent_misses_wait_for_one_fetch() {
             tokio::spawn(async move {
                 match cache.lookup(&primary, &HeaderMap::new()).await {
                     Lookup::Fresh(obj) => obj.body,
+                    Lookup::Joined(joined) => read(joined.into_response()).await,
                     _ => Bytes::from_static(b"fetched again"),
                 }
             })

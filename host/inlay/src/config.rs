@@ -55,6 +55,13 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// A connection with no traffic and no request in flight is closed after this.
     pub idle_timeout: Duration,
+    /// Longest time to send one response (head and body); the connection
+    /// (HTTP/1) or the stream (HTTP/2) is then cut.
+    pub send_timeout: Duration,
+    /// Longest time a response may make no progress towards the client: a
+    /// socket write that does not complete, or an HTTP/2 stream whose
+    /// flow-control window keeps it from taking its next chunk.
+    pub idle_send_timeout: Duration,
     /// Largest request head accepted, in bytes.
     pub max_header_size: usize,
     /// Largest request body accepted, in bytes; larger ones get 413.
@@ -671,6 +678,22 @@ impl Reader {
         }
     }
 
+    /// A duration that must not be zero (a zero timeout would cut everything).
+    fn positive_duration(
+        &mut self,
+        t: &Table,
+        prefix: &str,
+        key: &str,
+        default: Duration,
+    ) -> Duration {
+        let d = self.duration(t, prefix, key, default);
+        if d.is_zero() {
+            self.err(join(prefix, key), "must be more than zero".to_string());
+            return default;
+        }
+        d
+    }
+
     fn size(&mut self, t: &Table, prefix: &str, key: &str, default: u64) -> u64 {
         match t.get(key) {
             None => default,
@@ -817,6 +840,8 @@ impl Reader {
                 "max_connections",
                 "header_read_timeout",
                 "idle_timeout",
+                "send_timeout",
+                "idle_send_timeout",
                 "max_header_size",
                 "max_request_body",
                 "shutdown_timeout",
@@ -851,6 +876,13 @@ impl Reader {
                 Duration::from_secs(10),
             ),
             idle_timeout: self.duration(t, p, "idle_timeout", Duration::from_secs(60)),
+            send_timeout: self.positive_duration(t, p, "send_timeout", Duration::from_secs(600)),
+            idle_send_timeout: self.positive_duration(
+                t,
+                p,
+                "idle_send_timeout",
+                Duration::from_secs(60),
+            ),
             max_header_size: max_header_size as usize,
             max_request_body: self.size(t, p, "max_request_body", 64 << 20),
             shutdown_timeout: self.duration(t, p, "shutdown_timeout", Duration::from_secs(30)),
@@ -1199,6 +1231,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.cache.default_ttl, Duration::from_secs(36_500 * 86_400));
+    }
+
+    #[test]
+    fn send_timeouts_have_defaults_and_must_not_be_zero() {
+        let c = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(c.server.send_timeout, Duration::from_secs(600));
+        assert_eq!(c.server.idle_send_timeout, Duration::from_secs(60));
+        let text = "[server]\nsend_timeout = \"0s\"\nidle_send_timeout = 0\n";
+        let ConfigError::Invalid(issues) = Config::from_toml(text).unwrap_err() else {
+            panic!("expected Invalid")
+        };
+        let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert!(paths.contains(&"server.send_timeout"), "{issues:#?}");
+        assert!(paths.contains(&"server.idle_send_timeout"), "{issues:#?}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use inlay_core::body::ProxyBody;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -118,7 +118,8 @@ async fn serve_connection(
         inner: stream,
         activity: activity.clone(),
     });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let send_limits = SendLimits::of(limits);
+    let mut builder = auto::Builder::new(StreamExecutor(send_limits));
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -130,21 +131,28 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .max_header_list_size(limits.max_header_size as u32)
         .max_concurrent_streams(256);
+    // HTTP/1 sends one response at a time: its clock is the connection's.
+    // An HTTP/2 stream gets its own from `StreamExecutor`.
+    let h1_clock = Arc::new(SendClock::new(send_limits, false));
     let act = activity.clone();
+    let clock = h1_clock.clone();
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         let pipeline = pipeline.clone();
         let act = act.clone();
+        let h1_clock = clock.clone();
         async move {
+            let clock = STREAM_CLOCK.try_with(Arc::clone).unwrap_or(h1_clock);
             let guard = InFlight::new(act);
             let resp = pipeline.handle(req, peer).await;
-            Ok::<_, std::convert::Infallible>(resp.map(|b| guard.attach(b)))
+            Ok::<_, std::convert::Infallible>(resp.map(|b| guard.attach(b, Some(clock))))
         }
     });
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let idle = limits.idle_timeout;
     let mut tick = tokio::time::interval(
-        idle.min(Duration::from_secs(1))
+        idle.min(limits.idle_send_timeout)
+            .min(Duration::from_secs(1))
             .max(Duration::from_millis(10)),
     );
     let mut closing = false;
@@ -160,12 +168,160 @@ async fn serve_connection(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = tick.tick(), if !closing => {
-                if activity.idle_for() >= idle {
+            why = h1_clock.expired() => {
+                info!(%peer, "response not sent within {why}; connection closed");
+                return;
+            }
+            _ = tick.tick() => {
+                // Checked while closing too: a graceful shutdown waits for
+                // writes that a client which reads nothing never lets finish.
+                if activity.write_blocked_for() >= limits.idle_send_timeout {
+                    info!(%peer, "client read nothing for idle_send_timeout; connection closed");
+                    return;
+                }
+                if !closing && activity.idle_for() >= idle {
                     debug!(%peer, "closing idle connection");
                     closing = true;
                     conn.as_mut().graceful_shutdown();
                 }
+            }
+        }
+    }
+}
+
+/// `server.send_timeout` and `server.idle_send_timeout`.
+#[derive(Debug, Clone, Copy)]
+struct SendLimits {
+    total: Duration,
+    idle: Duration,
+}
+
+impl SendLimits {
+    fn of(limits: &ServerConfig) -> Self {
+        Self {
+            total: limits.send_timeout,
+            idle: limits.idle_send_timeout,
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The send clock of the HTTP/2 stream whose task is running.
+    static STREAM_CLOCK: Arc<SendClock>;
+}
+
+/// Runs each HTTP/2 stream (hyper spawns one task per stream) with a send
+/// clock of its own, and drops the stream when the clock expires: h2 then
+/// resets that stream (RST_STREAM) and the connection goes on for the others.
+#[derive(Clone, Copy)]
+struct StreamExecutor(SendLimits);
+
+impl<F> hyper::rt::Executor<F> for StreamExecutor
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let clock = Arc::new(SendClock::new(self.0, true));
+        tokio::spawn(STREAM_CLOCK.scope(clock.clone(), async move {
+            tokio::select! {
+                () = fut => {}
+                why = clock.expired() => {
+                    info!("HTTP/2 response not sent within {why}; stream reset");
+                }
+            }
+        }));
+    }
+}
+
+/// The deadlines of the response being sent on an HTTP/1 connection or an
+/// HTTP/2 stream: `send_timeout` from its start, and (for HTTP/2, where
+/// the socket may be busy with other streams) `idle_send_timeout` from the
+/// moment a body chunk was handed over until the stream asks for the next.
+/// An HTTP/1 connection's idle sending is watched on its socket instead
+/// ([`Activity::write_blocked_for`]).
+struct SendClock {
+    born: Instant,
+    limits: SendLimits,
+    /// Whether a body that is not asked for its next chunk counts as idle.
+    watch_handover: bool,
+    /// When the response started, in ms since `born` plus one; 0: none.
+    started: AtomicU64,
+    /// When a chunk was handed over and not yet followed by a request for
+    /// the next, as `started`; 0: the body is being asked.
+    handed: AtomicU64,
+    armed: tokio::sync::Notify,
+}
+
+impl SendClock {
+    fn new(limits: SendLimits, watch_handover: bool) -> Self {
+        Self {
+            born: Instant::now(),
+            limits,
+            watch_handover,
+            started: AtomicU64::new(0),
+            handed: AtomicU64::new(0),
+            armed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64 + 1
+    }
+
+    /// A response starts: its head is handed to hyper.
+    fn arm(&self) {
+        let now = self.now();
+        self.handed.store(now, Ordering::Relaxed);
+        self.started.store(now, Ordering::Relaxed);
+        self.armed.notify_one();
+    }
+
+    /// The body is asked for its next chunk.
+    fn asked(&self) {
+        self.handed.store(0, Ordering::Relaxed);
+    }
+
+    /// The body handed over a chunk.
+    fn handed(&self) {
+        self.handed.store(self.now(), Ordering::Relaxed);
+    }
+
+    /// The response is done (sent, failed, or dropped).
+    fn disarm(&self) {
+        self.started.store(0, Ordering::Relaxed);
+        self.handed.store(0, Ordering::Relaxed);
+    }
+
+    /// Resolves when the armed response has taken too long, with the
+    /// setting that expired.
+    async fn expired(&self) -> &'static str {
+        loop {
+            let started = self.started.load(Ordering::Relaxed);
+            if started == 0 {
+                self.armed.notified().await;
+                continue;
+            }
+            let now = self.now();
+            let total = started + self.limits.total.as_millis() as u64;
+            if now >= total {
+                return "send_timeout";
+            }
+            let idle_ms = self.limits.idle.as_millis() as u64;
+            let handed = self.handed.load(Ordering::Relaxed);
+            let mut next = total;
+            if self.watch_handover && handed != 0 {
+                if now >= handed + idle_ms {
+                    return "idle_send_timeout";
+                }
+                next = next.min(handed + idle_ms);
+            } else if self.watch_handover {
+                // A chunk handed over from now on expires after this at the earliest.
+                next = next.min(now + idle_ms);
+            }
+            let wait = Duration::from_millis(next - now);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.armed.notified() => {}
             }
         }
     }
@@ -194,12 +350,16 @@ fn log_connection_error(peer: SocketAddr, e: &(dyn std::error::Error + 'static))
     }
 }
 
-/// When the connection last moved bytes, and how many requests are open on it.
+/// When the connection last moved bytes, how many requests are open on
+/// it, and since when a write has been waiting for the client to read.
 #[derive(Debug)]
 struct Activity {
     born: Instant,
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// When a write found the socket full, in ms since `born` plus one;
+    /// 0 when the last write went through.
+    blocked_since: AtomicU64,
 }
 
 impl Default for Activity {
@@ -208,6 +368,7 @@ impl Default for Activity {
             born: Instant::now(),
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            blocked_since: AtomicU64::new(0),
         }
     }
 }
@@ -216,6 +377,27 @@ impl Activity {
     fn touch(&self) {
         let ms = self.born.elapsed().as_millis() as u64;
         self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// A write went through (`written`) or found the socket full.
+    fn wrote(&self, written: bool) {
+        if written {
+            self.touch();
+            self.blocked_since.store(0, Ordering::Relaxed);
+        } else if self.blocked_since.load(Ordering::Relaxed) == 0 {
+            let ms = self.born.elapsed().as_millis() as u64 + 1;
+            self.blocked_since.store(ms, Ordering::Relaxed);
+        }
+    }
+
+    /// How long the pending write has waited for the client to read.
+    fn write_blocked_for(&self) -> Duration {
+        let since = self.blocked_since.load(Ordering::Relaxed);
+        if since == 0 {
+            return Duration::ZERO;
+        }
+        let now = self.born.elapsed().as_millis() as u64 + 1;
+        Duration::from_millis(now.saturating_sub(since))
     }
 
     fn idle_for(&self) -> Duration {
@@ -236,10 +418,15 @@ impl InFlight {
         Self(a)
     }
 
-    fn attach(self, body: ProxyBody) -> ProxyBody {
+    /// The response body, counted in flight and timed by `clock`.
+    fn attach(self, body: ProxyBody, clock: Option<Arc<SendClock>>) -> ProxyBody {
+        if let Some(c) = &clock {
+            c.arm();
+        }
         inlay_core::body::boxed(GuardedBody {
             inner: body,
             held_error: None,
+            clock: ClockArm(clock),
             _guard: self,
         })
     }
@@ -266,7 +453,19 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: ProxyBody,
         held_error: Option<inlay_core::body::BoxError>,
+        clock: ClockArm,
         _guard: InFlight,
+    }
+}
+
+/// Disarms the response's send clock when the body is dropped.
+struct ClockArm(Option<Arc<SendClock>>);
+
+impl Drop for ClockArm {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            c.disarm();
+        }
     }
 }
 
@@ -278,6 +477,10 @@ impl http_body::Body for GuardedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
         let this = self.project();
+        let clock = this.clock.0.as_deref();
+        if let Some(c) = clock {
+            c.asked();
+        }
         if let Some(e) = this.held_error.take() {
             return Poll::Ready(Some(Err(e)));
         }
@@ -286,6 +489,12 @@ impl http_body::Body for GuardedBody {
                 *this.held_error = Some(e);
                 cx.waker().wake_by_ref();
                 Poll::Pending
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(c) = clock {
+                    c.handed();
+                }
+                Poll::Ready(Some(Ok(frame)))
             }
             other => other,
         }
@@ -322,6 +531,14 @@ impl AsyncRead for TrackedIo {
     }
 }
 
+fn note_write(activity: &Activity, r: &Poll<io::Result<usize>>) {
+    match r {
+        Poll::Ready(Ok(n)) if *n > 0 => activity.wrote(true),
+        Poll::Pending => activity.wrote(false),
+        _ => {}
+    }
+}
+
 impl AsyncWrite for TrackedIo {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -330,9 +547,7 @@ impl AsyncWrite for TrackedIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
         let r = this.inner.poll_write(cx, data);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
-        }
+        note_write(this.activity, &r);
         r
     }
     fn poll_write_vectored(
@@ -342,9 +557,7 @@ impl AsyncWrite for TrackedIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
         let r = this.inner.poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
-        }
+        note_write(this.activity, &r);
         r
     }
     fn is_write_vectored(&self) -> bool {
@@ -362,6 +575,7 @@ impl AsyncWrite for TrackedIo {
 mod tests {
     use bytes::Bytes;
     use http_body::Frame;
+    use hyper_util::rt::TokioExecutor;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
@@ -385,7 +599,7 @@ mod tests {
                     futures_util::stream::iter(frames),
                 ));
                 let guard = InFlight::new(Arc::new(Activity::default()));
-                Ok::<_, std::convert::Infallible>(hyper::Response::new(guard.attach(body)))
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(guard.attach(body, None)))
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)

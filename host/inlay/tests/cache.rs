@@ -174,6 +174,145 @@ async fn a_hundred_concurrent_misses_cost_one_origin_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_slows_neither_the_fill_nor_the_requests_that_join_it() {
+    use tokio::io::AsyncWriteExt;
+    let origin = Origin::start();
+    // Room for a 16 MiB object (an object may take a quarter of a shard).
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[cache]\nmemory_size = \"1GiB\"")
+        .start_in_process()
+        .await;
+    // Far more than the socket buffers between the proxy and a client.
+    let size = 16 << 20;
+    let path = format!("/bytes/{size}?cc=max-age%3D60");
+    let mut first = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    // The same Host as `get` sends: the same cache key.
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", inlay.addr);
+    first.write_all(req.as_bytes()).await.unwrap();
+    // The first client holds the fetch and reads nothing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = tokio::time::timeout(Duration::from_secs(30), get(&inlay.url(&path)))
+        .await
+        .expect("the coalesced request waited for the client that reads nothing");
+    assert_eq!(second.status, 200);
+    assert_eq!(second.body.len(), size);
+    // Stored, though the first client has read nothing yet.
+    let third = get(&inlay.url(&path)).await;
+    assert!(
+        third.header("cache-status").unwrap().contains("hit"),
+        "{:?}",
+        third.header("cache-status")
+    );
+    assert_eq!(third.body.len(), size);
+    assert_eq!(origin.count(&format!("/bytes/{size}")).await, 1);
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalesced_request_streams_the_body_while_it_is_being_fetched() {
+    use http_body_util::BodyExt;
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // 1000 bytes, then the origin stalls for 4 s before the rest.
+    let url = inlay.url("/slow-body?n=20000&first=1000&after_ms=4000&cc=max-age%3D60");
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let r = get(&url).await;
+            (r, std::time::Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::get(&url)
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let mut resp: http::Response<hyper::body::Incoming> = client.request(req).await.unwrap();
+    let mut total = 0;
+    let mut first_bytes = None;
+    while let Some(frame) = resp.body_mut().frame().await {
+        let n = frame.unwrap().data_ref().map_or(0, |d| d.len());
+        if n > 0 && first_bytes.is_none() {
+            first_bytes = Some(std::time::Instant::now());
+        }
+        total += n;
+    }
+    assert_eq!(total, 20000);
+    let (first, first_done) = first.await.unwrap();
+    assert_eq!(first.body.len(), 20000);
+    assert!(
+        first_bytes.unwrap() < first_done,
+        "the coalesced request got its first bytes only after the fetch ended"
+    );
+    assert_eq!(origin.count("/slow-body").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_body_that_fails_midway_cuts_every_reader_and_is_not_stored() {
+    use http_body_util::BodyExt;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("between_bytes_timeout = \"1s\"")
+        .start_in_process()
+        .await;
+    // 1000 bytes, then a stall longer than between_bytes_timeout.
+    let url = inlay.url("/slow-body?n=20000&first=1000&after_ms=3000&cc=max-age%3D60");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let fetch = |url: String| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::get(url)
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap();
+            let resp = client.request(req).await.unwrap();
+            resp.into_body().collect().await.map(|b| b.to_bytes().len())
+        }
+    };
+    let first = tokio::spawn(fetch(url.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let joined = fetch(url.clone()).await;
+    assert!(
+        joined.is_err(),
+        "the joined request got a whole body: {joined:?}"
+    );
+    let first = first.await.unwrap();
+    assert!(
+        first.is_err(),
+        "the first request got a whole body: {first:?}"
+    );
+    // Nothing partial was stored: the next request fetches again.
+    tokio::spawn(fetch(url));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(origin.count("/slow-body").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalesced_request_of_another_variant_does_not_get_the_one_being_fetched() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // Headers at once, then a stall: the second request comes while the
+    // first variant is being filled.
+    let url = inlay.url("/slow-body?n=2000&first=100&after_ms=1500&vary=x-ab&cc=max-age%3D60");
+    let a = {
+        let url = url.clone();
+        tokio::spawn(async move { request("GET", &url, &[("x-ab", "a")], Bytes::new()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = request("GET", &url, &[("x-ab", "b")], Bytes::new()).await;
+    let a = a.await.unwrap();
+    assert_eq!((a.status, b.status), (200, 200));
+    assert_eq!(
+        origin.count("/slow-body").await,
+        2,
+        "variant b was served the body of variant a"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncacheable_keys_do_not_queue_behind_each_other() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;

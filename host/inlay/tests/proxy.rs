@@ -240,6 +240,114 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     );
 }
 
+/// Reads until the server closes the connection or `timeout`: how many
+/// bytes came, and whether the server closed.
+async fn read_until_closed(s: &mut tokio::net::TcpStream, timeout: Duration) -> (usize, bool) {
+    use tokio::io::AsyncReadExt;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut total = 0;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (total, true),
+            Ok(Ok(n)) => total += n,
+            Err(_) => return (total, false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_is_cut_after_idle_send_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("idle_send_timeout = \"500ms\"")
+        .start_in_process()
+        .await;
+    let size = 32 << 20;
+    let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    let req = format!("GET /bytes/{size}?cc=no-store HTTP/1.1\r\nHost: a\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    // Read nothing: the socket buffers fill and the proxy's writes block.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (got, closed) = read_until_closed(&mut s, Duration::from_secs(30)).await;
+    assert!(closed, "the connection stayed open after {got} bytes");
+    assert!(
+        got < size,
+        "the whole body was sent to a client that read nothing"
+    );
+    // The server is still fine.
+    assert_eq!(get(&inlay.url("/resp")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_that_takes_longer_than_send_timeout_is_cut() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("send_timeout = \"1s\"")
+        .start_in_process()
+        .await;
+    // 10 chunks 300 ms apart: about 3 s at the origin, read at once by the client.
+    let (got, closed) = raw(
+        inlay.addr,
+        b"GET /bytes/10000?chunk=1000&chunk_delay_ms=300&cc=no-store HTTP/1.1\r\nHost: a\r\n\r\n",
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    assert!(closed, "the connection stayed open");
+    let body = &got[got.find("\r\n\r\n").unwrap() + 4..];
+    assert!(
+        body.len() < 10000,
+        "the whole body was sent: {} bytes",
+        body.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_with_a_closed_window_is_reset_and_the_connection_goes_on() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("idle_send_timeout = \"500ms\"")
+        .start_in_process()
+        .await;
+    let tcp = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    // Every stream's window is zero: the server may send headers, no data.
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let req = http::Request::get("http://a/bytes/100000?cc=no-store")
+        .body(())
+        .unwrap();
+    let (resp, _) = h2.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("response head")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let data = tokio::time::timeout(Duration::from_secs(10), body.data())
+        .await
+        .expect("the stream was left hanging instead of being reset");
+    assert!(matches!(data, Some(Err(_))), "{data:?}");
+    // The other streams of the connection go on.
+    let mut h2 = h2.ready().await.unwrap();
+    let req = http::Request::get("http://a/bytes/0").body(()).unwrap();
+    let (resp, _) = h2.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("second response head")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_gets_one_access_log_line() {
     let origin = Origin::start();

@@ -1,7 +1,8 @@
 //! hash / lookup: the cache key, and what the cache holds for it. Fresh hits
 //! go to deliver; stale hits within grace are delivered while one background
 //! fetch refreshes them; misses join a single in-flight fetch per key, and
-//! the request that holds it fetches for the cache (see `inlay_cache::lookup`
+//! the request that holds it fetches for the cache; the others stream its
+//! response from the object being filled (see `inlay_cache::lookup`
 //! for the states).
 
 use http::Method;
@@ -37,6 +38,11 @@ impl Pipeline {
                 }
                 let status = stale_status(&object, now, StaleReason::Grace);
                 Ok(self.hit(object, status))
+            }
+            Lookup::Joined(joined) => {
+                let status = joined.status(now);
+                let esi = joined.esi();
+                Ok(Outcome::new(joined.into_response(), status).with_esi(esi))
             }
             Lookup::Fetch(fetch) => self.fetch_for_cache(head, fetch, policy).await,
         }
