@@ -9,7 +9,11 @@ use crate::common::{Inlay, Origin, get, policy};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_1_gib_body_streams_through_with_bounded_memory() {
     let origin = Origin::start();
-    let inlay = Inlay::builder().backend(&origin).spawn_process();
+    // The upload below is larger than the default `max_request_body`.
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .server("max_request_body = \"1GiB\"")
+        .spawn_process();
     let before = inlay.rss_kib();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
