@@ -66,6 +66,10 @@ pub enum ProxyError {
         /// What happened, for the log.
         message: String,
     },
+    /// An ESI page failed before any of it was sent: an include failed with
+    /// nothing to fall back on and `esi.on_include_error = "fail"`.
+    #[error("ESI page failed: {0}")]
+    Esi(String),
     /// A bug or resource failure inside Inlay.
     #[error("internal error: {0}")]
     Internal(String),
@@ -79,7 +83,7 @@ impl ProxyError {
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BackendDown { .. } | Self::BackendBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::BackendProtocol { .. } => StatusCode::BAD_GATEWAY,
+            Self::BackendProtocol { .. } | Self::Esi(_) => StatusCode::BAD_GATEWAY,
             Self::Policy { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -92,7 +96,8 @@ impl ProxyError {
             Self::BackendDown { .. }
             | Self::BackendBusy { .. }
             | Self::BackendTimeout { .. }
-            | Self::BackendProtocol { .. } => Blame::Origin,
+            | Self::BackendProtocol { .. }
+            | Self::Esi(_) => Blame::Origin,
             Self::Policy { .. } => Blame::Policy,
             Self::Internal(_) => Blame::Inlay,
         }

@@ -51,6 +51,23 @@ pub struct EsiLimits {
     pub include_timeout: Duration,
     /// Time allowed for the whole page, from the call to [`assemble`].
     pub page_deadline: Duration,
+    /// What an include failure that nothing handles does to the page.
+    pub on_include_error: OnIncludeError,
+}
+
+/// What happens when an include fails and neither its `alt`, its
+/// `onerror="continue"`, an enclosing `esi:try` nor the fallback of an
+/// enclosing include handles the failure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnIncludeError {
+    /// Leave the failed include out and go on with the page, as if it had
+    /// `onerror="continue"`; the failure is logged and reported to
+    /// [`FragmentFetcher::omitted`]. The page is never cut.
+    #[default]
+    Omit,
+    /// ESI 1.0: the page ends there; the output stream yields an
+    /// [`EsiError`] after what was already sent.
+    Fail,
 }
 
 impl Default for EsiLimits {
@@ -61,6 +78,7 @@ impl Default for EsiLimits {
             max_concurrency: 16,
             include_timeout: Duration::from_secs(5),
             page_deadline: Duration::from_secs(30),
+            on_include_error: OnIncludeError::Omit,
         }
     }
 }
@@ -121,6 +139,15 @@ pub trait FragmentFetcher: Send + Sync + 'static {
     /// Fetch `src` (after variable substitution, as written in the page:
     /// relative or absolute).
     fn fetch(&self, src: &str) -> Fetch;
+
+    /// Called once for every include that failed and was left out of the
+    /// page (nothing in its place): by `onerror="continue"`, by
+    /// [`OnIncludeError::Omit`], or because it would nest deeper than
+    /// [`EsiLimits::max_depth`]. `src` is the include's src. The host counts
+    /// these; the default does nothing (the failure is logged anyway).
+    fn omitted(&self, src: &str, reason: &FailureReason) {
+        let _ = (src, reason);
+    }
 }
 
 /// Why one include failed.
@@ -166,11 +193,12 @@ pub enum FailureReason {
 
 /// Why the assembled page ended early. The output stream yields this after
 /// the bytes already sent; the host then aborts the response, so the client
-/// sees a truncated page.
+/// sees a truncated page (or answers with an error status when nothing was
+/// sent yet). Include failures end the page only with [`OnIncludeError::Fail`].
 #[derive(Debug, thiserror::Error)]
 pub enum EsiError {
     /// An include failed with no `alt` success, no `onerror="continue"` and
-    /// no enclosing `esi:try` to fall back on.
+    /// no enclosing `esi:try` to fall back on ([`OnIncludeError::Fail`] only).
     #[error("include {src:?} failed: {reason}")]
     Include {
         /// The include's src (after variable substitution).
@@ -202,6 +230,9 @@ enum Ev {
     Reset,
     /// The child is complete.
     End,
+    /// The child failed and is left out of the page: discard what was not
+    /// written yet; the child is complete.
+    Omitted(Failed),
     /// The child failed without fallback.
     Fail(Failed),
 }
@@ -283,7 +314,12 @@ struct Child {
     _task: AbortOnDrop,
     /// The include src (or `esi:try`), for logs.
     label: String,
+    /// A failure leaves it out instead of failing the document
+    /// (`onerror="continue"`, or [`OnIncludeError::Omit`] with nothing
+    /// above to handle it).
     onerror_continue: bool,
+    /// Where omissions are reported.
+    page: Arc<Page>,
     /// Some of its data was written.
     forwarded: bool,
     /// It failed after data was written and `onerror="continue"` applies:
@@ -299,8 +335,11 @@ impl Child {
         if events.is_empty() {
             // The channel closed without End or Fail: the task died (a
             // panic), so alt cannot be tried; onerror="continue" still applies.
-            if self.broken || self.onerror_continue {
-                warn!(src = %self.label, reason = %FailureReason::TaskLost, "esi include failed");
+            if self.broken {
+                return Ok((data, true));
+            }
+            if self.onerror_continue {
+                self.omit(&FailureReason::TaskLost);
                 return Ok((data, true));
             }
             return Err(DriveError::Include(Failed {
@@ -310,7 +349,7 @@ impl Child {
         }
         for ev in events {
             if self.broken {
-                if matches!(ev, Ev::End | Ev::Fail(_)) {
+                if matches!(ev, Ev::End | Ev::Fail(_) | Ev::Omitted(_)) {
                     return Ok((data, true));
                 }
                 continue;
@@ -319,10 +358,7 @@ impl Child {
                 Ev::Data(b) => data.push(b),
                 Ev::Reset if !self.forwarded => data.clear(),
                 Ev::Reset if self.onerror_continue => {
-                    warn!(
-                        src = %self.label,
-                        "esi include failed after part of it was sent; rest of it skipped (onerror=continue)"
-                    );
+                    self.omit(&FailureReason::Truncated);
                     self.broken = true;
                 }
                 Ev::Reset => {
@@ -332,10 +368,28 @@ impl Child {
                     }));
                 }
                 Ev::End => return Ok((data, true)),
+                Ev::Omitted(f) => {
+                    if !self.forwarded {
+                        data.clear();
+                    }
+                    self.omit(&f.reason);
+                    return Ok((data, true));
+                }
                 Ev::Fail(f) => return Err(DriveError::Include(f)),
             }
         }
         Ok((data, false))
+    }
+
+    /// Log and report that the child is left out (the rest of it, when part
+    /// of it was written already).
+    fn omit(&self, reason: &FailureReason) {
+        if self.forwarded {
+            warn!(src = %self.label, reason = %reason, "esi include failed after part of it was sent; rest of it left out");
+        } else {
+            warn!(src = %self.label, reason = %reason, "esi include failed; left out");
+        }
+        self.page.fetcher.omitted(&self.label, reason);
     }
 }
 
@@ -470,11 +524,14 @@ async fn next_step(
     }
 }
 
-/// Assemble one document into `out`.
+/// Assemble one document into `out`. `handled`: a failure in this document
+/// has a fallback above it (an enclosing `alt`, `onerror="continue"` or
+/// `esi:attempt`), so [`OnIncludeError::Omit`] does not apply to its includes.
 fn drive<'a>(
     mut source: Source,
     page: Arc<Page>,
     depth: u32,
+    handled: bool,
     out: &'a mut Out,
 ) -> BoxFuture<'a, Result<(), DriveError>> {
     Box::pin(async move {
@@ -492,7 +549,9 @@ fn drive<'a>(
                 _ => None,
             };
             match next_step(head, &mut source, input_open).await {
-                Step::Input(Ok(Some(nodes))) => eval_nodes(&nodes, &page, depth, &mut slots),
+                Step::Input(Ok(Some(nodes))) => {
+                    eval_nodes(&nodes, &page, depth, handled, &mut slots)
+                }
                 Step::Input(Ok(None)) => input_open = false,
                 Step::Input(Err(reason)) => return Err(DriveError::Source(reason)),
                 Step::Head(events) => {
@@ -545,7 +604,14 @@ fn take_ready(slots: &mut VecDeque<Slot>) -> Option<Bytes> {
 
 /// Turn parsed nodes into slots: text is ready, includes and try blocks
 /// start their tasks now, choose picks its branch now.
-fn eval_nodes(nodes: &[Node], page: &Arc<Page>, depth: u32, slots: &mut VecDeque<Slot>) {
+fn eval_nodes(
+    nodes: &[Node],
+    page: &Arc<Page>,
+    depth: u32,
+    handled: bool,
+    slots: &mut VecDeque<Slot>,
+) {
+    let omit = page.limits.on_include_error == OnIncludeError::Omit && !handled;
     for node in nodes {
         match node {
             Node::Text(b) => {
@@ -561,7 +627,14 @@ fn eval_nodes(nodes: &[Node], page: &Arc<Page>, depth: u32, slots: &mut VecDeque
             }
             Node::Include(inc) => {
                 let src = inc.src.render_string(&page.vars);
-                let first = match start_include(&src, page, depth + 1) {
+                if depth + 1 > page.limits.max_depth {
+                    // Too deep: left out whatever the mode, as Varnish does.
+                    let reason = FailureReason::DepthExceeded(page.limits.max_depth);
+                    warn!(src = %src, reason = %reason, "esi include failed; left out");
+                    page.fetcher.omitted(&src, &reason);
+                    continue;
+                }
+                let first = match start_include(&src, page) {
                     Ok(body) => {
                         debug!(src = %src, depth = depth + 1, "esi include served in place");
                         if !body.is_empty() {
@@ -571,38 +644,45 @@ fn eval_nodes(nodes: &[Node], page: &Arc<Page>, depth: u32, slots: &mut VecDeque
                     }
                     Err(first) => first,
                 };
-                let alt = inc.alt.as_ref().map(|a| a.render_string(&page.vars));
+                let job = IncludeJob {
+                    src: src.clone(),
+                    alt: inc.alt.as_ref().map(|a| a.render_string(&page.vars)),
+                    onerror_continue: inc.onerror_continue || omit,
+                    src_handled: handled || inc.alt.is_some() || inc.onerror_continue,
+                    alt_handled: handled || inc.onerror_continue,
+                };
                 let (tx, rx) = mpsc::unbounded_channel();
                 debug!(src = %src, depth = depth + 1, "esi include seen");
-                let task = tokio::spawn(include_task(
-                    src.clone(),
-                    first,
-                    alt,
-                    inc.onerror_continue,
-                    Arc::clone(page),
-                    depth + 1,
-                    tx,
-                ));
+                let task = tokio::spawn(include_task(job, first, Arc::clone(page), depth + 1, tx));
                 slots.push_back(Slot::Child(Child {
                     rx,
                     _task: AbortOnDrop(task),
                     label: src,
-                    onerror_continue: inc.onerror_continue,
+                    onerror_continue: inc.onerror_continue || omit,
+                    page: Arc::clone(page),
                     forwarded: false,
                     broken: false,
                 }));
             }
             Node::Choose(c) => {
-                eval_nodes(c.selected_body(&page.vars), page, depth, slots);
+                eval_nodes(c.selected_body(&page.vars), page, depth, handled, slots);
             }
             Node::Try(t) => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                let task = tokio::spawn(try_task(t.clone(), Arc::clone(page), depth, tx));
+                let task = tokio::spawn(try_task(
+                    t.clone(),
+                    Arc::clone(page),
+                    depth,
+                    handled,
+                    omit,
+                    tx,
+                ));
                 slots.push_back(Slot::Child(Child {
                     rx,
                     _task: AbortOnDrop(task),
                     label: "esi:try".to_owned(),
-                    onerror_continue: false,
+                    onerror_continue: omit,
+                    page: Arc::clone(page),
                     forwarded: false,
                     broken: false,
                 }));
@@ -615,8 +695,8 @@ fn eval_nodes(nodes: &[Node], page: &Arc<Page>, depth: u32, slots: &mut VecDeque
 /// body was at hand and the page's limits allow it (it counts against the
 /// include budget like a fetched one). `Err`: what [`include_task`] starts
 /// from (`None` when a limit already stops the include there).
-fn start_include(src: &str, page: &Page, depth: u32) -> Result<Bytes, Option<Fetch>> {
-    if depth > page.limits.max_depth || Instant::now() >= page.deadline {
+fn start_include(src: &str, page: &Page) -> Result<Bytes, Option<Fetch>> {
+    if Instant::now() >= page.deadline {
         return Err(None);
     }
     match page.fetcher.fetch(src) {
@@ -629,21 +709,38 @@ fn start_include(src: &str, page: &Page, depth: u32) -> Result<Bytes, Option<Fet
     }
 }
 
+/// One include, as [`include_task`] serves it.
+struct IncludeJob {
+    src: String,
+    alt: Option<String>,
+    /// A failure of both src and alt leaves the include out.
+    onerror_continue: bool,
+    /// Whether a failure inside the src fragment has a fallback here or above.
+    src_handled: bool,
+    /// The same for the alt fragment.
+    alt_handled: bool,
+}
+
 /// Serve one include into its slot: src, else alt, else continue or fail.
 async fn include_task(
-    src: String,
+    job: IncludeJob,
     first_fetch: Option<Fetch>,
-    alt: Option<String>,
-    onerror_continue: bool,
     page: Arc<Page>,
     depth: u32,
     tx: mpsc::UnboundedSender<Ev>,
 ) {
+    let IncludeJob {
+        src,
+        alt,
+        onerror_continue,
+        src_handled,
+        alt_handled,
+    } = job;
     let mut out = Out::Slot {
         tx: tx.clone(),
         sent: false,
     };
-    let first = match serve(&src, first_fetch, &page, depth, &mut out).await {
+    let first = match serve(&src, first_fetch, &page, depth, src_handled, &mut out).await {
         Ok(()) => {
             let _ = tx.send(Ev::End);
             return;
@@ -656,7 +753,7 @@ async fn include_task(
         if out.take_sent() {
             let _ = tx.send(Ev::Reset);
         }
-        match serve(&alt, None, &page, depth, &mut out).await {
+        match serve(&alt, None, &page, depth, alt_handled, &mut out).await {
             Ok(()) => {
                 let _ = tx.send(Ev::End);
                 return;
@@ -667,14 +764,12 @@ async fn include_task(
             }
         }
     }
-    if onerror_continue {
-        if out.take_sent() {
-            let _ = tx.send(Ev::Reset);
-        }
-        let _ = tx.send(Ev::End);
+    let failed = Failed { src, reason: first };
+    let _ = tx.send(if onerror_continue {
+        Ev::Omitted(failed)
     } else {
-        let _ = tx.send(Ev::Fail(Failed { src, reason: first }));
-    }
+        Ev::Fail(failed)
+    });
 }
 
 fn failure_reason(e: DriveError) -> FailureReason {
@@ -696,6 +791,7 @@ async fn serve(
     fetch: Option<Fetch>,
     page: &Arc<Page>,
     depth: u32,
+    handled: bool,
     out: &mut Out,
 ) -> Result<(), DriveError> {
     let fail = |r| Err(DriveError::Source(r));
@@ -740,7 +836,7 @@ async fn serve(
             expiry,
             permit: Some(permit),
         };
-        return drive(source, Arc::clone(page), depth, out).await;
+        return drive(source, Arc::clone(page), depth, handled, out).await;
     }
     let mut body = frag.body;
     loop {
@@ -756,12 +852,22 @@ async fn serve(
 }
 
 /// Run `esi:attempt` into a buffer; on any failure run `esi:except` instead.
-async fn try_task(t: Try, page: Arc<Page>, depth: u32, tx: mpsc::UnboundedSender<Ev>) {
+/// `handled` is the try block's own (its attempt is always handled);
+/// `omit`: a failure of `esi:except` leaves the block out.
+async fn try_task(
+    t: Try,
+    page: Arc<Page>,
+    depth: u32,
+    handled: bool,
+    omit: bool,
+    tx: mpsc::UnboundedSender<Ev>,
+) {
     let mut buf = Out::Buffer(Vec::new());
     let attempt = drive(
         Source::Nodes(Some(Nodes::Owned(t.attempt))),
         Arc::clone(&page),
         depth,
+        true,
         &mut buf,
     )
     .await;
@@ -784,28 +890,31 @@ async fn try_task(t: Try, page: Arc<Page>, depth: u32, tx: mpsc::UnboundedSender
                 tx: tx.clone(),
                 sent: false,
             };
-            match drive(
+            let failed = match drive(
                 Source::Nodes(Some(Nodes::Owned(t.except))),
                 page,
                 depth,
+                handled,
                 &mut out,
             )
             .await
             {
                 Ok(()) => {
                     let _ = tx.send(Ev::End);
+                    return;
                 }
-                Err(DriveError::Closed) => {}
-                Err(DriveError::Include(f)) => {
-                    let _ = tx.send(Ev::Fail(f));
-                }
-                Err(DriveError::Source(reason)) => {
-                    let _ = tx.send(Ev::Fail(Failed {
-                        src: "esi:except".to_owned(),
-                        reason,
-                    }));
-                }
-            }
+                Err(DriveError::Closed) => return,
+                Err(DriveError::Include(f)) => f,
+                Err(DriveError::Source(reason)) => Failed {
+                    src: "esi:except".to_owned(),
+                    reason,
+                },
+            };
+            let _ = tx.send(if omit {
+                Ev::Omitted(failed)
+            } else {
+                Ev::Fail(failed)
+            });
         }
     }
 }
@@ -832,8 +941,10 @@ impl Stream for Assembled {
 /// eagerly; output is in document order, each piece as soon as it and
 /// everything before it is ready. Failures (non-2xx, fetch error, timeout,
 /// limits) fall back to `alt`, then `onerror="continue"`, then an enclosing
-/// `esi:try`; otherwise the stream yields an [`EsiError`] after what was
-/// already sent and ends. Dropping the stream cancels outstanding fetches.
+/// `esi:try`; otherwise the include is left out
+/// ([`OnIncludeError::Omit`]) or, with [`OnIncludeError::Fail`], the stream
+/// yields an [`EsiError`] after what was already sent and ends. Dropping the
+/// stream cancels outstanding fetches.
 ///
 /// Must be called within a tokio runtime.
 pub fn assemble(
@@ -902,7 +1013,7 @@ async fn page_task(input: PageInput, page: Arc<Page>, tx: mpsc::Sender<Result<By
         PageInput::Parsed(nodes) => Source::Nodes(Some(Nodes::Shared(nodes))),
     };
     let mut out = Out::Page(tx.clone());
-    let err = match drive(source, page, 0, &mut out).await {
+    let err = match drive(source, page, 0, false, &mut out).await {
         Ok(()) | Err(DriveError::Closed) => return,
         Err(DriveError::Source(FailureReason::Body(e))) => EsiError::Body(e),
         Err(DriveError::Source(_)) => EsiError::PageDeadline,

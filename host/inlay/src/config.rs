@@ -145,6 +145,9 @@ pub struct EsiConfig {
     pub page_deadline: Duration,
     /// Client request headers forwarded to include requests (lower-case).
     pub forward_headers: Vec<String>,
+    /// A failed include nothing handles is left out (`"omit"`) or ends the
+    /// page (`"fail"`, ESI 1.0).
+    pub on_include_error: inlay_esi::OnIncludeError,
 }
 
 /// `[policy]`.
@@ -943,6 +946,7 @@ impl Reader {
                 "include_timeout",
                 "page_deadline",
                 "forward_headers",
+                "on_include_error",
             ],
         );
         let forward_headers = self
@@ -955,6 +959,17 @@ impl Reader {
             .into_iter()
             .map(|h| h.to_ascii_lowercase())
             .collect();
+        let on_include_error = match self.string(t, p, "on_include_error").as_deref() {
+            None | Some("omit") => inlay_esi::OnIncludeError::Omit,
+            Some("fail") => inlay_esi::OnIncludeError::Fail,
+            Some(other) => {
+                self.err(
+                    "esi.on_include_error",
+                    format!("expected \"omit\" or \"fail\", got {other:?}"),
+                );
+                inlay_esi::OnIncludeError::Omit
+            }
+        };
         EsiConfig {
             max_depth: self.uint(t, p, "max_depth", 5, 0, 64) as u32,
             max_includes: self.uint(t, p, "max_includes", 256, 1, 100_000) as usize,
@@ -962,6 +977,7 @@ impl Reader {
             include_timeout: self.duration(t, p, "include_timeout", Duration::from_secs(10)),
             page_deadline: self.duration(t, p, "page_deadline", Duration::from_secs(30)),
             forward_headers,
+            on_include_error,
         }
     }
 

@@ -60,6 +60,8 @@ struct Log {
     finished: Vec<(String, Duration)>,
     /// Fetch futures or bodies dropped before finishing.
     dropped: usize,
+    /// Includes left out, as reported to `FragmentFetcher::omitted`.
+    omitted: Vec<(String, String)>,
 }
 
 struct Fake {
@@ -127,6 +129,11 @@ impl Fake {
     fn fetches(&self) -> usize {
         self.started().len()
     }
+
+    /// `(src, reason)` of every include left out.
+    fn omitted(&self) -> Vec<(String, String)> {
+        self.log.lock().expect("log").omitted.clone()
+    }
 }
 
 impl FragmentFetcher for Fake {
@@ -185,6 +192,14 @@ impl FragmentFetcher for Fake {
             })
         }))
     }
+
+    fn omitted(&self, src: &str, reason: &FailureReason) {
+        self.log
+            .lock()
+            .expect("log")
+            .omitted
+            .push((src.to_owned(), reason.to_string()));
+    }
 }
 
 /// Move the probe's duty into a new probe (the old one is disarmed).
@@ -205,6 +220,8 @@ fn page(chunks: Vec<(u64, &'static str)>) -> BoxStream<'static, Result<Bytes, Bo
         .boxed()
 }
 
+/// ESI 1.0 failure handling ([`OnIncludeError::Fail`]), so that a failure
+/// nothing handles shows as an error; [`omit`] is the default mode.
 fn limits() -> EsiLimits {
     EsiLimits {
         max_depth: 5,
@@ -212,6 +229,15 @@ fn limits() -> EsiLimits {
         max_concurrency: 16,
         include_timeout: Duration::from_secs(10),
         page_deadline: Duration::from_secs(60),
+        on_include_error: OnIncludeError::Fail,
+    }
+}
+
+/// The default mode: failures nothing handles leave the include out.
+fn omit() -> EsiLimits {
+    EsiLimits {
+        on_include_error: OnIncludeError::Omit,
+        ..limits()
     }
 }
 
@@ -379,25 +405,101 @@ async fn depth_limit_stops_a_fragment_that_includes_itself() {
     assert!(r.error.is_none());
     assert_eq!(fake.fetches(), 5);
 
-    // Without onerror the failure climbs up through every level to the page.
-    let fake = Fake::new([("/self", esi_frag(1, r#"<esi:include src="/self"/>"#))]);
+    // Without onerror too, even with on_include_error = "fail": the include
+    // that would go too deep is left out (as Varnish does), nothing else.
+    let fake = Fake::new([("/self", esi_frag(1, r#"x<esi:include src="/self"/>"#))]);
     let r = run(r#"a<esi:include src="/self"/>b"#, &fake, limits()).await;
-    assert_eq!(r.text, "a");
-    let Some(EsiError::Include { src, mut reason }) = r.error else {
-        panic!("page should end with an include error")
-    };
-    assert_eq!(src, "/self");
-    let mut levels = 0;
-    while let FailureReason::Nested { reason: inner, .. } = reason {
-        reason = *inner;
-        levels += 1;
-    }
-    // Includes at depths 1..=5 each wrap the failure of the one below.
-    assert_eq!(levels, 5);
-    assert!(
-        matches!(reason, FailureReason::DepthExceeded(5)),
-        "{reason}"
+    assert_eq!(r.text, "axxxxxb");
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(fake.fetches(), 5);
+    assert_eq!(
+        fake.omitted(),
+        vec![(
+            "/self".to_owned(),
+            FailureReason::DepthExceeded(5).to_string()
+        )]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_failure_nothing_handles_leaves_the_include_out() {
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/500", status(500)),
+        ("/a", frag(5, "A")),
+        ("/outer", esi_frag(0, r#"O<esi:include src="/404"/>o"#)),
+    ]);
+    // Failure known at once (refused by the fetcher) and failure by status.
+    let r = run(
+        r#"<esi:include src="/nope"/>before<esi:include src="/404" alt="/500"/>[<esi:include src="/a"/>]after"#,
+        &fake,
+        omit(),
+    )
+    .await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.text, "before[A]after");
+    let srcs: Vec<String> = fake.omitted().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(srcs, vec!["/nope".to_owned(), "/404".to_owned()]);
+
+    // In a nested fragment only the failed include is left out.
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/outer", esi_frag(0, r#"O<esi:include src="/404"/>o"#)),
+    ]);
+    let r = run(r#"<esi:include src="/outer"/>."#, &fake, omit()).await;
+    assert_eq!(r.text, "Oo.");
+    assert_eq!(fake.omitted().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn omit_mode_keeps_every_fallback_the_page_asks_for() {
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/a", frag(0, "A")),
+        ("/e", frag(0, "E")),
+        ("/outer", esi_frag(0, r#"<esi:include src="/404"/>o"#)),
+    ]);
+    // A nested failure still falls back to the outer include's alt (none of
+    // the outer fragment was written yet).
+    let r = run(r#"<esi:include src="/outer" alt="/a"/>."#, &fake, omit()).await;
+    assert_eq!(r.text, "A.");
+    // A failure in esi:attempt still selects esi:except.
+    let r = run(
+        r#"<esi:try><esi:attempt>a<esi:include src="/outer"/></esi:attempt><esi:except><esi:include src="/e"/></esi:except></esi:try>."#,
+        &fake,
+        omit(),
+    )
+    .await;
+    assert_eq!(r.text, "E.");
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+    // A failure in esi:except is left out, with the rest of the page kept.
+    let r = run(
+        r#"<esi:try><esi:attempt><esi:include src="/404"/></esi:attempt><esi:except>e<esi:include src="/404"/>!</esi:except></esi:try>."#,
+        &fake,
+        omit(),
+    )
+    .await;
+    assert_eq!(r.text, "e!.");
+    assert!(r.error.is_none());
+    assert_eq!(fake.omitted().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn omit_mode_after_part_of_a_fragment_was_written_skips_only_its_rest() {
+    let broken = Frag {
+        chunks: vec![(Duration::ZERO, "p1"), (10 * MS, "p2")],
+        body_error: true,
+        ..frag(0, "")
+    };
+    let fake = Fake::new([("/broken", broken)]);
+    let r = run(r#"<esi:include src="/broken"/>after"#, &fake, omit()).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert!(
+        r.text.starts_with("p1") && r.text.ends_with("after"),
+        "{}",
+        r.text
+    );
+    assert_eq!(fake.omitted().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
