@@ -144,5 +144,8 @@ mod tests {
             ProxyError::BadRequest("x".into()).to_response().status(),
             400
         );
+        let esi = ProxyError::Esi("include /x failed: status 500".into());
+        assert_eq!(esi.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(esi.blame(), Blame::Origin);
     }
 }

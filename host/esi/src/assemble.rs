@@ -35,6 +35,11 @@ const OUTPUT_BUFFER: usize = 16;
 /// Ready pieces smaller than this together are written as one chunk.
 const COALESCE_BYTES: usize = 16 * 1024;
 
+/// Page text read ahead of a pending include: past it the page body is not
+/// read further until the include ahead of it is written (backpressure on
+/// the page's origin, or on a gzip page's decoding).
+pub const MAX_PAGE_AHEAD: usize = 16 * 1024 * 1024;
+
 /// Limits applied to one page (counting its nested fragments).
 #[derive(Debug, Clone)]
 pub struct EsiLimits {
@@ -398,6 +403,15 @@ enum Slot {
     Child(Child),
 }
 
+impl Slot {
+    fn ready_len(&self) -> usize {
+        match self {
+            Slot::Ready(b) => b.len(),
+            Slot::Child(_) => 0,
+        }
+    }
+}
+
 /// What the document's time limit means when it expires.
 #[derive(Debug, Clone, Copy)]
 enum Expiry {
@@ -537,20 +551,28 @@ fn drive<'a>(
     Box::pin(async move {
         let mut slots: VecDeque<Slot> = VecDeque::new();
         let mut input_open = true;
+        // Bytes of the ready slots, all behind a child once the head ones are written.
+        let mut ready_bytes = 0usize;
         loop {
             while let Some(b) = take_ready(&mut slots) {
+                ready_bytes -= b.len();
                 out.data(b).await?;
             }
             if !input_open && slots.is_empty() {
                 return Ok(());
             }
+            // Only the page holds back its input: a fragment's driver holds a
+            // concurrency slot, which the include ahead of it may need.
+            let read_input = input_open && (depth > 0 || ready_bytes < MAX_PAGE_AHEAD);
             let head = match slots.front_mut() {
                 Some(Slot::Child(c)) => Some(&mut c.rx),
                 _ => None,
             };
-            match next_step(head, &mut source, input_open).await {
+            match next_step(head, &mut source, read_input).await {
                 Step::Input(Ok(Some(nodes))) => {
-                    eval_nodes(&nodes, &page, depth, handled, &mut slots)
+                    let before = slots.len();
+                    eval_nodes(&nodes, &page, depth, handled, &mut slots);
+                    ready_bytes += slots.range(before..).map(Slot::ready_len).sum::<usize>();
                 }
                 Step::Input(Ok(None)) => input_open = false,
                 Step::Input(Err(reason)) => return Err(DriveError::Source(reason)),

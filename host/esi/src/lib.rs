@@ -88,6 +88,12 @@
 //! rest of it is skipped. `esi:attempt` content is buffered until all of it
 //! is ready; `esi:except` is only fetched after the attempt failed. Every
 //! failure is logged (`tracing` warn) with the src and the reason.
+//!
+//! Buffering: page text read while an include ahead of it is pending is
+//! held; past [`MAX_PAGE_AHEAD`] (16 MiB) the page body is not read further
+//! until that include is written. Fragment output that arrives before its
+//! turn is still held without a bound (a fragment is bounded only by its
+//! include timeout and the page deadline).
 
 pub mod assemble;
 pub mod expr;
@@ -98,7 +104,7 @@ pub mod vars;
 
 pub use assemble::{
     EsiError, EsiLimits, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher,
-    OnIncludeError, assemble, assemble_parsed,
+    MAX_PAGE_AHEAD, OnIncludeError, assemble, assemble_parsed,
 };
 pub use expr::{CmpOp, EvalError, Expr, ExprError};
 pub use parser::{

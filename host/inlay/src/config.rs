@@ -1124,6 +1124,19 @@ mod tests {
     }
 
     #[test]
+    fn esi_failures_are_left_out_unless_fail_is_asked_for() {
+        let base = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[esi]\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.esi.on_include_error, inlay_esi::OnIncludeError::Omit);
+        let c = Config::from_toml(&format!("{base}on_include_error = \"fail\"")).unwrap();
+        assert_eq!(c.esi.on_include_error, inlay_esi::OnIncludeError::Fail);
+        let err = Config::from_toml(&format!("{base}on_include_error = \"cut\"")).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("esi.on_include_error"), "{text}");
+        assert!(text.contains("\"cut\""), "{text}");
+    }
+
+    #[test]
     fn syntax_errors_are_reported() {
         let err = Config::from_toml("[server\nlisten=").unwrap_err();
         assert!(matches!(err, ConfigError::Syntax(_)));

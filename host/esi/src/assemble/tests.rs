@@ -981,3 +981,42 @@ async fn a_parsed_template_assembles_like_its_body() {
     assert_eq!(text, "<p>F-Ryes</p>");
     assert_eq!(text, streamed);
 }
+
+#[tokio::test(start_paused = true)]
+async fn page_text_is_not_read_far_ahead_of_a_pending_include() {
+    let fake = Fake::new([("/slow", frag(100, "S"))]);
+    const MIB: usize = 1024 * 1024;
+    let chunks = 2 * MAX_PAGE_AHEAD / MIB;
+    // When each page chunk was read.
+    let pulled: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let t0 = Instant::now();
+    let body = {
+        let pulled = Arc::clone(&pulled);
+        let first = stream::iter([Ok::<_, BoxError>(Bytes::from_static(
+            b"<esi:include src=\"/slow\"/>",
+        ))]);
+        let rest = stream::iter(0..chunks).map(move |_| {
+            pulled.lock().expect("pulled").push(t0.elapsed());
+            Ok::<_, BoxError>(Bytes::from(vec![b'a'; MIB]))
+        });
+        first.chain(rest).boxed()
+    };
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(&fake) as _;
+    let mut out = assemble(body, Arc::new(EsiVars::new()), fetcher, omit());
+    let mut len = 0;
+    let mut first = None;
+    while let Some(item) = out.next().await {
+        let b = item.expect("no error");
+        first.get_or_insert(b[0]);
+        len += b.len();
+    }
+    assert_eq!(first, Some(b'S'));
+    assert_eq!(len, 1 + chunks * MIB, "the whole page, in order");
+    let pulled = pulled.lock().expect("pulled");
+    let early = pulled.iter().filter(|t| **t < 100 * MS).count();
+    assert_eq!(
+        early,
+        MAX_PAGE_AHEAD / MIB,
+        "while /slow is pending, the page is read up to the limit only"
+    );
+}
