@@ -12,15 +12,15 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tracing::{debug, warn};
@@ -58,6 +58,13 @@ pub struct EsiLimits {
     pub page_deadline: Duration,
     /// What an include failure that nothing handles does to the page.
     pub on_include_error: OnIncludeError,
+    /// Fragment output held per page before its turn (bytes of includes
+    /// that are not at the front of the page, and `esi:attempt` content).
+    /// A fragment that is ahead waits for room (giving back its concurrency
+    /// slot; its include timeout is extended by the wait); output at the
+    /// front of the page never waits. One chunk may pass it when nothing
+    /// else is held. An `esi:attempt` holding more fails (to `esi:except`).
+    pub max_buffered_bytes: usize,
 }
 
 /// What happens when an include fails and neither its `alt`, its
@@ -84,6 +91,7 @@ impl Default for EsiLimits {
             include_timeout: Duration::from_secs(5),
             page_deadline: Duration::from_secs(30),
             on_include_error: OnIncludeError::Omit,
+            max_buffered_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -194,6 +202,9 @@ pub enum FailureReason {
     /// The task serving the include ended without an answer (a panic).
     #[error("include task ended unexpectedly")]
     TaskLost,
+    /// An `esi:attempt` held more than [`EsiLimits::max_buffered_bytes`].
+    #[error("esi:attempt content larger than {0} bytes")]
+    TooLarge(usize),
 }
 
 /// Why the assembled page ended early. The output stream yields this after
@@ -229,8 +240,8 @@ struct Failed {
 /// What a child task sends to its slot.
 #[derive(Debug)]
 enum Ev {
-    /// Output bytes.
-    Data(Bytes),
+    /// Output bytes, with what they are charged to the page's budget.
+    Data(Bytes, Option<Charge>),
     /// Discard the data sent so far: the source failed, a fallback follows.
     Reset,
     /// The child is complete.
@@ -261,6 +272,131 @@ struct Page {
     permits: Arc<Semaphore>,
     includes: AtomicUsize,
     deadline: Instant,
+    budget: Arc<Budget>,
+}
+
+/// The bytes a page holds before their turn (see
+/// [`EsiLimits::max_buffered_bytes`]). Hand-written rather than a tokio
+/// `Semaphore` because `esi:attempt` buffers are charged past the limit.
+struct Budget {
+    limit: usize,
+    used: Mutex<usize>,
+    /// Signalled when bytes are released or a slot reaches the head of its
+    /// queue (either may let a waiting fragment go on).
+    changed: Notify,
+    /// The most ever charged at once (for tests).
+    peak: AtomicUsize,
+}
+
+impl Budget {
+    fn new(limit: usize) -> Self {
+        Budget {
+            limit,
+            used: Mutex::new(0),
+            changed: Notify::new(),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    /// Charge `n` bytes if they fit (or nothing else is held).
+    fn try_charge(self: &Arc<Self>, n: usize) -> Option<Charge> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if *used != 0 && used.saturating_add(n) > self.limit {
+            return None;
+        }
+        *used += n;
+        self.peak.fetch_max(*used, Ordering::Relaxed);
+        Some(Charge {
+            budget: Arc::clone(self),
+            n,
+        })
+    }
+
+    /// Charge `n` bytes whatever is held.
+    fn force(self: &Arc<Self>, n: usize) -> Charge {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_add(n);
+        self.peak.fetch_max(*used, Ordering::Relaxed);
+        Charge {
+            budget: Arc::clone(self),
+            n,
+        }
+    }
+}
+
+/// Bytes charged to a page's [`Budget`], released when dropped (when the
+/// bytes are written to the page output or thrown away).
+struct Charge {
+    budget: Arc<Budget>,
+    n: usize,
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Charge({})", self.n)
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(self.n);
+        drop(used);
+        self.budget.changed.notify_waiters();
+    }
+}
+
+/// Where a document's output stands: at the front of the page when it and
+/// every document it is nested in are at the head of their parent's queue.
+/// The page and every `esi:attempt` are roots (an attempt's buffer is
+/// charged as it fills, never waits).
+struct Position {
+    head: AtomicBool,
+    parent: Option<Arc<Position>>,
+}
+
+impl Position {
+    fn root() -> Arc<Self> {
+        Arc::new(Position {
+            head: AtomicBool::new(true),
+            parent: None,
+        })
+    }
+
+    fn child(parent: &Arc<Position>) -> Arc<Self> {
+        Arc::new(Position {
+            head: AtomicBool::new(false),
+            parent: Some(Arc::clone(parent)),
+        })
+    }
+
+    fn at_front(&self) -> bool {
+        let mut p = self;
+        loop {
+            if !p.head.load(Ordering::Acquire) {
+                return false;
+            }
+            match &p.parent {
+                Some(parent) => p = parent,
+                None => return true,
+            }
+        }
+    }
+}
+
+/// A fragment's time limit and concurrency slot, shared by its body reader
+/// and its output (which gives the slot back while it waits for budget, and
+/// extends the time limit by the wait).
+struct Lease {
+    until: Instant,
+    expiry: Expiry,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+type SharedLease = Arc<Mutex<Lease>>;
+
+fn lock(lease: &SharedLease) -> std::sync::MutexGuard<'_, Lease> {
+    lease.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Aborts a task when dropped, so dropping a slot cancels its fetch.
@@ -277,28 +413,79 @@ enum Out {
     /// The page output (bounded: a slow client holds the page driver back).
     Page(mpsc::Sender<Result<Bytes, EsiError>>),
     /// A slot of the parent document; `sent` records whether data went out
-    /// since the last reset.
+    /// since the last reset. Data not at the front of the page is charged
+    /// to the page's budget (waiting for room) before it is sent.
     Slot {
         tx: mpsc::UnboundedSender<Ev>,
         sent: bool,
+        pos: Arc<Position>,
+        page: Arc<Page>,
+        /// The fragment being served, if it holds a time limit and a slot.
+        lease: Option<SharedLease>,
     },
-    /// An `esi:attempt`, released only when all of it succeeded.
-    Buffer(Vec<Bytes>),
+    /// An `esi:attempt`, released only when all of it succeeded; every
+    /// chunk is charged, and more than the budget's limit fails it.
+    Buffer {
+        chunks: Vec<(Bytes, Option<Charge>)>,
+        len: usize,
+        budget: Arc<Budget>,
+    },
 }
 
 impl Out {
+    fn slot(tx: mpsc::UnboundedSender<Ev>, pos: Arc<Position>, page: Arc<Page>) -> Self {
+        Out::Slot {
+            tx,
+            sent: false,
+            pos,
+            page,
+            lease: None,
+        }
+    }
+
     async fn data(&mut self, b: Bytes) -> Result<(), DriveError> {
+        self.put(b, None).await
+    }
+
+    /// Write `b`, keeping `charge` (if any) with it until it is written to
+    /// the page output.
+    async fn put(&mut self, b: Bytes, charge: Option<Charge>) -> Result<(), DriveError> {
         if b.is_empty() {
             return Ok(());
         }
         match self {
-            Out::Page(tx) => tx.send(Ok(b)).await.map_err(|_| DriveError::Closed),
-            Out::Slot { tx, sent } => {
-                *sent = true;
-                tx.send(Ev::Data(b)).map_err(|_| DriveError::Closed)
+            Out::Page(tx) => {
+                let r = tx.send(Ok(b)).await.map_err(|_| DriveError::Closed);
+                drop(charge);
+                r
             }
-            Out::Buffer(v) => {
-                v.push(b);
+            Out::Slot {
+                tx,
+                sent,
+                pos,
+                page,
+                lease,
+            } => {
+                let charge = match charge {
+                    Some(c) => Some(c),
+                    None => wait_for_budget(page, pos, lease.as_ref(), b.len()).await,
+                };
+                *sent = true;
+                tx.send(Ev::Data(b, charge)).map_err(|_| DriveError::Closed)
+            }
+            Out::Buffer {
+                chunks,
+                len,
+                budget,
+            } => {
+                let n = b.len();
+                let charge = charge.unwrap_or_else(|| budget.force(n));
+                chunks.push((b, Some(charge)));
+                *len = len.saturating_add(n);
+                if *len > budget.limit {
+                    chunks.clear();
+                    return Err(DriveError::Source(FailureReason::TooLarge(budget.limit)));
+                }
                 Ok(())
             }
         }
@@ -313,9 +500,63 @@ impl Out {
     }
 }
 
+/// Charge `n` bytes at `pos` to the page's budget: nothing at the front of
+/// the page (which never waits), else wait until they fit. While waiting,
+/// the fragment's concurrency slot is given back (a fragment ahead may need
+/// it) and its time limit is extended by the wait.
+async fn wait_for_budget(
+    page: &Page,
+    pos: &Position,
+    lease: Option<&SharedLease>,
+    n: usize,
+) -> Option<Charge> {
+    let mut waiting_since = None;
+    let mut gave_back = false;
+    let charge = loop {
+        let changed = page.budget.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if pos.at_front() {
+            break None;
+        }
+        if let Some(c) = page.budget.try_charge(n) {
+            break Some(c);
+        }
+        if waiting_since.is_none() {
+            waiting_since = Some(Instant::now());
+            if let Some(lease) = lease {
+                gave_back = lock(lease).permit.take().is_some();
+            }
+        }
+        changed.await;
+    };
+    if let (Some(since), Some(lease)) = (waiting_since, lease) {
+        let permit = if gave_back {
+            Arc::clone(&page.permits).acquire_owned().await.ok()
+        } else {
+            None
+        };
+        let waited = since.elapsed();
+        let mut l = lock(lease);
+        if gave_back {
+            l.permit = permit;
+        }
+        match l.until.checked_add(waited) {
+            Some(t) if t < page.deadline => l.until = t,
+            _ => {
+                l.until = page.deadline;
+                l.expiry = Expiry::Page;
+            }
+        }
+    }
+    charge
+}
+
 /// A child whose output is not fully written yet.
 struct Child {
     rx: mpsc::UnboundedReceiver<Ev>,
+    /// Its position, marked head when it reaches the head of the queue.
+    pos: Arc<Position>,
     _task: AbortOnDrop,
     /// The include src (or `esi:try`), for logs.
     label: String,
@@ -335,7 +576,11 @@ struct Child {
 impl Child {
     /// Apply a batch of events; returns the data to write and whether the
     /// child is complete.
-    fn apply(&mut self, events: Vec<Ev>) -> Result<(Vec<Bytes>, bool), DriveError> {
+    #[allow(clippy::type_complexity)]
+    fn apply(
+        &mut self,
+        events: Vec<Ev>,
+    ) -> Result<(Vec<(Bytes, Option<Charge>)>, bool), DriveError> {
         let mut data = Vec::new();
         if events.is_empty() {
             // The channel closed without End or Fail: the task died (a
@@ -360,7 +605,7 @@ impl Child {
                 continue;
             }
             match ev {
-                Ev::Data(b) => data.push(b),
+                Ev::Data(b, c) => data.push((b, c)),
                 Ev::Reset if !self.forwarded => data.clear(),
                 Ev::Reset if self.onerror_continue => {
                     self.omit(&FailureReason::Truncated);
@@ -454,10 +699,9 @@ enum Source {
     Stream {
         body: BoxStream<'static, Result<Bytes, BoxError>>,
         parser: Option<EsiParser>,
-        until: Instant,
-        expiry: Expiry,
-        /// The concurrency slot held while this fragment's body is read.
-        permit: Option<OwnedSemaphorePermit>,
+        /// The time limit, and the concurrency slot held while this
+        /// fragment's body is read.
+        lease: SharedLease,
     },
 }
 
@@ -470,28 +714,29 @@ impl Source {
             Source::Stream {
                 body,
                 parser,
-                until,
-                expiry,
-                permit,
+                lease,
             } => {
                 let Some(p) = parser.as_mut() else {
                     return Ok(None);
                 };
-                match timeout_at(*until, body.next()).await {
+                let until = lock(lease).until;
+                let r = timeout_at(until, body.next()).await;
+                let mut lease = lock(lease);
+                match r {
                     Ok(Some(Ok(chunk))) => Ok(Some(Nodes::Owned(p.feed_bytes(chunk)))),
                     Ok(None) => {
-                        *permit = None;
+                        lease.permit = None;
                         Ok(parser.take().map(|p| Nodes::Owned(p.finish())))
                     }
                     Ok(Some(Err(e))) => {
-                        *permit = None;
+                        lease.permit = None;
                         *parser = None;
                         Err(FailureReason::Body(e))
                     }
                     Err(_) => {
-                        *permit = None;
+                        lease.permit = None;
                         *parser = None;
-                        Err(expiry.reason())
+                        Err(lease.expiry.reason())
                     }
                 }
             }
@@ -541,9 +786,11 @@ async fn next_step(
 /// Assemble one document into `out`. `handled`: a failure in this document
 /// has a fallback above it (an enclosing `alt`, `onerror="continue"` or
 /// `esi:attempt`), so [`OnIncludeError::Omit`] does not apply to its includes.
+/// `pos`: where the document's output stands (its children are placed under it).
 fn drive<'a>(
     mut source: Source,
     page: Arc<Page>,
+    pos: Arc<Position>,
     depth: u32,
     handled: bool,
     out: &'a mut Out,
@@ -561,6 +808,12 @@ fn drive<'a>(
             if !input_open && slots.is_empty() {
                 return Ok(());
             }
+            if let Some(Slot::Child(c)) = slots.front()
+                && !c.pos.head.swap(true, Ordering::AcqRel)
+            {
+                // It may be at the front of the page now: wake it if it waits.
+                page.budget.changed.notify_waiters();
+            }
             // Only the page holds back its input: a fragment's driver holds a
             // concurrency slot, which the include ahead of it may need.
             let read_input = input_open && (depth > 0 || ready_bytes < MAX_PAGE_AHEAD);
@@ -571,7 +824,7 @@ fn drive<'a>(
             match next_step(head, &mut source, read_input).await {
                 Step::Input(Ok(Some(nodes))) => {
                     let before = slots.len();
-                    eval_nodes(&nodes, &page, depth, handled, &mut slots);
+                    eval_nodes(&nodes, &page, &pos, depth, handled, &mut slots);
                     ready_bytes += slots.range(before..).map(Slot::ready_len).sum::<usize>();
                 }
                 Step::Input(Ok(None)) => input_open = false,
@@ -587,8 +840,8 @@ fn drive<'a>(
                     if done {
                         slots.pop_front();
                     }
-                    for b in data {
-                        out.data(b).await?;
+                    for (b, charge) in data {
+                        out.put(b, charge).await?;
                     }
                 }
             }
@@ -629,6 +882,7 @@ fn take_ready(slots: &mut VecDeque<Slot>) -> Option<Bytes> {
 fn eval_nodes(
     nodes: &[Node],
     page: &Arc<Page>,
+    pos: &Arc<Position>,
     depth: u32,
     handled: bool,
     slots: &mut VecDeque<Slot>,
@@ -675,9 +929,12 @@ fn eval_nodes(
                 };
                 let (tx, rx) = mpsc::unbounded_channel();
                 debug!(src = %src, depth = depth + 1, "esi include seen");
-                let task = tokio::spawn(include_task(job, first, Arc::clone(page), depth + 1, tx));
+                let child_pos = Position::child(pos);
+                let out = Out::slot(tx, Arc::clone(&child_pos), Arc::clone(page));
+                let task = tokio::spawn(include_task(job, first, Arc::clone(page), depth + 1, out));
                 slots.push_back(Slot::Child(Child {
                     rx,
+                    pos: child_pos,
                     _task: AbortOnDrop(task),
                     label: src,
                     onerror_continue: inc.onerror_continue || omit,
@@ -687,20 +944,30 @@ fn eval_nodes(
                 }));
             }
             Node::Choose(c) => {
-                eval_nodes(c.selected_body(&page.vars), page, depth, handled, slots);
+                eval_nodes(
+                    c.selected_body(&page.vars),
+                    page,
+                    pos,
+                    depth,
+                    handled,
+                    slots,
+                );
             }
             Node::Try(t) => {
                 let (tx, rx) = mpsc::unbounded_channel();
+                let child_pos = Position::child(pos);
+                let out = Out::slot(tx, Arc::clone(&child_pos), Arc::clone(page));
                 let task = tokio::spawn(try_task(
                     t.clone(),
                     Arc::clone(page),
                     depth,
                     handled,
                     omit,
-                    tx,
+                    out,
                 ));
                 slots.push_back(Slot::Child(Child {
                     rx,
+                    pos: child_pos,
                     _task: AbortOnDrop(task),
                     label: "esi:try".to_owned(),
                     onerror_continue: omit,
@@ -749,7 +1016,7 @@ async fn include_task(
     first_fetch: Option<Fetch>,
     page: Arc<Page>,
     depth: u32,
-    tx: mpsc::UnboundedSender<Ev>,
+    mut out: Out,
 ) {
     let IncludeJob {
         src,
@@ -758,10 +1025,10 @@ async fn include_task(
         src_handled,
         alt_handled,
     } = job;
-    let mut out = Out::Slot {
-        tx: tx.clone(),
-        sent: false,
+    let Out::Slot { tx, .. } = &out else {
+        return;
     };
+    let tx = tx.clone();
     let first = match serve(&src, first_fetch, &page, depth, src_handled, &mut out).await {
         Ok(()) => {
             let _ = tx.send(Ev::End);
@@ -831,6 +1098,23 @@ async fn serve(
         Fetch::Ready(body) => return out.data(body).await,
         Fetch::Pending(f) => f,
     };
+    let r = serve_pending(src, pending, page, depth, handled, out).await;
+    if let Out::Slot { lease, .. } = out {
+        *lease = None;
+    }
+    r
+}
+
+/// The part of [`serve`] that holds a concurrency slot.
+async fn serve_pending(
+    src: &str,
+    pending: BoxFuture<'static, Result<Fragment, FragmentError>>,
+    page: &Arc<Page>,
+    depth: u32,
+    handled: bool,
+    out: &mut Out,
+) -> Result<(), DriveError> {
+    let fail = |r| Err(DriveError::Source(r));
     let permit = match timeout_at(page.deadline, Arc::clone(&page.permits).acquire_owned()).await {
         Ok(Ok(p)) => p,
         Ok(Err(_)) => return fail(FailureReason::TaskLost),
@@ -850,44 +1134,60 @@ async fn serve(
     if !(200..300).contains(&frag.status) {
         return fail(FailureReason::Status(frag.status));
     }
+    let lease = Arc::new(Mutex::new(Lease {
+        until,
+        expiry,
+        permit: Some(permit),
+    }));
+    let pos = match out {
+        Out::Slot { lease: l, pos, .. } => {
+            *l = Some(Arc::clone(&lease));
+            Arc::clone(pos)
+        }
+        // An attempt serves its includes through slots; keep a root anyway.
+        _ => Position::root(),
+    };
     if frag.esi {
         let source = Source::Stream {
             body: frag.body,
             parser: Some(EsiParser::new()),
-            until,
-            expiry,
-            permit: Some(permit),
+            lease,
         };
-        return drive(source, Arc::clone(page), depth, handled, out).await;
+        return drive(source, Arc::clone(page), pos, depth, handled, out).await;
     }
     let mut body = frag.body;
     loop {
+        let until = lock(&lease).until;
         match timeout_at(until, body.next()).await {
             Ok(Some(Ok(b))) => out.data(b).await?,
             Ok(None) => break,
             Ok(Some(Err(e))) => return fail(FailureReason::Body(e)),
-            Err(_) => return fail(expiry.reason()),
+            Err(_) => return fail(lock(&lease).expiry.reason()),
         }
     }
-    drop(permit);
+    lock(&lease).permit = None;
     Ok(())
 }
 
 /// Run `esi:attempt` into a buffer; on any failure run `esi:except` instead.
 /// `handled` is the try block's own (its attempt is always handled);
 /// `omit`: a failure of `esi:except` leaves the block out.
-async fn try_task(
-    t: Try,
-    page: Arc<Page>,
-    depth: u32,
-    handled: bool,
-    omit: bool,
-    tx: mpsc::UnboundedSender<Ev>,
-) {
-    let mut buf = Out::Buffer(Vec::new());
+async fn try_task(t: Try, page: Arc<Page>, depth: u32, handled: bool, omit: bool, mut out: Out) {
+    let Out::Slot { tx, pos, .. } = &out else {
+        return;
+    };
+    let (tx, pos) = (tx.clone(), Arc::clone(pos));
+    let mut buf = Out::Buffer {
+        chunks: Vec::new(),
+        len: 0,
+        budget: Arc::clone(&page.budget),
+    };
+    // The attempt is a root: it fills its buffer without waiting (charged
+    // as it fills) and fails when the buffer is over the limit.
     let attempt = drive(
         Source::Nodes(Some(Nodes::Owned(t.attempt))),
         Arc::clone(&page),
+        Position::root(),
         depth,
         true,
         &mut buf,
@@ -895,9 +1195,9 @@ async fn try_task(
     .await;
     match attempt {
         Ok(()) => {
-            if let Out::Buffer(chunks) = buf {
-                for b in chunks {
-                    if tx.send(Ev::Data(b)).is_err() {
+            if let Out::Buffer { chunks, .. } = buf {
+                for (b, charge) in chunks {
+                    if tx.send(Ev::Data(b, charge)).is_err() {
                         return;
                     }
                 }
@@ -908,13 +1208,10 @@ async fn try_task(
         Err(e) => {
             warn!(reason = %failure_reason(e), "esi:attempt failed; using esi:except");
             drop(buf);
-            let mut out = Out::Slot {
-                tx: tx.clone(),
-                sent: false,
-            };
             let failed = match drive(
                 Source::Nodes(Some(Nodes::Owned(t.except))),
                 page,
+                pos,
                 depth,
                 handled,
                 &mut out,
@@ -1002,12 +1299,24 @@ fn start(
     fetcher: Arc<dyn FragmentFetcher>,
     limits: EsiLimits,
 ) -> BoxStream<'static, Result<Bytes, EsiError>> {
+    start_page(input, vars, fetcher, limits).0
+}
+
+/// [`start`], also giving the page's budget (tests watch its peak).
+fn start_page(
+    input: PageInput,
+    vars: Arc<EsiVars>,
+    fetcher: Arc<dyn FragmentFetcher>,
+    limits: EsiLimits,
+) -> (BoxStream<'static, Result<Bytes, EsiError>>, Arc<Budget>) {
     let now = Instant::now();
     let deadline = now
         .checked_add(limits.page_deadline)
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
     let permits = limits.max_concurrency.clamp(1, Semaphore::MAX_PERMITS);
+    let budget = Arc::new(Budget::new(limits.max_buffered_bytes));
     let page = Arc::new(Page {
+        budget: Arc::clone(&budget),
         vars,
         fetcher,
         permits: Arc::new(Semaphore::new(permits)),
@@ -1017,10 +1326,11 @@ fn start(
     });
     let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
     let driver = tokio::spawn(page_task(input, page, tx));
-    Box::pin(Assembled {
+    let out = Box::pin(Assembled {
         rx,
         _driver: AbortOnDrop(driver),
-    })
+    });
+    (out, budget)
 }
 
 async fn page_task(input: PageInput, page: Arc<Page>, tx: mpsc::Sender<Result<Bytes, EsiError>>) {
@@ -1028,14 +1338,16 @@ async fn page_task(input: PageInput, page: Arc<Page>, tx: mpsc::Sender<Result<By
         PageInput::Stream(body) => Source::Stream {
             body,
             parser: Some(EsiParser::new()),
-            until: page.deadline,
-            expiry: Expiry::Page,
-            permit: None,
+            lease: Arc::new(Mutex::new(Lease {
+                until: page.deadline,
+                expiry: Expiry::Page,
+                permit: None,
+            })),
         },
         PageInput::Parsed(nodes) => Source::Nodes(Some(Nodes::Shared(nodes))),
     };
     let mut out = Out::Page(tx.clone());
-    let err = match drive(source, page, 0, false, &mut out).await {
+    let err = match drive(source, page, Position::root(), 0, false, &mut out).await {
         Ok(()) | Err(DriveError::Closed) => return,
         Err(DriveError::Source(FailureReason::Body(e))) => EsiError::Body(e),
         Err(DriveError::Source(_)) => EsiError::PageDeadline,

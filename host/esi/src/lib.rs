@@ -92,8 +92,11 @@
 //! Buffering: page text read while an include ahead of it is pending is
 //! held; past [`MAX_PAGE_AHEAD`] (16 MiB) the page body is not read further
 //! until that include is written. Fragment output that arrives before its
-//! turn is still held without a bound (a fragment is bounded only by its
-//! include timeout and the page deadline).
+//! turn, and `esi:attempt` content, is charged to a per-page budget
+//! ([`EsiLimits::max_buffered_bytes`]): a fragment that is ahead waits for
+//! room (giving back its concurrency slot, its include timeout extended by
+//! the wait); the front of the page never waits; an attempt over the budget
+//! fails over to `esi:except`.
 
 pub mod assemble;
 pub mod expr;

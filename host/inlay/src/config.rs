@@ -148,6 +148,9 @@ pub struct EsiConfig {
     /// A failed include nothing handles is left out (`"omit"`) or ends the
     /// page (`"fail"`, ESI 1.0).
     pub on_include_error: inlay_esi::OnIncludeError,
+    /// Include output held per page before its turn (and `esi:attempt`
+    /// content); a fragment that is ahead waits for room.
+    pub max_buffered_bytes: usize,
 }
 
 /// `[policy]`.
@@ -947,8 +950,16 @@ impl Reader {
                 "page_deadline",
                 "forward_headers",
                 "on_include_error",
+                "max_buffered_bytes",
             ],
         );
+        let max_buffered_bytes = self.size(t, p, "max_buffered_bytes", 16 << 20);
+        if max_buffered_bytes < 64 << 10 {
+            self.err(
+                "esi.max_buffered_bytes",
+                format!("must be at least 64KiB, got {max_buffered_bytes}"),
+            );
+        }
         let forward_headers = self
             .strings(t, p, "forward_headers")
             .unwrap_or_else(|| {
@@ -978,6 +989,7 @@ impl Reader {
             page_deadline: self.duration(t, p, "page_deadline", Duration::from_secs(30)),
             forward_headers,
             on_include_error,
+            max_buffered_bytes: usize::try_from(max_buffered_bytes).unwrap_or(usize::MAX),
         }
     }
 
@@ -1134,6 +1146,17 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("esi.on_include_error"), "{text}");
         assert!(text.contains("\"cut\""), "{text}");
+    }
+
+    #[test]
+    fn esi_buffered_bytes_has_a_default_and_a_floor() {
+        let base = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[esi]\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.esi.max_buffered_bytes, 16 << 20);
+        let c = Config::from_toml(&format!("{base}max_buffered_bytes = \"1MiB\"")).unwrap();
+        assert_eq!(c.esi.max_buffered_bytes, 1 << 20);
+        let err = Config::from_toml(&format!("{base}max_buffered_bytes = 10")).unwrap_err();
+        assert!(err.to_string().contains("esi.max_buffered_bytes"), "{err}");
     }
 
     #[test]

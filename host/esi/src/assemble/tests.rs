@@ -230,6 +230,7 @@ fn limits() -> EsiLimits {
         include_timeout: Duration::from_secs(10),
         page_deadline: Duration::from_secs(60),
         on_include_error: OnIncludeError::Fail,
+        max_buffered_bytes: 16 * 1024 * 1024,
     }
 }
 
@@ -1019,4 +1020,194 @@ async fn page_text_is_not_read_far_ahead_of_a_pending_include() {
         MAX_PAGE_AHEAD / MIB,
         "while /slow is pending, the page is read up to the limit only"
     );
+}
+
+/// A fragment of `chunks` chunks of `size` bytes of `byte`, each chunk
+/// `every_ms` after the one before.
+fn big(delay_ms: u64, chunks: usize, size: usize, byte: u8, every_ms: u64) -> Frag {
+    let text: &'static str = Box::leak(
+        String::from_utf8(vec![byte; size])
+            .expect("ascii")
+            .into_boxed_str(),
+    );
+    Frag {
+        chunks: (0..chunks)
+            .map(|i| {
+                let d = if i == 0 { 0 } else { every_ms };
+                (Duration::from_millis(d), text)
+            })
+            .collect(),
+        ..frag(delay_ms, "")
+    }
+}
+
+/// Assemble `markup` to the end (a hang fails after 30 s of the paused
+/// clock, far past every delay below); the text and the page's budget peak.
+async fn run_budgeted(
+    markup: &'static str,
+    fake: &Arc<Fake>,
+    limits: EsiLimits,
+) -> (String, usize) {
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(fake) as _;
+    let (mut out, budget) = start_page(
+        PageInput::Stream(page(vec![(0, markup)])),
+        Arc::new(EsiVars::new()),
+        fetcher,
+        limits,
+    );
+    let collect = async {
+        let mut text = String::new();
+        while let Some(item) = out.next().await {
+            text.push_str(&String::from_utf8_lossy(&item.expect("no error")));
+        }
+        text
+    };
+    let text = tokio::time::timeout(Duration::from_secs(30), collect)
+        .await
+        .expect("the page hangs");
+    (text, budget.peak.load(Ordering::Relaxed))
+}
+
+fn tight(max_buffered_bytes: usize, max_concurrency: usize) -> EsiLimits {
+    EsiLimits {
+        max_buffered_bytes,
+        max_concurrency,
+        include_timeout: Duration::from_secs(10),
+        page_deadline: Duration::from_secs(3600),
+        ..limits()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragment_output_ahead_of_its_turn_is_bounded_by_the_budget() {
+    const MIB: usize = 1024 * 1024;
+    let srcs = [
+        "/f0", "/f1", "/f2", "/f3", "/f4", "/f5", "/f6", "/f7", "/f8", "/f9",
+    ];
+    let mut frags = vec![("/slow", frag(1000, "S"))];
+    for (i, src) in srcs.iter().enumerate() {
+        // 4 MiB each, in 1 MiB chunks, all at once.
+        frags.push((*src, big(0, 4, MIB, b'a' + i as u8, 0)));
+    }
+    let fake = Fake::new(frags);
+    let markup = "<esi:include src=\"/slow\"/><esi:include src=\"/f0\"/>\
+        <esi:include src=\"/f1\"/><esi:include src=\"/f2\"/><esi:include src=\"/f3\"/>\
+        <esi:include src=\"/f4\"/><esi:include src=\"/f5\"/><esi:include src=\"/f6\"/>\
+        <esi:include src=\"/f7\"/><esi:include src=\"/f8\"/><esi:include src=\"/f9\"/>";
+    let (text, peak) = run_budgeted(markup, &fake, tight(MIB, 16)).await;
+    let mut want = String::from("S");
+    for i in 0..10u8 {
+        want.push_str(&String::from_utf8(vec![b'a' + i; 4 * MIB]).expect("ascii"));
+    }
+    assert!(text == want, "the whole page, in order");
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+    assert!(peak > 0, "fragments ahead were held");
+    assert!(
+        peak <= 2 * MIB,
+        "held {peak} bytes: more than the budget and one chunk"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn backpressure_does_not_deadlock() {
+    // Each fragment is larger than the 4-byte budget; they finish in
+    // reverse order; some are ESI with nested fragments; serial and parallel.
+    let fake = Fake::new([
+        ("/a", big(300, 3, 10, b'a', 10)),
+        ("/b", big(200, 3, 10, b'b', 10)),
+        ("/c", big(100, 3, 10, b'c', 10)),
+        (
+            "/n",
+            esi_frag(50, "[<esi:include src=\"/c\"/>|<esi:include src=\"/b\"/>]"),
+        ),
+        ("/d", big(0, 3, 10, b'd', 0)),
+    ]);
+    let markup = "<esi:include src=\"/a\"/><esi:include src=\"/d\"/><esi:include src=\"/n\"/>\
+        <esi:include src=\"/d\"/><esi:include src=\"/b\"/>";
+    let want = format!(
+        "{}{}[{}|{}]{}{}",
+        "a".repeat(30),
+        "d".repeat(30),
+        "c".repeat(30),
+        "b".repeat(30),
+        "d".repeat(30),
+        "b".repeat(30)
+    );
+    for concurrency in [1, 2, 16] {
+        let (text, _) = run_budgeted(markup, &fake, tight(4, concurrency)).await;
+        assert_eq!(text, want, "max_concurrency {concurrency}");
+    }
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fragment_waiting_for_budget_gives_back_its_concurrency_slot() {
+    // One slot. /outer takes it, and when its body ends /b (waiting since
+    // the start) gets it before /a, which /outer includes. /b fills the
+    // budget and must give the slot back for /a, ahead of it, to run.
+    let fake = Fake::new([
+        (
+            "/outer",
+            Frag {
+                chunks: vec![
+                    (Duration::ZERO, "<"),
+                    (50 * MS, "<esi:include src=\"/a\"/>>"),
+                ],
+                ..esi_frag(0, "")
+            },
+        ),
+        ("/a", frag(100, "A")),
+        ("/b", big(0, 3, 10, b'b', 10)),
+    ]);
+    let markup = "<esi:include src=\"/outer\"/><esi:include src=\"/b\"/>";
+    let (text, _) = run_budgeted(markup, &fake, tight(4, 1)).await;
+    assert_eq!(text, format!("<A>{}", "b".repeat(30)));
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_budget_does_not_count_against_the_include_timeout() {
+    // The front of the page takes 1.6 s (two 800 ms includes, one after
+    // the other); /big waits for budget from 200 ms until then, longer
+    // than its 1 s include timeout.
+    let fake = Fake::new([
+        (
+            "/outer",
+            Frag {
+                chunks: vec![
+                    (Duration::ZERO, "<esi:include src=\"/s1\"/>"),
+                    (800 * MS, "<esi:include src=\"/s2\"/>"),
+                ],
+                ..esi_frag(0, "")
+            },
+        ),
+        ("/s1", frag(800, "1")),
+        ("/s2", frag(800, "2")),
+        // The third chunk comes 200 ms after the wait, past the 1 s.
+        ("/big", big(0, 3, 10, b'x', 200)),
+    ]);
+    let markup = "<esi:include src=\"/outer\"/><esi:include src=\"/big\"/>";
+    let limits = EsiLimits {
+        include_timeout: Duration::from_secs(1),
+        ..tight(4, 16)
+    };
+    let (text, _) = run_budgeted(markup, &fake, limits).await;
+    assert_eq!(text, format!("12{}", "x".repeat(30)));
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_larger_than_the_budget_falls_back_to_except() {
+    let fake = Fake::new([
+        ("/slow", frag(100, "S")),
+        ("/big", big(0, 3, 10, b'x', 10)),
+        ("/small", frag(0, "ok")),
+    ]);
+    let markup = "<esi:include src=\"/slow\"/>\
+        <esi:try><esi:attempt><esi:include src=\"/big\"/></esi:attempt>\
+        <esi:except>E</esi:except></esi:try>\
+        <esi:try><esi:attempt>[<esi:include src=\"/small\"/>]</esi:attempt>\
+        <esi:except>F</esi:except></esi:try>";
+    let (text, _) = run_budgeted(markup, &fake, tight(16, 1)).await;
+    assert_eq!(text, "SE[ok]");
 }

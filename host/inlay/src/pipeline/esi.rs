@@ -45,6 +45,7 @@ pub fn limits(cfg: &EsiConfig) -> EsiLimits {
         include_timeout: cfg.include_timeout,
         page_deadline: cfg.page_deadline,
         on_include_error: cfg.on_include_error,
+        max_buffered_bytes: cfg.max_buffered_bytes,
     }
 }
 
