@@ -62,7 +62,8 @@ pub struct EsiLimits {
     /// that are not at the front of the page, and `esi:attempt` content).
     /// A fragment that is ahead waits for room (giving back its concurrency
     /// slot; its include timeout is extended by the wait); output at the
-    /// front of the page never waits. One chunk may pass it when nothing
+    /// front of the page waits only for the client (up to as many bytes
+    /// not yet written to the page output), never for output behind it. One chunk may pass it when nothing
     /// else is held. An `esi:attempt` holding more fails (to `esi:except`).
     pub max_buffered_bytes: usize,
 }
@@ -272,7 +273,11 @@ struct Page {
     permits: Arc<Semaphore>,
     includes: AtomicUsize,
     deadline: Instant,
+    /// Output held before its turn.
     budget: Arc<Budget>,
+    /// Output at the front of the page not written to the page output yet
+    /// (it waits for the client, never for output behind it).
+    front: Arc<Budget>,
 }
 
 /// The bytes a page holds before their turn (see
@@ -413,8 +418,9 @@ enum Out {
     /// The page output (bounded: a slow client holds the page driver back).
     Page(mpsc::Sender<Result<Bytes, EsiError>>),
     /// A slot of the parent document; `sent` records whether data went out
-    /// since the last reset. Data not at the front of the page is charged
-    /// to the page's budget (waiting for room) before it is sent.
+    /// since the last reset. Data is charged (to the front budget at the
+    /// front of the page, else to the budget of held output), waiting for
+    /// room, before it is sent.
     Slot {
         tx: mpsc::UnboundedSender<Ev>,
         sent: bool,
@@ -467,11 +473,12 @@ impl Out {
                 lease,
             } => {
                 let charge = match charge {
-                    Some(c) => Some(c),
+                    Some(c) => c,
                     None => wait_for_budget(page, pos, lease.as_ref(), b.len()).await,
                 };
                 *sent = true;
-                tx.send(Ev::Data(b, charge)).map_err(|_| DriveError::Closed)
+                tx.send(Ev::Data(b, Some(charge)))
+                    .map_err(|_| DriveError::Closed)
             }
             Out::Buffer {
                 chunks,
@@ -479,7 +486,12 @@ impl Out {
                 budget,
             } => {
                 let n = b.len();
-                let charge = charge.unwrap_or_else(|| budget.force(n));
+                // Charged to the budget of held output, not the front's: the
+                // buffer is not written until the attempt is complete.
+                let charge = match charge {
+                    Some(c) if Arc::ptr_eq(&c.budget, budget) => c,
+                    _ => budget.force(n),
+                };
                 chunks.push((b, Some(charge)));
                 *len = len.saturating_add(n);
                 if *len > budget.limit {
@@ -500,8 +512,10 @@ impl Out {
     }
 }
 
-/// Charge `n` bytes at `pos` to the page's budget: nothing at the front of
-/// the page (which never waits), else wait until they fit. While waiting,
+/// Charge `n` bytes at `pos` to the page's budget, waiting until they fit:
+/// at the front of the page, to the front budget (which only the client's
+/// reading frees); else to the budget of output held before its turn
+/// (which the front's progress frees). While waiting,
 /// the fragment's concurrency slot is given back (a fragment ahead may need
 /// it) and its time limit is extended by the wait.
 async fn wait_for_budget(
@@ -509,18 +523,22 @@ async fn wait_for_budget(
     pos: &Position,
     lease: Option<&SharedLease>,
     n: usize,
-) -> Option<Charge> {
+) -> Charge {
     let mut waiting_since = None;
     let mut gave_back = false;
     let charge = loop {
-        let changed = page.budget.changed.notified();
+        // At the front: wait only for front output to be written (for the
+        // client). Else for room in the budget, or for reaching the front.
+        let at_front = pos.at_front();
+        let budget = if at_front { &page.front } else { &page.budget };
+        let changed = budget.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        if pos.at_front() {
-            break None;
+        if !at_front && pos.at_front() {
+            continue;
         }
-        if let Some(c) = page.budget.try_charge(n) {
-            break Some(c);
+        if let Some(c) = budget.try_charge(n) {
+            break c;
         }
         if waiting_since.is_none() {
             waiting_since = Some(Instant::now());
@@ -1317,6 +1335,7 @@ fn start_page(
     let budget = Arc::new(Budget::new(limits.max_buffered_bytes));
     let page = Arc::new(Page {
         budget: Arc::clone(&budget),
+        front: Arc::new(Budget::new(limits.max_buffered_bytes)),
         vars,
         fetcher,
         permits: Arc::new(Semaphore::new(permits)),

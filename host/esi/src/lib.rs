@@ -95,7 +95,8 @@
 //! turn, and `esi:attempt` content, is charged to a per-page budget
 //! ([`EsiLimits::max_buffered_bytes`]): a fragment that is ahead waits for
 //! room (giving back its concurrency slot, its include timeout extended by
-//! the wait); the front of the page never waits; an attempt over the budget
+//! the wait); the front of the page waits only for the client (a
+//! second budget of the same size), never for output behind it; an attempt over the budget
 //! fails over to `esi:except`.
 
 pub mod assemble;

@@ -1211,3 +1211,58 @@ async fn an_attempt_larger_than_the_budget_falls_back_to_except() {
     let (text, _) = run_budgeted(markup, &fake, tight(16, 1)).await;
     assert_eq!(text, "SE[ok]");
 }
+
+/// Serves `/big`: `chunks` chunks of 64 KiB, counting the chunks pulled.
+struct Counting {
+    chunks: usize,
+    pulled: Arc<AtomicUsize>,
+}
+
+impl FragmentFetcher for Counting {
+    fn fetch(&self, _src: &str) -> Fetch {
+        let pulled = Arc::clone(&self.pulled);
+        let body = stream::iter(0..self.chunks).map(move |_| {
+            pulled.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, BoxError>(Bytes::from(vec![b'x'; 64 * 1024]))
+        });
+        Fetch::Pending(Box::pin(std::future::ready(Ok(Fragment {
+            status: 200,
+            body: body.boxed(),
+            esi: false,
+        }))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_front_of_the_page_waits_for_a_slow_client() {
+    const MIB: usize = 1024 * 1024;
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::new(Counting {
+        chunks: 640,
+        pulled: Arc::clone(&pulled),
+    });
+    let mut out = assemble(
+        page(vec![(0, "<esi:include src=\"/big\"/>")]),
+        Arc::new(EsiVars::new()),
+        fetcher,
+        tight(MIB, 16),
+    );
+    let first = out.next().await.expect("a chunk").expect("ok");
+    // The client stops reading for a while.
+    sleep(Duration::from_secs(10)).await;
+    let held = pulled.load(Ordering::Relaxed) * 64 * 1024 - first.len();
+    // The budget and one chunk in flight, and the page output's chunks.
+    assert!(
+        held <= MIB + (1 + OUTPUT_BUFFER) * 64 * 1024,
+        "{held} bytes read ahead of a client that does not read"
+    );
+    let mut len = first.len();
+    while let Some(b) = out.next().await {
+        len += b.expect("ok").len();
+    }
+    assert_eq!(
+        len,
+        640 * 64 * 1024,
+        "the whole fragment once the client reads"
+    );
+}
