@@ -318,6 +318,11 @@ impl Budget {
     }
 
     /// Charge `n` bytes whatever is held.
+    /// Whether more may be charged now.
+    fn has_room(&self) -> bool {
+        *self.used.lock().unwrap_or_else(|e| e.into_inner()) < self.limit
+    }
+
     fn force(self: &Arc<Self>, n: usize) -> Charge {
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
         *used = used.saturating_add(n);
@@ -339,6 +344,26 @@ struct Charge {
 impl std::fmt::Debug for Charge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Charge({})", self.n)
+    }
+}
+
+impl Charge {
+    /// Charge `k` more, whatever is held.
+    fn grow(&mut self, k: usize) {
+        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_add(k);
+        self.budget.peak.fetch_max(*used, Ordering::Relaxed);
+        self.n = self.n.saturating_add(k);
+    }
+
+    /// Release `k` of it.
+    fn shrink(&mut self, k: usize) {
+        let k = k.min(self.n);
+        self.n -= k;
+        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used = used.saturating_sub(k);
+        drop(used);
+        self.budget.changed.notify_waiters();
     }
 }
 
@@ -396,6 +421,31 @@ struct Lease {
     until: Instant,
     expiry: Expiry,
     permit: Option<OwnedSemaphorePermit>,
+    /// The body is not read for want of budget: since when, and whether the
+    /// slot was given back.
+    paused: Option<(Instant, bool)>,
+}
+
+impl Lease {
+    fn new(until: Instant, expiry: Expiry, permit: Option<OwnedSemaphorePermit>) -> SharedLease {
+        Arc::new(Mutex::new(Lease {
+            until,
+            expiry,
+            permit,
+            paused: None,
+        }))
+    }
+
+    /// Extend the time limit by `waited`, up to the page deadline.
+    fn extend(&mut self, waited: Duration, deadline: Instant) {
+        match self.until.checked_add(waited) {
+            Some(t) if t < deadline => self.until = t,
+            _ => {
+                self.until = deadline;
+                self.expiry = Expiry::Page;
+            }
+        }
+    }
 }
 
 type SharedLease = Arc<Mutex<Lease>>;
@@ -559,13 +609,7 @@ async fn wait_for_budget(
         if gave_back {
             l.permit = permit;
         }
-        match l.until.checked_add(waited) {
-            Some(t) if t < page.deadline => l.until = t,
-            _ => {
-                l.until = page.deadline;
-                l.expiry = Expiry::Page;
-            }
-        }
+        l.extend(waited, page.deadline);
     }
     charge
 }
@@ -724,9 +768,37 @@ enum Source {
 }
 
 impl Source {
-    /// The next nodes; `None` at the end. Cancel-safe: the only await point
-    /// is the body read.
-    async fn next(&mut self) -> Result<Option<Nodes>, FailureReason> {
+    /// Stop reading for want of budget: give back the concurrency slot
+    /// (until [`Source::next`] reads again) and stop the clock.
+    fn pause(&mut self) {
+        if let Source::Stream { lease, parser, .. } = self
+            && parser.is_some()
+        {
+            let mut l = lock(lease);
+            if l.paused.is_none() {
+                let gave_back = l.permit.take().is_some();
+                l.paused = Some((Instant::now(), gave_back));
+            }
+        }
+    }
+
+    /// The next nodes; `None` at the end. Cancel-safe: the await points are
+    /// taking back the concurrency slot after a pause and the body read.
+    async fn next(&mut self, page: &Page) -> Result<Option<Nodes>, FailureReason> {
+        if let Source::Stream { lease, .. } = self {
+            let paused = lock(lease).paused;
+            if let Some((since, gave_back)) = paused {
+                let permit = if gave_back {
+                    Arc::clone(&page.permits).acquire_owned().await.ok()
+                } else {
+                    None
+                };
+                let mut l = lock(lease);
+                l.permit = permit;
+                l.paused = None;
+                l.extend(since.elapsed(), page.deadline);
+            }
+        }
         match self {
             Source::Nodes(n) => Ok(n.take()),
             Source::Stream {
@@ -765,6 +837,8 @@ impl Source {
 enum Step {
     Input(Result<Option<Nodes>, FailureReason>),
     Head(Vec<Ev>),
+    /// The budget changed while the input was paused.
+    Retry,
 }
 
 /// Wait for whichever comes first: new input nodes or events of the head slot.
@@ -772,6 +846,8 @@ async fn next_step(
     head: Option<&mut mpsc::UnboundedReceiver<Ev>>,
     source: &mut Source,
     input_open: bool,
+    page: &Page,
+    budget_changed: Option<Pin<&mut tokio::sync::futures::Notified<'_>>>,
 ) -> Step {
     let head_events = async move {
         let Some(rx) = head else {
@@ -790,14 +866,21 @@ async fn next_step(
     };
     let input = async {
         if input_open {
-            source.next().await
+            source.next(page).await
         } else {
             std::future::pending().await
+        }
+    };
+    let changed = async move {
+        match budget_changed {
+            Some(n) => n.await,
+            None => std::future::pending().await,
         }
     };
     tokio::select! {
         r = input => Step::Input(r),
         evs = head_events => Step::Head(evs),
+        () = changed => Step::Retry,
     }
 }
 
@@ -818,10 +901,18 @@ fn drive<'a>(
         let mut input_open = true;
         // Bytes of the ready slots, all behind a child once the head ones are written.
         let mut ready_bytes = 0usize;
+        let is_page = matches!(out, Out::Page(_));
+        // Below the page, the ready slots are charged to the budget of held
+        // output (the page has MAX_PAGE_AHEAD).
+        let mut held = page.budget.force(0);
         loop {
             while let Some(b) = take_ready(&mut slots) {
-                ready_bytes -= b.len();
+                let n = b.len();
+                ready_bytes -= n;
                 out.data(b).await?;
+                if !is_page {
+                    held.shrink(n);
+                }
             }
             if !input_open && slots.is_empty() {
                 return Ok(());
@@ -832,18 +923,45 @@ fn drive<'a>(
                 // It may be at the front of the page now: wake it if it waits.
                 page.budget.changed.notify_waiters();
             }
-            // Only the page holds back its input: a fragment's driver holds a
-            // concurrency slot, which the include ahead of it may need.
-            let read_input = input_open && (depth > 0 || ready_bytes < MAX_PAGE_AHEAD);
+            // Text behind a pending include is held: the page reads at most
+            // MAX_PAGE_AHEAD ahead; a fragment reads on only while the budget
+            // has room, and gives back its concurrency slot while it does not
+            // (the include ahead of it may need the slot).
+            let budget_changed = page.budget.changed.notified();
+            tokio::pin!(budget_changed);
+            budget_changed.as_mut().enable();
+            let read_input = input_open
+                && if is_page {
+                    ready_bytes < MAX_PAGE_AHEAD
+                } else {
+                    slots.is_empty() || page.budget.has_room()
+                };
+            let paused = input_open && !read_input && !is_page;
+            if paused {
+                source.pause();
+            }
             let head = match slots.front_mut() {
                 Some(Slot::Child(c)) => Some(&mut c.rx),
                 _ => None,
             };
-            match next_step(head, &mut source, read_input).await {
+            let step = next_step(
+                head,
+                &mut source,
+                read_input,
+                &page,
+                paused.then_some(budget_changed.as_mut()),
+            )
+            .await;
+            match step {
+                Step::Retry => {}
                 Step::Input(Ok(Some(nodes))) => {
                     let before = slots.len();
                     eval_nodes(&nodes, &page, &pos, depth, handled, &mut slots);
-                    ready_bytes += slots.range(before..).map(Slot::ready_len).sum::<usize>();
+                    let added = slots.range(before..).map(Slot::ready_len).sum::<usize>();
+                    ready_bytes += added;
+                    if !is_page {
+                        held.grow(added);
+                    }
                 }
                 Step::Input(Ok(None)) => input_open = false,
                 Step::Input(Err(reason)) => return Err(DriveError::Source(reason)),
@@ -1152,11 +1270,7 @@ async fn serve_pending(
     if !(200..300).contains(&frag.status) {
         return fail(FailureReason::Status(frag.status));
     }
-    let lease = Arc::new(Mutex::new(Lease {
-        until,
-        expiry,
-        permit: Some(permit),
-    }));
+    let lease = Lease::new(until, expiry, Some(permit));
     let pos = match out {
         Out::Slot { lease: l, pos, .. } => {
             *l = Some(Arc::clone(&lease));
@@ -1357,11 +1471,7 @@ async fn page_task(input: PageInput, page: Arc<Page>, tx: mpsc::Sender<Result<By
         PageInput::Stream(body) => Source::Stream {
             body,
             parser: Some(EsiParser::new()),
-            lease: Arc::new(Mutex::new(Lease {
-                until: page.deadline,
-                expiry: Expiry::Page,
-                permit: None,
-            })),
+            lease: Lease::new(page.deadline, Expiry::Page, None),
         },
         PageInput::Parsed(nodes) => Source::Nodes(Some(Nodes::Shared(nodes))),
     };

@@ -97,7 +97,9 @@
 //! room (giving back its concurrency slot, its include timeout extended by
 //! the wait); the front of the page waits only for the client (a
 //! second budget of the same size), never for output behind it; an attempt over the budget
-//! fails over to `esi:except`.
+//! fails over to `esi:except`. An ESI fragment's text behind a pending
+//! include of its own is charged too: its body is not read further while
+//! the budget is full.
 
 pub mod assemble;
 pub mod expr;

@@ -1266,3 +1266,82 @@ async fn the_front_of_the_page_waits_for_a_slow_client() {
         "the whole fragment once the client reads"
     );
 }
+
+/// Serves `/slow` (after 1 s) and `/frag`: ESI, an include of `/slow` and
+/// then `chunks` chunks of 64 KiB of text, counting the chunks pulled.
+struct FragAhead {
+    chunks: usize,
+    pulled: Arc<AtomicUsize>,
+}
+
+impl FragmentFetcher for FragAhead {
+    fn fetch(&self, src: &str) -> Fetch {
+        if src == "/slow" {
+            return Fetch::Pending(Box::pin(async {
+                sleep(Duration::from_secs(1)).await;
+                Ok(Fragment {
+                    status: 200,
+                    body: stream::iter([Ok(Bytes::from_static(b"S"))]).boxed(),
+                    esi: false,
+                })
+            }));
+        }
+        let pulled = Arc::clone(&self.pulled);
+        let text = stream::iter(0..self.chunks).map(move |_| {
+            pulled.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, BoxError>(Bytes::from(vec![b'x'; 64 * 1024]))
+        });
+        let body = stream::iter([Ok(Bytes::from_static(b"<esi:include src=\"/slow\"/>"))])
+            .chain(text)
+            .boxed();
+        Fetch::Pending(Box::pin(std::future::ready(Ok(Fragment {
+            status: 200,
+            body,
+            esi: true,
+        }))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragment_text_behind_a_pending_include_is_bounded() {
+    const MIB: usize = 1024 * 1024;
+    // One concurrency slot: /frag must give it back while it stops
+    // reading, or /slow (which it includes) never runs.
+    for concurrency in [1, 16] {
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let fetcher: Arc<dyn FragmentFetcher> = Arc::new(FragAhead {
+            chunks: 160,
+            pulled: Arc::clone(&pulled),
+        });
+        let (mut out, budget) = start_page(
+            PageInput::Stream(page(vec![(0, "<esi:include src=\"/frag\"/>")])),
+            Arc::new(EsiVars::new()),
+            fetcher,
+            tight(MIB, concurrency),
+        );
+        let collect = async {
+            let mut first = None;
+            let mut len = 0;
+            while let Some(b) = out.next().await {
+                let b = b.expect("ok");
+                if first.is_none() {
+                    // While /slow is pending, /frag's text is read up to the budget.
+                    first = Some(pulled.load(Ordering::Relaxed));
+                }
+                len += b.len();
+            }
+            (first, len)
+        };
+        let (first, len) = tokio::time::timeout(Duration::from_secs(30), collect)
+            .await
+            .expect("the page hangs");
+        assert_eq!(len, 1 + 160 * 64 * 1024, "max_concurrency {concurrency}");
+        let early = first.expect("output");
+        assert!(
+            early * 64 * 1024 <= 2 * MIB,
+            "{early} chunks read behind /slow (max_concurrency {concurrency})"
+        );
+        let peak = budget.peak.load(Ordering::Relaxed);
+        assert!(peak <= 2 * MIB + 64 * 1024, "peak {peak}");
+    }
+}
