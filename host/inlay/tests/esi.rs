@@ -348,3 +348,37 @@ async fn a_cached_page_shows_what_the_cache_holds_for_its_template_and_fragments
     assert!(get(&inlay.url(&b)).await.text().contains("render #2"));
     assert_eq!(origin.count("/dynamic").await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_buffer_budget_still_assembles_the_whole_page() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[esi]\nmax_buffered_bytes = \"64KiB\"\nmax_concurrency = 2")
+        .start_in_process()
+        .await;
+    // A slow first include, then fragments larger than the budget that are
+    // ready long before their turn, then an attempt larger than the budget.
+    let mut markup = String::from("<esi:include src=\"/bytes/10?delay_ms=300\"/>");
+    for i in 0..4 {
+        markup.push_str(&format!("<esi:include src=\"/bytes/200000?id={i}\"/>"));
+    }
+    markup.push_str(
+        "<esi:try><esi:attempt><esi:include src=\"/bytes/100000?id=9\"/></esi:attempt>\
+         <esi:except>E</esi:except></esi:try>end",
+    );
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        get(&inlay.url(&page(&markup, true))),
+    )
+    .await
+    .expect("the page hangs");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert_eq!(text.len(), 10 + 4 * 200_000 + "Eend".len());
+    assert!(
+        text.ends_with("Eend"),
+        "the attempt over the budget fell back"
+    );
+    assert!(!text.contains("<esi:"));
+}
