@@ -378,8 +378,8 @@ impl Drop for Charge {
 
 /// Where a document's output stands: at the front of the page when it and
 /// every document it is nested in are at the head of their parent's queue.
-/// The page and every `esi:attempt` are roots (an attempt's buffer is
-/// charged as it fills, never waits).
+/// An `esi:attempt` is always at the head of its try block (it fills the
+/// block's buffer).
 struct Position {
     head: AtomicBool,
     parent: Option<Arc<Position>>,
@@ -480,11 +480,16 @@ enum Out {
         lease: Option<SharedLease>,
     },
     /// An `esi:attempt`, released only when all of it succeeded; every
-    /// chunk is charged, and more than the budget's limit fails it.
+    /// chunk is charged to the budget of held output (waiting for room
+    /// while the try block is not at the front of the page, charged past
+    /// the limit once it is), and more than the limit fails it.
     Buffer {
         chunks: Vec<(Bytes, Option<Charge>)>,
         len: usize,
         budget: Arc<Budget>,
+        /// Where the attempt's output stands (at the front when its try
+        /// block is).
+        pos: Arc<Position>,
     },
 }
 
@@ -534,13 +539,14 @@ impl Out {
                 chunks,
                 len,
                 budget,
+                pos,
             } => {
                 let n = b.len();
                 // Charged to the budget of held output, not the front's: the
                 // buffer is not written until the attempt is complete.
                 let charge = match charge {
                     Some(c) if Arc::ptr_eq(&c.budget, budget) => c,
-                    _ => budget.force(n),
+                    _ => charge_attempt(budget, pos, n).await,
                 };
                 chunks.push((b, Some(charge)));
                 *len = len.saturating_add(n);
@@ -559,6 +565,25 @@ impl Out {
             Out::Slot { sent, .. } => std::mem::take(sent),
             _ => false,
         }
+    }
+}
+
+/// Charge `n` bytes of an attempt's buffer at `pos`: wait for room while
+/// the attempt is not at the front of the page; at the front, charge them
+/// whatever is held (output behind it cannot go before it; the attempt
+/// fails when its own buffer is over the limit).
+async fn charge_attempt(budget: &Arc<Budget>, pos: &Position, n: usize) -> Charge {
+    loop {
+        let changed = budget.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if pos.at_front() {
+            return budget.force(n);
+        }
+        if let Some(c) = budget.try_charge(n) {
+            return c;
+        }
+        changed.await;
     }
 }
 
@@ -1309,17 +1334,22 @@ async fn try_task(t: Try, page: Arc<Page>, depth: u32, handled: bool, omit: bool
         return;
     };
     let (tx, pos) = (tx.clone(), Arc::clone(pos));
+    // The attempt stands where its try block does: its head output is at
+    // the front of the page when the try block is.
+    let attempt_pos = Arc::new(Position {
+        head: AtomicBool::new(true),
+        parent: Some(Arc::clone(&pos)),
+    });
     let mut buf = Out::Buffer {
         chunks: Vec::new(),
         len: 0,
         budget: Arc::clone(&page.budget),
+        pos: Arc::clone(&attempt_pos),
     };
-    // The attempt is a root: it fills its buffer without waiting (charged
-    // as it fills) and fails when the buffer is over the limit.
     let attempt = drive(
         Source::Nodes(Some(Nodes::Owned(t.attempt))),
         Arc::clone(&page),
-        Position::root(),
+        attempt_pos,
         depth,
         true,
         &mut buf,

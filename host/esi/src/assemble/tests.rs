@@ -1345,3 +1345,35 @@ async fn fragment_text_behind_a_pending_include_is_bounded() {
         assert!(peak <= 2 * MIB + 64 * 1024, "peak {peak}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn attempts_behind_a_slow_include_share_the_budget() {
+    const KIB: usize = 1024;
+    // Eight try blocks, each within the 1 MiB budget (768 KiB), together
+    // six times it, ready long before their turn.
+    let srcs = ["/t0", "/t1", "/t2", "/t3", "/t4", "/t5", "/t6", "/t7"];
+    let mut frags = vec![("/slow", frag(1000, "S"))];
+    for (i, src) in srcs.iter().enumerate() {
+        frags.push((*src, big(0, 3, 256 * KIB, b'a' + i as u8, 0)));
+    }
+    let fake = Fake::new(frags);
+    let block = |src: &str| {
+        format!(
+            "<esi:try><esi:attempt><esi:include src=\"{src}\"/></esi:attempt>\
+             <esi:except>E</esi:except></esi:try>"
+        )
+    };
+    let mut markup = String::from("<esi:include src=\"/slow\"/>");
+    for src in srcs {
+        markup.push_str(&block(src));
+    }
+    let markup: &'static str = Box::leak(markup.into_boxed_str());
+    let (text, peak) = run_budgeted(markup, &fake, tight(1024 * KIB, 16)).await;
+    let mut want = String::from("S");
+    for i in 0..8u8 {
+        want.push_str(&String::from_utf8(vec![b'a' + i; 768 * KIB]).expect("ascii"));
+    }
+    assert!(text == want, "every attempt succeeded, in order");
+    // The budget and a chunk behind the front, and the attempt at the front.
+    assert!(peak <= 2 * (1024 + 256) * KIB, "held {peak} bytes");
+}
