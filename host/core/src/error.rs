@@ -72,6 +72,10 @@ pub enum ProxyError {
         /// The configured limit in bytes.
         limit: u64,
     },
+    /// An ESI page failed before any of it was sent: an include failed with
+    /// nothing to fall back on and `esi.on_include_error = "fail"`.
+    #[error("ESI page failed: {0}")]
+    Esi(String),
     /// A bug or resource failure inside Inlay.
     #[error("internal error: {0}")]
     Internal(String),
@@ -86,7 +90,7 @@ impl ProxyError {
             Self::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BackendDown { .. } | Self::BackendBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::BackendProtocol { .. } => StatusCode::BAD_GATEWAY,
+            Self::BackendProtocol { .. } | Self::Esi(_) => StatusCode::BAD_GATEWAY,
             Self::Policy { status, .. } => *status,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -101,7 +105,8 @@ impl ProxyError {
             Self::BackendDown { .. }
             | Self::BackendBusy { .. }
             | Self::BackendTimeout { .. }
-            | Self::BackendProtocol { .. } => Blame::Origin,
+            | Self::BackendProtocol { .. }
+            | Self::Esi(_) => Blame::Origin,
             Self::Policy { .. } => Blame::Policy,
             Self::Internal(_) => Blame::Inlay,
         }
@@ -148,5 +153,8 @@ mod tests {
             ProxyError::BadRequest("x".into()).to_response().status(),
             400
         );
+        let esi = ProxyError::Esi("include /x failed: status 500".into());
+        assert_eq!(esi.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(esi.blame(), Blame::Origin);
     }
 }

@@ -56,6 +56,7 @@
 //! | closing tag with no open block of that kind | dropped |
 //! | blocks nested deeper than [`MAX_BLOCK_NESTING`] (64) | the deeper block tags are dropped |
 //! | unclosed blocks at end of input | closed implicitly (and emitted) |
+//! | open blocks holding more than [`MAX_BLOCK_BYTES`] (1 MiB; text bytes, 64 per other node or block tag) | every open block is closed implicitly right there (text is split at the exact byte), as at end of input; the rest of the document is outside them and their later closing tags are dropped |
 //! | unclosed `<esi:remove>` at end of input | the rest of the input is dropped |
 //! | unclosed `<!--esi` or `<esi:vars>` at end of input | nothing special: the content was already emitted |
 //! | `$(...)` that is malformed or longer than [`MAX_VAR_REF_LEN`] | literal text |
@@ -63,8 +64,8 @@
 //! | `matches` pattern that does not compile or is over a limit of [`pattern`], or a subject over 8 KiB | the test is false (logged at evaluation) |
 //!
 //! Blocks are buffered until their closing tag (their content cannot be
-//! chosen before), so a page that opens a block and never closes it is held
-//! in memory to the end; the host's body-size limits bound this.
+//! chosen before); [`MAX_BLOCK_BYTES`] bounds what a page that opens a block
+//! and never closes it makes the parser hold.
 //!
 //! # Assembly
 //!
@@ -72,19 +73,33 @@
 //! they are parsed (in parallel, `max_concurrency` per page); ESI fragments
 //! (`Fragment::esi`) are assembled recursively to `max_depth`; output keeps
 //! document order. An include fails on a non-2xx status, a fetch or body
-//! error, its timeout, the page deadline, the depth limit or the include
-//! budget; then `alt` is fetched the same way; if that fails too,
-//! `onerror="continue"` inserts nothing; otherwise the failure ends the
-//! enclosing `esi:attempt` (which selects `esi:except`), or the enclosing ESI
-//! fragment (a failure of *its* include, so its `alt`/`onerror` apply), or
-//! the page: the output stream yields an [`EsiError`] after what was already
-//! sent (the host aborts the response: the client sees a truncated page, as
-//! with Varnish's `onerror` abort). A fragment that fails after part of it
-//! was written cannot be replaced by `alt`: with `onerror="continue"` the
-//! rest of it is skipped, otherwise the page ends. `esi:attempt` content is
-//! buffered until all of it is ready; `esi:except` is only fetched after the
-//! attempt failed. Every failure is logged (`tracing` warn) with the src and
-//! the reason.
+//! error, its timeout, the page deadline or the include budget; then `alt`
+//! is fetched the same way; if that fails too, `onerror="continue"` inserts
+//! nothing; otherwise the failure goes to the enclosing `esi:attempt` (which
+//! selects `esi:except`), or to the enclosing ESI fragment (a failure of
+//! *its* include, so its `alt`/`onerror` apply). A failure that nothing of
+//! these handles leaves the failed include out and the page goes on
+//! ([`OnIncludeError::Omit`], the default; reported to
+//! [`FragmentFetcher::omitted`]); with [`OnIncludeError::Fail`] (ESI 1.0) it
+//! ends the page instead: the output stream yields an [`EsiError`] after what
+//! was already sent. An include that would nest deeper than `max_depth` is
+//! always left out, as Varnish does. A fragment that fails after part of it
+//! was written cannot be replaced by `alt`: when it is left out, only the
+//! rest of it is skipped. `esi:attempt` content is buffered until all of it
+//! is ready; `esi:except` is only fetched after the attempt failed. Every
+//! failure is logged (`tracing` warn) with the src and the reason.
+//!
+//! Buffering: page text read while an include ahead of it is pending is
+//! held; past [`MAX_PAGE_AHEAD`] (16 MiB) the page body is not read further
+//! until that include is written. Fragment output that arrives before its
+//! turn, and `esi:attempt` content, is charged to a per-page budget
+//! ([`EsiLimits::max_buffered_bytes`]): a fragment that is ahead waits for
+//! room (giving back its concurrency slot, its include timeout extended by
+//! the wait); the front of the page waits only for the client (a
+//! second budget of the same size), never for output behind it; an attempt over the budget
+//! fails over to `esi:except`. An ESI fragment's text behind a pending
+//! include of its own is charged too: its body is not read further while
+//! the budget is full.
 
 pub mod assemble;
 pub mod expr;
@@ -94,12 +109,13 @@ pub mod templates;
 pub mod vars;
 
 pub use assemble::{
-    EsiError, EsiLimits, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher, assemble,
-    assemble_parsed,
+    EsiError, EsiLimits, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher,
+    MAX_PAGE_AHEAD, OnIncludeError, assemble, assemble_parsed,
 };
 pub use expr::{CmpOp, EvalError, Expr, ExprError};
 pub use parser::{
-    Choose, EsiParser, Include, MAX_BLOCK_NESTING, MAX_TAG_LEN, Node, Try, When, coalesce, parse,
+    Choose, EsiParser, Include, MAX_BLOCK_BYTES, MAX_BLOCK_NESTING, MAX_TAG_LEN, Node, Try, When,
+    coalesce, parse,
 };
 pub use templates::ParsedTemplates;
 pub use vars::{EsiVars, MAX_VAR_REF_LEN, Template, TemplatePart, VarRef};

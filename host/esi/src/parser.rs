@@ -17,6 +17,15 @@ pub const MAX_TAG_LEN: usize = 64 * 1024;
 /// Deeper block tags are dropped (their content is kept as ordinary content).
 pub const MAX_BLOCK_NESTING: usize = 64;
 
+/// Most content held in open choose/try blocks (they are buffered until
+/// they close): text bytes, plus 64 for every other node and
+/// every block tag. Past it, every open block is closed implicitly there, as
+/// at the end of input, and the rest of the document is outside them.
+pub const MAX_BLOCK_BYTES: usize = 1024 * 1024;
+
+/// What a node other than text counts against [`MAX_BLOCK_BYTES`].
+const NODE_WEIGHT: usize = 64;
+
 /// Most whitespace tolerated between `</esi:remove` and `>`.
 const MAX_CLOSE_WS: usize = 16;
 
@@ -333,6 +342,8 @@ pub struct EsiParser {
     out: Vec<Node>,
     /// Progress through an incomplete tag at the start of `buf`.
     tag_scan: Option<TagScan>,
+    /// What the open blocks hold (see [`MAX_BLOCK_BYTES`]).
+    held: usize,
 }
 
 impl Default for EsiParser {
@@ -488,6 +499,7 @@ impl EsiParser {
             stack: Vec::new(),
             out: Vec::new(),
             tag_scan: None,
+            held: 0,
         }
     }
 
@@ -551,7 +563,57 @@ impl EsiParser {
         }
     }
 
+    /// Add a node to the innermost open block (or the output), counting it
+    /// against [`MAX_BLOCK_BYTES`].
     fn emit(&mut self, node: Node) {
+        match node {
+            Node::Text(b) => self.emit_held_text(b, Node::Text),
+            node => {
+                self.place(node);
+                self.hold(NODE_WEIGHT);
+            }
+        }
+    }
+
+    /// Text split exactly where the open blocks reach [`MAX_BLOCK_BYTES`], so
+    /// that the result does not depend on how the input was chunked.
+    fn emit_held_text(&mut self, mut b: Bytes, node: fn(Bytes) -> Node) {
+        if self.stack.is_empty() {
+            return self.place(node(b));
+        }
+        let room = MAX_BLOCK_BYTES.saturating_sub(self.held);
+        if b.len() <= room {
+            self.held += b.len();
+            return self.place(node(b));
+        }
+        let inside = b.split_to(room);
+        if !inside.is_empty() {
+            self.place(node(inside));
+        }
+        self.close_all_blocks();
+        self.place(node(b));
+    }
+
+    /// Count `n` more held in open blocks; past the limit, close them all.
+    fn hold(&mut self, n: usize) {
+        if self.stack.is_empty() {
+            return;
+        }
+        self.held += n;
+        if self.held > MAX_BLOCK_BYTES {
+            self.close_all_blocks();
+        }
+    }
+
+    fn close_all_blocks(&mut self) {
+        debug!("esi: open blocks hold more than MAX_BLOCK_BYTES; closed implicitly");
+        while !self.stack.is_empty() {
+            self.close_top();
+        }
+        self.held = 0;
+    }
+
+    fn place(&mut self, node: Node) {
         match self.stack.last_mut() {
             None => push_node(&mut self.out, node),
             Some(
@@ -571,9 +633,9 @@ impl EsiParser {
             return;
         }
         if self.vars_depth > 0 && self.mode == Mode::Markup {
-            self.emit(Node::Vars(Template::literal(b)));
+            self.emit_held_text(b, |b| Node::Vars(Template::literal(b)));
         } else {
-            self.emit(Node::Text(b));
+            self.emit_held_text(b, Node::Text);
         }
     }
 
@@ -871,7 +933,11 @@ impl EsiParser {
                         return;
                     }
                 };
+                if self.stack.is_empty() {
+                    self.held = 0;
+                }
                 self.stack.push(frame);
+                self.hold(NODE_WEIGHT);
             }
             _ => debug!(
                 tag = %String::from_utf8_lossy(name),
@@ -943,11 +1009,11 @@ impl EsiParser {
                     except.get_or_insert(body);
                 }
             }
-            Frame::Choose { whens, otherwise } => self.emit(Node::Choose(Choose {
+            Frame::Choose { whens, otherwise } => self.place(Node::Choose(Choose {
                 whens,
                 otherwise: otherwise.unwrap_or_default(),
             })),
-            Frame::Try { attempt, except } => self.emit(Node::Try(Try {
+            Frame::Try { attempt, except } => self.place(Node::Try(Try {
                 attempt: attempt.unwrap_or_default(),
                 except: except.unwrap_or_default(),
             })),

@@ -8,7 +8,7 @@
 use std::io::{BufWriter, Write};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -51,6 +51,15 @@ pub struct AccessRecord {
     pub duration: Duration,
     /// Why the request failed, if it did.
     pub error: Option<String>,
+    /// For an ESI page: its includes left out after failing, counted while
+    /// the body streams and read when the line is written.
+    pub esi_omitted: Option<Arc<AtomicU32>>,
+}
+
+impl AccessRecord {
+    fn esi_omitted(&self) -> Option<u32> {
+        self.esi_omitted.as_ref().map(|n| n.load(Ordering::Relaxed))
+    }
 }
 
 /// Writes access-log lines without blocking the caller.
@@ -208,7 +217,7 @@ fn write_lines(queue: &Receiver<Message>, out: Box<dyn Write + Send>) {
 fn combined(r: &AccessRecord) -> String {
     let now = httpdate_ncsa();
     format!(
-        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"\n",
+        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"{}\n",
         r.client
             .map(|c| c.to_string())
             .unwrap_or_else(|| "-".into()),
@@ -224,6 +233,11 @@ fn combined(r: &AccessRecord) -> String {
         },
         r.referer.as_deref().unwrap_or("-").replace('"', "\\\""),
         r.user_agent.as_deref().unwrap_or("-").replace('"', "\\\""),
+        // Only on a page that left includes out, so other lines stay plain NCSA.
+        match r.esi_omitted() {
+            Some(n) if n > 0 => format!(" esi_omitted={n}"),
+            _ => String::new(),
+        },
     )
 }
 
@@ -243,6 +257,7 @@ fn json(r: &AccessRecord) -> String {
         "backend": r.backend,
         "duration_ms": r.duration.as_secs_f64() * 1000.0,
         "error": r.error,
+        "esi_omitted": r.esi_omitted(),
     });
     format!("{v}\n")
 }
@@ -283,6 +298,29 @@ mod tests {
         );
         let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
         assert_eq!(j["status"], 200);
+    }
+
+    #[test]
+    fn an_esi_page_that_left_includes_out_says_how_many() {
+        let omitted = Arc::new(AtomicU32::new(0));
+        let r = AccessRecord {
+            method: "GET".into(),
+            url: "/page".into(),
+            status: 200,
+            esi_omitted: Some(Arc::clone(&omitted)),
+            ..Default::default()
+        };
+        assert!(
+            combined(&r).ends_with("\"-\" \"-\"\n"),
+            "plain NCSA when none"
+        );
+        omitted.store(2, Ordering::Relaxed);
+        assert!(combined(&r).ends_with("\"-\" \"-\" esi_omitted=2\n"));
+        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        assert_eq!(j["esi_omitted"], 2);
+        let plain = AccessRecord::default();
+        let j: serde_json::Value = serde_json::from_str(&json(&plain)).unwrap();
+        assert!(j["esi_omitted"].is_null());
     }
 
     /// A sink the test can read, and optionally hold shut.

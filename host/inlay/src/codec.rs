@@ -1,6 +1,12 @@
 //! Streaming gzip for ESI: decode an origin's gzip body chunk by chunk, and
 //! re-encode the assembled page with a sync flush per chunk so it still
 //! streams to the client.
+//!
+//! Decoding is bounded however large the compressed chunks are (a cached
+//! template is one chunk): the decoder takes [`DECODE_STEP`] compressed bytes
+//! at a time and yields what they made before taking more, so a gzip bomb
+//! is decoded in pieces of at most about 1 MiB, each only when the reader
+//! asks for it.
 
 use std::io::Write;
 
@@ -9,6 +15,10 @@ use flate2::Compression;
 use flate2::write::{GzDecoder, GzEncoder};
 use futures_util::stream::{BoxStream, StreamExt};
 use inlay_core::body::BoxError;
+
+/// Compressed bytes decoded at a time. Deflate expands at most 1032:1, so
+/// one step makes at most about 1 MiB.
+pub const DECODE_STEP: usize = 1024;
 
 enum Codec {
     Decode(GzDecoder<Vec<u8>>),
@@ -43,26 +53,38 @@ fn transform<E: Into<BoxError> + Send + 'static>(
     input: BoxStream<'static, Result<Bytes, E>>,
     codec: Codec,
 ) -> BoxStream<'static, Result<Bytes, BoxError>> {
-    futures_util::stream::unfold(Some((input, codec)), |state| async move {
-        let (mut input, mut codec) = state?;
-        loop {
-            match input.next().await {
-                Some(Ok(chunk)) => match codec.push(&chunk) {
-                    Ok(out) if out.is_empty() => continue,
-                    Ok(out) => return Some((Ok(out), Some((input, codec)))),
-                    Err(e) => return Some((Err(Box::new(e) as BoxError), None)),
-                },
-                Some(Err(e)) => return Some((Err(e.into()), None)),
-                None => {
-                    return match codec.finish() {
-                        Ok(out) if out.is_empty() => None,
-                        Ok(out) => Some((Ok(out), None)),
-                        Err(e) => Some((Err(Box::new(e) as BoxError), None)),
-                    };
+    // Input still to push: decoding takes it DECODE_STEP bytes at a time.
+    let step = match codec {
+        Codec::Decode(_) => DECODE_STEP,
+        Codec::Encode(_) => usize::MAX,
+    };
+    futures_util::stream::unfold(
+        Some((input, codec, Bytes::new())),
+        move |state| async move {
+            let (mut input, mut codec, mut pending) = state?;
+            loop {
+                if !pending.is_empty() {
+                    let piece = pending.split_to(pending.len().min(step));
+                    match codec.push(&piece) {
+                        Ok(out) if out.is_empty() => continue,
+                        Ok(out) => return Some((Ok(out), Some((input, codec, pending)))),
+                        Err(e) => return Some((Err(Box::new(e) as BoxError), None)),
+                    }
+                }
+                match input.next().await {
+                    Some(Ok(chunk)) => pending = chunk,
+                    Some(Err(e)) => return Some((Err(e.into()), None)),
+                    None => {
+                        return match codec.finish() {
+                            Ok(out) if out.is_empty() => None,
+                            Ok(out) => Some((Ok(out), None)),
+                            Err(e) => Some((Err(Box::new(e) as BoxError), None)),
+                        };
+                    }
                 }
             }
-        }
-    })
+        },
+    )
     .boxed()
 }
 
@@ -121,5 +143,32 @@ mod tests {
             .collect()
             .await;
         assert!(out.iter().any(|r| r.is_err()));
+    }
+
+    #[tokio::test]
+    async fn a_gzip_bomb_in_one_chunk_is_decoded_in_bounded_pieces() {
+        // 64 MiB of zeros compress to about 64 KiB, delivered as one chunk
+        // (as a cached template is).
+        let mut e = GzEncoder::new(Vec::new(), Compression::best());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            e.write_all(&zeros).unwrap();
+        }
+        let bomb = Bytes::from(e.finish().unwrap());
+        assert!(bomb.len() < 256 * 1024, "{}", bomb.len());
+        let input: Vec<Result<Bytes, BoxError>> = vec![Ok(bomb)];
+        let mut out = gunzip(futures_util::stream::iter(input).boxed());
+        let (mut total, mut largest) = (0usize, 0usize);
+        while let Some(piece) = out.next().await {
+            let n = piece.unwrap().len();
+            total += n;
+            largest = largest.max(n);
+        }
+        assert_eq!(total, 64 << 20);
+        // At most 1032:1 per step, plus the decoder's 32 KiB output buffer.
+        assert!(
+            largest <= 1032 * DECODE_STEP + 64 * 1024,
+            "a piece of {largest} bytes"
+        );
     }
 }

@@ -184,6 +184,12 @@ pub struct EsiConfig {
     pub page_deadline: Duration,
     /// Client request headers forwarded to include requests (lower-case).
     pub forward_headers: Vec<String>,
+    /// A failed include nothing handles is left out (`"omit"`) or ends the
+    /// page (`"fail"`, ESI 1.0).
+    pub on_include_error: inlay_esi::OnIncludeError,
+    /// Include output held per page before its turn (and `esi:attempt`
+    /// content); a fragment that is ahead waits for room.
+    pub max_buffered_bytes: usize,
 }
 
 /// `[policy]`.
@@ -1081,8 +1087,17 @@ impl Reader {
                 "include_timeout",
                 "page_deadline",
                 "forward_headers",
+                "on_include_error",
+                "max_buffered_bytes",
             ],
         );
+        let max_buffered_bytes = self.size(t, p, "max_buffered_bytes", 16 << 20);
+        if max_buffered_bytes < 64 << 10 {
+            self.err(
+                "esi.max_buffered_bytes",
+                format!("must be at least 64KiB, got {max_buffered_bytes}"),
+            );
+        }
         let forward_headers = self
             .strings(t, p, "forward_headers")
             .unwrap_or_else(|| {
@@ -1093,6 +1108,17 @@ impl Reader {
             .into_iter()
             .map(|h| h.to_ascii_lowercase())
             .collect();
+        let on_include_error = match self.string(t, p, "on_include_error").as_deref() {
+            None | Some("omit") => inlay_esi::OnIncludeError::Omit,
+            Some("fail") => inlay_esi::OnIncludeError::Fail,
+            Some(other) => {
+                self.err(
+                    "esi.on_include_error",
+                    format!("expected \"omit\" or \"fail\", got {other:?}"),
+                );
+                inlay_esi::OnIncludeError::Omit
+            }
+        };
         EsiConfig {
             max_depth: self.uint(t, p, "max_depth", 5, 0, 64) as u32,
             max_includes: self.uint(t, p, "max_includes", 256, 1, 100_000) as usize,
@@ -1100,6 +1126,8 @@ impl Reader {
             include_timeout: self.duration(t, p, "include_timeout", Duration::from_secs(10)),
             page_deadline: self.duration(t, p, "page_deadline", Duration::from_secs(30)),
             forward_headers,
+            on_include_error,
+            max_buffered_bytes: usize::try_from(max_buffered_bytes).unwrap_or(usize::MAX),
         }
     }
 
@@ -1306,6 +1334,30 @@ mod tests {
         assert!(!c.policy.unwrap().pre_instantiate);
         let err = Config::from_toml(&format!("{base}pre_instantiate = \"no\"")).unwrap_err();
         assert!(err.to_string().contains("policy.pre_instantiate"), "{err}");
+    }
+
+    #[test]
+    fn esi_failures_are_left_out_unless_fail_is_asked_for() {
+        let base = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[esi]\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.esi.on_include_error, inlay_esi::OnIncludeError::Omit);
+        let c = Config::from_toml(&format!("{base}on_include_error = \"fail\"")).unwrap();
+        assert_eq!(c.esi.on_include_error, inlay_esi::OnIncludeError::Fail);
+        let err = Config::from_toml(&format!("{base}on_include_error = \"cut\"")).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("esi.on_include_error"), "{text}");
+        assert!(text.contains("\"cut\""), "{text}");
+    }
+
+    #[test]
+    fn esi_buffered_bytes_has_a_default_and_a_floor() {
+        let base = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[esi]\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.esi.max_buffered_bytes, 16 << 20);
+        let c = Config::from_toml(&format!("{base}max_buffered_bytes = \"1MiB\"")).unwrap();
+        assert_eq!(c.esi.max_buffered_bytes, 1 << 20);
+        let err = Config::from_toml(&format!("{base}max_buffered_bytes = 10")).unwrap_err();
+        assert!(err.to_string().contains("esi.max_buffered_bytes"), "{err}");
     }
 
     #[test]

@@ -72,13 +72,51 @@ async fn alt_and_onerror_continue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_include_without_fallback_ends_the_page() {
+async fn a_failed_include_without_fallback_is_left_out_and_counted() {
     let origin = Origin::start();
     let inlay = Harness::builder()
         .backend(&origin)
         .toml("[log]\naccess_log_format = \"json\"")
         .start_in_process()
         .await;
+    // One fails by status, one is refused while the page is parsed (not a
+    // backend), one is at the very start of the page.
+    let markup = "<esi:include src=\"/resp?status=503\"/>before\
+                  <esi:include src=\"/resp?status=500\"/>\
+                  <esi:include src=\"http://169.254.169.254/x\"/>after";
+    let r = get(&inlay.url(&page(markup, true))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.text(),
+        "beforeafter",
+        "the whole page, without the failed includes"
+    );
+    let line = inlay
+        .access
+        .json_for(&page(markup, true), Duration::from_secs(5))
+        .await;
+    assert_eq!(line["esi_omitted"], 3, "{line}");
+    assert!(line["error"].is_null(), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_on_include_error_fail_a_failed_include_ends_the_page() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[log]\naccess_log_format = \"json\"\n[esi]\non_include_error = \"fail\"")
+        .start_in_process()
+        .await;
+    // Nothing sent yet: an error status instead of an empty 200.
+    for markup in [
+        "<esi:include src=\"http://169.254.169.254/x\"/>after",
+        "<esi:include src=\"/resp?status=500\"/>after",
+    ] {
+        let r = get(&inlay.url(&page(markup, true))).await;
+        assert_eq!(r.status, 502, "{markup}");
+        assert!(!r.text().contains("after"), "{}", r.text());
+    }
+    // Part of the page already sent: the body is cut.
     let markup = "before<esi:include src=\"/resp?status=500\"/>after";
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
@@ -181,26 +219,20 @@ async fn nested_includes_and_the_depth_limit() {
         .await;
     let ok = get(&inlay.url("/esi/page?n=2&nested=2&cacheable=0")).await;
     assert!(ok.text().contains("data-id=\"1.1.0\""), "{}", ok.text());
-    // Nested 5 deep exceeds max_depth 3: the page is ended.
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let req = http::Request::get(inlay.url("/esi/page?n=1&nested=5&cacheable=0"))
-        .body(http_body_util::Full::new(Bytes::new()))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    assert!(
-        http_body_util::BodyExt::collect(resp.into_body())
-            .await
-            .is_err()
-    );
+    // Nested 5 deep exceeds max_depth 3: the include at depth 4 is left out
+    // (as Varnish does), the rest of the page is whole.
+    let deep = get(&inlay.url("/esi/page?n=1&nested=5&cacheable=0")).await;
+    assert_eq!(deep.status, 200);
+    let text = deep.text();
+    assert!(text.contains("data-id=\"0.4.3\""), "{text}");
+    assert!(!text.contains("data-id=\"0.4.3.2\""), "{text}");
+    assert!(!text.contains("<esi:"), "{text}");
     let line = inlay
         .access
         .json_for("/esi/page?n=1&nested=5&cacheable=0", Duration::from_secs(5))
         .await;
-    assert!(
-        line["error"].as_str().unwrap_or("").contains("depth"),
-        "{line}"
-    );
+    assert_eq!(line["esi_omitted"], 1, "{line}");
+    assert!(line["error"].is_null(), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,4 +347,38 @@ async fn a_cached_page_shows_what_the_cache_holds_for_its_template_and_fragments
     assert!(second.contains("render #2"), "{second}");
     assert!(get(&inlay.url(&b)).await.text().contains("render #2"));
     assert_eq!(origin.count("/dynamic").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_buffer_budget_still_assembles_the_whole_page() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[esi]\nmax_buffered_bytes = \"64KiB\"\nmax_concurrency = 2")
+        .start_in_process()
+        .await;
+    // A slow first include, then fragments larger than the budget that are
+    // ready long before their turn, then an attempt larger than the budget.
+    let mut markup = String::from("<esi:include src=\"/bytes/10?delay_ms=300\"/>");
+    for i in 0..4 {
+        markup.push_str(&format!("<esi:include src=\"/bytes/200000?id={i}\"/>"));
+    }
+    markup.push_str(
+        "<esi:try><esi:attempt><esi:include src=\"/bytes/100000?id=9\"/></esi:attempt>\
+         <esi:except>E</esi:except></esi:try>end",
+    );
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        get(&inlay.url(&page(&markup, true))),
+    )
+    .await
+    .expect("the page hangs");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert_eq!(text.len(), 10 + 4 * 200_000 + "Eend".len());
+    assert!(
+        text.ends_with("Eend"),
+        "the attempt over the budget fell back"
+    );
+    assert!(!text.contains("<esi:"));
 }

@@ -60,6 +60,8 @@ struct Log {
     finished: Vec<(String, Duration)>,
     /// Fetch futures or bodies dropped before finishing.
     dropped: usize,
+    /// Includes left out, as reported to `FragmentFetcher::omitted`.
+    omitted: Vec<(String, String)>,
 }
 
 struct Fake {
@@ -127,6 +129,11 @@ impl Fake {
     fn fetches(&self) -> usize {
         self.started().len()
     }
+
+    /// `(src, reason)` of every include left out.
+    fn omitted(&self) -> Vec<(String, String)> {
+        self.log.lock().expect("log").omitted.clone()
+    }
 }
 
 impl FragmentFetcher for Fake {
@@ -185,6 +192,14 @@ impl FragmentFetcher for Fake {
             })
         }))
     }
+
+    fn omitted(&self, src: &str, reason: &FailureReason) {
+        self.log
+            .lock()
+            .expect("log")
+            .omitted
+            .push((src.to_owned(), reason.to_string()));
+    }
 }
 
 /// Move the probe's duty into a new probe (the old one is disarmed).
@@ -205,6 +220,8 @@ fn page(chunks: Vec<(u64, &'static str)>) -> BoxStream<'static, Result<Bytes, Bo
         .boxed()
 }
 
+/// ESI 1.0 failure handling ([`OnIncludeError::Fail`]), so that a failure
+/// nothing handles shows as an error; [`omit`] is the default mode.
 fn limits() -> EsiLimits {
     EsiLimits {
         max_depth: 5,
@@ -212,6 +229,16 @@ fn limits() -> EsiLimits {
         max_concurrency: 16,
         include_timeout: Duration::from_secs(10),
         page_deadline: Duration::from_secs(60),
+        on_include_error: OnIncludeError::Fail,
+        max_buffered_bytes: 16 * 1024 * 1024,
+    }
+}
+
+/// The default mode: failures nothing handles leave the include out.
+fn omit() -> EsiLimits {
+    EsiLimits {
+        on_include_error: OnIncludeError::Omit,
+        ..limits()
     }
 }
 
@@ -379,25 +406,101 @@ async fn depth_limit_stops_a_fragment_that_includes_itself() {
     assert!(r.error.is_none());
     assert_eq!(fake.fetches(), 5);
 
-    // Without onerror the failure climbs up through every level to the page.
-    let fake = Fake::new([("/self", esi_frag(1, r#"<esi:include src="/self"/>"#))]);
+    // Without onerror too, even with on_include_error = "fail": the include
+    // that would go too deep is left out (as Varnish does), nothing else.
+    let fake = Fake::new([("/self", esi_frag(1, r#"x<esi:include src="/self"/>"#))]);
     let r = run(r#"a<esi:include src="/self"/>b"#, &fake, limits()).await;
-    assert_eq!(r.text, "a");
-    let Some(EsiError::Include { src, mut reason }) = r.error else {
-        panic!("page should end with an include error")
-    };
-    assert_eq!(src, "/self");
-    let mut levels = 0;
-    while let FailureReason::Nested { reason: inner, .. } = reason {
-        reason = *inner;
-        levels += 1;
-    }
-    // Includes at depths 1..=5 each wrap the failure of the one below.
-    assert_eq!(levels, 5);
-    assert!(
-        matches!(reason, FailureReason::DepthExceeded(5)),
-        "{reason}"
+    assert_eq!(r.text, "axxxxxb");
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(fake.fetches(), 5);
+    assert_eq!(
+        fake.omitted(),
+        vec![(
+            "/self".to_owned(),
+            FailureReason::DepthExceeded(5).to_string()
+        )]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_failure_nothing_handles_leaves_the_include_out() {
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/500", status(500)),
+        ("/a", frag(5, "A")),
+        ("/outer", esi_frag(0, r#"O<esi:include src="/404"/>o"#)),
+    ]);
+    // Failure known at once (refused by the fetcher) and failure by status.
+    let r = run(
+        r#"<esi:include src="/nope"/>before<esi:include src="/404" alt="/500"/>[<esi:include src="/a"/>]after"#,
+        &fake,
+        omit(),
+    )
+    .await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(r.text, "before[A]after");
+    let srcs: Vec<String> = fake.omitted().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(srcs, vec!["/nope".to_owned(), "/404".to_owned()]);
+
+    // In a nested fragment only the failed include is left out.
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/outer", esi_frag(0, r#"O<esi:include src="/404"/>o"#)),
+    ]);
+    let r = run(r#"<esi:include src="/outer"/>."#, &fake, omit()).await;
+    assert_eq!(r.text, "Oo.");
+    assert_eq!(fake.omitted().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn omit_mode_keeps_every_fallback_the_page_asks_for() {
+    let fake = Fake::new([
+        ("/404", status(404)),
+        ("/a", frag(0, "A")),
+        ("/e", frag(0, "E")),
+        ("/outer", esi_frag(0, r#"<esi:include src="/404"/>o"#)),
+    ]);
+    // A nested failure still falls back to the outer include's alt (none of
+    // the outer fragment was written yet).
+    let r = run(r#"<esi:include src="/outer" alt="/a"/>."#, &fake, omit()).await;
+    assert_eq!(r.text, "A.");
+    // A failure in esi:attempt still selects esi:except.
+    let r = run(
+        r#"<esi:try><esi:attempt>a<esi:include src="/outer"/></esi:attempt><esi:except><esi:include src="/e"/></esi:except></esi:try>."#,
+        &fake,
+        omit(),
+    )
+    .await;
+    assert_eq!(r.text, "E.");
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+    // A failure in esi:except is left out, with the rest of the page kept.
+    let r = run(
+        r#"<esi:try><esi:attempt><esi:include src="/404"/></esi:attempt><esi:except>e<esi:include src="/404"/>!</esi:except></esi:try>."#,
+        &fake,
+        omit(),
+    )
+    .await;
+    assert_eq!(r.text, "e!.");
+    assert!(r.error.is_none());
+    assert_eq!(fake.omitted().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn omit_mode_after_part_of_a_fragment_was_written_skips_only_its_rest() {
+    let broken = Frag {
+        chunks: vec![(Duration::ZERO, "p1"), (10 * MS, "p2")],
+        body_error: true,
+        ..frag(0, "")
+    };
+    let fake = Fake::new([("/broken", broken)]);
+    let r = run(r#"<esi:include src="/broken"/>after"#, &fake, omit()).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert!(
+        r.text.starts_with("p1") && r.text.ends_with("after"),
+        "{}",
+        r.text
+    );
+    assert_eq!(fake.omitted().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -878,4 +981,399 @@ async fn a_parsed_template_assembles_like_its_body() {
     }
     assert_eq!(text, "<p>F-Ryes</p>");
     assert_eq!(text, streamed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn page_text_is_not_read_far_ahead_of_a_pending_include() {
+    let fake = Fake::new([("/slow", frag(100, "S"))]);
+    const MIB: usize = 1024 * 1024;
+    let chunks = 2 * MAX_PAGE_AHEAD / MIB;
+    // When each page chunk was read.
+    let pulled: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let t0 = Instant::now();
+    let body = {
+        let pulled = Arc::clone(&pulled);
+        let first = stream::iter([Ok::<_, BoxError>(Bytes::from_static(
+            b"<esi:include src=\"/slow\"/>",
+        ))]);
+        let rest = stream::iter(0..chunks).map(move |_| {
+            pulled.lock().expect("pulled").push(t0.elapsed());
+            Ok::<_, BoxError>(Bytes::from(vec![b'a'; MIB]))
+        });
+        first.chain(rest).boxed()
+    };
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(&fake) as _;
+    let mut out = assemble(body, Arc::new(EsiVars::new()), fetcher, omit());
+    let mut len = 0;
+    let mut first = None;
+    while let Some(item) = out.next().await {
+        let b = item.expect("no error");
+        first.get_or_insert(b[0]);
+        len += b.len();
+    }
+    assert_eq!(first, Some(b'S'));
+    assert_eq!(len, 1 + chunks * MIB, "the whole page, in order");
+    let pulled = pulled.lock().expect("pulled");
+    let early = pulled.iter().filter(|t| **t < 100 * MS).count();
+    assert_eq!(
+        early,
+        MAX_PAGE_AHEAD / MIB,
+        "while /slow is pending, the page is read up to the limit only"
+    );
+}
+
+/// A fragment of `chunks` chunks of `size` bytes of `byte`, each chunk
+/// `every_ms` after the one before.
+fn big(delay_ms: u64, chunks: usize, size: usize, byte: u8, every_ms: u64) -> Frag {
+    let text: &'static str = Box::leak(
+        String::from_utf8(vec![byte; size])
+            .expect("ascii")
+            .into_boxed_str(),
+    );
+    Frag {
+        chunks: (0..chunks)
+            .map(|i| {
+                let d = if i == 0 { 0 } else { every_ms };
+                (Duration::from_millis(d), text)
+            })
+            .collect(),
+        ..frag(delay_ms, "")
+    }
+}
+
+/// Assemble `markup` to the end (a hang fails after 30 s of the paused
+/// clock, far past every delay below); the text and the page's budget peak.
+async fn run_budgeted(
+    markup: &'static str,
+    fake: &Arc<Fake>,
+    limits: EsiLimits,
+) -> (String, usize) {
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::clone(fake) as _;
+    let (mut out, budget) = start_page(
+        PageInput::Stream(page(vec![(0, markup)])),
+        Arc::new(EsiVars::new()),
+        fetcher,
+        limits,
+    );
+    let collect = async {
+        let mut text = String::new();
+        while let Some(item) = out.next().await {
+            text.push_str(&String::from_utf8_lossy(&item.expect("no error")));
+        }
+        text
+    };
+    let text = tokio::time::timeout(Duration::from_secs(30), collect)
+        .await
+        .expect("the page hangs");
+    (text, budget.peak.load(Ordering::Relaxed))
+}
+
+fn tight(max_buffered_bytes: usize, max_concurrency: usize) -> EsiLimits {
+    EsiLimits {
+        max_buffered_bytes,
+        max_concurrency,
+        include_timeout: Duration::from_secs(10),
+        page_deadline: Duration::from_secs(3600),
+        ..limits()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragment_output_ahead_of_its_turn_is_bounded_by_the_budget() {
+    const MIB: usize = 1024 * 1024;
+    let srcs = [
+        "/f0", "/f1", "/f2", "/f3", "/f4", "/f5", "/f6", "/f7", "/f8", "/f9",
+    ];
+    let mut frags = vec![("/slow", frag(1000, "S"))];
+    for (i, src) in srcs.iter().enumerate() {
+        // 4 MiB each, in 1 MiB chunks, all at once.
+        frags.push((*src, big(0, 4, MIB, b'a' + i as u8, 0)));
+    }
+    let fake = Fake::new(frags);
+    let markup = "<esi:include src=\"/slow\"/><esi:include src=\"/f0\"/>\
+        <esi:include src=\"/f1\"/><esi:include src=\"/f2\"/><esi:include src=\"/f3\"/>\
+        <esi:include src=\"/f4\"/><esi:include src=\"/f5\"/><esi:include src=\"/f6\"/>\
+        <esi:include src=\"/f7\"/><esi:include src=\"/f8\"/><esi:include src=\"/f9\"/>";
+    let (text, peak) = run_budgeted(markup, &fake, tight(MIB, 16)).await;
+    let mut want = String::from("S");
+    for i in 0..10u8 {
+        want.push_str(&String::from_utf8(vec![b'a' + i; 4 * MIB]).expect("ascii"));
+    }
+    assert!(text == want, "the whole page, in order");
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+    assert!(peak > 0, "fragments ahead were held");
+    assert!(
+        peak <= 2 * MIB,
+        "held {peak} bytes: more than the budget and one chunk"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn backpressure_does_not_deadlock() {
+    // Each fragment is larger than the 4-byte budget; they finish in
+    // reverse order; some are ESI with nested fragments; serial and parallel.
+    let fake = Fake::new([
+        ("/a", big(300, 3, 10, b'a', 10)),
+        ("/b", big(200, 3, 10, b'b', 10)),
+        ("/c", big(100, 3, 10, b'c', 10)),
+        (
+            "/n",
+            esi_frag(50, "[<esi:include src=\"/c\"/>|<esi:include src=\"/b\"/>]"),
+        ),
+        ("/d", big(0, 3, 10, b'd', 0)),
+    ]);
+    let markup = "<esi:include src=\"/a\"/><esi:include src=\"/d\"/><esi:include src=\"/n\"/>\
+        <esi:include src=\"/d\"/><esi:include src=\"/b\"/>";
+    let want = format!(
+        "{}{}[{}|{}]{}{}",
+        "a".repeat(30),
+        "d".repeat(30),
+        "c".repeat(30),
+        "b".repeat(30),
+        "d".repeat(30),
+        "b".repeat(30)
+    );
+    for concurrency in [1, 2, 16] {
+        let (text, _) = run_budgeted(markup, &fake, tight(4, concurrency)).await;
+        assert_eq!(text, want, "max_concurrency {concurrency}");
+    }
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fragment_waiting_for_budget_gives_back_its_concurrency_slot() {
+    // One slot. /outer takes it, and when its body ends /b (waiting since
+    // the start) gets it before /a, which /outer includes. /b fills the
+    // budget and must give the slot back for /a, ahead of it, to run.
+    let fake = Fake::new([
+        (
+            "/outer",
+            Frag {
+                chunks: vec![
+                    (Duration::ZERO, "<"),
+                    (50 * MS, "<esi:include src=\"/a\"/>>"),
+                ],
+                ..esi_frag(0, "")
+            },
+        ),
+        ("/a", frag(100, "A")),
+        ("/b", big(0, 3, 10, b'b', 10)),
+    ]);
+    let markup = "<esi:include src=\"/outer\"/><esi:include src=\"/b\"/>";
+    let (text, _) = run_budgeted(markup, &fake, tight(4, 1)).await;
+    assert_eq!(text, format!("<A>{}", "b".repeat(30)));
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_budget_does_not_count_against_the_include_timeout() {
+    // The front of the page takes 1.6 s (two 800 ms includes, one after
+    // the other); /big waits for budget from 200 ms until then, longer
+    // than its 1 s include timeout.
+    let fake = Fake::new([
+        (
+            "/outer",
+            Frag {
+                chunks: vec![
+                    (Duration::ZERO, "<esi:include src=\"/s1\"/>"),
+                    (800 * MS, "<esi:include src=\"/s2\"/>"),
+                ],
+                ..esi_frag(0, "")
+            },
+        ),
+        ("/s1", frag(800, "1")),
+        ("/s2", frag(800, "2")),
+        // The third chunk comes 200 ms after the wait, past the 1 s.
+        ("/big", big(0, 3, 10, b'x', 200)),
+    ]);
+    let markup = "<esi:include src=\"/outer\"/><esi:include src=\"/big\"/>";
+    let limits = EsiLimits {
+        include_timeout: Duration::from_secs(1),
+        ..tight(4, 16)
+    };
+    let (text, _) = run_budgeted(markup, &fake, limits).await;
+    assert_eq!(text, format!("12{}", "x".repeat(30)));
+    assert!(fake.omitted().is_empty(), "{:?}", fake.omitted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_larger_than_the_budget_falls_back_to_except() {
+    let fake = Fake::new([
+        ("/slow", frag(100, "S")),
+        ("/big", big(0, 3, 10, b'x', 10)),
+        ("/small", frag(0, "ok")),
+    ]);
+    let markup = "<esi:include src=\"/slow\"/>\
+        <esi:try><esi:attempt><esi:include src=\"/big\"/></esi:attempt>\
+        <esi:except>E</esi:except></esi:try>\
+        <esi:try><esi:attempt>[<esi:include src=\"/small\"/>]</esi:attempt>\
+        <esi:except>F</esi:except></esi:try>";
+    let (text, _) = run_budgeted(markup, &fake, tight(16, 1)).await;
+    assert_eq!(text, "SE[ok]");
+}
+
+/// Serves `/big`: `chunks` chunks of 64 KiB, counting the chunks pulled.
+struct Counting {
+    chunks: usize,
+    pulled: Arc<AtomicUsize>,
+}
+
+impl FragmentFetcher for Counting {
+    fn fetch(&self, _src: &str) -> Fetch {
+        let pulled = Arc::clone(&self.pulled);
+        let body = stream::iter(0..self.chunks).map(move |_| {
+            pulled.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, BoxError>(Bytes::from(vec![b'x'; 64 * 1024]))
+        });
+        Fetch::Pending(Box::pin(std::future::ready(Ok(Fragment {
+            status: 200,
+            body: body.boxed(),
+            esi: false,
+        }))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_front_of_the_page_waits_for_a_slow_client() {
+    const MIB: usize = 1024 * 1024;
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let fetcher: Arc<dyn FragmentFetcher> = Arc::new(Counting {
+        chunks: 640,
+        pulled: Arc::clone(&pulled),
+    });
+    let mut out = assemble(
+        page(vec![(0, "<esi:include src=\"/big\"/>")]),
+        Arc::new(EsiVars::new()),
+        fetcher,
+        tight(MIB, 16),
+    );
+    let first = out.next().await.expect("a chunk").expect("ok");
+    // The client stops reading for a while.
+    sleep(Duration::from_secs(10)).await;
+    let held = pulled.load(Ordering::Relaxed) * 64 * 1024 - first.len();
+    // The budget and one chunk in flight, and the page output's chunks.
+    assert!(
+        held <= MIB + (1 + OUTPUT_BUFFER) * 64 * 1024,
+        "{held} bytes read ahead of a client that does not read"
+    );
+    let mut len = first.len();
+    while let Some(b) = out.next().await {
+        len += b.expect("ok").len();
+    }
+    assert_eq!(
+        len,
+        640 * 64 * 1024,
+        "the whole fragment once the client reads"
+    );
+}
+
+/// Serves `/slow` (after 1 s) and `/frag`: ESI, an include of `/slow` and
+/// then `chunks` chunks of 64 KiB of text, counting the chunks pulled.
+struct FragAhead {
+    chunks: usize,
+    pulled: Arc<AtomicUsize>,
+}
+
+impl FragmentFetcher for FragAhead {
+    fn fetch(&self, src: &str) -> Fetch {
+        if src == "/slow" {
+            return Fetch::Pending(Box::pin(async {
+                sleep(Duration::from_secs(1)).await;
+                Ok(Fragment {
+                    status: 200,
+                    body: stream::iter([Ok(Bytes::from_static(b"S"))]).boxed(),
+                    esi: false,
+                })
+            }));
+        }
+        let pulled = Arc::clone(&self.pulled);
+        let text = stream::iter(0..self.chunks).map(move |_| {
+            pulled.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, BoxError>(Bytes::from(vec![b'x'; 64 * 1024]))
+        });
+        let body = stream::iter([Ok(Bytes::from_static(b"<esi:include src=\"/slow\"/>"))])
+            .chain(text)
+            .boxed();
+        Fetch::Pending(Box::pin(std::future::ready(Ok(Fragment {
+            status: 200,
+            body,
+            esi: true,
+        }))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fragment_text_behind_a_pending_include_is_bounded() {
+    const MIB: usize = 1024 * 1024;
+    // One concurrency slot: /frag must give it back while it stops
+    // reading, or /slow (which it includes) never runs.
+    for concurrency in [1, 16] {
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let fetcher: Arc<dyn FragmentFetcher> = Arc::new(FragAhead {
+            chunks: 160,
+            pulled: Arc::clone(&pulled),
+        });
+        let (mut out, budget) = start_page(
+            PageInput::Stream(page(vec![(0, "<esi:include src=\"/frag\"/>")])),
+            Arc::new(EsiVars::new()),
+            fetcher,
+            tight(MIB, concurrency),
+        );
+        let collect = async {
+            let mut first = None;
+            let mut len = 0;
+            while let Some(b) = out.next().await {
+                let b = b.expect("ok");
+                if first.is_none() {
+                    // While /slow is pending, /frag's text is read up to the budget.
+                    first = Some(pulled.load(Ordering::Relaxed));
+                }
+                len += b.len();
+            }
+            (first, len)
+        };
+        let (first, len) = tokio::time::timeout(Duration::from_secs(30), collect)
+            .await
+            .expect("the page hangs");
+        assert_eq!(len, 1 + 160 * 64 * 1024, "max_concurrency {concurrency}");
+        let early = first.expect("output");
+        assert!(
+            early * 64 * 1024 <= 2 * MIB,
+            "{early} chunks read behind /slow (max_concurrency {concurrency})"
+        );
+        let peak = budget.peak.load(Ordering::Relaxed);
+        assert!(peak <= 2 * MIB + 64 * 1024, "peak {peak}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempts_behind_a_slow_include_share_the_budget() {
+    const KIB: usize = 1024;
+    // Eight try blocks, each within the 1 MiB budget (768 KiB), together
+    // six times it, ready long before their turn.
+    let srcs = ["/t0", "/t1", "/t2", "/t3", "/t4", "/t5", "/t6", "/t7"];
+    let mut frags = vec![("/slow", frag(1000, "S"))];
+    for (i, src) in srcs.iter().enumerate() {
+        frags.push((*src, big(0, 3, 256 * KIB, b'a' + i as u8, 0)));
+    }
+    let fake = Fake::new(frags);
+    let block = |src: &str| {
+        format!(
+            "<esi:try><esi:attempt><esi:include src=\"{src}\"/></esi:attempt>\
+             <esi:except>E</esi:except></esi:try>"
+        )
+    };
+    let mut markup = String::from("<esi:include src=\"/slow\"/>");
+    for src in srcs {
+        markup.push_str(&block(src));
+    }
+    let markup: &'static str = Box::leak(markup.into_boxed_str());
+    let (text, peak) = run_budgeted(markup, &fake, tight(1024 * KIB, 16)).await;
+    let mut want = String::from("S");
+    for i in 0..8u8 {
+        want.push_str(&String::from_utf8(vec![b'a' + i; 768 * KIB]).expect("ascii"));
+    }
+    assert!(text == want, "every attempt succeeded, in order");
+    // The budget and a chunk behind the front, and the attempt at the front.
+    assert!(peak <= 2 * (1024 + 256) * KIB, "held {peak} bytes");
 }

@@ -358,6 +358,65 @@ fn nesting_is_capped() {
 }
 
 #[test]
+fn an_unclosed_block_is_closed_when_it_holds_too_much() {
+    // An attempt that never closes, followed by more text than the limit:
+    // the block is closed at exactly MAX_BLOCK_BYTES of content and the rest
+    // is ordinary content, emitted as it streams.
+    let body = "a".repeat(MAX_BLOCK_BYTES + 10);
+    let input = format!("<esi:try><esi:attempt>{body}</esi:attempt></esi:try>tail");
+    let whole = coalesce(parse(input.as_bytes()));
+    let Node::Try(t) = &whole[0] else {
+        panic!("{:?}", &whole[..1])
+    };
+    let inside: usize = t
+        .attempt
+        .iter()
+        .map(|n| match n {
+            Node::Text(b) => b.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(
+        inside,
+        MAX_BLOCK_BYTES - 2 * 64,
+        "two block tags count 64 each"
+    );
+    let Node::Text(rest) = &whole[1] else {
+        panic!("{:?}", &whole[1..])
+    };
+    assert_eq!(
+        rest.len(),
+        body.len() - inside + "tail".len(),
+        "the closing tags are dropped"
+    );
+    assert_eq!(whole.len(), 2);
+    // The same wherever the input is split.
+    let cuts: Vec<usize> = (1..40).map(|i| i * 27_001).collect();
+    assert_eq!(split_parse(input.as_bytes(), &cuts), whole);
+
+    // The parser does not hold it: streamed, the text past the limit comes
+    // out before the end of input.
+    let mut parser = EsiParser::new();
+    let mut early = parser.feed(b"<esi:choose><esi:when test=\"1\">");
+    for _ in 0..(2 * MAX_BLOCK_BYTES / 4096) {
+        early.extend(parser.feed(&[b'x'; 4096]));
+    }
+    assert!(
+        early.iter().any(|n| matches!(n, Node::Choose(_))),
+        "the choose was closed and emitted while streaming"
+    );
+
+    // Many empty branches count too.
+    let many = "<esi:when test=\"1\"></esi:when>".repeat(2 * MAX_BLOCK_BYTES / 64);
+    let nodes = parse(format!("<esi:choose>{many}").as_bytes());
+    let Node::Choose(c) = &nodes[0] else {
+        panic!("a choose first")
+    };
+    // The choose tag and each when count 64: the limit falls on the last when.
+    assert_eq!(c.whens.len(), MAX_BLOCK_BYTES / 64);
+}
+
+#[test]
 fn text_is_not_held_back() {
     let mut parser = EsiParser::new();
     // `<d` cannot start ESI markup: nothing is held back.

@@ -9,17 +9,27 @@
 //! and logged. Include requests are GET without a body and carry only the
 //! client headers listed in `esi.forward_headers` (no Cookie or
 //! Authorization by default). Includes do not run the policy.
+//!
+//! A failed include that nothing in the page handles is left out
+//! (`esi.on_include_error = "omit"`, the default), counted for the page's
+//! access-log line and in [`Pipeline::esi_includes_omitted`]. With `"fail"`
+//! the page ends there: a 502 when nothing was sent yet (the response head
+//! then waits for the page's first bytes), a cut body otherwise.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::Bytes;
 use futures_util::stream::{BoxStream, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Response, Uri, header};
 use http_body_util::{BodyExt, StreamBody};
 use inlay_cache::{ESI_MARK, PrimaryKey};
-use inlay_core::RequestHead;
 use inlay_core::body::{self, BoxError, ProxyBody};
-use inlay_esi::{EsiLimits, EsiVars, Fetch, Fragment, FragmentError, FragmentFetcher};
+use inlay_core::{ProxyError, RequestHead};
+use inlay_esi::{
+    EsiLimits, EsiVars, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher,
+    OnIncludeError,
+};
 use tracing::{debug, warn};
 
 use super::Pipeline;
@@ -34,6 +44,8 @@ pub fn limits(cfg: &EsiConfig) -> EsiLimits {
         max_concurrency: cfg.max_concurrency,
         include_timeout: cfg.include_timeout,
         page_deadline: cfg.page_deadline,
+        on_include_error: cfg.on_include_error,
+        max_buffered_bytes: cfg.max_buffered_bytes,
     }
 }
 
@@ -86,17 +98,20 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 /// Assemble `resp` as an ESI page for the client request `head`. A body that
 /// is not text, or in an encoding other than gzip, is passed through untouched.
 /// `template` is the whole body when it came from the cache: it is then
-/// parsed once for every request that assembles it.
-pub fn process(
+/// parsed once for every request that assembles it. `omitted` counts the
+/// includes left out of this page. An error only with
+/// `esi.on_include_error = "fail"`, when the page fails before its first byte.
+pub async fn process(
     pipeline: &Arc<Pipeline>,
     head: &RequestHead,
     resp: Response<ProxyBody>,
     template: Option<&Bytes>,
     custom_vars: &[(String, String)],
-) -> Response<ProxyBody> {
+    omitted: Arc<AtomicU32>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     if !decodable(resp.headers()) {
         debug!("ESI requested for a non-text or undecodable body; passed through");
-        return resp;
+        return Ok(resp);
     }
     let (mut parts, body) = resp.into_parts();
     let was_gzip = parts
@@ -109,7 +124,7 @@ pub fn process(
         None => match decoded(&parts.headers, body) {
             Some(input) => PageInput::Stream(input),
             // `decodable` was checked above.
-            None => return Response::from_parts(parts, body::empty()),
+            None => return Ok(Response::from_parts(parts, body::empty())),
         },
     };
     let mut vars = EsiVars::from_request(head.host(), head.path_and_query(), &head.headers);
@@ -119,14 +134,27 @@ pub fn process(
     let fetcher = Arc::new(IncludeFetcher {
         pipeline: pipeline.clone(),
         page: include_head(head, &pipeline.config().esi),
+        omitted,
     });
     let (vars, limits) = (Arc::new(vars), limits(&pipeline.config().esi));
-    let assembled = match input {
+    let fail = limits.on_include_error == OnIncludeError::Fail;
+    let mut assembled = match input {
         PageInput::Stream(body) => inlay_esi::assemble(body, vars, fetcher, limits),
         PageInput::Parsed(nodes) => inlay_esi::assemble_parsed(nodes, vars, fetcher, limits),
+    };
+    if fail {
+        // Before the head is sent, a failure can still be an error status.
+        assembled = match assembled.next().await {
+            Some(Err(e)) => return Err(ProxyError::Esi(e.to_string())),
+            Some(Ok(first)) => futures_util::stream::once(async { Ok(first) })
+                .chain(assembled)
+                .boxed(),
+            None => futures_util::stream::empty().boxed(),
+        };
     }
-    .map(|r| r.map_err(|e| Box::new(e) as BoxError))
-    .boxed();
+    let assembled = assembled
+        .map(|r| r.map_err(|e| Box::new(e) as BoxError))
+        .boxed();
     let h = &mut parts.headers;
     h.remove(header::CONTENT_LENGTH);
     h.remove(header::ACCEPT_RANGES);
@@ -144,7 +172,7 @@ pub fn process(
         h.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     }
     let body = StreamBody::new(out.map(|r| r.map(http_body::Frame::data)));
-    Response::from_parts(parts, body::boxed(body))
+    Ok(Response::from_parts(parts, body::boxed(body)))
 }
 
 /// What a page is assembled from.
@@ -190,6 +218,8 @@ fn include_head(page: &RequestHead, cfg: &EsiConfig) -> RequestHead {
 struct IncludeFetcher {
     pipeline: Arc<Pipeline>,
     page: RequestHead,
+    /// Includes of this page left out.
+    omitted: Arc<AtomicU32>,
 }
 
 impl IncludeFetcher {
@@ -298,5 +328,11 @@ impl FragmentFetcher for IncludeFetcher {
             })?;
             Ok(Fragment { status, body, esi })
         }))
+    }
+
+    fn omitted(&self, _src: &str, _reason: &FailureReason) {
+        // The assembler has logged the src and the reason.
+        self.omitted.fetch_add(1, Ordering::Relaxed);
+        self.pipeline.esi_omitted.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -27,7 +27,7 @@ pub mod recv;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use http::{Method, Request, Response, header};
@@ -66,6 +66,8 @@ pub struct Pipeline {
     services: Arc<dyn PolicyServices>,
     /// Cached ESI templates, parsed once.
     templates: ParsedTemplates,
+    /// ESI includes left out of pages since start.
+    esi_omitted: AtomicU64,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -125,7 +127,15 @@ impl Pipeline {
             policy,
             services,
             templates: ParsedTemplates::default(),
+            esi_omitted: AtomicU64::new(0),
         }
+    }
+
+    /// ESI includes that failed and were left out of their page, since
+    /// start (for a metrics endpoint; each page's count is in its access-log
+    /// line).
+    pub fn esi_includes_omitted(&self) -> u64 {
+        self.esi_omitted.load(Ordering::Relaxed)
     }
 
     /// A fresh instance of the current policy for one request, if any.
@@ -255,7 +265,9 @@ impl Pipeline {
             }
             (obj, true) => {
                 let template = obj.as_ref().map(|o| &o.body);
-                esi::process(self, &head, out.resp, template, &esi_vars)
+                let omitted = Arc::new(AtomicU32::new(0));
+                record.esi_omitted = Some(Arc::clone(&omitted));
+                esi::process(self, &head, out.resp, template, &esi_vars, omitted).await?
             }
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
