@@ -28,6 +28,10 @@ pub struct PolicyLimits {
     /// Concurrent policy instances (stores) in the pooling allocator. Read
     /// once when the engine is created: changing it needs a restart.
     pub max_instances: u32,
+    /// How long a request waits, in milliseconds, for a free instance when
+    /// all `max_instances` are in use before it fails with a 503; 0 fails
+    /// at once. Waiters are served first come, first served.
+    pub instance_wait_ms: u64,
     /// Largest kv key, in bytes.
     pub kv_max_key: usize,
     /// Largest kv value, in bytes.
@@ -44,6 +48,7 @@ impl Default for PolicyLimits {
             max_host_calls: 10_000,
             max_subrequests: 32,
             max_instances: 1000,
+            instance_wait_ms: 1000,
             kv_max_key: 1024,
             kv_max_value: 1 << 20,
             log_max_line: 8 << 10,
@@ -55,6 +60,11 @@ impl PolicyLimits {
     /// The CPU budget of one hook call.
     pub fn cpu_time(&self) -> Duration {
         Duration::from_millis(self.cpu_time_ms)
+    }
+
+    /// How long a request waits for a free instance of a full pool.
+    pub fn instance_wait(&self) -> Duration {
+        Duration::from_millis(self.instance_wait_ms)
     }
 
     /// Checks the values a config could get wrong; returns every problem.

@@ -134,6 +134,17 @@ impl Replay {
         }
     }
 
+    /// The request's instance, if it has one; the replay is unusable after.
+    pub(crate) fn take_live(&mut self) -> Option<LiveCall> {
+        match std::mem::replace(&mut self.run, Run::Gone) {
+            Run::Live(live) => Some(*live),
+            other => {
+                self.run = other;
+                None
+            }
+        }
+    }
+
     /// Whether the request has an instance of its own now.
     pub(crate) fn is_live(&self) -> bool {
         matches!(self.run, Run::Live(_))

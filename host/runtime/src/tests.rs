@@ -468,14 +468,19 @@ async fn a_full_pool_refuses_new_instances_until_one_is_dropped() {
         ..PolicyLimits::default()
     })
     .expect("engine");
-    let policy = LoadedPolicy::compile(&small, probe_source(test_limits())).expect("compile");
+    // No waiting in line: refused at once.
+    let limits = PolicyLimits {
+        instance_wait_ms: 0,
+        ..test_limits()
+    };
+    let policy = LoadedPolicy::compile(&small, probe_source(limits)).expect("compile");
     let first = policy.start(FakeServices::new()).await.expect("first");
     let _second = policy.start(FakeServices::new()).await.expect("second");
     let err = policy
         .start(FakeServices::new())
         .await
         .expect_err("pool is full");
-    assert!(matches!(err, PolicyError::Instantiate { .. }), "{err}");
+    assert!(matches!(err, PolicyError::PoolExhausted { .. }), "{err}");
     assert_eq!(err.client_status(), StatusCode::SERVICE_UNAVAILABLE);
     drop(first);
     policy
@@ -1070,5 +1075,6 @@ mod example_policies {
     }
 }
 
+mod release;
 mod replay;
 mod spare;
