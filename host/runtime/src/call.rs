@@ -109,26 +109,19 @@ impl PolicyCall {
     /// and when the guest made a call whose reply the host cannot give
     /// again (clock, kv, cache, fetch) or read more than the journal holds.
     pub fn release(&mut self) -> bool {
-        let releasable = !self.failed
-            && match &self.run {
-                Run::Live(live) => !live.state().journal.incomplete,
-                Run::Replayed(replay) => {
-                    replay.is_live() && replay.state().is_some_and(|s| !s.journal.incomplete)
-                }
-                Run::Released(_) | Run::Gone => false,
-            };
-        if !releasable {
+        if self.failed {
             return false;
         }
         let live = match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Live(live) => *live,
-            Run::Replayed(mut replay) => match replay.take_live() {
-                Some(live) => live,
-                None => {
-                    self.run = Run::Replayed(replay);
-                    return false;
+            Run::Live(live) if !live.state().journal.incomplete => *live,
+            Run::Replayed(mut replay) => {
+                let released = replay.release();
+                self.run = Run::Replayed(replay);
+                if released {
+                    tracing::debug!(policy = %self.handle.policy().name(), "policy instance released while the request waits");
                 }
-            },
+                return released;
+            }
             other => {
                 self.run = other;
                 return false;

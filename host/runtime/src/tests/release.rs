@@ -29,9 +29,15 @@ async fn three_hooks(policy: &LoadedPolicy, path: &str, release: bool) -> Seen {
     let action = call.on_request(&mut req).await.expect("on_request");
     let released = |call: &mut PolicyCall| {
         if release {
+            // A request answered from recorded paths so far has none.
+            let had_one = call.is_live();
             let free = engine.free_instances();
-            assert!(call.release(), "a live instance is released");
-            assert_eq!(engine.free_instances(), free + 1, "its slot came back");
+            assert_eq!(call.release(), had_one, "a live instance is released");
+            assert_eq!(
+                engine.free_instances(),
+                free + usize::from(had_one),
+                "its slot came back"
+            );
             assert!(!call.is_live());
             assert!(!call.release(), "nothing left to release");
         }
@@ -75,6 +81,11 @@ async fn three_hooks(policy: &LoadedPolicy, path: &str, release: bool) -> Seen {
 /// The probe on an engine of its own, so that its free slots count only
 /// this test's instances.
 fn probe_alone(limits: PolicyLimits) -> LoadedPolicy {
+    probe_alone_replaying(limits, 0)
+}
+
+/// [`probe_alone`] with `memo_bytes` of recorded paths.
+fn probe_alone_replaying(limits: PolicyLimits, memo_bytes: usize) -> LoadedPolicy {
     let engine = PolicyEngine::new(&PolicyLimits {
         max_instances: 2,
         ..PolicyLimits::default()
@@ -84,6 +95,7 @@ fn probe_alone(limits: PolicyLimits) -> LoadedPolicy {
         &engine,
         PolicySource {
             pre_instantiate: false,
+            memo_bytes,
             ..probe_source(limits)
         },
     )
@@ -106,6 +118,30 @@ async fn a_released_request_sees_what_one_instance_would_have_given_it() {
         Some("request /page?x=1,backend-response 60,deliver")
     );
     assert_eq!(header(&seen.resp_headers, "x-via-count"), Some("1"));
+}
+
+#[tokio::test]
+async fn released_requests_record_their_paths_and_replay_like_any_other() {
+    let live = probe_alone(test_limits());
+    let replaying = probe_alone_replaying(test_limits(), 1 << 20);
+    let paths = ["/page?x=1", "/esi", "/page?x=2"];
+    for round in 0..2 {
+        for path in paths {
+            let kept = three_hooks(&live, path, false).await;
+            let released = three_hooks(&replaying, path, true).await;
+            assert_eq!(released, kept, "round {round}: {path}");
+        }
+    }
+    // The first round ran live, released after each of the first two
+    // hooks, and still recorded every hook; the second replays them all.
+    let stats = replaying.memo_stats().expect("replay is on");
+    assert_eq!(
+        (stats.replayed, stats.live),
+        (9, 9),
+        "replayed {}, live {}",
+        stats.replayed,
+        stats.live
+    );
 }
 
 #[tokio::test]
