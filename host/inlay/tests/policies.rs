@@ -481,3 +481,48 @@ async fn repeated_requests_replay_the_policy_and_clients_see_the_same_responses(
         stats.live
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_on_a_slow_backend_hold_no_policy_instance() {
+    // A pool of two instances and four requests stuck on a backend that
+    // does not answer: a cache hit through the policy must still be served.
+    // Replay and spares are off, so every request needs an instance of its
+    // own (a spare would hold a slot, a replayed hit none).
+    const SLOW: usize = 4;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmax_instances = 2\nmemo_size = 0\npre_instantiate = false",
+            policy("headers").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    let cached = inlay.url("/echo?cc=max-age%3D60");
+    assert_eq!(get(&cached).await.status, 200);
+    let mut slow = Vec::new();
+    for i in 0..SLOW {
+        let u = inlay.url(&format!("/hang?max_ms=60000&n={i}"));
+        slow.push(tokio::spawn(async move { get(&u).await.status }));
+    }
+    // Every slow request has passed its policy's on-request and waits on
+    // the origin (or one was refused an instance: it ends at once).
+    while origin.count("/hang").await < SLOW as u64 {
+        if let Some(done) = slow.iter_mut().find(|s| s.is_finished()) {
+            let status = done.await.unwrap();
+            panic!("a request for the slow backend ended early with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let hit = get(&cached).await;
+    assert_eq!(hit.status, 200, "{}", hit.text());
+    assert!(hit.header("cache-status").unwrap().contains("hit"));
+    assert_eq!(hit.header("x-inlay-policy"), Some("headers"));
+    assert!(
+        slow.iter().all(|s| !s.is_finished()),
+        "the hit was answered only after the slow requests"
+    );
+    for s in slow {
+        s.abort();
+    }
+}

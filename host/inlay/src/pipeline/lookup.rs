@@ -4,6 +4,9 @@
 //! the request that holds it fetches for the cache (see `inlay_cache::lookup`
 //! for the states).
 
+use std::future::Future;
+use std::task::Poll;
+
 use http::Method;
 use inlay_cache::{CacheFetch, Fetched, Lookup, PrimaryKey, fresh_status, stale_status};
 use inlay_core::{CacheStatus, ProxyError, RequestHead, StaleReason, body};
@@ -19,11 +22,24 @@ impl Pipeline {
     pub(super) async fn lookup_and_fetch(
         &self,
         head: &mut RequestHead,
-        policy: Option<&mut PolicyCall>,
+        mut policy: Option<&mut PolicyCall>,
     ) -> Result<Outcome, ProxyError> {
         let primary = PrimaryKey::of(head);
         let now = inlay_storage::now_ms();
-        match self.cache.lookup(&primary, &head.headers).await {
+        // A hit in memory is ready at once and keeps the policy's instance
+        // to on-deliver; a lookup that waits (the disk, another request's
+        // fill) gives it back first.
+        let found = {
+            let mut lookup = std::pin::pin!(self.cache.lookup(&primary, &head.headers));
+            match std::future::poll_fn(|cx| Poll::Ready(lookup.as_mut().poll(cx))).await {
+                Poll::Ready(found) => found,
+                Poll::Pending => {
+                    super::release_while_waiting(policy.as_deref_mut());
+                    lookup.await
+                }
+            }
+        };
+        match found {
             Lookup::Fresh(object) => {
                 let status = fresh_status(&object, now);
                 Ok(self.hit(object, status))
@@ -35,7 +51,10 @@ impl Pipeline {
                 let status = stale_status(&object, now, StaleReason::Grace);
                 Ok(self.hit(object, status))
             }
-            Lookup::Fetch(fetch) => self.fetch_for_cache(head, fetch, policy).await,
+            Lookup::Fetch(fetch) => {
+                super::release_while_waiting(policy.as_deref_mut());
+                self.fetch_for_cache(head, fetch, policy).await
+            }
         }
     }
 
