@@ -526,3 +526,33 @@ async fn requests_waiting_on_a_slow_backend_hold_no_policy_instance() {
         s.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_in_line_for_a_full_pool_instead_of_failing() {
+    // One instance, held by a hook that waits on its own subrequests
+    // (300 ms at the origin): another request waits for it, up to
+    // `instance_wait`, rather than getting a 503 at once.
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmax_instances = 1\nmemo_size = 0\npre_instantiate = false\ninstance_wait = \"60s\"",
+            policy("capabilities").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    let compose_url = inlay.url("/cap/compose");
+    let compose = tokio::spawn(async move { get(&compose_url).await });
+    // The hook is running: its subrequests reached the origin.
+    while origin.count("/bytes/3").await < 1 {
+        assert!(
+            !compose.is_finished(),
+            "compose ended before its subrequest"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let queued = get(&inlay.url("/cap/state")).await;
+    assert_eq!(queued.status, 200, "{}", queued.text());
+    let compose = compose.await.unwrap();
+    assert_eq!(compose.text(), "abcabcde");
+}

@@ -11,7 +11,9 @@
 //! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed): `live`
 //! instantiates on the request's path; `spare` starts from an instance
 //! made ahead (`pre_instantiate`), refilled between requests as a server's
-//! idle moments do. Criterion's back-to-back loop leaves no such moments,
+//! idle moments do; `released` gives the instance back after on-request
+//! (as the pipeline does before a miss waits on the backend) and
+//! on-backend-response catches a new one up. Criterion's back-to-back loop leaves no such moments,
 //! so its figures are the whole CPU cost of a request either way.
 
 use std::collections::BTreeMap;

@@ -42,7 +42,8 @@ enum Run {
 /// has a fresh instance of its own, brought to the same point first. After
 /// a hook fails, the request is unusable and later hooks return
 /// [`PolicyError::AlreadyFailed`]. Dropping it returns its instance's slot,
-/// if it had one, to the pool.
+/// if it had one, to the pool; so does [`PolicyCall::release`] while the
+/// request waits, and the next hook catches a new instance up.
 pub struct PolicyCall {
     handle: Arc<PolicyHandle>,
     run: Run,
