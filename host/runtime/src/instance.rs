@@ -289,6 +289,7 @@ impl LiveCall {
     ) -> Result<Returned, PolicyError> {
         let hook = entry.hook;
         self.store.data_mut().hook = hook;
+        self.store.data_mut().restart_waits();
         self.refill_budget();
         let handler = self.bindings.inlay_policy_handler();
         let req = Resource::new_borrow(lent.req);

@@ -51,6 +51,8 @@ pub(crate) struct StoreState {
     /// Every reply the guest of the current instance got, to bring a new
     /// instance to the same point after this one is released.
     pub(crate) journal: Journal,
+    /// When the current hook's waits on the host's I/O must have ended.
+    wait_deadline: tokio::time::Instant,
 }
 
 /// The replies an instance got, in order (from the tape or live): with
@@ -118,8 +120,24 @@ impl StoreState {
             recorder: None,
             tape: Tape::default(),
             journal: Journal::default(),
+            wait_deadline: wait_deadline(limits.host_wait()),
             handle,
         }
+    }
+
+    /// Gives the hook about to run its whole `host_wait` for I/O.
+    pub(crate) fn restart_waits(&mut self) {
+        self.wait_deadline = wait_deadline(self.policy().limits.host_wait());
+    }
+
+    /// `future`, ending at the hook's I/O deadline with `None` if it is
+    /// still waiting then.
+    pub(crate) fn bounded<F: std::future::Future>(
+        &self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> + use<F> {
+        let deadline = self.wait_deadline;
+        async move { tokio::time::timeout_at(deadline, future).await.ok() }
     }
 
     /// The policy generation and services this request runs with.
@@ -259,6 +277,13 @@ impl StoreState {
             .map(|r| r.backend.clone())
             .unwrap_or_default()
     }
+}
+
+/// `wait` from now (a day from now if that overflows).
+fn wait_deadline(wait: std::time::Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400))
 }
 
 /// The error of an instance that, brought to where an earlier request's

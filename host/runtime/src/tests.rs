@@ -506,6 +506,32 @@ async fn cache_imports_validate_and_reach_the_services() {
     assert_eq!(header(&s.headers, "x-bad"), Some("true"));
 }
 
+#[tokio::test]
+async fn a_hook_waits_on_the_host_no_longer_than_host_wait() {
+    // Subrequests that would take an hour: the hook holds its instance
+    // while it waits, so the wait is cut at `host_wait_ms` and the guest
+    // gets timeouts it can handle.
+    let services = FakeServices::with_fetch_delay(Duration::from_secs(3600));
+    let policy = probe_with(PolicyLimits {
+        host_wait_ms: 20,
+        ..test_limits()
+    });
+    let s = synthetic(
+        run_path(&policy, services.clone(), "/fetch-many?n=2")
+            .await
+            .expect("fetch-many"),
+    );
+    assert_eq!(
+        s.body,
+        Bytes::from_static(b"err:FetchError::Timeout,err:FetchError::Timeout")
+    );
+    let s = synthetic(run_path(&policy, services, "/fetch").await.expect("fetch"));
+    assert_eq!(s.body, Bytes::from_static(b"err:FetchError::Timeout"));
+    let mut bad = test_limits();
+    bad.host_wait_ms = 0;
+    assert!(bad.validate().unwrap_err().contains("host_wait_ms"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetch_many_runs_in_parallel_and_waiting_is_not_cpu_time() {
     let delay = Duration::from_millis(200);
