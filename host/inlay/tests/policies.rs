@@ -556,3 +556,50 @@ async fn a_request_waits_in_line_for_a_full_pool_instead_of_failing() {
     let compose = compose.await.unwrap();
     assert_eq!(compose.text(), "abcabcde");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_on_another_requests_fetch_hold_no_policy_instance() {
+    // Four requests for one object: one fetches it from a backend that
+    // does not answer, three wait for that fetch in the cache. None of
+    // them may hold one of the pool's two instances meanwhile.
+    const WAITING: usize = 4;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmax_instances = 2\nmemo_size = 0\npre_instantiate = false",
+            policy("headers").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    let cached = inlay.url("/echo?cc=max-age%3D60");
+    assert_eq!(get(&cached).await.status, 200);
+    let engine = inlay.policy().engine().clone();
+    let mut waiting = Vec::new();
+    for _ in 0..WAITING {
+        let u = inlay.url("/hang?max_ms=60000&cc=max-age%3D60");
+        waiting.push(tokio::spawn(async move { get(&u).await.status }));
+    }
+    // One reached the origin and every instance is back in the pool: the
+    // others passed on-request and wait in the cache (or one was refused
+    // an instance and ended).
+    while origin.count("/hang").await < 1 || engine.free_instances() < 2 {
+        if let Some(done) = waiting.iter_mut().find(|s| s.is_finished()) {
+            let status = done.await.unwrap();
+            panic!("a waiting request ended early with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let hit = get(&cached).await;
+    assert_eq!(hit.status, 200, "{}", hit.text());
+    assert_eq!(hit.header("x-inlay-policy"), Some("headers"));
+    assert!(waiting.iter().all(|s| !s.is_finished()));
+    assert_eq!(
+        origin.count("/hang").await,
+        1,
+        "the others waited on its fetch"
+    );
+    for s in waiting {
+        s.abort();
+    }
+}

@@ -313,7 +313,7 @@ impl LoadedPolicy {
     }
 
     /// The engine, whose pool every instance of the policy takes a slot of.
-    pub(crate) fn engine(&self) -> &PolicyEngine {
+    pub fn engine(&self) -> &PolicyEngine {
         &self.inner.engine
     }
 
