@@ -306,6 +306,8 @@ pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
             max_subrequests: pc.max_subrequests,
             max_subrequest_bytes: pc.max_subrequest_bytes,
             max_instances: pc.max_instances,
+            instance_wait_ms: u64::try_from(pc.instance_wait.as_millis()).unwrap_or(u64::MAX),
+            host_wait_ms: u64::try_from(pc.host_wait.as_millis()).unwrap_or(u64::MAX),
             ..PolicyLimits::default()
         },
         prewarm: pc.prewarm,

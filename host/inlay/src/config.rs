@@ -211,6 +211,10 @@ pub struct PolicyConfig {
     pub max_subrequest_bytes: u64,
     /// Concurrent policy instances (requests running a policy at once).
     pub max_instances: u32,
+    /// How long a request waits for a free instance of a full pool.
+    pub instance_wait: Duration,
+    /// How long one hook may wait in all on the host's I/O (cache, kv, fetch).
+    pub host_wait: Duration,
     /// Start requests from a snapshot taken after one synthetic request.
     pub prewarm: bool,
     /// Keep one instance per worker thread made ahead of the request that
@@ -220,6 +224,13 @@ pub struct PolicyConfig {
     /// without an instance; 0 runs every request's policy live.
     pub memo_size: u64,
 }
+
+/// The longest a request may be told to wait for a policy instance: a
+/// client waiting longer has usually given up.
+const MAX_INSTANCE_WAIT: Duration = Duration::from_secs(60);
+
+/// The longest a policy hook may be told to wait on the host's I/O.
+const MAX_HOST_WAIT: Duration = Duration::from_secs(600);
 
 /// An IPv4 or IPv6 network in CIDR notation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -474,6 +485,8 @@ impl PolicyConfig {
             max_subrequests: 32,
             max_subrequest_bytes: 16 << 20,
             max_instances: 1000,
+            instance_wait: Duration::from_secs(1),
+            host_wait: Duration::from_secs(10),
             prewarm: true,
             pre_instantiate: true,
             memo_size: 16 << 20,
@@ -1145,6 +1158,8 @@ impl Reader {
                 "max_subrequests",
                 "max_subrequest_bytes",
                 "max_instances",
+                "instance_wait",
+                "host_wait",
                 "prewarm",
                 "pre_instantiate",
                 "memo_size",
@@ -1172,6 +1187,20 @@ impl Reader {
                 config.insert(k.clone(), val);
             }
         }
+        let instance_wait = self.duration(t, p, "instance_wait", d.instance_wait);
+        if instance_wait > MAX_INSTANCE_WAIT {
+            self.err(
+                "policy.instance_wait",
+                format!("{instance_wait:?} is above the limit of {MAX_INSTANCE_WAIT:?}"),
+            );
+        }
+        let host_wait = self.duration(t, p, "host_wait", d.host_wait);
+        if host_wait < Duration::from_millis(1) || host_wait > MAX_HOST_WAIT {
+            self.err(
+                "policy.host_wait",
+                format!("{host_wait:?} is not between 1ms and {MAX_HOST_WAIT:?}"),
+            );
+        }
         let pc = PolicyConfig {
             path: PathBuf::from(path.clone().unwrap_or_default()),
             config,
@@ -1190,6 +1219,8 @@ impl Reader {
             max_subrequest_bytes: self.size(t, p, "max_subrequest_bytes", d.max_subrequest_bytes),
             max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
                 as u32,
+            instance_wait: instance_wait.min(MAX_INSTANCE_WAIT),
+            host_wait: host_wait.clamp(Duration::from_millis(1), MAX_HOST_WAIT),
             prewarm: self.boolean(t, p, "prewarm", d.prewarm),
             pre_instantiate: self.boolean(t, p, "pre_instantiate", d.pre_instantiate),
             memo_size: self.size(t, p, "memo_size", d.memo_size),
@@ -1317,6 +1348,39 @@ mod tests {
         assert_eq!(c.policy.unwrap().memo_size, 0);
         let err = Config::from_toml(&format!("{base}memo_size = \"lots\"")).unwrap_err();
         assert!(err.to_string().contains("policy.memo_size"), "{err}");
+    }
+
+    #[test]
+    fn policy_instance_wait_parses_and_is_bounded() {
+        let base =
+            "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[policy]\npath = \"p.wasm\"\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.policy.unwrap().instance_wait, Duration::from_secs(1));
+        let c = Config::from_toml(&format!("{base}instance_wait = \"250ms\"")).unwrap();
+        assert_eq!(c.policy.unwrap().instance_wait, Duration::from_millis(250));
+        let c = Config::from_toml(&format!("{base}instance_wait = 0")).unwrap();
+        assert_eq!(c.policy.unwrap().instance_wait, Duration::ZERO);
+        for bad in ["\"2h\"", "\"soon\""] {
+            let err = Config::from_toml(&format!("{base}instance_wait = {bad}")).unwrap_err();
+            assert!(
+                err.to_string().contains("policy.instance_wait"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn policy_host_wait_parses_and_is_bounded() {
+        let base =
+            "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[policy]\npath = \"p.wasm\"\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.policy.unwrap().host_wait, Duration::from_secs(10));
+        let c = Config::from_toml(&format!("{base}host_wait = \"2s\"")).unwrap();
+        assert_eq!(c.policy.unwrap().host_wait, Duration::from_secs(2));
+        for bad in ["0", "\"1h\"", "\"soon\""] {
+            let err = Config::from_toml(&format!("{base}host_wait = {bad}")).unwrap_err();
+            assert!(err.to_string().contains("policy.host_wait"), "{bad}: {err}");
+        }
     }
 
     #[test]

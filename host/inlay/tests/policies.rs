@@ -533,3 +533,125 @@ async fn a_policy_cannot_change_how_bodies_are_framed() {
         assert_eq!(r.header(name), None, "synthetic: {name}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_on_a_slow_backend_hold_no_policy_instance() {
+    // A pool of two instances and four requests stuck on a backend that
+    // does not answer: a cache hit through the policy must still be served.
+    // Replay and spares are off, so every request needs an instance of its
+    // own (a spare would hold a slot, a replayed hit none).
+    const SLOW: usize = 4;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmax_instances = 2\nmemo_size = 0\npre_instantiate = false",
+            policy("headers").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    let cached = inlay.url("/echo?cc=max-age%3D60");
+    assert_eq!(get(&cached).await.status, 200);
+    let mut slow = Vec::new();
+    for i in 0..SLOW {
+        let u = inlay.url(&format!("/hang?max_ms=60000&n={i}"));
+        slow.push(tokio::spawn(async move { get(&u).await.status }));
+    }
+    // Every slow request has passed its policy's on-request and waits on
+    // the origin (or one was refused an instance: it ends at once).
+    while origin.count("/hang").await < SLOW as u64 {
+        if let Some(done) = slow.iter_mut().find(|s| s.is_finished()) {
+            let status = done.await.unwrap();
+            panic!("a request for the slow backend ended early with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let hit = get(&cached).await;
+    assert_eq!(hit.status, 200, "{}", hit.text());
+    assert!(hit.header("cache-status").unwrap().contains("hit"));
+    assert_eq!(hit.header("x-inlay-policy"), Some("headers"));
+    assert!(
+        slow.iter().all(|s| !s.is_finished()),
+        "the hit was answered only after the slow requests"
+    );
+    for s in slow {
+        s.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_in_line_for_a_full_pool_instead_of_failing() {
+    // One instance, held by a hook that waits on its own subrequests
+    // (300 ms at the origin): another request waits for it, up to
+    // `instance_wait`, rather than getting a 503 at once.
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmax_instances = 1\nmemo_size = 0\npre_instantiate = false\ninstance_wait = \"60s\"",
+            policy("capabilities").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    let compose_url = inlay.url("/cap/compose");
+    let compose = tokio::spawn(async move { get(&compose_url).await });
+    // The hook is running: its subrequests reached the origin.
+    while origin.count("/bytes/3").await < 1 {
+        assert!(
+            !compose.is_finished(),
+            "compose ended before its subrequest"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let queued = get(&inlay.url("/cap/state")).await;
+    assert_eq!(queued.status, 200, "{}", queued.text());
+    let compose = compose.await.unwrap();
+    assert_eq!(compose.text(), "abcabcde");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_on_another_requests_fetch_hold_no_policy_instance() {
+    // Four requests for one object: one fetches it from a backend that
+    // does not answer, three wait for that fetch in the cache. None of
+    // them may hold one of the pool's two instances meanwhile.
+    const WAITING: usize = 4;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmax_instances = 2\nmemo_size = 0\npre_instantiate = false",
+            policy("headers").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    let cached = inlay.url("/echo?cc=max-age%3D60");
+    assert_eq!(get(&cached).await.status, 200);
+    let engine = inlay.policy().engine().clone();
+    let mut waiting = Vec::new();
+    for _ in 0..WAITING {
+        let u = inlay.url("/hang?max_ms=60000&cc=max-age%3D60");
+        waiting.push(tokio::spawn(async move { get(&u).await.status }));
+    }
+    // One reached the origin and every instance is back in the pool: the
+    // others passed on-request and wait in the cache (or one was refused
+    // an instance and ended).
+    while origin.count("/hang").await < 1 || engine.free_instances() < 2 {
+        if let Some(done) = waiting.iter_mut().find(|s| s.is_finished()) {
+            let status = done.await.unwrap();
+            panic!("a waiting request ended early with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let hit = get(&cached).await;
+    assert_eq!(hit.status, 200, "{}", hit.text());
+    assert_eq!(hit.header("x-inlay-policy"), Some("headers"));
+    assert!(waiting.iter().all(|s| !s.is_finished()));
+    assert_eq!(
+        origin.count("/hang").await,
+        1,
+        "the others waited on its fetch"
+    );
+    for s in waiting {
+        s.abort();
+    }
+}

@@ -11,7 +11,9 @@
 //! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed): `live`
 //! instantiates on the request's path; `spare` starts from an instance
 //! made ahead (`pre_instantiate`), refilled between requests as a server's
-//! idle moments do. Criterion's back-to-back loop leaves no such moments,
+//! idle moments do; `released` gives the instance back after on-request
+//! (as the pipeline does before a miss waits on the backend) and
+//! on-backend-response catches a new one up. Criterion's back-to-back loop leaves no such moments,
 //! so its figures are the whole CPU cost of a request either way.
 
 use std::collections::BTreeMap;
@@ -114,11 +116,21 @@ fn response() -> ResponseHead {
     }
 }
 
-/// One whole request through the policy.
+/// One whole request through the policy (a miss: all three hooks).
 async fn one_request(handle: &Arc<PolicyHandle>) {
+    request_releasing(handle, false).await;
+}
+
+/// One whole request; with `release`, the instance goes back to the pool
+/// before the backend would be waited on, as the pipeline does, and
+/// `on-backend-response` catches a new one up.
+async fn request_releasing(handle: &Arc<PolicyHandle>, release: bool) {
     let mut call = handle.start().await.expect("start");
     let mut req = request();
     call.on_request(&mut req).await.expect("on_request");
+    if release {
+        call.release();
+    }
     let mut resp = response();
     let defaults = CacheSettings {
         cacheable: true,
@@ -238,23 +250,30 @@ fn main() {
             None if probe_started.elapsed() > Duration::from_millis(1) => 500,
             None => 20_000,
         };
-        let modes: &[(&str, &Arc<PolicyHandle>)] = if name.ends_with("/replayed") {
-            &[("", &live)]
+        // Released: the instance is given back while the backend would be
+        // waited on, and on-backend-response catches a new one up.
+        let modes: &[(&str, &Arc<PolicyHandle>, bool)] = if name.ends_with("/replayed") {
+            &[("", &live, false)]
         } else {
-            &[(" live", &live), (" spare", &spare)]
+            &[
+                (" live", &live, false),
+                (" spare", &spare, false),
+                (" released", &live, true),
+                (" released, spare", &spare, true),
+            ]
         };
-        for (mode, handle) in modes {
+        for &(mode, handle, release) in modes {
             let samples = runtime.block_on(async {
                 let mut samples = Vec::with_capacity(rounds);
                 for _ in 0..rounds / 10 {
-                    one_request(handle).await;
+                    request_releasing(handle, release).await;
                     tokio::task::yield_now().await;
                 }
                 for _ in 0..rounds {
                     // Let the spare be made, as it is between requests.
                     tokio::task::yield_now().await;
                     let started = Instant::now();
-                    one_request(handle).await;
+                    request_releasing(handle, release).await;
                     samples.push(started.elapsed());
                 }
                 samples

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::errors::PolicyError;
@@ -35,6 +36,10 @@ pub struct PolicyEngine {
 struct EngineInner {
     engine: Engine,
     max_instances: u32,
+    /// One permit per slot of the pool: a store is only created with one,
+    /// so a request that finds the pool full queues here (first come,
+    /// first served) instead of failing in the allocator.
+    slots: Arc<Semaphore>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
 }
@@ -116,6 +121,7 @@ impl PolicyEngine {
             inner: Arc::new(EngineInner {
                 engine,
                 max_instances: n,
+                slots: Arc::new(Semaphore::new(usize::try_from(n).unwrap_or(usize::MAX))),
                 stop,
                 ticker: Some(ticker),
             }),
@@ -130,6 +136,44 @@ impl PolicyEngine {
     /// The size of the instance pool.
     pub fn max_instances(&self) -> u32 {
         self.inner.max_instances
+    }
+
+    /// Instances that could be created now without waiting.
+    pub fn free_instances(&self) -> usize {
+        self.inner.slots.available_permits()
+    }
+
+    /// A slot of the pool for one store, waiting up to `wait` in line for
+    /// one to be returned when all are in use.
+    pub(crate) async fn slot(&self, wait: Duration) -> Result<OwnedSemaphorePermit, PolicyError> {
+        let exhausted = || PolicyError::PoolExhausted {
+            waited: wait,
+            max_instances: self.inner.max_instances,
+        };
+        if let Ok(permit) = Arc::clone(&self.inner.slots).try_acquire_owned() {
+            return Ok(permit);
+        }
+        if wait.is_zero() {
+            return Err(exhausted());
+        }
+        tracing::debug!(
+            wait_ms = wait.as_millis() as u64,
+            "policy pool full; queued"
+        );
+        match tokio::time::timeout(wait, Arc::clone(&self.inner.slots).acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed; a timeout is the pool staying full.
+            _ => Err(exhausted()),
+        }
+    }
+
+    /// A slot of the pool if one is free now (for instances made ahead,
+    /// which must not take a slot a request is waiting for).
+    pub(crate) fn slot_now(&self) -> Option<OwnedSemaphorePermit> {
+        if self.inner.slots.available_permits() == 0 {
+            return None;
+        }
+        Arc::clone(&self.inner.slots).try_acquire_owned().ok()
     }
 }
 

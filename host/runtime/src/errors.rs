@@ -77,6 +77,15 @@ pub enum PolicyError {
         /// The engine's explanation.
         message: String,
     },
+    /// Every instance of the pool stayed in use for as long as a request
+    /// may wait for one (`instance_wait_ms`).
+    #[error("no policy instance free after waiting {waited:?}: all {max_instances} are in use")]
+    PoolExhausted {
+        /// How long the request waited.
+        waited: Duration,
+        /// The size of the pool.
+        max_instances: u32,
+    },
     /// The guest trapped (a panic, `unreachable`, a bad memory access, or a
     /// host function refused an invalid call).
     #[error("policy trapped in {hook}: {message}")]
@@ -159,9 +168,9 @@ impl PolicyError {
     /// trap, out of memory, a cap, a policy that does not load).
     pub fn client_status(&self) -> StatusCode {
         match self {
-            PolicyError::Timeout { .. } | PolicyError::Instantiate { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            PolicyError::Timeout { .. }
+            | PolicyError::Instantiate { .. }
+            | PolicyError::PoolExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             PolicyError::Io { .. }
             | PolicyError::Compile { .. }
             | PolicyError::WorldMismatch { .. }
@@ -183,7 +192,9 @@ impl PolicyError {
             | PolicyError::LimitExceeded { hook, .. }
             | PolicyError::InvalidResult { hook, .. }
             | PolicyError::AlreadyFailed { hook } => Some(*hook),
-            PolicyError::Instantiate { .. } => Some(Hook::Instantiate),
+            PolicyError::Instantiate { .. } | PolicyError::PoolExhausted { .. } => {
+                Some(Hook::Instantiate)
+            }
             PolicyError::Io { .. }
             | PolicyError::Compile { .. }
             | PolicyError::WorldMismatch { .. }

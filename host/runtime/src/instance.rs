@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use inlay_core::{CacheSettings, RequestAction, RequestHead, ResponseHead, SyntheticResponse};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 use wasmtime::Store;
 use wasmtime::component::{ComponentType, Instance, Lift, Resource};
@@ -176,6 +177,9 @@ pub(crate) struct LiveCall {
     store: Store<StoreState>,
     instance: Instance,
     bindings: Policy,
+    /// The pool slot the store holds; declared after it, so the store is
+    /// gone when the next request gets the slot.
+    _slot: OwnedSemaphorePermit,
 }
 
 impl LiveCall {
@@ -197,8 +201,39 @@ impl LiveCall {
     /// Instantiates the policy of `state`'s handle (which keeps it, and
     /// its compiled code, alive for the request) in a new store holding
     /// `state`; the guest's start code runs under a whole CPU budget.
+    /// When the pool is full it waits in line for a slot, up to the
+    /// policy's `instance_wait_ms`.
     pub(crate) async fn start_new(
         state: StoreState,
+    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
+        let policy = state.handle().policy();
+        let slot = policy.engine().slot(policy.limits().instance_wait()).await;
+        match slot {
+            Ok(slot) => Self::instantiate(state, slot).await,
+            Err(e) => Err((e, Box::new(state))),
+        }
+    }
+
+    /// An instance made ahead of the request that will use it, if a slot
+    /// is free now: it never queues before requests.
+    pub(crate) async fn start_ahead(
+        state: StoreState,
+    ) -> Result<Option<Self>, (PolicyError, Box<StoreState>)> {
+        match state.handle().policy().engine().slot_now() {
+            Some(slot) => Self::instantiate(state, slot).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Removes the instance, returning its slot to the pool, and gives
+    /// back the request's state.
+    pub(crate) fn into_state(self) -> StoreState {
+        self.store.into_data()
+    }
+
+    async fn instantiate(
+        state: StoreState,
+        slot: OwnedSemaphorePermit,
     ) -> Result<Self, (PolicyError, Box<StoreState>)> {
         let handle = Arc::clone(state.handle());
         let policy = handle.policy();
@@ -223,6 +258,7 @@ impl LiveCall {
                     store,
                     instance,
                     bindings,
+                    _slot: slot,
                 }),
                 Err(e) => {
                     let error = match classify(store.data(), Hook::Instantiate, e) {
@@ -253,6 +289,7 @@ impl LiveCall {
     ) -> Result<Returned, PolicyError> {
         let hook = entry.hook;
         self.store.data_mut().hook = hook;
+        self.store.data_mut().restart_waits();
         self.refill_budget();
         let handler = self.bindings.inlay_policy_handler();
         let req = Resource::new_borrow(lent.req);

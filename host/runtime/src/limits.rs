@@ -28,6 +28,15 @@ pub struct PolicyLimits {
     /// Concurrent policy instances (stores) in the pooling allocator. Read
     /// once when the engine is created: changing it needs a restart.
     pub max_instances: u32,
+    /// How long a request waits, in milliseconds, for a free instance when
+    /// all `max_instances` are in use before it fails with a 503; 0 fails
+    /// at once. Waiters are served first come, first served.
+    pub instance_wait_ms: u64,
+    /// How long one hook may wait in all on the host's I/O (cache, kv,
+    /// fetch), in milliseconds; calls still waiting then fail as timed
+    /// out. The instance is held while a hook waits, so this bounds how
+    /// long a slow backend or store can keep it.
+    pub host_wait_ms: u64,
     /// Largest kv key, in bytes.
     pub kv_max_key: usize,
     /// Largest kv value, in bytes.
@@ -52,6 +61,8 @@ impl Default for PolicyLimits {
             max_host_calls: 10_000,
             max_subrequests: 32,
             max_instances: 1000,
+            instance_wait_ms: 1000,
+            host_wait_ms: 10_000,
             kv_max_key: 1024,
             kv_max_value: 1 << 20,
             log_max_line: 8 << 10,
@@ -61,10 +72,23 @@ impl Default for PolicyLimits {
     }
 }
 
+/// The longest [`PolicyLimits::host_wait_ms`] may be (an hour).
+pub const MAX_HOST_WAIT_MS: u64 = 3_600_000;
+
 impl PolicyLimits {
     /// The CPU budget of one hook call.
     pub fn cpu_time(&self) -> Duration {
         Duration::from_millis(self.cpu_time_ms)
+    }
+
+    /// How long a request waits for a free instance of a full pool.
+    pub fn instance_wait(&self) -> Duration {
+        Duration::from_millis(self.instance_wait_ms)
+    }
+
+    /// How long one hook may wait on the host's I/O in all.
+    pub fn host_wait(&self) -> Duration {
+        Duration::from_millis(self.host_wait_ms)
     }
 
     /// Checks the values a config could get wrong; returns every problem.
@@ -75,6 +99,11 @@ impl PolicyLimits {
         }
         if self.memory < 64 << 10 {
             problems.push("memory must be at least 65536 bytes (one wasm page)".to_string());
+        }
+        if self.host_wait_ms == 0 || self.host_wait_ms > MAX_HOST_WAIT_MS {
+            problems.push(format!(
+                "host_wait_ms must be between 1 and {MAX_HOST_WAIT_MS}"
+            ));
         }
         if self.max_instances == 0 {
             problems.push("max_instances must be at least 1".to_string());

@@ -338,7 +338,7 @@ fn node_bytes<S>(key: &Key) -> usize {
     std::mem::size_of::<Node<S>>() + FIRST_TABLE * std::mem::size_of::<Slot<S>>() + 64 + key_bytes
 }
 
-fn reply_bytes(reply: &Reply) -> usize {
+pub(crate) fn reply_bytes(reply: &Reply) -> usize {
     match reply {
         Reply::Unit | Reply::U16(_) => 0,
         Reply::Str(s) => s.len(),

@@ -312,6 +312,11 @@ impl LoadedPolicy {
         )
     }
 
+    /// The engine, whose pool every instance of the policy takes a slot of.
+    pub fn engine(&self) -> &PolicyEngine {
+        &self.inner.engine
+    }
+
     pub(crate) fn shared(&self) -> &PolicyShared {
         &self.inner.shared
     }
@@ -502,8 +507,9 @@ impl PolicyHandle {
         let handle = Arc::clone(self);
         runtime.spawn(async move {
             let own = PolicyHandle::new(handle.policy.clone(), Arc::clone(&handle.services));
-            match LiveCall::start_new(StoreState::new(own, EPOCH_TICK)).await {
-                Ok(live) => *handle.spare.lock() = Some(live),
+            match LiveCall::start_ahead(StoreState::new(own, EPOCH_TICK)).await {
+                Ok(Some(live)) => *handle.spare.lock() = Some(live),
+                Ok(None) => tracing::debug!("no instance made ahead: the pool is full"),
                 // The pool is full, or the guest failed to start: the next
                 // request instantiates (and reports the error) itself.
                 Err((e, _)) => tracing::debug!(error = %e, "no instance made ahead"),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall};
+use crate::limits::MemoryLimiter;
 use crate::memo::{Entry, Key, Reply, Returned, Tape};
 use crate::state::{Memo, Node, Recording, Start, Step, StoreState, not_repeated};
 
@@ -134,6 +135,28 @@ impl Replay {
         }
     }
 
+    /// Gives the request's instance back to the pool (see
+    /// `PolicyCall::release`): the request is back on the recorded paths
+    /// where it is, with the replies its instance got as those already
+    /// given, so the next hook is replayed if it can be and otherwise
+    /// catches a new instance up as any replayed request does. Returns
+    /// whether there was an instance the journal can stand in for.
+    pub(crate) fn release(&mut self) -> bool {
+        let releasable = matches!(&self.run, Run::Live(live) if !live.state().journal.incomplete);
+        if !releasable {
+            return false;
+        }
+        let Run::Live(live) = std::mem::replace(&mut self.run, Run::Gone) else {
+            return false;
+        };
+        let mut state = live.into_state();
+        self.replies = state.journal.take();
+        // A new store counts its memory from nothing again.
+        state.limiter = MemoryLimiter::new(state.policy().limits.memory);
+        self.run = Run::Recorded(Box::new(state));
+        true
+    }
+
     /// Whether the request has an instance of its own now.
     pub(crate) fn is_live(&self) -> bool {
         matches!(self.run, Run::Live(_))
@@ -187,6 +210,7 @@ impl Replay {
         if let (Some((at, key)), Some(recording)) = (branch, recording) {
             self.cursor = memo.insert(self.shard, &at, key, recording, returned.clone());
         }
+        self.entries.push(entry.clone());
         Ok(returned)
     }
 
@@ -223,6 +247,8 @@ impl Replay {
         }
         let broken = live.state().tape.broken;
         self.run = Run::Live(Box::new(live));
+        // Kept for a later release, which needs every hook that returned.
+        self.entries = entries;
         caught_up.map_err(|e| {
             // A hook that returned when it was recorded failed now: over a
             // limit, the machine was busy; otherwise the policy differs.

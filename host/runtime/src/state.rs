@@ -11,7 +11,7 @@ use wasmtime::component::{Resource, ResourceTable};
 use crate::errors::{Hook, HostLimitTrap};
 use crate::imports::log::LogQuota;
 use crate::limits::{CpuClock, MemoryLimiter};
-use crate::memo::{self, Recordable, Recorded, Tape};
+use crate::memo::{self, Recordable, Recorded, Reply, Tape};
 use crate::policy::{PolicyHandle, PolicyShared};
 use crate::services::{BodyBudget, PolicyServices};
 
@@ -53,6 +53,60 @@ pub(crate) struct StoreState {
     pub(crate) recorder: Option<Recording>,
     /// Replies to give without making the calls again (catching up).
     pub(crate) tape: Tape,
+    /// Every reply the guest of the current instance got, to bring a new
+    /// instance to the same point after this one is released.
+    pub(crate) journal: Journal,
+    /// When the current hook's waits on the host's I/O must have ended.
+    wait_deadline: tokio::time::Instant,
+}
+
+/// The replies an instance got, in order (from the tape or live): with
+/// the hooks it ran, enough to bring a fresh instance to the same point
+/// (see `PolicyCall::release`).
+#[derive(Default)]
+pub(crate) struct Journal {
+    replies: Vec<(&'static str, Reply)>,
+    bytes: usize,
+    /// Set when the replies cannot stand in for the instance: the guest
+    /// made a call whose reply depends on the world (clock, kv, cache,
+    /// fetch), or the journal outgrew [`JOURNAL_MAX_BYTES`]. The instance
+    /// is then kept until the request ends.
+    pub(crate) incomplete: bool,
+}
+
+/// The most a request's journal holds; a policy that reads more than this
+/// keeps its instance instead.
+pub(crate) const JOURNAL_MAX_BYTES: usize = 1 << 20;
+
+impl Journal {
+    fn push(&mut self, name: &'static str, reply: Reply) {
+        if self.incomplete {
+            return;
+        }
+        self.bytes += memo::reply_bytes(&reply) + 32;
+        if self.bytes > JOURNAL_MAX_BYTES {
+            self.give_up();
+            return;
+        }
+        self.replies.push((name, reply));
+    }
+
+    fn give_up(&mut self) {
+        self.incomplete = true;
+        self.replies = Vec::new();
+    }
+
+    /// How many replies it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.replies.len()
+    }
+
+    /// The replies, to answer a new instance's calls from a tape; the
+    /// journal starts over (the tape's answers are journaled again).
+    pub(crate) fn take(&mut self) -> Vec<(&'static str, Reply)> {
+        self.bytes = 0;
+        std::mem::take(&mut self.replies)
+    }
 }
 
 impl StoreState {
@@ -72,8 +126,25 @@ impl StoreState {
             esi: EsiOverrides::default(),
             recorder: None,
             tape: Tape::default(),
+            journal: Journal::default(),
+            wait_deadline: wait_deadline(limits.host_wait()),
             handle,
         }
+    }
+
+    /// Gives the hook about to run its whole `host_wait` for I/O.
+    pub(crate) fn restart_waits(&mut self) {
+        self.wait_deadline = wait_deadline(self.policy().limits.host_wait());
+    }
+
+    /// `future`, ending at the hook's I/O deadline with `None` if it is
+    /// still waiting then.
+    pub(crate) fn bounded<F: std::future::Future>(
+        &self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> + use<F> {
+        let deadline = self.wait_deadline;
+        async move { tokio::time::timeout_at(deadline, future).await.ok() }
     }
 
     /// The policy generation and services this request runs with.
@@ -101,13 +172,20 @@ impl StoreState {
         F: Fn(&mut StoreState) -> wasmtime::Result<R> + Send + Sync + 'static,
     {
         if let Some(answer) = self.tape.answer(name) {
-            return answer
+            let result = answer
                 .ok()
-                .and_then(R::from_reply)
-                .ok_or_else(|| wasmtime::format_err!("{}", not_repeated(name)));
+                .and_then(|reply| Some((R::from_reply(reply.clone())?, reply)));
+            let Some((result, reply)) = result else {
+                return Err(wasmtime::format_err!("{}", not_repeated(name)));
+            };
+            self.journal.push(name, reply);
+            return Ok(result);
         }
         let _span = self.hostcall(name)?;
         let result = call(self)?;
+        if !self.journal.incomplete {
+            self.journal.push(name, result.clone().into_reply());
+        }
         if let Some(recording) = self.recorder.as_mut().filter(|r| !r.opaque) {
             recording.calls.push(Recorded {
                 name,
@@ -130,6 +208,7 @@ impl StoreState {
         if let Some(recording) = self.recorder.as_mut() {
             recording.opaque = true;
         }
+        self.journal.give_up();
         self.count_call()
     }
 
@@ -205,6 +284,13 @@ impl StoreState {
             .map(|r| r.backend.clone())
             .unwrap_or_default()
     }
+}
+
+/// `wait` from now (a day from now if that overflows).
+fn wait_deadline(wait: std::time::Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400))
 }
 
 /// The error of an instance that, brought to where an earlier request's

@@ -468,14 +468,19 @@ async fn a_full_pool_refuses_new_instances_until_one_is_dropped() {
         ..PolicyLimits::default()
     })
     .expect("engine");
-    let policy = LoadedPolicy::compile(&small, probe_source(test_limits())).expect("compile");
+    // No waiting in line: refused at once.
+    let limits = PolicyLimits {
+        instance_wait_ms: 0,
+        ..test_limits()
+    };
+    let policy = LoadedPolicy::compile(&small, probe_source(limits)).expect("compile");
     let first = policy.start(FakeServices::new()).await.expect("first");
     let _second = policy.start(FakeServices::new()).await.expect("second");
     let err = policy
         .start(FakeServices::new())
         .await
         .expect_err("pool is full");
-    assert!(matches!(err, PolicyError::Instantiate { .. }), "{err}");
+    assert!(matches!(err, PolicyError::PoolExhausted { .. }), "{err}");
     assert_eq!(err.client_status(), StatusCode::SERVICE_UNAVAILABLE);
     drop(first);
     policy
@@ -499,6 +504,32 @@ async fn cache_imports_validate_and_reach_the_services() {
     // Purged by URL already, so the key finds nothing.
     assert_eq!(header(&s.headers, "x-purge-key"), Some("Ok(0)"));
     assert_eq!(header(&s.headers, "x-bad"), Some("true"));
+}
+
+#[tokio::test]
+async fn a_hook_waits_on_the_host_no_longer_than_host_wait() {
+    // Subrequests that would take an hour: the hook holds its instance
+    // while it waits, so the wait is cut at `host_wait_ms` and the guest
+    // gets timeouts it can handle.
+    let services = FakeServices::with_fetch_delay(Duration::from_secs(3600));
+    let policy = probe_with(PolicyLimits {
+        host_wait_ms: 20,
+        ..test_limits()
+    });
+    let s = synthetic(
+        run_path(&policy, services.clone(), "/fetch-many?n=2")
+            .await
+            .expect("fetch-many"),
+    );
+    assert_eq!(
+        s.body,
+        Bytes::from_static(b"err:FetchError::Timeout,err:FetchError::Timeout")
+    );
+    let s = synthetic(run_path(&policy, services, "/fetch").await.expect("fetch"));
+    assert_eq!(s.body, Bytes::from_static(b"err:FetchError::Timeout"));
+    let mut bad = test_limits();
+    bad.host_wait_ms = 0;
+    assert!(bad.validate().unwrap_err().contains("host_wait_ms"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1070,5 +1101,6 @@ mod example_policies {
     }
 }
 
+mod release;
 mod replay;
 mod spare;

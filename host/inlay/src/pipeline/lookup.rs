@@ -5,6 +5,9 @@
 //! response from the object being filled (see `inlay_cache::lookup`
 //! for the states).
 
+use std::future::Future;
+use std::task::Poll;
+
 use http::Method;
 use http_body_util::BodyExt;
 use inlay_cache::{CacheFetch, Fetched, Lookup, PrimaryKey, fresh_status, stale_status};
@@ -23,11 +26,24 @@ impl Pipeline {
     pub(super) async fn lookup_and_fetch(
         &self,
         head: &mut RequestHead,
-        policy: Option<&mut PolicyCall>,
+        mut policy: Option<&mut PolicyCall>,
     ) -> Result<Outcome, ProxyError> {
         let primary = PrimaryKey::of(head);
         let now = inlay_storage::now_ms();
-        match self.cache.lookup(&primary, &head.headers).await {
+        // A hit in memory is ready at once and keeps the policy's instance
+        // to on-deliver; a lookup that waits (the disk, another request's
+        // fill) gives it back first.
+        let found = {
+            let mut lookup = std::pin::pin!(self.cache.lookup(&primary, &head.headers));
+            match std::future::poll_fn(|cx| Poll::Ready(lookup.as_mut().poll(cx))).await {
+                Poll::Ready(found) => found,
+                Poll::Pending => {
+                    super::release_while_waiting(policy.as_deref_mut());
+                    lookup.await
+                }
+            }
+        };
+        match found {
             Lookup::Fresh(object) => {
                 let status = fresh_status(&object, now);
                 Ok(self.hit(object, status))
@@ -44,7 +60,10 @@ impl Pipeline {
                 let esi = joined.esi();
                 Ok(Outcome::new(joined.into_response(), status).with_esi(esi))
             }
-            Lookup::Fetch(fetch) => self.fetch_for_cache(head, fetch, policy).await,
+            Lookup::Fetch(fetch) => {
+                super::release_while_waiting(policy.as_deref_mut());
+                self.fetch_for_cache(head, fetch, policy).await
+            }
         }
     }
 

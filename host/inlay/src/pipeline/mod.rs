@@ -45,6 +45,16 @@ use crate::backend::{Backend, Backends};
 use crate::config::Config;
 use crate::policy_services::HostServices;
 
+/// Gives the request's policy instance back to the pool before the
+/// request waits on I/O (the backend, another request's fill), so that
+/// slow requests do not keep policy requests, hits included, from getting
+/// one; the next hook catches a new instance up (`PolicyCall::release`).
+fn release_while_waiting(policy: Option<&mut PolicyCall>) {
+    if let Some(call) = policy {
+        call.release();
+    }
+}
+
 /// What recv decided.
 #[derive(Debug)]
 pub enum Route {
@@ -232,6 +242,7 @@ impl Pipeline {
         let mut out = match route {
             Route::Synthetic(resp) => Outcome::new(resp, CacheStatus::Synthetic),
             Route::Pass => {
+                release_while_waiting(policy.as_mut());
                 let backend = self.backend(&head)?;
                 let mut resp = fetch::send(backend, &head, head.method.clone(), body, None).await?;
                 invalidate::after_unsafe(&self.cache, &head, resp.status(), resp.headers()).await;

@@ -79,10 +79,12 @@ impl Host for StoreState {
         };
         let future = self.services().fetch(sub, &self.default_backend());
         let started = Instant::now();
-        let result = future.instrument(span).await;
+        let result = self.bounded(future.instrument(span)).await;
         // Waiting for the backend is not the guest's CPU time.
         self.clock.exclude(started.elapsed());
-        Ok(from_sub_response(result))
+        Ok(from_sub_response(
+            result.unwrap_or(Err(services::FetchError::Timeout)),
+        ))
     }
 
     async fn send_many(
@@ -122,7 +124,14 @@ impl Host for StoreState {
             let sent = batch.len();
             let future = self.services().fetch_many(batch, &self.default_backend());
             let started = Instant::now();
-            let answers = future.instrument(span).await;
+            let answers = self
+                .bounded(future.instrument(span))
+                .await
+                .unwrap_or_else(|| {
+                    (0..sent)
+                        .map(|_| Err(services::FetchError::Timeout))
+                        .collect()
+                });
             self.clock.exclude(started.elapsed());
             if answers.len() != sent {
                 // A host bug: the guest cannot be given a consistent answer.

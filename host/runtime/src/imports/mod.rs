@@ -49,8 +49,14 @@ impl StoreState {
             Err(e) => return Ok(Err(e)),
         };
         let started = Instant::now();
-        let result = future.instrument(span).await;
+        let result = self.bounded(future.instrument(span)).await;
         self.clock.exclude(started.elapsed());
-        Ok(result.map_err(E::storage))
+        match result {
+            Some(result) => Ok(result.map_err(E::storage)),
+            None => Ok(Err(E::storage(format!(
+                "{name} timed out: the hook waited {:?} on the host",
+                self.policy().limits.host_wait()
+            )))),
+        }
     }
 }
