@@ -610,12 +610,14 @@ fn normal_client(args: Args, phase: Arc<AtomicU8>, stop: CancellationToken) -> V
 async fn attack(args: Args, stats: Arc<AttackStats>, stop: CancellationToken) {
     let mut tasks = JoinSet::new();
     let args = Arc::new(args);
-    // Idle connections first (they take the longest to open), spread so
-    // the other attacks start at once.
+    // Idle connections first, one a millisecond: faster, the kernel's
+    // accept queue overflows and the surplus stays half-open on the
+    // server's side (the client thinks it is connected, Inlay never sees
+    // it), which would measure the backlog rather than Inlay.
     for i in 0..args.idle {
         let (args, stats, stop) = (args.clone(), stats.clone(), stop.clone());
         tasks.spawn(async move {
-            tokio::time::sleep(Duration::from_micros(i * 200)).await;
+            tokio::time::sleep(Duration::from_micros(i * 1000)).await;
             idle(&args, &stats.idle, &stop).await
         });
     }
