@@ -45,6 +45,13 @@ impl Percentiles {
         }
     }
 
+    /// The hostile test's latency check: `attack`'s p99 is at most `factor`
+    /// times `self`'s (the quiet figure). No samples on either side fails:
+    /// a client that could not send anything did not keep its latency.
+    pub fn p99_within(&self, attack: &Percentiles, factor: f64) -> bool {
+        self.count > 0 && attack.count > 0 && attack.p99_us <= factor * self.p99_us
+    }
+
     /// As JSON, for the reports.
     pub fn to_json(self) -> serde_json::Value {
         serde_json::json!({
@@ -156,6 +163,17 @@ mod tests {
         assert_eq!(p.p999_us, 999.0);
         assert_eq!(p.max_us, 1000.0);
         assert_eq!(Percentiles::of(&[]), Percentiles::default());
+    }
+
+    #[test]
+    fn p99_check_is_twice_quiet_and_fails_without_samples() {
+        let quiet = Percentiles::of(&[Duration::from_micros(100); 100]);
+        let ok = Percentiles::of(&[Duration::from_micros(200); 100]);
+        let slow = Percentiles::of(&[Duration::from_micros(201); 100]);
+        assert!(quiet.p99_within(&ok, 2.0));
+        assert!(!quiet.p99_within(&slow, 2.0));
+        assert!(!quiet.p99_within(&Percentiles::default(), 2.0));
+        assert!(!Percentiles::default().p99_within(&ok, 2.0));
     }
 
     #[test]

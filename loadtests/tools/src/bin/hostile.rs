@@ -337,8 +337,8 @@ fn report(
     let peak_kib = rss_a.max(rss_q).max(hwm);
     let bound_kib = args.rss_bound_mib * 1024;
 
-    let ka_pass = ka_a.p99_us <= args.p99_factor * ka_q.p99_us;
-    let fr_pass = fr_a.p99_us <= args.p99_factor * fr_q.p99_us;
+    let ka_pass = ka_q.p99_within(&ka_a, args.p99_factor);
+    let fr_pass = fr_q.p99_within(&fr_a, args.p99_factor);
     let rss_pass = args.pid.is_none() || peak_kib <= bound_kib;
     let pass = ka_pass && fr_pass && rss_pass && after_ok;
     let verdict = |ok: bool| if ok { "pass" } else { "FAIL" };
@@ -811,34 +811,40 @@ async fn h2_zero_window(args: &Args, c: &Counters, stop: &CancellationToken) {
         let Some((mut send, mut driver)) = h2_connect(args, c, stop, Some(0)).await else {
             continue;
         };
-        let mut held = Vec::new();
+        // Response heads received (they need no window); bodies kept unread.
+        let heads = Arc::new(AtomicU64::new(0));
+        let mut held = JoinSet::new();
         for _ in 0..args.h2_streams {
             let ready = tokio::time::timeout(Duration::from_secs(5), send.clone().ready()).await;
             let Ok(Ok(mut s)) = ready else { break };
             match s.send_request(h2_get(args, &args.big_path), true) {
                 Ok((resp, _)) => {
                     Counters::add(&c.units, 1);
-                    held.push(tokio::spawn(async move {
-                        // Keep the body unread: no WINDOW_UPDATE is sent.
-                        resp.await.ok().map(|r| r.into_body())
-                    }));
+                    let heads = heads.clone();
+                    held.spawn(async move {
+                        if let Ok(r) = resp.await {
+                            heads.fetch_add(1, Ordering::Relaxed);
+                            // Keep the body unread: no WINDOW_UPDATE is sent.
+                            let _body = r.into_body();
+                            std::future::pending::<()>().await;
+                        }
+                    });
                 }
                 Err(_) => break,
             }
             send = s;
         }
-        tokio::select! {
-            _ = stop.cancelled() => {
-                driver.abort();
-                return;
-            }
-            _ = &mut driver => Counters::add(&c.closed_by_server, 1),
+        let closed = tokio::select! {
+            _ = stop.cancelled() => false,
+            _ = &mut driver => true,
+        };
+        Counters::add(&c.answers, heads.load(Ordering::Relaxed));
+        held.abort_all();
+        driver.abort();
+        if !closed {
+            return;
         }
-        for h in held {
-            if let Ok(Some(_body)) = h.await {
-                Counters::add(&c.answers, 1);
-            }
-        }
+        Counters::add(&c.closed_by_server, 1);
     }
 }
 
