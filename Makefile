@@ -21,7 +21,7 @@ DEMO_PROFILE := --profile demo --config 'profile.demo.inherits="release"' \
 	--config 'profile.demo.lto="off"' --config profile.demo.opt-level=1 \
 	--config profile.demo.codegen-units=16 --config profile.demo.debug=false
 
-.PHONY: demo test build deps bench bench-quick vendor-check conformance
+.PHONY: demo test build deps bench bench-quick vendor-check conformance hostile scale
 
 include Makefile.policies
 
@@ -74,3 +74,16 @@ bench-quick: deps build policies
 # suite runs Varnish; results and score in loadtests/reports/conformance/.
 conformance:
 	bash loadtests/conformance/run.sh
+
+# Hostile traffic on loopback beside a normal client (about 1 min 40 s;
+# loadtests/README.md, "Hostile traffic"). Fails when the client's p99 under
+# attack passes 2x its quiet p99 or Inlay's RSS passes the bound.
+hostile: deps build
+	$(CARGO) build --release -p inlay-loadtools
+	bash loadtests/scripts/hostile.sh
+
+# The disk tier with 1k and 1M small objects (loadtests/reports/scale.md);
+# the 1M fill takes a quarter of an hour and 4.5 GB of /tmp.
+scale:
+	$(CARGO) build --release -p inlay-loadtools
+	bash loadtests/scripts/scale.sh
