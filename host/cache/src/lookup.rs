@@ -76,6 +76,11 @@ impl JoinedFill {
         self.filling.esi()
     }
 
+    /// The object's age at `now_ms`, in seconds (the `Age` a hit carries).
+    pub fn age_secs(&self, now_ms: u64) -> u64 {
+        self.filling.meta().age_ms(now_ms) / 1000
+    }
+
     /// The response as the fetching client got it, its body streamed from
     /// the object being filled. A body that the backend cuts, or that
     /// outgrows `max_object_size`, ends with an error ([`crate::FillError`]).

@@ -230,6 +230,8 @@ async fn a_coalesced_request_streams_the_body_while_it_is_being_fetched() {
         .body(http_body_util::Full::new(Bytes::new()))
         .unwrap();
     let mut resp: http::Response<hyper::body::Incoming> = client.request(req).await.unwrap();
+    // Served from the object being stored: a hit, with its Age.
+    assert!(resp.headers().contains_key("age"), "{:?}", resp.headers());
     let mut total = 0;
     let mut first_bytes = None;
     while let Some(frame) = resp.body_mut().frame().await {

@@ -58,7 +58,12 @@ impl Pipeline {
             Lookup::Joined(joined) => {
                 let status = joined.status(now);
                 let esi = joined.esi();
-                Ok(Outcome::new(joined.into_response(), status).with_esi(esi))
+                let age = joined.age_secs(now);
+                let mut resp = joined.into_response();
+                // A hit carries its Age, as one from a stored object does.
+                resp.headers_mut()
+                    .insert(http::header::AGE, http::HeaderValue::from(age));
+                Ok(Outcome::new(resp, status).with_esi(esi))
             }
             Lookup::Fetch(fetch) => {
                 super::release_while_waiting(policy.as_deref_mut());
