@@ -55,6 +55,9 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// A connection with no traffic and no request in flight is closed after this.
     pub idle_timeout: Duration,
+    /// The idle timeout while fewer than a tenth of `max_connections` are
+    /// free, so that idle clients cannot hold every slot.
+    pub busy_idle_timeout: Duration,
     /// Longest time to send one response (head and body); the connection
     /// (HTTP/1) or the stream (HTTP/2) is then cut.
     pub send_timeout: Duration,
@@ -859,6 +862,7 @@ impl Reader {
                 "max_connections",
                 "header_read_timeout",
                 "idle_timeout",
+                "busy_idle_timeout",
                 "send_timeout",
                 "idle_send_timeout",
                 "max_header_size",
@@ -895,6 +899,12 @@ impl Reader {
                 Duration::from_secs(10),
             ),
             idle_timeout: self.duration(t, p, "idle_timeout", Duration::from_secs(60)),
+            busy_idle_timeout: self.positive_duration(
+                t,
+                p,
+                "busy_idle_timeout",
+                Duration::from_secs(1),
+            ),
             send_timeout: self.positive_duration(t, p, "send_timeout", Duration::from_secs(600)),
             idle_send_timeout: self.positive_duration(
                 t,

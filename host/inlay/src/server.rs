@@ -99,8 +99,9 @@ async fn accept_loop(
         let pipeline = pipeline.clone();
         let limits = limits.clone();
         let stop = stop.clone();
+        let slots = slots.clone();
         connections.spawn(async move {
-            serve_connection(stream, peer, pipeline, &limits, stop).await;
+            serve_connection(stream, peer, pipeline, &limits, &slots, stop).await;
             drop(permit);
         });
     }
@@ -111,6 +112,7 @@ async fn serve_connection(
     peer: SocketAddr,
     pipeline: Arc<Pipeline>,
     limits: &ServerConfig,
+    slots: &Semaphore,
     stop: CancellationToken,
 ) {
     let activity = Arc::new(Activity::default());
@@ -150,8 +152,12 @@ async fn serve_connection(
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let idle = limits.idle_timeout;
+    let busy_idle = idle.min(limits.busy_idle_timeout);
+    // Fewer free slots than this: idle connections go after `busy_idle`.
+    let reserve = (limits.max_connections / 10).max(1);
     let mut tick = tokio::time::interval(
-        idle.min(limits.idle_send_timeout)
+        busy_idle
+            .min(limits.idle_send_timeout)
             .min(Duration::from_secs(1))
             .max(Duration::from_millis(10)),
     );
@@ -179,6 +185,11 @@ async fn serve_connection(
                     info!(%peer, "client read nothing for idle_send_timeout; connection closed");
                     return;
                 }
+                let idle = if slots.available_permits() < reserve {
+                    busy_idle
+                } else {
+                    idle
+                };
                 if !closing && activity.idle_for() >= idle {
                     debug!(%peer, "closing idle connection");
                     closing = true;

@@ -422,3 +422,42 @@ async fn a_request_body_over_max_request_body_gets_413() {
     assert_eq!(r.status, 200);
     assert!(r.text().contains("\"bytes\":1024"), "{}", r.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_cannot_hold_every_connection_slot() {
+    // Every slot taken by a connection that sends nothing: when the slots
+    // run short, idle connections go after `busy_idle_timeout` instead of
+    // the minute of `idle_timeout`, so a real client gets in.
+    const SLOTS: usize = 20;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server(&format!(
+            "max_connections = {SLOTS}\nidle_timeout = \"60s\"\nbusy_idle_timeout = \"200ms\""
+        ))
+        .start_in_process()
+        .await;
+    let mut idle = Vec::new();
+    for _ in 0..SLOTS {
+        idle.push(tokio::net::TcpStream::connect(inlay.addr).await.unwrap());
+    }
+    // Far less than idle_timeout: only the busy timeout can let it in.
+    let served = tokio::time::timeout(Duration::from_secs(20), get(&inlay.url("/resp"))).await;
+    assert_eq!(
+        served.expect("a client waited for idle_timeout").status,
+        200
+    );
+    // With free slots, an idle connection is left alone (idle_timeout).
+    drop(idle);
+    let mut lone = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut buf = [0u8; 1];
+    use tokio::io::AsyncReadExt;
+    let still_open = tokio::time::timeout(Duration::from_millis(200), lone.read(&mut buf))
+        .await
+        .is_err();
+    assert!(
+        still_open,
+        "an idle connection was closed while slots were free"
+    );
+}
