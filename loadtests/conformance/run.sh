@@ -8,7 +8,9 @@
 #   SUITE=/path/to/cache-tests bash loadtests/conformance/run.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-SUITE=${SUITE:-/work/shared/cache-tests}
+# The suite sits beside the repository (../shared/cache-tests).
+SUITE=${SUITE:-$ROOT/../shared/cache-tests}
+[ -x "$SUITE/run.sh" ] || SUITE=/work/shared/cache-tests
 OUT=${OUT:-$ROOT/loadtests/reports/conformance}
 PROFILE=${PROFILE:-debug}
 CARGO=${CARGO:-cargo}
