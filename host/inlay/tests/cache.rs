@@ -788,3 +788,27 @@ async fn spelling_of_a_vary_header_does_not_make_variants() {
     .await;
     assert_eq!(origin.count("/echo").await, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_joined_to_a_fill_gets_its_304() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // The first bytes, then the origin stalls for 3 s before the rest.
+    let url =
+        inlay.url("/slow-body?n=20000&first=1000&after_ms=3000&cc=max-age%3D60&h=ETag:%22v1%22");
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move { get(&url).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Joined while the body is still coming: the validator matches.
+    let r = request("GET", &url, &[("if-none-match", "\"v1\"")], Bytes::new()).await;
+    assert_eq!(r.status, 304, "{:?}", r.headers);
+    assert!(r.body.is_empty());
+    assert!(r.header("cache-status").unwrap().contains("hit"));
+    // A validator that does not match gets the whole body.
+    let r = request("GET", &url, &[("if-none-match", "\"v0\"")], Bytes::new()).await;
+    assert_eq!((r.status, r.body.len()), (200, 20000));
+    assert_eq!(first.await.unwrap().body.len(), 20000);
+    assert_eq!(origin.count("/slow-body").await, 1);
+}

@@ -26,6 +26,20 @@ pub fn from_object(obj: &StoredObject, now_ms: u64) -> (Response<ProxyBody>, boo
 }
 
 /// Answer a client's conditional request (If-None-Match, If-Modified-Since)
+/// from the headers alone: for a response whose body is still coming (one
+/// joined while another request stores it), where Range cannot be answered
+/// yet but a 304 can.
+pub fn conditional(head: &RequestHead, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    if resp.status() != StatusCode::OK || !not_modified(&head.headers, resp.headers()) {
+        return resp;
+    }
+    let (mut parts, _) = resp.into_parts();
+    parts.status = StatusCode::NOT_MODIFIED;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, body::empty())
+}
+
+/// Answer a client's conditional request (If-None-Match, If-Modified-Since)
 /// and single-range request from a complete object. Multi-range requests get
 /// the whole object, which RFC 9110 allows.
 pub fn conditional_and_range(
@@ -36,13 +50,8 @@ pub fn conditional_and_range(
     if resp.status() != StatusCode::OK {
         return resp;
     }
-    if not_modified(&head.headers, resp.headers()) {
-        let (mut parts, _) = resp.into_parts();
-        parts.status = StatusCode::NOT_MODIFIED;
-        parts.headers.remove(header::CONTENT_LENGTH);
-        return Response::from_parts(parts, body::empty());
-    }
-    if head.method != Method::GET {
+    let resp = conditional(head, resp);
+    if resp.status() == StatusCode::NOT_MODIFIED || head.method != Method::GET {
         return resp;
     }
     let Some(range) = head

@@ -63,6 +63,11 @@ impl Pipeline {
                 // A hit carries its Age, as one from a stored object does.
                 resp.headers_mut()
                     .insert(http::header::AGE, http::HeaderValue::from(age));
+                // A client that has it gets a 304 now; an ESI template's
+                // validators are not the assembled page's.
+                if !esi {
+                    resp = deliver::conditional(head, resp);
+                }
                 Ok(Outcome::new(resp, status).with_esi(esi))
             }
             Lookup::Fetch(fetch) => {
