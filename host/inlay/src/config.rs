@@ -51,6 +51,9 @@ pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     /// Maximum concurrent client connections; more wait in the accept queue.
     pub max_connections: usize,
+    /// Maximum concurrent connections from one client IP address (`0`: no
+    /// limit); past it a new connection from that address is closed at once.
+    pub max_connections_per_client: usize,
     /// A client must send its whole request head within this time.
     pub header_read_timeout: Duration,
     /// A connection with no traffic and no request in flight is closed after this.
@@ -860,6 +863,7 @@ impl Reader {
             &[
                 "listen",
                 "max_connections",
+                "max_connections_per_client",
                 "header_read_timeout",
                 "idle_timeout",
                 "busy_idle_timeout",
@@ -892,6 +896,14 @@ impl Reader {
         ServerConfig {
             listen,
             max_connections: self.uint(t, p, "max_connections", 10_000, 1, 1_000_000) as usize,
+            max_connections_per_client: self.uint(
+                t,
+                p,
+                "max_connections_per_client",
+                1_000,
+                0,
+                1_000_000,
+            ) as usize,
             header_read_timeout: self.duration(
                 t,
                 p,

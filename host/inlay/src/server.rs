@@ -80,6 +80,7 @@ async fn accept_loop(
     connections: TaskTracker,
     stop: CancellationToken,
 ) {
+    let per_client = PerClient::new(limits.max_connections_per_client);
     loop {
         // Wait for a free slot before accepting: excess clients wait in the
         // kernel's backlog instead of costing us memory.
@@ -95,6 +96,14 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Some(client_slot) = per_client.take(peer.ip()) else {
+            // One address holding its share already: closed at once, so
+            // that one client cannot take every slot.
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "client at max_connections_per_client; connection closed");
+            }
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let pipeline = pipeline.clone();
         let limits = limits.clone();
@@ -102,6 +111,7 @@ async fn accept_loop(
         let slots = slots.clone();
         connections.spawn(async move {
             serve_connection(stream, peer, pipeline, &limits, &slots, stop).await;
+            drop(client_slot);
             drop(permit);
         });
     }
@@ -341,11 +351,15 @@ impl SendClock {
 fn log_connection_error(peer: SocketAddr, e: &(dyn std::error::Error + 'static)) {
     if let Some(h) = e.downcast_ref::<hyper::Error>() {
         if h.is_timeout() {
-            warn!(%peer, "client sent no complete request head in time (header_read_timeout); connection closed");
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "client sent no complete request head in time (header_read_timeout); connection closed");
+            }
             return;
         }
         if h.is_parse() || h.is_parse_too_large() {
-            warn!(%peer, error = %h, "malformed request; answered 400 and closed the connection");
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, error = %h, suppressed = more, "malformed request; answered 400 and closed the connection");
+            }
             return;
         }
         if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
@@ -353,11 +367,138 @@ fn log_connection_error(peer: SocketAddr, e: &(dyn std::error::Error + 'static))
             return;
         }
     }
+    if let Some(io) = e.downcast_ref::<std::io::Error>()
+        && io.kind() == std::io::ErrorKind::Interrupted
+    {
+        // hyper-util's answer to a graceful close before the first byte:
+        // a connection we closed because it stayed idle.
+        debug!(%peer, "idle connection closed before its first request");
+        return;
+    }
     let text = e.to_string();
     if text.contains("connection reset") || text.contains("broken pipe") {
         debug!(%peer, error = %text, "client went away");
-    } else {
-        warn!(%peer, error = %text, "connection error");
+    } else if let Some(more) = CLIENT_WARNINGS.admit() {
+        warn!(%peer, error = %text, suppressed = more, "connection error");
+    }
+}
+
+/// Connections open per client address, for `max_connections_per_client`.
+#[derive(Clone)]
+struct PerClient {
+    limit: usize,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+impl PerClient {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            open: Arc::default(),
+        }
+    }
+
+    /// A connection slot for `ip`, or `None` when it holds `limit` already.
+    fn take(&self, ip: std::net::IpAddr) -> Option<ClientSlot> {
+        if self.limit == 0 {
+            return Some(ClientSlot(None));
+        }
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.limit {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot(Some((self.clone(), ip))))
+    }
+}
+
+/// One connection counted against its address until dropped.
+struct ClientSlot(Option<(PerClient, std::net::IpAddr)>);
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        if let Some((per, ip)) = self.0.take() {
+            let mut open = per.open.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = open.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// Warnings about what one client did wrong, at most [`WARNINGS_PER_SEC`] a
+/// second: a flood of bad connections must not turn into a flood of log
+/// lines (each costs CPU and disk). The next line that is written says how
+/// many were left out.
+static CLIENT_WARNINGS: RateLimit = RateLimit::new();
+
+/// Client warnings written per second at most.
+const WARNINGS_PER_SEC: u64 = 20;
+
+/// A per-second budget of log lines.
+struct RateLimit {
+    /// The current second (since the Unix epoch) and lines written in it,
+    /// packed as `second << 16 | count`.
+    window: AtomicU64,
+    /// Lines left out since the last one written.
+    suppressed: AtomicU64,
+}
+
+impl RateLimit {
+    const fn new() -> Self {
+        Self {
+            window: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines left out before this one)` when a line may be written.
+    fn admit(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let admitted = self
+            .window
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                if w >> 16 != now {
+                    Some(now << 16 | 1)
+                } else if w & 0xffff < WARNINGS_PER_SEC {
+                    Some(w + 1)
+                } else {
+                    None
+                }
+            })
+            .is_ok();
+        if admitted {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod rate_limit_tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_client_warnings_is_cut_to_the_budget_and_counted() {
+        let limit = RateLimit::new();
+        let written: Vec<u64> = (0..1000).filter_map(|_| limit.admit()).collect();
+        // Within one second (or two, at a second's edge): the budget, not 1000.
+        assert!(
+            (WARNINGS_PER_SEC as usize..=2 * WARNINGS_PER_SEC as usize).contains(&written.len()),
+            "{} lines written",
+            written.len()
+        );
+        // What was left out is counted, and reported by the next line.
+        let left_out = limit.suppressed.load(Ordering::Relaxed) + written.iter().sum::<u64>();
+        assert_eq!(left_out as usize, 1000 - written.len());
     }
 }
 

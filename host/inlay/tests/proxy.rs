@@ -461,3 +461,59 @@ async fn idle_clients_cannot_hold_every_connection_slot() {
         "an idle connection was closed while slots were free"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_address_cannot_take_every_connection() {
+    use tokio::io::AsyncReadExt;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("max_connections_per_client = 5")
+        .start_in_process()
+        .await;
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(tokio::net::TcpStream::connect(inlay.addr).await.unwrap());
+    }
+    // The sixth from the same address is closed at once.
+    let mut sixth = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(10), sixth.read(&mut buf))
+        .await
+        .expect("the sixth connection was kept open");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    // Another address is served while this one holds its share.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = sock.connect(inlay.addr).await.unwrap();
+    use tokio::io::AsyncWriteExt;
+    other
+        .write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    other.read_to_end(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    // A connection given back is a slot for the same address again (once
+    // the server has seen it close).
+    drop(held.pop());
+    let mut served = false;
+    for _ in 0..100 {
+        let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+        let _ = s
+            .write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await;
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer).await;
+        if answer.starts_with(b"HTTP/1.1 200") {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served, "the address got no slot back");
+}

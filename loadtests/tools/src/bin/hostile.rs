@@ -490,8 +490,20 @@ async fn one_request(target: SocketAddr, path: &str, timeout: Duration) -> anyho
 
 type H1 = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
+/// The normal client's source address: real clients and an attacker do
+/// not share one, and on loopback the attacks come from 127.0.0.1
+/// (Inlay's `server.max_connections_per_client` counts by address).
+const CLIENT_SOURCE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+
 async fn connect_h1(target: SocketAddr) -> anyhow::Result<H1> {
-    let stream = TcpStream::connect(target).await?;
+    let stream = match target {
+        SocketAddr::V4(_) => {
+            let sock = TcpSocket::new_v4()?;
+            sock.bind(SocketAddr::from((CLIENT_SOURCE, 0)))?;
+            sock.connect(target).await?
+        }
+        SocketAddr::V6(_) => TcpStream::connect(target).await?,
+    };
     stream.set_nodelay(true)?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
