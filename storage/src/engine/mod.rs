@@ -9,8 +9,6 @@ mod sled_engine;
 
 use std::ops::Deref;
 
-#[cfg(test)]
-pub(crate) use sled_engine::SledEngine;
 pub(crate) use sled_engine::open_sled;
 
 use crate::StoreError;
