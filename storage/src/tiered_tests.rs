@@ -979,8 +979,11 @@ fn orphaned_chunk_files_are_deleted_after_the_open_not_during_it() {
         (orphan, junk)
     };
     let engine = Arc::new(open_sled(dir.path(), &cfg).unwrap().engine);
+    // Declared before the gate, so dropped after it: a failing assertion
+    // releases the sweep before the store's drop waits for it.
+    let s: TieredStore;
     let release = engine.hold_orphan_sweep();
-    let s = TieredStore::with_engine(cfg, engine.clone()).unwrap();
+    s = TieredStore::with_engine(cfg, engine.clone()).unwrap();
     // Open, and answering, while the sweep has not run: the orphans are
     // still there.
     assert!(orphan.exists() && junk.exists());
