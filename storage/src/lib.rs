@@ -31,7 +31,9 @@
 //!   fail verification. Every body carries a CRC-32 and every record carries
 //!   its own: a corrupt, torn or partial object is a miss, is removed and is
 //!   logged at `warn`. Objects load lazily (no scan at open); byte counters
-//!   are recomputed by a background thread. A database that will not open is
+//!   are recomputed, and chunk files a crash left without a pointer are
+//!   deleted, by a background thread after the open (so the time to the
+//!   first hit does not grow with the number of objects). A database that will not open is
 //!   moved aside to `<dir>.corrupt-<unix_ts>` and a fresh one is created.
 //!
 //! # Disk layout (sled trees)
@@ -293,7 +295,9 @@ pub struct StoreStats {
     pub disk_capacity: u64,
     /// Objects on disk; approximate until `disk_counted` is true.
     pub disk_objects: u64,
-    /// Size of sled's files, as sled reports it.
+    /// Size of sled's files, as sled reports it, plus the chunk files;
+    /// the chunk files of earlier runs are counted by the background sweep
+    /// after open (approximate until it finishes).
     pub disk_file_bytes: u64,
     /// Whether the background count of the disk tier after open finished.
     pub disk_counted: bool,

@@ -154,6 +154,10 @@ impl Inner {
             if let Err(e) = disk.evict_to_bound() {
                 tracing::warn!(error = %e, "disk eviction failed");
             }
+            // Orphans are harmless until then (nothing names them): last.
+            if let Err(e) = disk.sweep_orphans(&self.stopping) {
+                tracing::warn!(error = %e, "deleting orphaned chunk files failed");
+            }
         }
         loop {
             match stopped.recv_timeout(interval) {

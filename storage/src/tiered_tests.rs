@@ -598,6 +598,9 @@ impl DiskEngine for FaultyEngine {
     fn generate_id(&self) -> Result<u64, StoreError> {
         self.inner.generate_id()
     }
+    fn sweep_orphans(&self, stop: &AtomicBool) -> Result<u64, StoreError> {
+        self.inner.sweep_orphans(stop)
+    }
     fn flush(&self) -> Result<(), StoreError> {
         self.check(0)?;
         self.inner.flush()
@@ -945,4 +948,67 @@ fn an_old_vary_index_in_kv_is_dropped_at_open() {
     );
     // Only the policy's record is charged to the kv budget.
     assert!(s.stats().kv_bytes < 200, "{}", s.stats().kv_bytes);
+}
+
+/// Plants a chunk file no pointer names, as a crash between a chunk's file
+/// and its pointer leaves; returns its path.
+fn plant_chunk_file(dir: &std::path::Path, engine: &dyn DiskEngine) -> std::path::PathBuf {
+    let id = engine.generate_id().unwrap();
+    let path = dir
+        .join("chunks")
+        .join(format!("{:02x}", id & 0xff))
+        .join(format!("{id:016x}"));
+    std::fs::write(&path, b"no pointer names this file").unwrap();
+    path
+}
+
+#[test]
+fn orphaned_chunk_files_are_deleted_after_the_open_not_during_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    // An earlier session: two objects, and the files of two writes a
+    // crash interrupted before their pointers.
+    let (orphan, junk) = {
+        let s = open_counted(cfg.clone());
+        s.put("a", meta(60_000, &[]), body(1, 100)).unwrap();
+        s.put("b", meta(60_000, &[]), body(2, 50_000)).unwrap();
+        s.flush().unwrap();
+        let orphan = plant_chunk_file(dir.path(), s.disk().unwrap().engine());
+        let junk = dir.path().join("chunks").join("00").join("not-a-chunk");
+        std::fs::write(&junk, b"x").unwrap();
+        (orphan, junk)
+    };
+    let engine = Arc::new(open_sled(dir.path(), &cfg).unwrap().engine);
+    // Declared before the gate, so dropped after it: a failing assertion
+    // releases the sweep before the store's drop waits for it.
+    let s: TieredStore;
+    let release = engine.hold_orphan_sweep();
+    s = TieredStore::with_engine(cfg, engine.clone()).unwrap();
+    // Open, and answering, while the sweep has not run: the orphans are
+    // still there.
+    assert!(orphan.exists() && junk.exists());
+    forget_memory(&s);
+    assert_eq!(s.get("a").unwrap().unwrap().body, body(1, 100));
+    // Written while the sweep runs: a file whose pointer is not in the
+    // tree yet (a put in flight), and a whole put.
+    let in_flight = plant_chunk_file(dir.path(), &*engine);
+    s.put("c", meta(60_000, &[]), body(3, 100)).unwrap();
+    release.send(()).unwrap();
+    for _ in 0..1000 {
+        if engine.orphans_swept() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(engine.orphans_swept(), "the orphan sweep did not finish");
+    assert!(!orphan.exists(), "an orphan of an earlier session was kept");
+    assert!(!junk.exists(), "a stray file was kept");
+    assert!(
+        in_flight.exists(),
+        "a file written during the sweep was deleted"
+    );
+    forget_memory(&s);
+    assert_eq!(s.get("a").unwrap().unwrap().body, body(1, 100));
+    assert_eq!(s.get("b").unwrap().unwrap().body, body(2, 50_000));
+    assert_eq!(s.get("c").unwrap().unwrap().body, body(3, 100));
 }

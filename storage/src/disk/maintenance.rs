@@ -61,6 +61,12 @@ impl DiskTier {
         Ok(cleaned)
     }
 
+    /// Deletes what crashes left in the engine that no tree names (chunk
+    /// files without a pointer); run in the background after open.
+    pub(crate) fn sweep_orphans(&self, stop: &AtomicBool) -> Result<u64, StoreError> {
+        self.engine.sweep_orphans(stop)
+    }
+
     /// After a partly failed removal: a pending entry makes the next open
     /// delete the remaining chunks.
     pub(super) fn remember_orphans(&self, key: &str) {

@@ -12,7 +12,8 @@
 //! Order of a write: the file is written completely, then the pointer is
 //! inserted; a replaced or removed pointer's file is unlinked after the
 //! pointer is gone. A crash between the two leaves a file no pointer names;
-//! [`ChunkFiles::open`] deletes those. A pointer whose file is missing or
+//! [`ChunkFiles::sweep_orphans`] deletes those, in the background after
+//! the open. A pointer whose file is missing or
 //! has the wrong length reads as corruption (the layout above then drops
 //! the object), never as data.
 //!
@@ -20,11 +21,10 @@
 //! after a power loss a record may name bytes that never reached the disk,
 //! which fail the body's CRC and are dropped, never served.
 
-use std::collections::HashSet;
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{Value, Wait};
 use crate::StoreError;
@@ -67,37 +67,79 @@ impl Pointer {
 /// The directory of chunk files.
 pub(crate) struct ChunkFiles {
     dir: PathBuf,
-    /// Bytes of chunk files (for `size_on_disk`).
+    /// Bytes of chunk files (for `size_on_disk`); until the orphan sweep
+    /// has counted the files of earlier sessions, only this session's.
     bytes: AtomicU64,
+    /// Every file id below this was handed out by an earlier session (sled
+    /// ids grow across restarts, crashes included): no write of this
+    /// session can be in flight on such a file, so the sweep may judge it
+    /// by the pointers alone.
+    first_id: u64,
+    /// Whether the orphan sweep has finished.
+    swept: AtomicBool,
 }
 
 impl ChunkFiles {
-    /// Opens (creating) `<db_dir>/chunks` and deletes every file whose id is
-    /// not in `live` (left by a crash between a file and its pointer).
-    pub(crate) fn open(db_dir: &Path, live: &HashSet<u64>) -> Result<ChunkFiles, StoreError> {
+    /// Opens (creating) `<db_dir>/chunks`. Files of ids below `first_id`
+    /// that no pointer names (a crash between a file and its pointer) are
+    /// left to [`ChunkFiles::sweep_orphans`], which runs after the open:
+    /// with a million objects, listing them took most of a minute.
+    pub(crate) fn open(db_dir: &Path, first_id: u64) -> Result<ChunkFiles, StoreError> {
         let dir = db_dir.join("chunks");
         for fan in 0..=0xffu64 {
             fs::create_dir_all(dir.join(fan_out(fan))).map_err(from_io)?;
         }
-        let mut bytes = 0;
+        Ok(ChunkFiles {
+            dir,
+            bytes: AtomicU64::new(0),
+            first_id,
+            swept: AtomicBool::new(false),
+        })
+    }
+
+    /// Deletes every file of an earlier session whose id is not in `live`
+    /// (sorted: the ids the `chunks` tree named when the sweep began) and
+    /// counts the bytes of the others. Files of this session (ids from
+    /// `first_id` on) are never touched: a write in flight has its file
+    /// before its pointer. A pointer removed while the sweep runs only
+    /// makes its file deleted twice (the second finds it gone). Returns
+    /// how many files were deleted; stops early, without marking the
+    /// sweep done, when `stop` is set.
+    pub(crate) fn sweep_orphans(&self, live: &[u64], stop: &AtomicBool) -> Result<u64, StoreError> {
         let mut orphans = 0u64;
-        for sub in fs::read_dir(&dir).map_err(from_io)? {
-            let sub = sub.map_err(from_io)?.path();
-            if !sub.is_dir() {
-                continue;
-            }
-            for f in fs::read_dir(&sub).map_err(from_io)? {
+        let mut seen = 0u64;
+        for fan in 0..=0xffu64 {
+            let sub = self.dir.join(fan_out(fan));
+            let listing = match fs::read_dir(&sub) {
+                Ok(l) => l,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(from_io(e)),
+            };
+            for f in listing {
                 let f = f.map_err(from_io)?;
+                seen += 1;
+                if seen.is_multiple_of(1024) && stop.load(Ordering::Relaxed) {
+                    return Ok(orphans);
+                }
                 let id = f
                     .file_name()
                     .to_str()
                     .and_then(|n| u64::from_str_radix(n, 16).ok());
-                if id.is_some_and(|id| live.contains(&id)) {
-                    bytes += f.metadata().map(|m| m.len()).unwrap_or(0);
-                } else {
-                    orphans += 1;
-                    if let Err(e) = fs::remove_file(f.path()) {
-                        tracing::warn!(path = %f.path().display(), error = %e, "could not delete an orphaned chunk file");
+                match id {
+                    Some(id) if id >= self.first_id => continue,
+                    Some(id) if live.binary_search(&id).is_ok() => {
+                        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                        self.bytes.fetch_add(len, Ordering::Relaxed);
+                    }
+                    _ => {
+                        orphans += 1;
+                        match fs::remove_file(f.path()) {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == ErrorKind::NotFound => {}
+                            Err(e) => {
+                                tracing::warn!(path = %f.path().display(), error = %e, "could not delete an orphaned chunk file")
+                            }
+                        }
                     }
                 }
             }
@@ -108,13 +150,21 @@ impl ChunkFiles {
                 "deleted chunk files no record points to (writes a crash interrupted)"
             );
         }
-        Ok(ChunkFiles {
-            dir,
-            bytes: AtomicU64::new(bytes),
-        })
+        self.swept.store(true, Ordering::Relaxed);
+        Ok(orphans)
     }
 
-    fn path(&self, file: u64) -> PathBuf {
+    /// Whether [`ChunkFiles::sweep_orphans`] has finished.
+    pub(crate) fn swept(&self) -> bool {
+        self.swept.load(Ordering::Relaxed)
+    }
+
+    /// The first file id of this session (see the field).
+    pub(crate) fn first_id(&self) -> u64 {
+        self.first_id
+    }
+
+    pub(crate) fn path(&self, file: u64) -> PathBuf {
         self.dir.join(fan_out(file)).join(format!("{file:016x}"))
     }
 
@@ -195,6 +245,10 @@ impl ChunkFiles {
     /// Deletes the file `p` points to (already gone is fine).
     pub(crate) fn remove(&self, p: Pointer) {
         match fs::remove_file(self.path(p.file)) {
+            // A file of an earlier session is counted by the sweep, if
+            // still there when it looks; until the sweep is done, `bytes`
+            // may count one it saw and then lost (approximate meanwhile).
+            Ok(()) if p.file < self.first_id && !self.swept() => {}
             Ok(()) => {
                 let _ = self
                     .bytes
@@ -297,7 +351,7 @@ mod tests {
 
     fn files() -> (tempfile::TempDir, ChunkFiles) {
         let dir = tempfile::tempdir().unwrap();
-        let files = ChunkFiles::open(dir.path(), &HashSet::new()).unwrap();
+        let files = ChunkFiles::open(dir.path(), 0).unwrap();
         (dir, files)
     }
 

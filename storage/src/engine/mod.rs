@@ -140,6 +140,13 @@ pub(crate) trait DiskEngine: Send + Sync {
     fn range_from(&self, tree: TreeId, start: &[u8]) -> Entries<'_>;
     /// A new id, larger than every id handed out before (also across restarts).
     fn generate_id(&self) -> Result<u64, StoreError>;
+    /// Deletes what a crash left behind that the trees do not name (for
+    /// sled: chunk files without a pointer). Runs in the background after
+    /// the open, concurrently with reads and writes; returns early when
+    /// `stop` is set. Returns how many leftovers it deleted.
+    fn sweep_orphans(&self, _stop: &std::sync::atomic::AtomicBool) -> Result<u64, StoreError> {
+        Ok(0)
+    }
     /// Makes all completed writes durable.
     fn flush(&self) -> Result<(), StoreError>;
     /// Bytes of the engine's files.

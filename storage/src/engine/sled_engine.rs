@@ -1,9 +1,9 @@
 //! The sled 0.34 engine, and opening it without ever failing on a corrupt
 //! database: one that will not open is moved aside and replaced.
 
-use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::chunk_files::{ChunkFiles, Pointer};
 use super::{DiskEngine, Entries, TreeId, Value, Wait};
@@ -25,6 +25,9 @@ pub(crate) struct SledEngine {
     trees: Vec<sled::Tree>,
     /// The bytes of the `chunks` tree (which holds [`Pointer`]s).
     chunks: ChunkFiles,
+    /// Tests hold the orphan sweep here until they release it.
+    #[cfg(test)]
+    sweep_gate: parking_lot::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 /// An opened engine and, if the old database was unusable, where it went.
@@ -112,18 +115,20 @@ fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure>
             .iter()
             .map(|t| db.open_tree(t.name()))
             .collect::<Result<Vec<_>, _>>()?;
-        // The files the chunk pointers name; any other file is an orphan.
-        let mut live = HashSet::new();
-        for item in trees[TreeId::Chunks.index()].iter().values() {
-            if let Ok(p) = Pointer::decode(&item?) {
-                live.insert(p.file);
-            }
-        }
-        Ok::<_, sled::Error>((db, trees, live))
+        // Every chunk file so far has a smaller id: the orphan sweep after
+        // the open judges only those (see `ChunkFiles`).
+        let first_id = db.generate_id()?;
+        Ok::<_, sled::Error>((db, trees, first_id))
     }));
     match opened {
-        Ok(Ok((db, trees, live))) => match ChunkFiles::open(dir, &live) {
-            Ok(chunks) => Ok(SledEngine { db, trees, chunks }),
+        Ok(Ok((db, trees, first_id))) => match ChunkFiles::open(dir, first_id) {
+            Ok(chunks) => Ok(SledEngine {
+                db,
+                trees,
+                chunks,
+                #[cfg(test)]
+                sweep_gate: parking_lot::Mutex::new(None),
+            }),
             Err(StoreError::Full) => Err(OpenFailure::NoSpace),
             Err(StoreError::Io(e)) if is_system_error(&e) => Err(OpenFailure::System(e)),
             Err(e) => Err(OpenFailure::Broken(format!("chunk files: {e}"))),
@@ -300,6 +305,21 @@ impl SledEngine {
         &self.trees[t.index()]
     }
 
+    /// Makes the next orphan sweep wait, once it has begun, until the
+    /// returned sender sends or is dropped.
+    #[cfg(test)]
+    pub(crate) fn hold_orphan_sweep(&self) -> std::sync::mpsc::Sender<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.sweep_gate.lock() = Some(rx);
+        tx
+    }
+
+    /// Whether the orphan sweep after open has finished.
+    #[cfg(test)]
+    pub(crate) fn orphans_swept(&self) -> bool {
+        self.chunks.swept()
+    }
+
     /// The bytes behind a chunk pointer. In a scan, a pointer that does not
     /// decode or names a missing or short file yields an empty value: the
     /// layout's length check then calls the body corrupt, and cleanups that
@@ -422,6 +442,29 @@ impl DiskEngine for SledEngine {
 
     fn generate_id(&self) -> Result<u64, StoreError> {
         self.db.generate_id().map_err(map_sled)
+    }
+
+    fn sweep_orphans(&self, stop: &AtomicBool) -> Result<u64, StoreError> {
+        #[cfg(test)]
+        if let Some(gate) = self.sweep_gate.lock().take() {
+            let _ = gate.recv();
+        }
+        // The earlier sessions' files that pointers name now. A pointer
+        // to such a file can only be removed from here on, never added.
+        let first_id = self.chunks.first_id();
+        let mut live = Vec::new();
+        for (n, item) in self.tree(TreeId::Chunks).iter().values().enumerate() {
+            if n % 1024 == 0 && stop.load(Ordering::Relaxed) {
+                return Ok(0);
+            }
+            if let Ok(p) = Pointer::decode(&item.map_err(map_sled)?)
+                && p.file < first_id
+            {
+                live.push(p.file);
+            }
+        }
+        live.sort_unstable();
+        self.chunks.sweep_orphans(&live, stop)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

@@ -62,6 +62,9 @@ enum Cmd {
         /// Timed lookups of stored keys.
         #[arg(long, default_value_t = 20_000)]
         lookups: u64,
+        /// sled's `cache_capacity` in MiB (the store's default if absent).
+        #[arg(long)]
+        sled_cache_mib: Option<u64>,
         /// Write the figures as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -124,8 +127,15 @@ fn run(args: Args, started: Instant) -> anyhow::Result<()> {
             dir,
             count,
             lookups,
+            sled_cache_mib,
             json,
-        } => probe(dir, count, lookups, json, started),
+        } => {
+            let mut cfg = config(dir);
+            if let Some(mib) = sled_cache_mib {
+                cfg.disk_cache_bytes = mib << 20;
+            }
+            probe(cfg, count, lookups, json, started)
+        }
     }
 }
 
@@ -194,7 +204,7 @@ fn fill(
 }
 
 fn probe(
-    dir: PathBuf,
+    cfg: StoreConfig,
     count: u64,
     lookups: u64,
     json_out: Option<PathBuf>,
@@ -203,6 +213,7 @@ fn probe(
     if count == 0 {
         bail!("--count must be at least 1");
     }
+    let dir = cfg.dir.clone().context("no directory")?;
     if !dir.join("db").exists() && std::fs::read_dir(&dir).map_or(true, |mut d| d.next().is_none())
     {
         bail!(
@@ -210,7 +221,8 @@ fn probe(
             dir.display()
         );
     }
-    let store = TieredStore::open(config(dir.clone())).context("opening the store")?;
+    let sled_cache_bytes = cfg.disk_cache_bytes;
+    let store = TieredStore::open(cfg).context("opening the store")?;
     let open_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut rng = SplitMix::new(0x5ca1e);
     let first = key(rng.below(count));
@@ -263,7 +275,7 @@ fn probe(
         stats.hits_disk
     );
     let doc = json!({
-        "dir": dir, "count": count, "lookups": lookups,
+        "dir": dir, "count": count, "lookups": lookups, "sled_cache_bytes": sled_cache_bytes,
         "open_ms": open_ms, "first_hit_ms": first_hit_ms,
         "rss_after_open_kib": after_open.rss_kib, "rss_after_lookups_kib": after.rss_kib,
         "hwm_kib": after.hwm_kib,
