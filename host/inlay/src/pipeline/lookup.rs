@@ -10,7 +10,7 @@ use std::task::Poll;
 
 use http::Method;
 use http_body_util::BodyExt;
-use inlay_cache::{CacheFetch, Fetched, Lookup, PrimaryKey, fresh_status, stale_status};
+use inlay_cache::{CacheFetch, Fetched, HttpCache, Lookup, PrimaryKey, fresh_status, stale_status};
 use inlay_core::body::ProxyBody;
 use inlay_core::{CacheStatus, ProxyError, RequestHead, StaleReason, body};
 use inlay_runtime::PolicyCall;
@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use super::fetch::{self, ForCache};
 use super::{Outcome, Pipeline, backend_response, deliver};
+use crate::config::Config;
 
 impl Pipeline {
     /// Looks the request up and, when the cache has nothing to serve,
@@ -105,7 +106,7 @@ impl Pipeline {
         policy: Option<&mut PolicyCall>,
     ) -> Result<Outcome, ProxyError> {
         let backend = self.backend(head)?;
-        let fill = self.for_cache(fetch.validators());
+        let fill = for_cache(&self.cache, &self.config, fetch.validators());
         let fetched = fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await;
         match fetch.on_response(fetched).await? {
             Fetched::Cached { object, status } => Ok(self.hit(object, status)),
@@ -120,15 +121,6 @@ impl Pipeline {
         }
     }
 
-    /// What a fetch for the cache changes in the client's request.
-    fn for_cache(&self, validators: http::HeaderMap) -> ForCache<'_> {
-        ForCache {
-            validators,
-            codings: &self.cache.rules().accept_encoding,
-            strip: &self.config.cache.strip_request_headers,
-        }
-    }
-
     /// Refreshes a stale object while it is served: the same fetch for the
     /// cache as a miss, with the host's default settings (no policy: the
     /// request it would run for is already answered).
@@ -139,14 +131,9 @@ impl Pipeline {
         let head = head.clone();
         let config = self.config.clone();
         let cache = self.cache.clone();
-        let max_object_size = self.cache.rules().max_object_size;
         tokio::spawn(async move {
             debug!(key = fetch.primary().as_str(), "background refresh");
-            let fill = ForCache {
-                validators: fetch.validators(),
-                codings: &cache.rules().accept_encoding,
-                strip: &config.cache.strip_request_headers,
-            };
+            let fill = for_cache(&cache, &config, fetch.validators());
             let fetched =
                 fetch::send(&backend, &head, Method::GET, body::empty(), Some(fill)).await;
             match fetch.on_response(fetched).await {
@@ -155,13 +142,27 @@ impl Pipeline {
                     let (resp, _) = new.store(&settings);
                     // Nobody reads this body: drain it so the store completes,
                     // frame by frame, and no further than an object can be.
-                    drain(resp.into_body(), max_object_size).await;
+                    drain(resp.into_body(), cache.rules().max_object_size).await;
                 }
                 // Revalidated, or the backend failed and the stale object stays.
                 Ok(Fetched::Cached { .. }) => {}
                 Err(e) => warn!(error = %e, "background refresh failed; the stale object stays"),
             }
         });
+    }
+}
+
+/// What a fetch for the cache (a miss or a background refresh) changes in
+/// the client's request.
+fn for_cache<'a>(
+    cache: &'a HttpCache,
+    config: &'a Config,
+    validators: http::HeaderMap,
+) -> ForCache<'a> {
+    ForCache {
+        validators,
+        codings: &cache.rules().accept_encoding,
+        strip: &config.cache.strip_request_headers,
     }
 }
 
