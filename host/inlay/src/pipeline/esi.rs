@@ -12,9 +12,9 @@
 //!
 //! A failed include that nothing in the page handles is left out
 //! (`esi.on_include_error = "omit"`, the default), counted for the page's
-//! access-log line and in [`Pipeline::esi_includes_omitted`]. With `"fail"`
-//! the page ends there: a 502 when nothing was sent yet (the response head
-//! then waits for the page's first bytes), a cut body otherwise.
+//! access-log line (`esi_omitted`). With `"fail"` the page ends there: a
+//! 502 when nothing was sent yet (the response head then waits for the
+//! page's first bytes), a cut body otherwise.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -333,6 +333,5 @@ impl FragmentFetcher for IncludeFetcher {
     fn omitted(&self, _src: &str, _reason: &FailureReason) {
         // The assembler has logged the src and the reason.
         self.omitted.fetch_add(1, Ordering::Relaxed);
-        self.pipeline.esi_omitted.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -27,7 +27,7 @@ pub mod recv;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
 
 use http::{Method, Request, Response, header};
@@ -76,8 +76,6 @@ pub struct Pipeline {
     services: Arc<dyn PolicyServices>,
     /// Cached ESI templates, parsed once.
     templates: ParsedTemplates,
-    /// ESI includes left out of pages since start.
-    esi_omitted: AtomicU64,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -137,15 +135,7 @@ impl Pipeline {
             policy,
             services,
             templates: ParsedTemplates::default(),
-            esi_omitted: AtomicU64::new(0),
         }
-    }
-
-    /// ESI includes that failed and were left out of their page, since
-    /// start (for a metrics endpoint; each page's count is in its access-log
-    /// line).
-    pub fn esi_includes_omitted(&self) -> u64 {
-        self.esi_omitted.load(Ordering::Relaxed)
     }
 
     /// A fresh instance of the current policy for one request, if any.
