@@ -151,10 +151,36 @@ pub fn main() -> std::process::ExitCode {
     }
 }
 
+/// Libraries whose warnings a client triggers at will, kept at error level
+/// unless `log.level` names them: h2 warns once per connection that resets
+/// too many streams (rapid reset), and an attacker reconnects at will.
+/// The filter (`log.level` or `INLAY_LOG`) keeps them when it names them.
+/// Inlay's own line for such a connection is rate-limited (server.rs).
+const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error")];
+
+/// `log.level` (or `INLAY_LOG`) with [`QUIET_LIBRARIES`] added where it does not set them.
+fn log_directives(level: &str) -> String {
+    let mut directives = level.to_string();
+    for (target, directive) in QUIET_LIBRARIES {
+        let named = level
+            .split(',')
+            .any(|d| d.trim().split(['=', '[']).next() == Some(*target));
+        if !named {
+            directives.push(',');
+            directives.push_str(directive);
+        }
+    }
+    directives
+}
+
 fn init_tracing(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("INLAY_LOG")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use tracing_subscriber::EnvFilter;
+    // INLAY_LOG, when set and valid, replaces `log.level`.
+    let filter = std::env::var("INLAY_LOG")
+        .map_err(|_| ())
+        .and_then(|env| EnvFilter::try_new(log_directives(&env)).map_err(|_| ()))
+        .or_else(|()| EnvFilter::try_new(log_directives(level)))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -400,5 +426,24 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => info!("SIGTERM received"),
         _ = int.recv() => info!("SIGINT received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_directives;
+
+    #[test]
+    fn client_triggered_library_warnings_are_quiet_unless_the_level_names_the_library() {
+        assert_eq!(log_directives("info"), "info,h2=error");
+        assert_eq!(
+            log_directives("warn,inlay=debug"),
+            "warn,inlay=debug,h2=error"
+        );
+        // An operator who asks for h2's lines gets them.
+        assert_eq!(log_directives("info,h2=debug"), "info,h2=debug");
+        assert_eq!(log_directives("h2[conn]=trace"), "h2[conn]=trace");
+        // A target that only starts with "h2" does not count.
+        assert_eq!(log_directives("h2x=info"), "h2x=info,h2=error");
     }
 }

@@ -110,3 +110,49 @@ async fn failing_policies_are_explained_on_stderr() {
         inlay.expect_log(said, Duration::from_secs(5));
     }
 }
+
+/// HTTP/2 rapid reset (CVE-2023-44487): the h2 library answers a
+/// connection that cancels too many streams with GOAWAY and logs a warning
+/// for each such connection. An attacker reconnects at will, so those lines
+/// would be theirs to write: the default log filter keeps the h2 library's
+/// lines at error level (one line per connection is what flooded the log
+/// in the hostile-traffic run). Inlay's own line for a failed connection
+/// stays, rate-limited (20 a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_rapid_resets_do_not_write_to_the_log() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).spawn_process();
+    let mut goaways = 0;
+    for _ in 0..3 {
+        let tcp = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+        let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+        let driver = tokio::spawn(conn);
+        let mut send = h2;
+        let mut closed = false;
+        for _ in 0..5000 {
+            let ready = tokio::time::timeout(Duration::from_secs(5), send.clone().ready()).await;
+            let Ok(Ok(mut s)) = ready else {
+                closed = true;
+                break;
+            };
+            let req = http::Request::get("http://a/bytes/10").body(()).unwrap();
+            match s.send_request(req, true) {
+                // Dropping both halves resets the stream (RST_STREAM CANCEL).
+                Ok(both) => drop(both),
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+            send = s;
+        }
+        driver.abort();
+        goaways += usize::from(closed);
+    }
+    assert!(goaways > 0, "no connection was closed for its resets");
+    // The server still answers, and said nothing about the resets.
+    assert_eq!(get(&inlay.url("/bytes/10")).await.status, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let log = inlay.log.text();
+    assert!(!log.contains("recv_reset"), "{log}");
+}
