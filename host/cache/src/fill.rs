@@ -40,9 +40,9 @@ pub enum FillError {
     /// The backend body failed midway; nothing was stored.
     #[error("backend body failed while it was being stored: {0}")]
     Backend(Arc<str>),
-    /// The body grew past `max_object_size` while a coalesced request was
-    /// streaming it; it is not stored, and only its first client gets the rest.
-    #[error("response grew past max_object_size while streaming to a coalesced request")]
+    /// The body grew past `max_object_size` before this reader started: it
+    /// is not stored, and only the readers that had started get the rest.
+    #[error("response grew past max_object_size before this coalesced request joined")]
     TooBig,
     /// The fill ended without saying why (its task was cancelled).
     #[error("the fill of this response was abandoned")]
@@ -62,9 +62,45 @@ enum End {
     Complete,
     /// The backend failed.
     Failed(Arc<str>),
-    /// Over `max_object_size`: the first client gets the rest through its
-    /// own channel; nobody else does.
+    /// Over `max_object_size`: every reader that had started gets the rest
+    /// through its own channel ([`Overflow`]); nobody else does.
     TooBig,
+}
+
+/// The rest of a body too big to store, for each reader that had started
+/// before it grew too big: one channel per reader, so each gets every byte,
+/// and the fill goes on at the pace of the slowest (it is no longer stored,
+/// only passed through, as a pass is).
+#[derive(Default)]
+struct Overflow {
+    readers: Vec<mpsc::Sender<Result<Bytes, BoxError>>>,
+    /// Set when the body grew too big: readers that start later get
+    /// [`FillError::TooBig`].
+    closed: bool,
+}
+
+impl Overflow {
+    /// The channel a new reader gets the rest through, if it is not too late.
+    fn join(
+        overflow: &parking_lot::Mutex<Overflow>,
+    ) -> Option<mpsc::Receiver<Result<Bytes, BoxError>>> {
+        let mut o = overflow.lock();
+        if o.closed {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(8);
+        o.readers.push(tx);
+        Some(rx)
+    }
+
+    /// Every reader's channel; no reader joins after this.
+    fn close(
+        overflow: &parking_lot::Mutex<Overflow>,
+    ) -> Vec<mpsc::Sender<Result<Bytes, BoxError>>> {
+        let mut o = overflow.lock();
+        o.closed = true;
+        std::mem::take(&mut o.readers)
+    }
 }
 
 /// A response being stored, which coalesced requests stream while it grows.
@@ -77,6 +113,7 @@ pub(crate) struct Filling {
     variant: String,
     esi: bool,
     progress: watch::Receiver<Progress>,
+    overflow: Arc<parking_lot::Mutex<Overflow>>,
 }
 
 impl Filling {
@@ -104,7 +141,8 @@ impl Filling {
     /// The response as the client that fetched it got it, its body read
     /// from the start of the object being filled.
     pub(crate) fn response(&self) -> Response<ProxyBody> {
-        let mut resp = Response::new(reader(self.progress.clone(), None));
+        let rest = Overflow::join(&self.overflow);
+        let mut resp = Response::new(reader(self.progress.clone(), rest));
         *resp.status_mut() = self.status;
         *resp.headers_mut() = self.headers.clone();
         resp
@@ -119,8 +157,8 @@ impl Filling {
 /// a slow client neither slows the fill nor holds the waiters, and the
 /// object is completed and stored even if the client goes away (as Varnish
 /// does). A body that turns out larger than `max_object_size` is not
-/// stored: from then on it is passed through to the first client at its
-/// pace, and the fill stops if that client goes away.
+/// stored: from then on it is passed through to every client reading it at
+/// the pace of the slowest, and the fill stops when they have all gone.
 pub(crate) fn fill(
     resp: Response<ProxyBody>,
     settings: &CacheSettings,
@@ -152,7 +190,8 @@ pub(crate) fn fill(
     let meta = object_meta(resp.status().as_u16(), resp.headers(), settings);
     let (parts, body) = resp.into_parts();
     let (progress, progress_rx) = watch::channel(Progress::default());
-    let (rest, rest_rx) = mpsc::channel::<Result<Bytes, BoxError>>(8);
+    let overflow = Arc::new(parking_lot::Mutex::new(Overflow::default()));
+    let rest_rx = Overflow::join(&overflow);
     let filling = Arc::new(Filling {
         status: parts.status,
         headers: parts.headers.clone(),
@@ -164,13 +203,21 @@ pub(crate) fn fill(
         meta: Arc::new(meta.clone()),
         esi: settings.esi,
         progress: progress_rx.clone(),
+        overflow: overflow.clone(),
     });
     if let Some(flight) = &target.flight {
         flight.publish(filling);
     }
-    tokio::spawn(drive(body, progress, rest, meta, max_object_size, target));
+    tokio::spawn(drive(
+        body,
+        progress,
+        overflow,
+        meta,
+        max_object_size,
+        target,
+    ));
     (
-        Response::from_parts(parts, reader(progress_rx, Some(rest_rx))),
+        Response::from_parts(parts, reader(progress_rx, rest_rx)),
         true,
     )
 }
@@ -179,7 +226,7 @@ pub(crate) fn fill(
 async fn drive(
     mut body: ProxyBody,
     progress: watch::Sender<Progress>,
-    rest: mpsc::Sender<Result<Bytes, BoxError>>,
+    overflow: Arc<parking_lot::Mutex<Overflow>>,
     meta: ObjectMeta,
     max_object_size: u64,
     target: FillTarget,
@@ -192,6 +239,8 @@ async fn drive(
     } = target;
     let mut size: u64 = 0;
     let mut storing = true;
+    // The readers' channels once the body is too big to store.
+    let mut rest = Vec::new();
     loop {
         match body.frame().await {
             None => break,
@@ -205,6 +254,7 @@ async fn drive(
                         "response grew past max_object_size: passed through, not stored"
                     );
                     storing = false;
+                    rest = Overflow::close(&overflow);
                     progress.send_modify(|p| p.end = Some(End::TooBig));
                     // Later requests fetch for themselves.
                     flight = None;
@@ -212,9 +262,18 @@ async fn drive(
                 if storing {
                     size += data.len() as u64;
                     progress.send_modify(|p| p.chunks.push(data));
-                } else if rest.send(Ok(data)).await.is_err() {
-                    // Not stored, and its one client went away.
-                    return;
+                } else {
+                    let mut alive = Vec::with_capacity(rest.len());
+                    for tx in rest {
+                        if tx.send(Ok(data.clone())).await.is_ok() {
+                            alive.push(tx);
+                        }
+                    }
+                    rest = alive;
+                    if rest.is_empty() {
+                        // Not stored, and every client reading it went away.
+                        return;
+                    }
                 }
             }
             Some(Err(e)) => {
@@ -223,7 +282,11 @@ async fn drive(
                     let why: Arc<str> = e.to_string().into();
                     progress.send_modify(|p| p.end = Some(End::Failed(why)));
                 } else {
-                    let _ = rest.send(Err(e)).await;
+                    let why: Arc<str> = e.to_string().into();
+                    for tx in rest {
+                        let err = BoxError::from(FillError::Backend(why.clone()));
+                        let _ = tx.send(Err(err)).await;
+                    }
                 }
                 return;
             }
@@ -271,7 +334,8 @@ enum Step {
 }
 
 /// A body read from an object being filled, from its first byte. `rest`
-/// (the first client's) carries the body on when it grows too big to store.
+/// (this reader's channel) carries the body on when it grows too big to
+/// store.
 fn reader(
     progress: watch::Receiver<Progress>,
     rest: Option<mpsc::Receiver<Result<Bytes, BoxError>>>,

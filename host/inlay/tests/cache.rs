@@ -293,6 +293,45 @@ async fn a_backend_body_that_fails_midway_cuts_every_reader_and_is_not_stored() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_without_length_that_outgrows_max_object_size_reaches_every_joined_request_whole() {
+    use http_body_util::BodyExt;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[cache]\nmax_object_size = \"10000\"")
+        .start_in_process()
+        .await;
+    // No Content-Length: 1000 bytes, a stall, then 19000 more, past the
+    // 10000 an object may have; the joined requests join during the stall.
+    let url = inlay.url("/slow-body?n=20000&first=1000&after_ms=1500&cl=0&cc=max-age%3D60");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let fetch = |url: String| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::get(url)
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap();
+            let resp = client.request(req).await.unwrap();
+            resp.into_body().collect().await.map(|b| b.to_bytes())
+        }
+    };
+    let first = tokio::spawn(fetch(url.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let joined: Vec<_> = (0..3).map(|_| tokio::spawn(fetch(url.clone()))).collect();
+    let first = first.await.unwrap().expect("the first request was cut");
+    assert_eq!(first.len(), 20000);
+    for j in joined {
+        let body = j.await.unwrap().expect("a joined request was cut");
+        assert_eq!(body, first);
+    }
+    assert_eq!(origin.count("/slow-body").await, 1);
+    // Not stored: the next request fetches again.
+    assert_eq!(fetch(url).await.unwrap().len(), 20000);
+    assert_eq!(origin.count("/slow-body").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coalesced_request_of_another_variant_does_not_get_the_one_being_fetched() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;
