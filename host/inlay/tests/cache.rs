@@ -502,6 +502,59 @@ async fn client_conditional_head_and_range_requests_are_answered_from_cache() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_requests_that_join_a_fetch_get_their_part_as_the_body_comes() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // 1000 bytes, a stall while the range requests join, then the rest.
+    let path = "/slow-body?n=20000&first=1000&after_ms=1000&cc=max-age%3D60";
+    let first = tokio::spawn(get_url(inlay.url(path)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ranged = |range: &'static str| {
+        let url = inlay.url(path);
+        tokio::spawn(async move { request("GET", &url, &[("range", range)], Bytes::new()).await })
+    };
+    let (inside, tail, across, beyond) = (
+        ranged("bytes=10-19"),
+        ranged("bytes=-5"),
+        ranged("bytes=900-15099"),
+        ranged("bytes=20000-"),
+    );
+    let full = first.await.unwrap().body;
+    assert_eq!(full.len(), 20000);
+    let r = inside.await.unwrap();
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("content-range"), Some("bytes 10-19/20000"));
+    assert_eq!(r.body, full.slice(10..20));
+    let r = tail.await.unwrap();
+    assert_eq!((r.status, r.body.clone()), (206, full.slice(19995..)));
+    let r = across.await.unwrap();
+    assert_eq!(r.header("content-range"), Some("bytes 900-15099/20000"));
+    assert_eq!(r.body, full.slice(900..15100));
+    assert_eq!(beyond.await.unwrap().status, 416);
+    // They all joined the one fetch.
+    assert_eq!(origin.count("/slow-body").await, 1);
+
+    // Without a declared length the part cannot be cut before the end: the
+    // whole body (RFC 9110 lets a server ignore Range).
+    let path = "/slow-body?n=3000&first=1000&after_ms=1000&cl=0&cc=max-age%3D60";
+    let first = tokio::spawn(get_url(inlay.url(path)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = request(
+        "GET",
+        &inlay.url(path),
+        &[("range", "bytes=10-19")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!((r.status, r.body.len()), (200, 3000));
+    assert_eq!(first.await.unwrap().body, r.body);
+}
+
+async fn get_url(url: String) -> common::Reply {
+    get(&url).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_by_url_by_key_and_soft() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;

@@ -26,9 +26,8 @@ pub fn from_object(obj: &StoredObject, now_ms: u64) -> (Response<ProxyBody>, boo
 }
 
 /// Answer a client's conditional request (If-None-Match, If-Modified-Since)
-/// from the headers alone: for a response whose body is still coming (one
-/// joined while another request stores it), where Range cannot be answered
-/// yet but a 304 can.
+/// from the headers alone (for a response whose body is still coming, one
+/// joined while another request stores it).
 pub fn conditional(head: &RequestHead, resp: Response<ProxyBody>) -> Response<ProxyBody> {
     if resp.status() != StatusCode::OK || !not_modified(&head.headers, resp.headers()) {
         return resp;
@@ -39,6 +38,27 @@ pub fn conditional(head: &RequestHead, resp: Response<ProxyBody>) -> Response<Pr
     Response::from_parts(parts, body::empty())
 }
 
+/// Answer a client's conditional request and single-range request for a
+/// response whose body is still coming (joined while another request
+/// stores it): the range is cut from the body as it streams, when the
+/// length is declared; without one the whole body is sent, which RFC 9110
+/// allows.
+pub fn conditional_and_range_of_stream(
+    head: &RequestHead,
+    resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    let resp = conditional(head, resp);
+    let Some(len) = resp
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return resp;
+    };
+    with_range(head, resp, len, slice_of_stream)
+}
+
 /// Answer a client's conditional request (If-None-Match, If-Modified-Since)
 /// and single-range request from a complete object. Multi-range requests get
 /// the whole object, which RFC 9110 allows.
@@ -47,11 +67,23 @@ pub fn conditional_and_range(
     resp: Response<ProxyBody>,
     obj: &StoredObject,
 ) -> Response<ProxyBody> {
-    if resp.status() != StatusCode::OK {
-        return resp;
-    }
     let resp = conditional(head, resp);
-    if resp.status() == StatusCode::NOT_MODIFIED || head.method != Method::GET {
+    let whole = obj.body.clone();
+    with_range(head, resp, whole.len() as u64, move |_, start, end| {
+        body::full(whole.slice(start as usize..=end as usize))
+    })
+}
+
+/// The 206 or 416 for the request's `Range` over a 200 of `len` bytes, the
+/// part cut by `slice(body, first, last)`; the response as it is when there
+/// is no single range to answer.
+fn with_range(
+    head: &RequestHead,
+    resp: Response<ProxyBody>,
+    len: u64,
+    slice: impl FnOnce(ProxyBody, u64, u64) -> ProxyBody,
+) -> Response<ProxyBody> {
+    if resp.status() != StatusCode::OK || head.method != Method::GET {
         return resp;
     }
     let Some(range) = head
@@ -79,13 +111,12 @@ pub fn conditional_and_range(
             return resp;
         }
     }
-    let len = obj.body.len() as u64;
-    let (mut parts, _) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
     parts
         .headers
         .insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     match parse_range(range, len) {
-        RangeSpec::Whole => Response::from_parts(parts, body::full(obj.body.clone())),
+        RangeSpec::Whole => Response::from_parts(parts, body),
         RangeSpec::Unsatisfiable => {
             parts.status = StatusCode::RANGE_NOT_SATISFIABLE;
             parts
@@ -105,10 +136,60 @@ pub fn conditional_and_range(
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(end - start + 1));
-            let slice = obj.body.slice(start as usize..=end as usize);
-            Response::from_parts(parts, body::full(slice))
+            Response::from_parts(parts, slice(body, start, end))
         }
     }
+}
+
+/// Bytes `first..=last` of a streaming body: what comes before is read and
+/// dropped, the body ends after `last`. A body that ends early is cut
+/// (an error), so the client never takes a short part for the whole.
+fn slice_of_stream(body: ProxyBody, first: u64, last: u64) -> ProxyBody {
+    use futures_util::StreamExt;
+    use http_body_util::BodyExt;
+    struct Cut {
+        body: ProxyBody,
+        skip: u64,
+        left: u64,
+    }
+    let start = Cut {
+        body,
+        skip: first,
+        left: last - first + 1,
+    };
+    let stream = futures_util::stream::unfold(start, |mut c| async move {
+        while c.left > 0 {
+            let data = match c.body.frame().await {
+                None => {
+                    c.left = 0;
+                    let err: body::BoxError = "the body ended before the requested range".into();
+                    return Some((Err(err), c));
+                }
+                Some(Err(e)) => {
+                    c.left = 0;
+                    return Some((Err(e), c));
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+            };
+            let n = data.len() as u64;
+            if c.skip >= n {
+                c.skip -= n;
+                continue;
+            }
+            let from = c.skip as usize;
+            let to = (c.skip + c.left).min(n) as usize;
+            c.skip = 0;
+            c.left -= (to - from) as u64;
+            return Some((Ok(data.slice(from..to)), c));
+        }
+        None
+    });
+    body::boxed(http_body_util::StreamBody::new(
+        stream.map(|r| r.map(http_body::Frame::data)),
+    ))
 }
 
 fn content_range(part: Option<(u64, u64)>, len: u64) -> HeaderValue {

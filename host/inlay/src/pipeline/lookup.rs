@@ -64,10 +64,11 @@ impl Pipeline {
                 // A hit carries its Age, as one from a stored object does.
                 resp.headers_mut()
                     .insert(http::header::AGE, http::HeaderValue::from(age));
-                // A client that has it gets a 304 now; an ESI template's
-                // validators are not the assembled page's.
+                // A client that has it gets a 304 now, one that asks for a
+                // range gets it as the body comes; an ESI template's
+                // validators and bytes are not the assembled page's.
                 if !esi {
-                    resp = deliver::conditional(head, resp);
+                    resp = deliver::conditional_and_range_of_stream(head, resp);
                 }
                 Ok(Outcome::new(resp, status).with_esi(esi))
             }
