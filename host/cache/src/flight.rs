@@ -82,6 +82,13 @@ impl Flights {
     /// Waits, up to [`MAX_WAIT`], for the fetch of `primary` in flight to
     /// publish an object being filled that `accept` takes (the variant the
     /// request selects), or to end.
+    ///
+    /// One published before the wait began is taken only when it is fresh:
+    /// the request came after the response did, so it is a hit on the
+    /// object being filled, and a response stale on arrival (an upstream
+    /// `Age` past its max-age, `max-age=0`) must be revalidated, not served.
+    /// A request that waited while it was fetched shares it (collapsed
+    /// forwarding, as Varnish and nginx's `proxy_cache_lock` do).
     pub(crate) async fn wait(
         &self,
         primary: &PrimaryKey,
@@ -91,7 +98,14 @@ impl Flights {
             return Waited::NoFlight;
         };
         debug!(key = primary.as_str(), "joining in-flight fetch");
-        let joined = rx.wait_for(|p| p.as_deref().is_some_and(&accept));
+        let mut first_look = true;
+        let joined = rx.wait_for(|p| {
+            let usable = p.as_deref().is_some_and(|f| {
+                accept(f) && (!first_look || f.meta().is_fresh(inlay_storage::now_ms()))
+            });
+            first_look = false;
+            usable
+        });
         match tokio::time::timeout(MAX_WAIT, joined).await {
             Ok(Ok(published)) => match published.as_ref() {
                 Some(filling) => Waited::Joined(filling.clone()),

@@ -502,6 +502,25 @@ async fn client_conditional_head_and_range_requests_are_answered_from_cache() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_after_a_response_stale_on_arrival_is_not_served_from_its_fill() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    // Two hours old on arrival, fresh for one: never fresh. Its body stalls,
+    // so it is still being stored when the second request comes.
+    let path = "/slow-body?n=5000&first=1000&after_ms=1000&cc=max-age%3D3600&h=Age:7200";
+    let first = tokio::spawn(get_url(inlay.url(path)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = get(&inlay.url(path)).await;
+    assert_eq!(second.body.len(), 5000);
+    assert_eq!(first.await.unwrap().body.len(), 5000);
+    assert_eq!(
+        origin.count("/slow-body").await,
+        2,
+        "a response stale on arrival was served from its fill as a hit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn range_requests_that_join_a_fetch_get_their_part_as_the_body_comes() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;
