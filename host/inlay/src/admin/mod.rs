@@ -308,7 +308,7 @@ impl Admin {
         let body = if method == Method::POST {
             match read_body(&parts.headers, body).await {
                 Ok(b) => b,
-                Err(resp) => return resp,
+                Err(refusal) => return refusal.into(),
             }
         } else {
             Bytes::new()
@@ -391,7 +391,7 @@ impl Admin {
     async fn purge(&self, body: &[u8]) -> Response<Full<Bytes>> {
         let req: PurgeRequest = match parse(body) {
             Ok(r) => r,
-            Err(resp) => return resp,
+            Err(refusal) => return refusal.into(),
         };
         let target = match req.target() {
             Ok(t) => t,
@@ -437,7 +437,7 @@ impl Admin {
         };
         let req: BanRequest = match parse(body) {
             Ok(r) => r,
-            Err(resp) => return resp,
+            Err(refusal) => return refusal.into(),
         };
         match ban(req.expression).await {
             Ok(v) => ok(v),
@@ -595,13 +595,13 @@ fn truncated(s: &str) -> String {
 }
 
 /// Read a request body of at most [`MAX_BODY`] bytes within [`BODY_READ_TIMEOUT`].
-async fn read_body<B>(headers: &HeaderMap, body: B) -> Result<Bytes, Response<Full<Bytes>>>
+async fn read_body<B>(headers: &HeaderMap, body: B) -> Result<Bytes, Refusal>
 where
     B: Body<Data = Bytes> + Send,
     B::Error: Into<BoxError>,
 {
     let too_large = || {
-        error(
+        Refusal(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the body is larger than {MAX_BODY} bytes"),
         )
@@ -614,22 +614,31 @@ where
         return Err(too_large());
     }
     match tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
-        Err(_) => Err(error(
+        Err(_) => Err(Refusal(
             StatusCode::REQUEST_TIMEOUT,
-            "the body did not come in time",
+            "the body did not come in time".into(),
         )),
         Ok(Ok(b)) => Ok(b.to_bytes()),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Ok(Err(e)) => Err(error(
+        Ok(Err(e)) => Err(Refusal(
             StatusCode::BAD_REQUEST,
             format!("reading the body: {e}"),
         )),
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response<Full<Bytes>>> {
+/// A request refused: its status and why.
+struct Refusal(StatusCode, String);
+
+impl From<Refusal> for Response<Full<Bytes>> {
+    fn from(Refusal(status, message): Refusal) -> Self {
+        error(status, message)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
     serde_json::from_slice(body)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")))
+        .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")))
 }
 
 fn answer(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
