@@ -109,10 +109,16 @@ pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => match Config::from_file(&config) {
-            Ok(_) => {
-                println!("{}: ok", config.display());
-                std::process::ExitCode::SUCCESS
-            }
+            Ok(cfg) => match cfg.admin_token_file.as_deref().map(AdminToken::read) {
+                Some(Err(e)) => {
+                    eprintln!("{}: {e:#}", config.display());
+                    std::process::ExitCode::from(2)
+                }
+                _ => {
+                    println!("{}: ok", config.display());
+                    std::process::ExitCode::SUCCESS
+                }
+            },
             Err(e) => {
                 eprintln!("{}: {e}", config.display());
                 std::process::ExitCode::from(2)

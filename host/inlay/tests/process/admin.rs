@@ -188,15 +188,24 @@ fn a_public_admin_address_without_a_token_file_is_refused() {
         ),
     )
     .unwrap();
+    for command in ["serve", "check"] {
+        let out = inlay()
+            .args([command, "--config"])
+            .arg(&guarded)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{command}");
+        assert!(
+            text(&out.stderr).contains("admin.token_file") && text(&out.stderr).contains("empty"),
+            "{command}: {}",
+            text(&out.stderr)
+        );
+    }
+    std::fs::write(&empty, "tok\n").unwrap();
     let out = inlay()
-        .args(["serve", "--config"])
+        .args(["check", "--config"])
         .arg(&guarded)
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("admin.token_file"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
