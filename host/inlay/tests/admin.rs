@@ -349,3 +349,40 @@ async fn a_refused_reload_answers_500_with_every_error() {
     assert_eq!(v["errors"].as_array().unwrap().len(), 2, "{v}");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_holding_slow_requests_cannot_starve_the_probes_of_another() {
+    use inlay::admin::MAX_CONNECTIONS_PER_CLIENT;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, addr) = start(Admin::new(None, AdminHooks::default())).await;
+    // 127.0.0.2 opens its share and sends a head it never finishes.
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS_PER_CLIENT {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = s.connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    // Its next connection is closed at once, unanswered.
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut extra = s.connect(addr).await.unwrap();
+    let _ = extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), extra.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "closed, not left waiting");
+    assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf));
+    // Another address is answered at once.
+    let r = tokio::time::timeout(
+        Duration::from_secs(2),
+        get(&format!("http://{addr}/healthz")),
+    )
+    .await
+    .expect("the probe was answered while the other client held its share");
+    assert_eq!(r.status, 200);
+    drop(held);
+    server.shutdown().await;
+}

@@ -20,7 +20,7 @@ pub mod client;
 mod view;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -55,9 +55,13 @@ pub use view::config_json;
 /// Largest request body the admin API reads; past it the answer is 413.
 pub const MAX_BODY: usize = 64 << 10;
 /// Connections served at once; more wait in the kernel's backlog.
-const MAX_CONNECTIONS: usize = 32;
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections one client address may hold; more from it are closed at
+/// once, so that a client holding slow requests cannot keep a load
+/// balancer's probe from another address waiting.
+pub const MAX_CONNECTIONS_PER_CLIENT: usize = 16;
 /// A client must send its request head within this time.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// A client must send its request body within this time.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a connection may last (a reload that compiles a policy included).
@@ -712,6 +716,7 @@ impl AdminServer {
 async fn accept_loop(listener: TcpListener, admin: Admin, stop: CancellationToken) {
     let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_client = PerClient::default();
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -731,10 +736,15 @@ async fn accept_loop(listener: TcpListener, admin: Admin, stop: CancellationToke
                 continue;
             }
         };
+        let Some(client_slot) = per_client.take(peer.ip()) else {
+            tracing::debug!(%peer, "admin API: client at its connection limit; closed");
+            continue;
+        };
         let admin = admin.clone();
         let stop = stop.clone();
         connections.spawn(async move {
             serve_connection(stream, peer, admin, stop).await;
+            drop(client_slot);
             drop(permit);
         });
     }
@@ -745,6 +755,37 @@ async fn accept_loop(listener: TcpListener, admin: Admin, stop: CancellationToke
         .is_err()
     {
         warn!("admin API: connections still open at shutdown were closed");
+    }
+}
+
+/// Connections open per client address.
+#[derive(Clone, Default)]
+struct PerClient(Arc<parking_lot::Mutex<std::collections::HashMap<IpAddr, usize>>>);
+
+/// One connection of a client address; given back on drop.
+struct ClientSlot(PerClient, IpAddr);
+
+impl PerClient {
+    fn take(&self, ip: IpAddr) -> Option<ClientSlot> {
+        let mut open = self.0.lock();
+        let n = open.entry(ip).or_default();
+        if *n >= MAX_CONNECTIONS_PER_CLIENT {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = (self.0).0.lock();
+        if let Some(n) = open.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.1);
+            }
+        }
     }
 }
 
