@@ -87,6 +87,34 @@ async fn inlay_admin_purge_makes_the_next_request_a_miss() {
     let out = with_token(&["purge", "/no-host"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("host"), "{}", text(&out.stderr));
+    // The other subcommands reach their routes.
+    let out = with_token(&["purge-key", "k1", "k2", "--soft"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("keys k1 k2"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = with_token(&["config"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(config["admin"]["token_file"], "<redacted>", "{config}");
+    for args in [
+        &["metrics"][..],
+        &["ban", "req.url", "~", "^/products/"],
+        &["bans"],
+        &["reload"],
+    ] {
+        // Answered by the route (501 while the part is not wired in),
+        // never a wrong path or method.
+        let out = with_token(args);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            !err.contains("404") && !err.contains("405"),
+            "{args:?}: {err}"
+        );
+    }
     // Nobody there, or no such subcommand: exit 2.
     let nobody: SocketAddr = format!("127.0.0.1:{}", unused_port()).parse().unwrap();
     let out = admin_cli(nobody, &["health"]);
