@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tracing::{error, info};
 
 use crate::access_log::AccessLog;
+use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::pipeline::Pipeline;
 
@@ -38,6 +39,8 @@ pub enum Command {
     },
     /// Print the embedded default configuration.
     DefaultConfig,
+    /// Ask a running inlay's admin API (stats, purge, ban, reload, ...).
+    Admin(crate::admin::client::AdminArgs),
 }
 
 /// Flags of `inlay serve`.
@@ -106,10 +109,16 @@ pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { config } => match Config::from_file(&config) {
-            Ok(_) => {
-                println!("{}: ok", config.display());
-                std::process::ExitCode::SUCCESS
-            }
+            Ok(cfg) => match cfg.admin_token_file.as_deref().map(AdminToken::read) {
+                Some(Err(e)) => {
+                    eprintln!("{}: {e:#}", config.display());
+                    std::process::ExitCode::from(2)
+                }
+                _ => {
+                    println!("{}: ok", config.display());
+                    std::process::ExitCode::SUCCESS
+                }
+            },
             Err(e) => {
                 eprintln!("{}: {e}", config.display());
                 std::process::ExitCode::from(2)
@@ -119,6 +128,7 @@ pub fn main() -> std::process::ExitCode {
             print!("{}", crate::config::EMBEDDED_DEFAULT);
             std::process::ExitCode::SUCCESS
         }
+        Command::Admin(args) => crate::admin::client::main(args),
         Command::Serve(args) => {
             let cfg = match args.load_config() {
                 Ok(c) => c,
@@ -202,10 +212,18 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         info!("listening on http://{}", l.local_addr()?);
         listeners.push(l);
     }
+    let admin = match proxy.config().admin {
+        Some(addr) => Some(AdminServer::bind(addr, proxy.admin().clone()).await?),
+        None => None,
+    };
     if let (Some(slot), Some(pc)) = (proxy.policy().cloned(), proxy.config().policy.clone()) {
         tokio::spawn(reload_on_sighup(slot, pc));
     }
-    proxy.run(listeners, shutdown_signal()).await
+    let served = proxy.run(listeners, shutdown_signal()).await;
+    if let Some(admin) = admin {
+        admin.shutdown().await;
+    }
+    served
 }
 
 /// Serve `listeners` until `shutdown` resolves, then drain and flush: what
@@ -226,6 +244,7 @@ pub struct Proxy {
     cfg: Arc<Config>,
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
+    admin: Admin,
 }
 
 impl Proxy {
@@ -234,14 +253,19 @@ impl Proxy {
         let cfg = Arc::new(cfg);
         let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
         let policy = load_policy(&cfg).await?;
-        if cfg.admin.is_some() {
-            tracing::warn!("admin.listen is reserved: the admin API is not built yet; ignoring it");
-        }
+        let admin = admin_of(&cfg, policy.as_ref())?;
         Ok(Self {
             cfg,
             access_log,
             policy,
+            admin,
         })
+    }
+
+    /// What the admin API serves: its readiness turns ready once [`run`](Self::run)
+    /// has opened the cache, and stopping when its `shutdown` resolves.
+    pub fn admin(&self) -> &Admin {
+        &self.admin
     }
 
     /// The configuration it serves with.
@@ -265,6 +289,7 @@ impl Proxy {
             cfg,
             access_log,
             policy,
+            admin,
         } = self;
         let store = open_store(&cfg)?;
         let pipeline = Arc::new(Pipeline::new(
@@ -274,6 +299,12 @@ impl Proxy {
             access_log.clone(),
         ));
         let cache = pipeline.cache().clone();
+        admin.cache_opened(cache.clone());
+        // Not ready from the signal on, before the drain: load balancers stop sending.
+        let shutdown = async {
+            shutdown.await;
+            admin.readiness().set_stopping();
+        };
         crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown).await;
         flush_access_log(access_log).await;
         if let Some(slot) = &policy {
@@ -286,6 +317,25 @@ impl Proxy {
         }
         Ok(())
     }
+}
+
+/// The admin API's state: its token (read now, so that a bad token file
+/// stops start-up) and the hooks this crate fills itself.
+fn admin_of(cfg: &Arc<Config>, policy: Option<&Arc<PolicySlot>>) -> anyhow::Result<Admin> {
+    let token = match (&cfg.admin, &cfg.admin_token_file) {
+        (Some(_), Some(path)) => Some(AdminToken::read(path)?),
+        _ => None,
+    };
+    let config = cfg.clone();
+    let policy = policy.cloned();
+    Ok(Admin::new(
+        token,
+        AdminHooks {
+            config: Some(Arc::new(move || config.clone())),
+            policy: policy.map(|slot| -> PolicyHook { Arc::new(move || Some(slot.current())) }),
+            ..AdminHooks::default()
+        },
+    ))
 }
 
 /// Write out the access-log lines still queued, and say if any were lost.

@@ -38,6 +38,9 @@ pub struct Config {
     pub policy: Option<PolicyConfig>,
     /// `[admin]`: the admin listener, if any.
     pub admin: Option<SocketAddr>,
+    /// `[admin] token_file`: the file holding the admin API's bearer token;
+    /// without it the admin API asks for none (loopback only).
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// Longest duration accepted for any key: beyond it, `Instant::now() + d`
@@ -408,7 +411,10 @@ impl Config {
         }
         if let Some(a) = &o.admin {
             match parse_listen(a) {
-                Ok(addr) => self.admin = Some(addr),
+                Ok(addr) => match unguarded_admin(addr, self.admin_token_file.as_deref()) {
+                    Some(m) => issues.push(issue("--admin", m)),
+                    None => self.admin = Some(addr),
+                },
                 Err(m) => issues.push(issue("--admin", m)),
             }
         }
@@ -505,6 +511,17 @@ fn issue(path: &str, message: impl Into<String>) -> ConfigIssue {
         path: path.to_owned(),
         message: message.into(),
     }
+}
+
+/// Why the admin API may not listen on `addr` as configured: anyone who
+/// can reach a non-loopback address could purge, ban and reload without a
+/// token.
+fn unguarded_admin(addr: SocketAddr, token_file: Option<&Path>) -> Option<String> {
+    (token_file.is_none() && !addr.ip().is_loopback()).then(|| {
+        format!(
+            "{addr} is not a loopback address: set admin.token_file so that the admin API asks for a bearer token"
+        )
+    })
 }
 
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
@@ -832,8 +849,12 @@ impl Reader {
         let t = self.table(root, "", "esi").unwrap_or(&empty);
         let esi = self.esi(t);
         let policy = self.table(root, "", "policy").and_then(|t| self.policy(t));
+        let admin_token_file = self
+            .table(root, "", "admin")
+            .and_then(|t| self.string(t, "admin", "token_file"))
+            .map(PathBuf::from);
         let admin = self.table(root, "", "admin").and_then(|t| {
-            self.known_keys(t, "admin", &["listen"]);
+            self.known_keys(t, "admin", &["listen", "token_file"]);
             let s = self.string(t, "admin", "listen")?;
             match parse_listen(&s) {
                 Ok(a) => Some(a),
@@ -843,6 +864,15 @@ impl Reader {
                 }
             }
         });
+        if let Some(m) = admin.and_then(|a| unguarded_admin(a, admin_token_file.as_deref())) {
+            self.err("admin.listen", m);
+        }
+        if admin_token_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            self.err("admin.token_file", "must name a file");
+        }
         Config {
             server,
             backends,
@@ -852,6 +882,7 @@ impl Reader {
             esi,
             policy,
             admin,
+            admin_token_file,
         }
     }
 
@@ -1513,5 +1544,61 @@ mod tests {
         }
         assert!(!text.contains("accept_encoding[0]"), "{text}");
         assert!(!text.contains("strip_request_headers[0]"), "{text}");
+    }
+
+    fn admin_issues(admin: &str) -> Vec<ConfigIssue> {
+        let text =
+            format!("[backends.default]\naddress = \"http://127.0.0.1:8080\"\n[admin]\n{admin}");
+        match Config::from_toml(&text) {
+            Ok(_) => Vec::new(),
+            Err(ConfigError::Invalid(issues)) => issues,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_non_loopback_admin_listener_needs_a_token_file() {
+        let issues = admin_issues("listen = \"0.0.0.0:6082\"");
+        assert_eq!(issues.len(), 1, "{issues:#?}");
+        assert_eq!(issues[0].path, "admin.listen");
+        assert!(issues[0].message.contains("token_file"), "{issues:#?}");
+        assert!(admin_issues("listen = \"[::]:6082\"")[0].path == "admin.listen");
+        // Loopback without a token, and anything with one, are fine.
+        assert!(admin_issues("listen = \"127.0.0.1:6082\"").is_empty());
+        assert!(admin_issues("listen = \"[::1]:6082\"").is_empty());
+        let c = Config::from_toml(
+            "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n[admin]\nlisten = \":6082\"\ntoken_file = \"/etc/inlay/admin.token\"",
+        )
+        .unwrap();
+        assert_eq!(c.admin, Some("0.0.0.0:6082".parse().unwrap()));
+        assert_eq!(
+            c.admin_token_file.as_deref(),
+            Some(Path::new("/etc/inlay/admin.token"))
+        );
+        assert_eq!(
+            admin_issues("token_file = \"\"")[0].path,
+            "admin.token_file"
+        );
+        assert_eq!(admin_issues("tokenfile = \"x\"")[0].path, "admin.tokenfile");
+    }
+
+    #[test]
+    fn the_admin_flag_is_refused_on_a_public_address_without_a_token_file() {
+        let mut c = Config::embedded_default();
+        let mut o = Overrides {
+            admin: Some(":6082".into()),
+            ..Overrides::default()
+        };
+        let Err(ConfigError::Invalid(issues)) = c.apply_overrides(&o) else {
+            panic!("accepted a public admin address without a token")
+        };
+        assert_eq!(issues[0].path, "--admin");
+        assert_eq!(c.admin, None);
+        o.admin = Some("127.0.0.1:0".into());
+        c.apply_overrides(&o).unwrap();
+        assert_eq!(c.admin, Some("127.0.0.1:0".parse().unwrap()));
+        c.admin_token_file = Some("t".into());
+        o.admin = Some(":6082".into());
+        c.apply_overrides(&o).unwrap();
     }
 }

@@ -4,12 +4,14 @@
 //! This crate is the process: the command line ([`cli`]), the config
 //! ([`config`]), the accept loop and connection limits ([`server`]), the
 //! request's path through the host ([`pipeline`], one phase per file), the
-//! backends ([`backend`]) and the access log ([`access_log`]). The HTTP
+//! backends ([`backend`]), the access log ([`access_log`]) and the admin
+//! API ([`admin`]). The HTTP
 //! model, the cache, ESI and the policy runtime are crates of their own
 //! (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`); see
 //! `docs/ARCHITECTURE.md`.
 
 pub mod access_log;
+pub mod admin;
 pub mod backend;
 pub mod body;
 pub mod cli;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser as _;
+use inlay::admin::AdminServer;
 use inlay::cli::{Cli, Command, Proxy};
 use inlay::config::AccessLogTarget;
 use inlay_runtime::{LoadedPolicy, PolicySlot};
@@ -54,6 +55,14 @@ impl InlayBuilder {
             .await
             .unwrap_or_else(|e| panic!("inlay did not start: {e:#}"));
         let policy = proxy.policy().cloned();
+        // With `[admin] listen`, the admin API on a port of its own.
+        let admin = match proxy.config().admin {
+            Some(_) => {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                Some(AdminServer::start(l, proxy.admin().clone()).unwrap())
+            }
+            None => None,
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -62,6 +71,8 @@ impl InlayBuilder {
         }));
         Harness {
             addr,
+            admin_addr: admin.as_ref().map(AdminServer::local_addr),
+            admin,
             access: AccessLog(access),
             policy,
             stop: Some(stop),
@@ -87,6 +98,9 @@ fn show_diagnostics_if_asked() {
 /// [`stop`](Self::stop) or on drop.
 pub struct Harness {
     pub addr: SocketAddr,
+    /// The admin API's address, when the config has `[admin] listen`.
+    pub admin_addr: Option<SocketAddr>,
+    admin: Option<AdminServer>,
     /// The access log (written by the server's own writer thread).
     pub access: AccessLog,
     policy: Option<Arc<PolicySlot>>,
@@ -102,6 +116,12 @@ impl Harness {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// A URL of the admin API (the config must have `[admin] listen`).
+    pub fn admin_url(&self, path: &str) -> String {
+        let addr = self.admin_addr.expect("this harness has no [admin] listen");
+        format!("http://{addr}{path}")
     }
 
     /// The policy new requests get (a harness started without one panics).
@@ -132,7 +152,11 @@ impl Harness {
             let _ = stop.send(());
         }
         let served = self.served.take().expect("stopped once");
-        tokio::time::timeout(Duration::from_secs(30), served).await
+        let result = tokio::time::timeout(Duration::from_secs(30), served).await;
+        if let Some(admin) = self.admin.take() {
+            admin.shutdown().await;
+        }
+        result
     }
 }
 

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
 mod cli;
 mod diagnostics;
 mod disk;

@@ -1,0 +1,923 @@
+//! The admin API: a listener of its own (`[admin] listen`, off by default)
+//! that speaks JSON, for operators and load balancers; [`client`] is its
+//! command-line client, `inlay admin`.
+//!
+//! | Route          | What it does                                             |
+//! |----------------|----------------------------------------------------------|
+//! | `GET /healthz` | 200 while the process lives (no token asked)             |
+//! | `GET /readyz`  | 200 once the cache is open and the policy loaded; 503 before, and from the shutdown signal on (no token asked) |
+//! | `GET /stats`   | store stats per tier, policy, uptime, version            |
+//! | `POST /purge`  | `{"url": …}` or `{"surrogate_keys": […]}`, `"soft"`      |
+//! | `GET /config`  | the running config, secrets redacted                     |
+//! | `GET /metrics` | Prometheus text ([`AdminHooks::metrics`])                |
+//! | `POST /ban`, `GET /bans` | bans ([`AdminHooks::ban`], [`AdminHooks::bans`]) |
+//! | `POST /reload` | a full reload ([`AdminHooks::reload`])                   |
+//!
+//! With `admin.token_file`, every route but the two probes needs
+//! `Authorization: Bearer <token>`. Errors are JSON: `{"error": "..."}`.
+
+pub mod client;
+mod view;
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use inlay_cache::{HttpCache, PrimaryKey};
+use inlay_core::body::BoxError;
+use inlay_runtime::LoadedPolicy;
+use parking_lot::RwLock;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::config::Config;
+
+pub use view::config_json;
+
+/// Largest request body the admin API reads; past it the answer is 413.
+pub const MAX_BODY: usize = 64 << 10;
+/// Connections served at once; more wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections one client address may hold; more from it are closed at
+/// once, so that a client holding slow requests cannot keep a load
+/// balancer's probe from another address waiting.
+pub const MAX_CONNECTIONS_PER_CLIENT: usize = 16;
+/// A client must send its request head within this time.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A client must send its request body within this time.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection may last (a reload that compiles a policy included).
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(300);
+/// Largest request head read, in bytes (hyper's smallest buffer).
+const MAX_HEAD: usize = 8192;
+/// Most surrogate keys one purge may name.
+const MAX_PURGE_KEYS: usize = 1000;
+/// Longest surrogate key or URL accepted.
+const MAX_KEY_LEN: usize = 1024;
+const MAX_URL_LEN: usize = 8192;
+
+/// Whether the proxy should get traffic: starting (the cache is not open
+/// yet), ready, or stopping (a shutdown signal came; the drain runs).
+/// Clones share one state.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicU8>);
+
+const STARTING: u8 = 0;
+const READY: u8 = 1;
+const STOPPING: u8 = 2;
+
+impl Readiness {
+    /// A process that is starting: not ready.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cache is open and the policy loaded. Has no effect once stopping.
+    pub fn set_ready(&self) {
+        let _ = self
+            .0
+            .compare_exchange(STARTING, READY, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// A shutdown signal came: load balancers must stop sending. Final.
+    pub fn set_stopping(&self) {
+        self.0.store(STOPPING, Ordering::SeqCst);
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == READY
+    }
+
+    /// `"starting"`, `"ready"` or `"stopping"`.
+    pub fn state(&self) -> &'static str {
+        match self.0.load(Ordering::SeqCst) {
+            STARTING => "starting",
+            READY => "ready",
+            _ => "stopping",
+        }
+    }
+}
+
+/// The admin API's bearer token (`admin.token_file`).
+#[derive(Clone)]
+pub struct AdminToken(Arc<[u8]>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+impl AdminToken {
+    /// Read the token from `path`: its text without the trailing newline.
+    /// An empty file, or one that is not a single word of visible ASCII
+    /// (a header cannot carry anything else), is an error.
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read(path)
+            .with_context(|| format!("admin.token_file: cannot read {}", path.display()))?;
+        Self::new(&text).map_err(|m| anyhow::anyhow!("admin.token_file {}: {m}", path.display()))
+    }
+
+    /// The token from its bytes; a trailing newline (`\n` or `\r\n`) is dropped.
+    pub fn new(text: &[u8]) -> Result<Self, String> {
+        let text = text.strip_suffix(b"\n").unwrap_or(text);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        if text.is_empty() {
+            return Err("the token is empty".into());
+        }
+        if !text.iter().all(|b| (0x21..=0x7e).contains(b)) {
+            return Err("the token must be one word of visible ASCII".into());
+        }
+        Ok(Self(text.into()))
+    }
+
+    /// The token, for a client's `Authorization` header.
+    pub fn secret(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Whether `headers` carry `Authorization: Bearer <this token>`; the
+    /// token is compared in constant time.
+    pub fn admits(&self, headers: &HeaderMap) -> bool {
+        let Some(v) = headers.get(header::AUTHORIZATION) else {
+            return false;
+        };
+        let v = v.as_bytes();
+        let Some((scheme, given)) = v.split_at_checked(7) else {
+            return false;
+        };
+        scheme.eq_ignore_ascii_case(b"bearer ") && bool::from(given.trim_ascii().ct_eq(&self.0))
+    }
+}
+
+/// `GET /metrics`: the Prometheus text.
+pub type MetricsHook = Arc<dyn Fn() -> BoxFuture<'static, String> + Send + Sync>;
+/// `POST /ban`: add the ban expression; its description, or why it is refused.
+pub type BanHook = Arc<dyn Fn(String) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
+/// `GET /bans`: the ban list.
+pub type BansHook = Arc<dyn Fn() -> Value + Send + Sync>;
+/// `POST /reload`: reload the config; what changed, or every error.
+pub type ReloadHook = Arc<dyn Fn() -> BoxFuture<'static, Result<Value, Vec<String>>> + Send + Sync>;
+/// `GET /config`: the configuration of the current generation.
+pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
+/// `GET /stats`: the policy of the current generation, if any.
+pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
+
+/// What the admin API asks of other parts of the process. A route whose
+/// hook is missing answers 501 `{"error": "... not available"}`.
+#[derive(Clone, Default)]
+pub struct AdminHooks {
+    /// `GET /metrics`.
+    pub metrics: Option<MetricsHook>,
+    /// `POST /ban` (body `{"expression": "..."}`).
+    pub ban: Option<BanHook>,
+    /// `GET /bans`.
+    pub bans: Option<BansHook>,
+    /// `POST /reload`: `Ok` answers 200 with its value, `Err` 500 with
+    /// `{"error": "reload refused", "errors": [...]}`.
+    pub reload: Option<ReloadHook>,
+    /// `GET /config`.
+    pub config: Option<ConfigHook>,
+    /// The policy named in `GET /stats`.
+    pub policy: Option<PolicyHook>,
+}
+
+impl std::fmt::Debug for AdminHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminHooks")
+            .field("metrics", &self.metrics.is_some())
+            .field("ban", &self.ban.is_some())
+            .field("bans", &self.bans.is_some())
+            .field("reload", &self.reload.is_some())
+            .field("config", &self.config.is_some())
+            .field("policy", &self.policy.is_some())
+            .finish()
+    }
+}
+
+/// What the admin API serves: readiness, the cache once open, the token
+/// and the hooks. Clones share one state.
+#[derive(Clone, Debug)]
+pub struct Admin(Arc<AdminState>);
+
+#[derive(Debug)]
+struct AdminState {
+    readiness: Readiness,
+    cache: RwLock<Option<HttpCache>>,
+    hooks: RwLock<AdminHooks>,
+    token: Option<AdminToken>,
+    started: Instant,
+}
+
+impl Admin {
+    /// An admin API that asks for `token` (none: no token asked), not ready
+    /// until [`cache_opened`](Self::cache_opened).
+    pub fn new(token: Option<AdminToken>, hooks: AdminHooks) -> Self {
+        Self(Arc::new(AdminState {
+            readiness: Readiness::new(),
+            cache: RwLock::new(None),
+            hooks: RwLock::new(hooks),
+            token,
+            started: Instant::now(),
+        }))
+    }
+
+    /// The readiness `/readyz` reports.
+    pub fn readiness(&self) -> &Readiness {
+        &self.0.readiness
+    }
+
+    /// The cache is open: purges and stats go to `cache`, and the process
+    /// is ready (unless already stopping). Called again, it replaces the cache.
+    pub fn cache_opened(&self, cache: HttpCache) {
+        *self.0.cache.write() = Some(cache);
+        self.0.readiness.set_ready();
+    }
+
+    /// Change the hooks (the routes see the change at their next request).
+    pub fn set_hooks(&self, change: impl FnOnce(&mut AdminHooks)) {
+        change(&mut self.0.hooks.write());
+    }
+
+    fn hooks(&self) -> AdminHooks {
+        self.0.hooks.read().clone()
+    }
+
+    fn cache(&self) -> Option<HttpCache> {
+        self.0.cache.read().clone()
+    }
+
+    /// Answer one admin request.
+    pub async fn respond<B>(&self, req: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: Body<Data = Bytes> + Send,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, body) = req.into_parts();
+        let Some(route) = Route::of(parts.uri.path()) else {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("no such route: {}", parts.uri.path()),
+            );
+        };
+        let method = if parts.method == Method::HEAD {
+            Method::GET
+        } else {
+            parts.method.clone()
+        };
+        if method != route.method() {
+            let mut resp = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{} takes {}", route.path(), route.method()),
+            );
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static(match route.method() {
+                    Method::POST => "POST",
+                    _ => "GET, HEAD",
+                }),
+            );
+            return resp;
+        }
+        if !route.is_probe()
+            && let Some(token) = &self.0.token
+            && !token.admits(&parts.headers)
+        {
+            let mut resp = error(StatusCode::UNAUTHORIZED, "a bearer token is required");
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"inlay admin\""),
+            );
+            return resp;
+        }
+        let body = if method == Method::POST {
+            match read_body(&parts.headers, body).await {
+                Ok(b) => b,
+                Err(refusal) => return refusal.into(),
+            }
+        } else {
+            Bytes::new()
+        };
+        let mut resp = match route {
+            Route::Healthz => ok(json!({ "status": "alive" })),
+            Route::Readyz => {
+                let state = self.0.readiness.state();
+                let status = match self.0.readiness.is_ready() {
+                    true => StatusCode::OK,
+                    false => StatusCode::SERVICE_UNAVAILABLE,
+                };
+                answer(status, json!({ "status": state }))
+            }
+            Route::Stats => self.stats().await,
+            Route::Purge => self.purge(&body).await,
+            Route::Config => match self.hooks().config {
+                Some(config) => ok(config_json(&config())),
+                None => not_available("the configuration"),
+            },
+            Route::Metrics => match self.hooks().metrics {
+                Some(metrics) => {
+                    let mut resp = Response::new(Full::new(Bytes::from(metrics().await)));
+                    resp.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                    );
+                    resp
+                }
+                None => not_available("metrics"),
+            },
+            Route::Ban => self.ban(&body).await,
+            Route::Bans => match self.hooks().bans {
+                Some(bans) => ok(bans()),
+                None => not_available("bans"),
+            },
+            Route::Reload => match self.hooks().reload {
+                Some(reload) => match reload().await {
+                    Ok(v) => ok(v),
+                    Err(errors) => answer(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({ "error": "reload refused", "errors": errors }),
+                    ),
+                },
+                None => not_available("reload"),
+            },
+        };
+        if parts.method == Method::HEAD {
+            *resp.body_mut() = Full::new(Bytes::new());
+        }
+        resp
+    }
+
+    async fn stats(&self) -> Response<Full<Bytes>> {
+        let store = match self.cache() {
+            Some(cache) => match cache.store().stats().await {
+                Ok(s) => view::store_json(&s),
+                Err(e) => {
+                    return error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("store stats: {e}"),
+                    );
+                }
+            },
+            None => Value::Null,
+        };
+        let policy =
+            self.hooks().policy.and_then(|p| p()).map(
+                |p| json!({ "name": p.name(), "generation": p.generation(), "path": p.path() }),
+            );
+        ok(json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": self.0.started.elapsed().as_secs(),
+            "state": self.0.readiness.state(),
+            "policy": policy,
+            "store": store,
+        }))
+    }
+
+    async fn purge(&self, body: &[u8]) -> Response<Full<Bytes>> {
+        let req: PurgeRequest = match parse(body) {
+            Ok(r) => r,
+            Err(refusal) => return refusal.into(),
+        };
+        let target = match req.target() {
+            Ok(t) => t,
+            Err(m) => return error(StatusCode::BAD_REQUEST, m),
+        };
+        let Some(cache) = self.cache() else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "the cache is not open yet");
+        };
+        let soft = req.soft;
+        let (what, purged) = match target {
+            PurgeTarget::Url(key, url) => (format!("url {url}"), cache.purge_url(&key, soft).await),
+            PurgeTarget::Keys(keys) => {
+                let mut n = Ok(0);
+                for k in &keys {
+                    n = match (n, cache.purge_key(k, soft).await) {
+                        (Ok(a), Ok(b)) => Ok(a + b),
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    };
+                }
+                (format!("keys {}", keys.join(" ")), n)
+            }
+        };
+        match purged {
+            Ok(n) => {
+                info!(soft, purged = n, "admin purge {what}");
+                ok(json!({ "status": "ok", "purged": n, "soft": soft, "what": what }))
+            }
+            Err(e) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("purge failed: {e}"),
+            ),
+        }
+    }
+
+    async fn ban(&self, body: &[u8]) -> Response<Full<Bytes>> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct BanRequest {
+            expression: String,
+        }
+        let Some(ban) = self.hooks().ban else {
+            return not_available("bans");
+        };
+        let req: BanRequest = match parse(body) {
+            Ok(r) => r,
+            Err(refusal) => return refusal.into(),
+        };
+        match ban(req.expression).await {
+            Ok(v) => ok(v),
+            Err(m) => error(StatusCode::BAD_REQUEST, m),
+        }
+    }
+}
+
+/// The routes, by path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Healthz,
+    Readyz,
+    Stats,
+    Purge,
+    Config,
+    Metrics,
+    Ban,
+    Bans,
+    Reload,
+}
+
+impl Route {
+    const ALL: [Route; 9] = [
+        Route::Healthz,
+        Route::Readyz,
+        Route::Stats,
+        Route::Purge,
+        Route::Config,
+        Route::Metrics,
+        Route::Ban,
+        Route::Bans,
+        Route::Reload,
+    ];
+
+    fn of(path: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.path() == path)
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Route::Healthz => "/healthz",
+            Route::Readyz => "/readyz",
+            Route::Stats => "/stats",
+            Route::Purge => "/purge",
+            Route::Config => "/config",
+            Route::Metrics => "/metrics",
+            Route::Ban => "/ban",
+            Route::Bans => "/bans",
+            Route::Reload => "/reload",
+        }
+    }
+
+    fn method(self) -> Method {
+        match self {
+            Route::Purge | Route::Ban | Route::Reload => Method::POST,
+            _ => Method::GET,
+        }
+    }
+
+    /// Load balancers probe without a token.
+    fn is_probe(self) -> bool {
+        matches!(self, Route::Healthz | Route::Readyz)
+    }
+}
+
+/// The body of `POST /purge`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgeRequest {
+    /// `http://host/path?query`, or `/path?query` with `host`.
+    url: Option<String>,
+    host: Option<String>,
+    surrogate_keys: Option<Vec<String>>,
+    #[serde(default)]
+    soft: bool,
+}
+
+enum PurgeTarget {
+    Url(PrimaryKey, String),
+    Keys(Vec<String>),
+}
+
+impl PurgeRequest {
+    fn target(&self) -> Result<PurgeTarget, String> {
+        match (&self.url, &self.surrogate_keys) {
+            (Some(url), None) => self.url_target(url),
+            (None, Some(keys)) => {
+                if self.host.is_some() {
+                    return Err("\"host\" goes with \"url\", not with surrogate keys".into());
+                }
+                if keys.is_empty() || keys.len() > MAX_PURGE_KEYS {
+                    return Err(format!("give 1 to {MAX_PURGE_KEYS} surrogate keys"));
+                }
+                for k in keys {
+                    // Keys are words of a header field (Surrogate-Key: a b).
+                    if k.is_empty()
+                        || k.len() > MAX_KEY_LEN
+                        || !k.bytes().all(|b| (0x21..=0x7e).contains(&b))
+                    {
+                        return Err(format!(
+                            "surrogate keys are words of visible ASCII, 1 to {MAX_KEY_LEN} bytes: {:?}",
+                            truncated(k)
+                        ));
+                    }
+                }
+                Ok(PurgeTarget::Keys(keys.clone()))
+            }
+            _ => Err("give either \"url\" or \"surrogate_keys\"".into()),
+        }
+    }
+
+    /// The key the public `PURGE` method computes for this URL: the
+    /// request goes through the same normalisation as a client's.
+    fn url_target(&self, url: &str) -> Result<PurgeTarget, String> {
+        if url.len() > MAX_URL_LEN {
+            return Err(format!("the URL is longer than {MAX_URL_LEN} bytes"));
+        }
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|_| format!("not a URL: {:?}", truncated(url)))?;
+        let mut req = Request::builder().method("PURGE");
+        match (uri.authority(), &self.host) {
+            (Some(_), Some(_)) => {
+                return Err("give the host in the URL or in \"host\", not both".into());
+            }
+            (Some(_), None) => {
+                if !matches!(uri.scheme_str(), Some("http" | "https")) {
+                    return Err(format!("not an http URL: {:?}", truncated(url)));
+                }
+            }
+            (None, Some(host)) => {
+                let host = HeaderValue::from_str(host)
+                    .map_err(|_| format!("not a host name: {:?}", truncated(host)))?;
+                req = req.header(header::HOST, host);
+            }
+            (None, None) => return Err("a path needs \"host\" (or give a full URL)".into()),
+        }
+        let (parts, ()) = req
+            .uri(uri)
+            .body(())
+            .map_err(|e| format!("bad URL: {e}"))?
+            .into_parts();
+        let peer = SocketAddr::from(([127, 0, 0, 1], 0));
+        let head = crate::pipeline::recv::normalise(parts, peer, "")
+            .map_err(|e| format!("{e} in {:?}", truncated(url)))?;
+        let shown = format!("{}{}", head.host(), head.path_and_query());
+        Ok(PurgeTarget::Url(PrimaryKey::of(&head), shown))
+    }
+}
+
+/// At most 100 characters of client text, for error messages.
+fn truncated(s: &str) -> String {
+    s.chars().take(100).collect()
+}
+
+/// Read a request body of at most [`MAX_BODY`] bytes within [`BODY_READ_TIMEOUT`].
+async fn read_body<B>(headers: &HeaderMap, body: B) -> Result<Bytes, Refusal>
+where
+    B: Body<Data = Bytes> + Send,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || {
+        Refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {MAX_BODY} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
+        Err(_) => Err(Refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            "the body did not come in time".into(),
+        )),
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(e)) => Err(Refusal(
+            StatusCode::BAD_REQUEST,
+            format!("reading the body: {e}"),
+        )),
+    }
+}
+
+/// A request refused: its status and why.
+struct Refusal(StatusCode, String);
+
+impl From<Refusal> for Response<Full<Bytes>> {
+    fn from(Refusal(status, message): Refusal) -> Self {
+        error(status, message)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
+    serde_json::from_slice(body)
+        .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")))
+}
+
+fn answer(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
+    let mut text = serde_json::to_vec_pretty(&v).unwrap_or_default();
+    text.push(b'\n');
+    let mut resp = Response::new(Full::new(Bytes::from(text)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+fn ok(v: Value) -> Response<Full<Bytes>> {
+    answer(StatusCode::OK, v)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
+    answer(status, json!({ "error": message.into() }))
+}
+
+fn not_available(what: &str) -> Response<Full<Bytes>> {
+    error(
+        StatusCode::NOT_IMPLEMENTED,
+        format!("{what} not available in this build"),
+    )
+}
+
+/// The admin listener, serving until [`shutdown`](Self::shutdown).
+#[derive(Debug)]
+pub struct AdminServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl AdminServer {
+    /// Listen on `addr` and serve `admin`; logs "admin API listening on
+    /// http://ADDR" (tests and scripts read the port of `127.0.0.1:0` there).
+    pub async fn bind(addr: SocketAddr, admin: Admin) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("admin API: cannot listen on {addr}"))?;
+        Ok(Self::start(listener, admin)?)
+    }
+
+    /// Serve `admin` on `listener`.
+    pub fn start(listener: TcpListener, admin: Admin) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        info!("admin API listening on http://{addr}");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(accept_loop(listener, admin, stop.clone()));
+        Ok(Self { addr, stop, task })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop accepting, let the requests in flight finish (5 s at most).
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn accept_loop(listener: TcpListener, admin: Admin, stop: CancellationToken) {
+    let connections = TaskTracker::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_client = PerClient::default();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => tokio::select! {
+                    _ = stop.cancelled() => break,
+                    a = listener.accept() => a.map(|a| (a, permit)),
+                },
+                Err(_) => break,
+            },
+        };
+        let ((stream, peer), permit) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "admin API: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(client_slot) = per_client.take(peer.ip()) else {
+            tracing::debug!(%peer, "admin API: client at its connection limit; closed");
+            continue;
+        };
+        let admin = admin.clone();
+        let stop = stop.clone();
+        connections.spawn(async move {
+            serve_connection(stream, peer, admin, stop).await;
+            drop(client_slot);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    connections.close();
+    if tokio::time::timeout(Duration::from_secs(5), connections.wait())
+        .await
+        .is_err()
+    {
+        warn!("admin API: connections still open at shutdown were closed");
+    }
+}
+
+/// Connections open per client address.
+#[derive(Clone, Default)]
+struct PerClient(Arc<parking_lot::Mutex<std::collections::HashMap<IpAddr, usize>>>);
+
+/// One connection of a client address; given back on drop.
+struct ClientSlot(PerClient, IpAddr);
+
+impl PerClient {
+    fn take(&self, ip: IpAddr) -> Option<ClientSlot> {
+        let mut open = self.0.lock();
+        let n = open.entry(ip).or_default();
+        if *n >= MAX_CONNECTIONS_PER_CLIENT {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = (self.0).0.lock();
+        if let Some(n) = open.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.1);
+            }
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    admin: Admin,
+    stop: CancellationToken,
+) {
+    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+        let admin = admin.clone();
+        async move { Ok::<_, Infallible>(admin.respond(req).await) }
+    });
+    // One request per connection: no idle keep-alive connection holds a slot.
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let served = tokio::time::timeout(CONNECTION_DEADLINE, async {
+        tokio::select! {
+            r = conn.as_mut() => r,
+            _ = stop.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.as_mut().await
+            }
+        }
+    })
+    .await;
+    match served {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "admin API connection error"),
+        Err(_) => info!(%peer, "admin API connection open too long; closed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_auth(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn the_token_is_read_without_its_newline_and_checked_exactly() {
+        let t = AdminToken::new(b"s3cret\n").unwrap();
+        assert!(t.admits(&with_auth("Bearer s3cret")));
+        assert!(t.admits(&with_auth("bearer s3cret")));
+        assert!(!t.admits(&with_auth("Bearer s3cre")));
+        assert!(!t.admits(&with_auth("Bearer s3cret2")));
+        assert!(!t.admits(&with_auth("Basic s3cret")));
+        assert!(!t.admits(&with_auth("s3cret")));
+        assert!(!t.admits(&HeaderMap::new()));
+        assert!(
+            AdminToken::new(b"tok\r\n")
+                .unwrap()
+                .admits(&with_auth("Bearer tok"))
+        );
+        assert!(AdminToken::new(b"\n").is_err());
+        assert!(AdminToken::new(b"").is_err());
+        assert!(AdminToken::new(b"two words").is_err());
+        assert!(!format!("{t:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn readiness_goes_ready_then_stopping_and_never_back() {
+        let r = Readiness::new();
+        assert!(!r.is_ready());
+        assert_eq!(r.state(), "starting");
+        r.set_ready();
+        assert!(r.is_ready());
+        r.set_stopping();
+        r.set_ready();
+        assert!(!r.is_ready());
+        assert_eq!(r.state(), "stopping");
+    }
+
+    fn target(v: Value) -> Result<PurgeTarget, String> {
+        serde_json::from_value::<PurgeRequest>(v)
+            .map_err(|e| e.to_string())?
+            .target()
+    }
+
+    #[test]
+    fn a_purge_url_has_the_key_of_the_request_a_client_sends() {
+        let client_head = || {
+            let (parts, ()) = Request::builder()
+                .uri("/a/b?x=1")
+                .header("host", "WWW.Example.com")
+                .body(())
+                .unwrap()
+                .into_parts();
+            crate::pipeline::recv::normalise(parts, SocketAddr::from(([1, 2, 3, 4], 5)), "d")
+                .unwrap()
+        };
+        let want = PrimaryKey::of(&client_head());
+        for v in [
+            json!({ "url": "http://WWW.Example.com/a/b?x=1" }),
+            json!({ "url": "/a/b?x=1", "host": "www.example.com" }),
+        ] {
+            let Ok(PurgeTarget::Url(key, _)) = target(v.clone()) else {
+                panic!("{v} refused")
+            };
+            assert_eq!(key, want, "{v}");
+        }
+    }
+
+    #[test]
+    fn bad_purge_requests_are_refused_with_a_reason() {
+        for v in [
+            json!({}),
+            json!({ "url": "/a" }),
+            json!({ "url": "http://h/a", "host": "h" }),
+            json!({ "url": "ftp://h/a" }),
+            json!({ "url": "/a", "host": "bad host" }),
+            json!({ "url": "not a url" }),
+            json!({ "url": "/a", "surrogate_keys": ["k"], "host": "h" }),
+            json!({ "surrogate_keys": [] }),
+            json!({ "surrogate_keys": ["a b"] }),
+            json!({ "surrogate_keys": [""] }),
+            json!({ "surrogate_keys": ["k"], "host": "h" }),
+            json!({ "surrogate_keys": vec!["k"; MAX_PURGE_KEYS + 1] }),
+            json!({ "url": format!("/{}", "a".repeat(MAX_URL_LEN)), "host": "h" }),
+            json!({ "url": "/a", "host": "h", "extra": 1 }),
+            json!({ "url": 5 }),
+        ] {
+            assert!(target(v.clone()).is_err(), "{v} accepted");
+        }
+    }
+}

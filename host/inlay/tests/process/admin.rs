@@ -1,0 +1,239 @@
+//! The admin API with the real binary: `inlay admin` against `inlay
+//! serve`, readiness across SIGTERM, and the refusal of a public admin
+//! address without a token.
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use crate::common::{Inlay, Origin, get, unused_port};
+
+fn inlay() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_inlay"))
+}
+
+/// The admin API's address, from its "admin API listening on" line.
+fn admin_addr(inlay: &Inlay) -> SocketAddr {
+    const LINE: &str = "admin API listening on http://";
+    inlay.expect_log(LINE, Duration::from_secs(10));
+    let log = inlay.log.text();
+    let rest = log.split(LINE).nth(1).unwrap();
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// `inlay admin --address ADDR ARGS`, run off the runtime's threads.
+fn admin_cli(addr: SocketAddr, args: &[&str]) -> Output {
+    tokio::task::block_in_place(|| {
+        inlay()
+            .args(["admin", "--address", &addr.to_string()])
+            .args(args)
+            .output()
+            .unwrap()
+    })
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inlay_admin_purge_makes_the_next_request_a_miss() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "s3cret-admin-token\n").unwrap();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!("[admin]\ntoken_file = \"{}\"", token.display()))
+        .arg("--admin")
+        .arg("127.0.0.1:0")
+        .spawn_process();
+    let addr = admin_addr(&inlay);
+    let token_file = token.display().to_string();
+    let with_token = |args: &[&str]| {
+        let mut all = vec!["--token-file", token_file.as_str()];
+        all.extend_from_slice(args);
+        admin_cli(addr, &all)
+    };
+    let path = "/bytes/100?cc=max-age%3D60";
+    get(&inlay.url(path)).await;
+    get(&inlay.url(path)).await;
+    assert_eq!(origin.count("/bytes/100").await, 1, "cached");
+    let out = with_token(&["purge", &inlay.url(path)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["purged"], 1, "{answer}");
+    get(&inlay.url(path)).await;
+    assert_eq!(
+        origin.count("/bytes/100").await,
+        2,
+        "a miss after the purge"
+    );
+    // Stats, and the probes, which need no token.
+    let out = with_token(&["stats"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["state"], "ready", "{stats}");
+    assert!(admin_cli(addr, &["ready"]).status.success());
+    // An error answer: exit 1, the message on stderr.
+    let out = admin_cli(addr, &["stats"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "no token: {}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+    let out = with_token(&["purge", "/no-host"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("host"), "{}", text(&out.stderr));
+    // The other subcommands reach their routes.
+    let out = with_token(&["purge-key", "k1", "k2", "--soft"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("keys k1 k2"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = with_token(&["config"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(config["admin"]["token_file"], "<redacted>", "{config}");
+    for args in [
+        &["metrics"][..],
+        &["ban", "req.url", "~", "^/products/"],
+        &["bans"],
+        &["reload"],
+    ] {
+        // Answered by the route (501 while the part is not wired in),
+        // never a wrong path or method.
+        let out = with_token(args);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            !err.contains("404") && !err.contains("405"),
+            "{args:?}: {err}"
+        );
+    }
+    // Nobody there, or no such subcommand: exit 2.
+    let nobody: SocketAddr = format!("127.0.0.1:{}", unused_port()).parse().unwrap();
+    let out = admin_cli(nobody, &["health"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("cannot connect"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(admin_cli(addr, &["frobnicate"]).status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_turns_503_on_sigterm_while_a_slow_request_drains() {
+    let origin = Origin::start();
+    let mut inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("--admin")
+        .arg("127.0.0.1:0")
+        .spawn_process();
+    let addr = admin_addr(&inlay);
+    let readyz = format!("http://{addr}/readyz");
+    assert_eq!(get(&readyz).await.status, 200);
+    let url = inlay.url("/bytes/100?delay_ms=2000");
+    let slow = tokio::spawn(async move { get(&url).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    inlay.signal("TERM");
+    // The answer changes at the signal, not at the end of the drain.
+    let start = Instant::now();
+    let mut status = 200;
+    while start.elapsed() < Duration::from_secs(2) && status == 200 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        status = get(&readyz).await.status;
+    }
+    assert_eq!(status, 503, "readyz after SIGTERM");
+    assert!(!slow.is_finished(), "the slow request is still draining");
+    assert_eq!(get(&format!("http://{addr}/healthz")).await.status, 200);
+    let r = slow.await.unwrap();
+    assert_eq!(r.status, 200, "the drained request finished");
+    let st =
+        tokio::task::block_in_place(|| inlay.wait(Duration::from_secs(10))).expect("inlay exited");
+    assert!(st.success(), "exit status {st:?}\n{}", inlay.log.text());
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the admin listener closed with the proxy"
+    );
+}
+
+#[test]
+fn a_public_admin_address_without_a_token_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let public = dir.path().join("public.toml");
+    std::fs::write(
+        &public,
+        "[backends.web]\naddress = \"http://127.0.0.1:1\"\n[admin]\nlisten = \"0.0.0.0:6082\"\n",
+    )
+    .unwrap();
+    let out = inlay()
+        .args(["check", "--config"])
+        .arg(&public)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("admin.listen"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = inlay()
+        .args(["serve", "--config"])
+        .arg(&public)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("admin.listen"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = inlay()
+        .args(["serve", "-b", "http://127.0.0.1:1", "--admin", ":6082"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--admin"),
+        "{}",
+        text(&out.stderr)
+    );
+    // An empty token file stops start-up with its name.
+    let empty = dir.path().join("empty.token");
+    std::fs::write(&empty, "\n").unwrap();
+    let guarded = dir.path().join("guarded.toml");
+    std::fs::write(
+        &guarded,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n[backends.web]\naddress = \"http://127.0.0.1:1\"\n[admin]\nlisten = \"0.0.0.0:0\"\ntoken_file = \"{}\"\n",
+            empty.display()
+        ),
+    )
+    .unwrap();
+    for command in ["serve", "check"] {
+        let out = inlay()
+            .args([command, "--config"])
+            .arg(&guarded)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{command}");
+        assert!(
+            text(&out.stderr).contains("admin.token_file") && text(&out.stderr).contains("empty"),
+            "{command}: {}",
+            text(&out.stderr)
+        );
+    }
+    std::fs::write(&empty, "tok\n").unwrap();
+    let out = inlay()
+        .args(["check", "--config"])
+        .arg(&guarded)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
