@@ -244,6 +244,23 @@ impl MemTier {
             .collect()
     }
 
+    /// Up to `limit` held objects with keys after `after`, in key order,
+    /// with their metadata (without touching their recency).
+    pub(crate) fn scan_meta(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<(String, Arc<ObjectMeta>)> {
+        let index = self.index.lock();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        index
+            .keys
+            .range::<str, _>((start, Bound::Unbounded))
+            .filter_map(|k| Some((k.to_string(), self.cache.peek(&**k)?.obj.meta)))
+            .take(limit)
+            .collect()
+    }
+
     pub(crate) fn keys_for_surrogate(&self, skey: &str) -> Vec<Arc<str>> {
         let index = self.index.lock();
         index
@@ -508,6 +525,14 @@ impl ObjectStore for MemoryStore {
 
     fn purge_surrogate(&self, skey: &str, soft: bool) -> Result<u64, StoreError> {
         Ok(self.purge_keys(self.tier.keys_for_surrogate(skey), soft))
+    }
+
+    fn scan_meta(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Arc<ObjectMeta>)>, StoreError> {
+        Ok(self.tier.scan_meta(after, limit))
     }
 
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {
