@@ -236,11 +236,17 @@ impl BanList {
         self.bans.read().last().map(|b| b.id)
     }
 
+    /// Whether any ban could cover an object created at `created_ms` (one
+    /// atomic load: the hit path's test when no ban is that new).
+    pub(crate) fn may_cover(&self, created_ms: u64) -> bool {
+        created_ms <= self.newest_ms.load(Ordering::Acquire)
+    }
+
     /// The id of a ban that covers the object `subject` describes: one
     /// created at or after the object, whose expression matches.
     pub(crate) fn check(&self, subject: &BanSubject<'_>) -> Option<u64> {
         let created = subject.meta.created_ms;
-        if created > self.newest_ms.load(Ordering::Acquire) {
+        if !self.may_cover(created) {
             return None;
         }
         let bans = self.bans.read();

@@ -264,6 +264,9 @@ impl HttpCache {
 
     /// The id of a ban covering `obj`, found under `primary`.
     fn banned(&self, primary: &PrimaryKey, meta: &ObjectMeta) -> Option<u64> {
+        if !self.inner.bans.may_cover(meta.created_ms) {
+            return None;
+        }
         let (host, url) = ban::host_and_url(primary.as_str());
         self.inner.bans.check(&BanSubject {
             url: Some(url),
