@@ -243,12 +243,17 @@ pub trait ObjectStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<(String, std::sync::Arc<ObjectMeta>)>, StoreError>;
 
-    /// Removes the objects under `keys`, durably (one flush for all).
-    /// Returns how many existed.
-    fn remove_keys(&self, keys: &[String]) -> Result<u64, StoreError> {
+    /// Removes each object under its key if it was created (`created_ms`)
+    /// at or before the time given with it, durably (one flush for all):
+    /// an object stored under the key since then stays. Returns how many
+    /// were removed. The default reads, then removes (not atomic); the
+    /// stores of this crate check and remove under the key's lock.
+    fn remove_created_by(&self, keys: &[(String, u64)]) -> Result<u64, StoreError> {
         let mut n = 0;
-        for k in keys {
-            n += u64::from(self.remove(k)?);
+        for (k, by) in keys {
+            if self.get(k)?.is_some_and(|o| o.meta.created_ms <= *by) {
+                n += u64::from(self.remove(k)?);
+            }
         }
         Ok(n)
     }

@@ -208,6 +208,15 @@ impl MemTier {
         Some(v.obj)
     }
 
+    /// Removes the object under `key` if `pred` holds for its metadata.
+    pub(crate) fn remove_if(&self, key: &str, pred: impl FnOnce(&ObjectMeta) -> bool) -> bool {
+        let mut index = self.index.lock();
+        match self.cache.peek(key) {
+            Some(e) if pred(&e.obj.meta) => self.remove_locked(&mut index, key).is_some(),
+            _ => false,
+        }
+    }
+
     /// Replaces the metadata of a held object with `f(old)`; the body, its
     /// length and checksum stay. Returns the new metadata if the key was held.
     pub(crate) fn update(
@@ -533,6 +542,13 @@ impl ObjectStore for MemoryStore {
         limit: usize,
     ) -> Result<Vec<(String, Arc<ObjectMeta>)>, StoreError> {
         Ok(self.tier.scan_meta(after, limit))
+    }
+
+    fn remove_created_by(&self, keys: &[(String, u64)]) -> Result<u64, StoreError> {
+        Ok(keys
+            .iter()
+            .filter(|(k, by)| self.tier.remove_if(k, |m| m.created_ms <= *by))
+            .count() as u64)
     }
 
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {

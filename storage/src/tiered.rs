@@ -471,11 +471,35 @@ impl ObjectStore for TieredStore {
         Ok(found.into_iter().take(limit).collect())
     }
 
-    fn remove_keys(&self, keys: &[String]) -> Result<u64, StoreError> {
-        for k in keys {
-            check_key(k)?;
+    fn remove_created_by(&self, keys: &[(String, u64)]) -> Result<u64, StoreError> {
+        let inner = &*self.inner;
+        let mut n = 0;
+        for (key, by) in keys {
+            check_key(key)?;
+            let older = |m: &ObjectMeta| m.created_ms <= *by;
+            let Some(disk) = &inner.disk else {
+                n += u64::from(inner.memory.tier.remove_if(key, older));
+                continue;
+            };
+            let g = disk.lock_key(key);
+            // Under the key's lock memory and disk hold the same object.
+            let created = match disk.created_ms_of(key)? {
+                Some(c) => Some(c),
+                None => inner.memory.tier.get(key, 0).map(|o| o.meta.created_ms),
+            };
+            if created.is_some_and(|c| c <= *by) {
+                let in_memory = inner.memory.tier.remove(key).is_some();
+                let on_disk = disk.remove_locked(&g, key)?;
+                n += u64::from(in_memory || on_disk);
+            }
         }
-        self.inner.purge(keys.iter().cloned().collect(), false)
+        if let Some(disk) = &inner.disk
+            && n > 0
+        {
+            // Removed objects must not come back after a crash.
+            disk.flush()?;
+        }
+        Ok(n)
     }
 
     fn ban_records(&self) -> Result<Vec<BanRecord>, StoreError> {

@@ -222,6 +222,11 @@ impl BanList {
         info
     }
 
+    /// Creation time of the newest ban (0: none).
+    pub(crate) fn newest_ms(&self) -> u64 {
+        self.newest_ms.load(Ordering::Acquire)
+    }
+
     /// The bans in effect, oldest first.
     pub(crate) fn infos(&self) -> Vec<BanInfo> {
         self.bans.read().iter().map(|b| b.info()).collect()
@@ -283,9 +288,22 @@ impl BanList {
 /// The fills in progress by the time they started: a ban may be dropped
 /// only once no fill that started before it is still to be stored (the
 /// lurker's walk could have passed its key before it was).
+///
+/// Tickets and bans share one clock: a ban's time is handed out under the
+/// same lock, and every ticket after it is dated at least a millisecond
+/// later, so an object that arrives in the millisecond of a ban, after it,
+/// is not taken for one it covers.
 #[derive(Debug, Default)]
 pub(crate) struct FillTickets {
-    open: Mutex<BTreeMap<u64, usize>>,
+    open: Mutex<Tickets>,
+}
+
+#[derive(Debug, Default)]
+struct Tickets {
+    /// Open tickets by time, and how many at that time.
+    by_time: BTreeMap<u64, usize>,
+    /// The earliest time the next ticket may have (after the last ban).
+    floor: u64,
 }
 
 /// A fill in progress, from the time its response arrived until it is
@@ -297,11 +315,18 @@ pub(crate) struct FillTicket {
 }
 
 impl FillTickets {
-    /// Opens a ticket dated now.
+    /// Tickets dated after the bans created up to `newest_ban_ms`.
+    pub(crate) fn after(newest_ban_ms: u64) -> FillTickets {
+        let tickets = FillTickets::default();
+        tickets.open.lock().floor = newest_ban_ms.saturating_add(1);
+        tickets
+    }
+
+    /// Opens a ticket dated now (or just after the last ban).
     pub(crate) fn open(inner: &Arc<crate::Inner>) -> FillTicket {
         let mut open = inner.tickets.open.lock();
-        let since_ms = inlay_storage::now_ms();
-        *open.entry(since_ms).or_default() += 1;
+        let since_ms = inlay_storage::now_ms().max(open.floor);
+        *open.by_time.entry(since_ms).or_default() += 1;
         FillTicket {
             cache: inner.clone(),
             since_ms,
@@ -312,18 +337,30 @@ impl FillTickets {
     /// `f()` evaluated under the same lock, so no ticket is opened between.
     pub(crate) fn oldest_with<T>(&self, f: impl FnOnce() -> T) -> (u64, T) {
         let open = self.open.lock();
-        let oldest = open.keys().next().copied().unwrap_or(u64::MAX);
+        let oldest = open.by_time.keys().next().copied().unwrap_or(u64::MAX);
         (oldest, f())
+    }
+
+    /// Dates a ban: `make` gets the time now and returns the ban, whose
+    /// time later tickets stay after.
+    pub(crate) fn date_ban(
+        &self,
+        make: impl FnOnce(u64) -> Result<Ban, BanError>,
+    ) -> Result<Ban, BanError> {
+        let mut open = self.open.lock();
+        let ban = make(inlay_storage::now_ms())?;
+        open.floor = open.floor.max(ban.created_ms.saturating_add(1));
+        Ok(ban)
     }
 }
 
 impl Drop for FillTicket {
     fn drop(&mut self) {
         let mut open = self.cache.tickets.open.lock();
-        if let Some(n) = open.get_mut(&self.since_ms) {
+        if let Some(n) = open.by_time.get_mut(&self.since_ms) {
             *n -= 1;
             if *n == 0 {
-                open.remove(&self.since_ms);
+                open.by_time.remove(&self.since_ms);
             }
         }
     }

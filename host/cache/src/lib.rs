@@ -218,8 +218,8 @@ impl HttpCache {
                 rules,
                 flights: Flights::default(),
                 hit_for_miss: HitForMiss::default(),
+                tickets: FillTickets::after(bans.newest_ms()),
                 bans,
-                tickets: FillTickets::default(),
                 lurker: parking_lot::Mutex::new(BanLurker::default()),
                 lurker_running: AtomicBool::new(false),
             }),
@@ -238,7 +238,7 @@ impl HttpCache {
         let bans = &self.inner.bans;
         let info = {
             let _one_at_a_time = bans.adding.lock().await;
-            let ban = bans.next(expr, inlay_storage::now_ms())?;
+            let ban = self.inner.tickets.date_ban(|now| bans.next(expr, now))?;
             self.inner
                 .store
                 .ban_put(ban.id, ban.record())
@@ -286,7 +286,9 @@ impl HttpCache {
         let Some(id) = self.banned(primary, &obj.meta) else {
             return Some(obj);
         };
-        match self.inner.store.remove_keys(vec![key.to_owned()]).await {
+        // Not an object a concurrent fetch stored since.
+        let this = vec![(key.to_owned(), obj.meta.created_ms)];
+        match self.inner.store.remove_created_by(this).await {
             Ok(n) => {
                 ban::BanStats::bump(&self.inner.bans.stats.removed_at_lookup, n);
             }

@@ -122,10 +122,12 @@ impl CacheStore {
         blocking(move || objects.scan_meta(after.as_deref(), limit)).await
     }
 
-    /// Removes the objects under `keys`, durably; how many existed.
-    pub async fn remove_keys(&self, keys: Vec<String>) -> Result<u64, StoreError> {
+    /// Removes the objects under the keys that were created at or before
+    /// the time given with each (not one stored since), durably; how many
+    /// were removed.
+    pub async fn remove_created_by(&self, keys: Vec<(String, u64)>) -> Result<u64, StoreError> {
         let objects = self.objects.clone();
-        blocking(move || objects.remove_keys(&keys)).await
+        blocking(move || objects.remove_created_by(&keys)).await
     }
 
     /// The persisted ban records. Blocks on the disk: called once, when

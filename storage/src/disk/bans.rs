@@ -55,6 +55,15 @@ impl DiskTier {
         Ok(())
     }
 
+    /// The creation time of the object under `key` on disk, if any (an
+    /// undecodable record has none).
+    pub(crate) fn created_ms_of(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .current_record(key)?
+            .and_then(|raw| Record::decode(&raw).ok())
+            .map(|r| r.meta.created_ms))
+    }
+
     /// Up to `limit` objects with keys after `after`, in key order, with
     /// their metadata. Records that do not decode are skipped (a read drops
     /// them).

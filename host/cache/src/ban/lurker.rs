@@ -115,11 +115,12 @@ async fn walk(
             }
             report.checked += 1;
             if inner.bans.check(&subject_of(key, meta)).is_some() {
-                doomed.push(key.clone());
+                // Only this object: one stored since under the key stays.
+                doomed.push((key.clone(), meta.created_ms));
             }
         }
         if !doomed.is_empty() {
-            match inner.store.remove_keys(doomed).await {
+            match inner.store.remove_created_by(doomed).await {
                 Ok(n) => {
                     report.removed += n;
                     BanStats::bump(&inner.bans.stats.removed_by_lurker, n);
