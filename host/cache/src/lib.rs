@@ -10,6 +10,8 @@
 //!   stored while it streams ([`NewResponse::store`]).
 //! - [`CacheStore`]: the one async door to storage; nothing here calls a
 //!   store that may block on a reactor thread.
+//! - [`ban`]: bans by expression ([`HttpCache::ban`]), tested at lookup
+//!   and by a background lurker, persisted with the disk tier.
 //!
 //! The crate knows nothing of backends, policies or the server: the
 //! caller fetches, and tells the cache what came back.
