@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use inlay_storage::BanRecord;
 use parking_lot::{Mutex, RwLock};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use expr::{BanExpression, BanSubject, MAX_BAN_CONDITIONS, MAX_BAN_EXPRESSION_LEN};
 
@@ -64,8 +64,8 @@ pub enum BanError {
     Store(String),
 }
 
-/// A ban as the admin API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A ban as the admin API shows it (and its client reads back).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BanInfo {
     /// Its id: increasing, in the order bans were added.
     pub id: u64,
@@ -96,6 +96,39 @@ impl BanStats {
     pub(crate) fn bump(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
+
+    /// The counters now, with `active` bans in effect.
+    pub fn snapshot(&self, active: u64) -> BanCounts {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        BanCounts {
+            active,
+            added: get(&self.added),
+            dropped: get(&self.dropped),
+            tests: get(&self.tests),
+            removed_at_lookup: get(&self.removed_at_lookup),
+            removed_by_lurker: get(&self.removed_by_lurker),
+            lurker_walks: get(&self.lurker_walks),
+        }
+    }
+}
+
+/// A snapshot of [`BanStats`] (for `GET /stats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanCounts {
+    /// Bans in effect now.
+    pub active: u64,
+    /// Bans added since start.
+    pub added: u64,
+    /// Bans dropped by the lurker since start.
+    pub dropped: u64,
+    /// Tests of an object against a ban.
+    pub tests: u64,
+    /// Objects removed at lookup.
+    pub removed_at_lookup: u64,
+    /// Objects removed by the lurker.
+    pub removed_by_lurker: u64,
+    /// Walks the lurker finished.
+    pub lurker_walks: u64,
 }
 
 /// One ban in the list.

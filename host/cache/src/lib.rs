@@ -36,7 +36,9 @@ use http::HeaderMap;
 use inlay_storage::{ObjectMeta, StoreError, StoredObject};
 
 pub use ban::lurker::{BanLurker, LurkReport};
-pub use ban::{BanError, BanExpression, BanInfo, BanStats, MAX_BAN_EXPRESSION_LEN, MAX_BANS};
+pub use ban::{
+    BanCounts, BanError, BanExpression, BanInfo, BanStats, MAX_BAN_EXPRESSION_LEN, MAX_BANS,
+};
 pub use fill::FillError;
 pub use flight::Flight;
 pub use key::{ContentCodings, PrimaryKey, vary_names};
@@ -256,6 +258,12 @@ impl HttpCache {
     /// The bans in effect, oldest first.
     pub fn bans(&self) -> Vec<BanInfo> {
         self.inner.bans.infos()
+    }
+
+    /// The ban counters now, with the number of bans in effect.
+    pub fn ban_counts(&self) -> BanCounts {
+        let bans = &self.inner.bans;
+        bans.stats.snapshot(bans.len() as u64)
     }
 
     /// Counters of bans (atomics), for metrics. The number of bans in

@@ -242,6 +242,16 @@ async fn the_lurker_removes_banned_objects_and_the_list_shrinks() {
     assert_eq!(report.removed, 52, "51 json objects and /p/1");
     assert_eq!(report.dropped, vec![1, 2]);
     assert!(cache.bans().is_empty(), "every older object was tested");
+    let counts = cache.ban_counts();
+    assert_eq!(
+        (
+            counts.active,
+            counts.added,
+            counts.dropped,
+            counts.lurker_walks
+        ),
+        (0, 2, 2, 1)
+    );
     let stats = cache.ban_stats();
     assert_eq!(stats.removed_by_lurker.load(Ordering::Relaxed), 52);
     assert_eq!(stats.dropped.load(Ordering::Relaxed), 2);

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use inlay_storage::{ObjectMeta, StoreError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use super::{BanStats, BanSubject, host_and_url};
@@ -50,7 +50,7 @@ impl Default for BanLurker {
 }
 
 /// What one walk did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LurkReport {
     /// Objects tested.
     pub checked: u64,
