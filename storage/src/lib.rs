@@ -47,6 +47,7 @@
 //! | `surrogate` | len(tag) · tag · object key | empty |
 //! | `kv` | len(ns) · ns · key | CRC · value |
 //! | `pending` | chunk id | object key (writes in flight, cleaned after a crash) |
+//! | `bans` | ban id | CRC · ban record (the cache's bans, outside the kv budget) |
 //!
 //! # sled's limits and what we do about them
 //!
@@ -231,6 +232,51 @@ pub trait ObjectStore: Send + Sync {
     /// Removes every object removable at `now_ms`; returns how many.
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError>;
 
+    /// Up to `limit` objects of both tiers whose keys sort after `after`
+    /// (from the first with `None`), in key order, with their metadata:
+    /// a walk over the whole store in batches (the cache's ban lurker).
+    /// Objects stored or removed during a walk may or may not be seen;
+    /// every object present for the whole walk is. Blocks on the disk.
+    fn scan_meta(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, std::sync::Arc<ObjectMeta>)>, StoreError>;
+
+    /// Removes each object under its key if it was created (`created_ms`)
+    /// at or before the time given with it, durably (one flush for all):
+    /// an object stored under the key since then stays. Returns how many
+    /// were removed. The default reads, then removes (not atomic); the
+    /// stores of this crate check and remove under the key's lock.
+    fn remove_created_by(&self, keys: &[(String, u64)]) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for (k, by) in keys {
+            if self.get(k)?.is_some_and(|o| o.meta.created_ms <= *by) {
+                n += u64::from(self.remove(k)?);
+            }
+        }
+        Ok(n)
+    }
+
+    /// The ban records persisted beside the objects, in id order (see
+    /// [`ban_put`](ObjectStore::ban_put)). A store without a disk tier
+    /// persists none.
+    fn ban_records(&self) -> Result<Vec<BanRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Persists a ban record (opaque bytes, at most [`MAX_KV_VALUE_LEN`]),
+    /// durably before returning, outside the kv budget. A store without a
+    /// disk tier keeps nothing (the cache holds its bans in memory).
+    fn ban_put(&self, _id: u64, _data: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Deletes ban records that are no longer needed.
+    fn ban_remove(&self, _ids: &[u64]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// The largest body `put` accepts, so the host can stop buffering a
     /// response that will not be stored.
     fn max_object_bytes(&self) -> u64;
@@ -240,6 +286,15 @@ pub trait ObjectStore: Send + Sync {
 
     /// Makes every completed write durable (fsync).
     fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// A ban record read back from the disk tier ([`ObjectStore::ban_records`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BanRecord {
+    /// The id it was written under.
+    pub id: u64,
+    /// Its bytes; `None` when they failed their checksum.
+    pub data: Option<Bytes>,
 }
 
 /// What the memory tier alone says about a key ([`ObjectStore::peek`]).

@@ -208,6 +208,15 @@ impl MemTier {
         Some(v.obj)
     }
 
+    /// Removes the object under `key` if `pred` holds for its metadata.
+    pub(crate) fn remove_if(&self, key: &str, pred: impl FnOnce(&ObjectMeta) -> bool) -> bool {
+        let mut index = self.index.lock();
+        match self.cache.peek(key) {
+            Some(e) if pred(&e.obj.meta) => self.remove_locked(&mut index, key).is_some(),
+            _ => false,
+        }
+    }
+
     /// Replaces the metadata of a held object with `f(old)`; the body, its
     /// length and checksum stay. Returns the new metadata if the key was held.
     pub(crate) fn update(
@@ -241,6 +250,23 @@ impl MemTier {
             .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(|k| k.starts_with(prefix))
             .cloned()
+            .collect()
+    }
+
+    /// Up to `limit` held objects with keys after `after`, in key order,
+    /// with their metadata (without touching their recency).
+    pub(crate) fn scan_meta(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<(String, Arc<ObjectMeta>)> {
+        let index = self.index.lock();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        index
+            .keys
+            .range::<str, _>((start, Bound::Unbounded))
+            .filter_map(|k| Some((k.to_string(), self.cache.peek(&**k)?.obj.meta)))
+            .take(limit)
             .collect()
     }
 
@@ -508,6 +534,21 @@ impl ObjectStore for MemoryStore {
 
     fn purge_surrogate(&self, skey: &str, soft: bool) -> Result<u64, StoreError> {
         Ok(self.purge_keys(self.tier.keys_for_surrogate(skey), soft))
+    }
+
+    fn scan_meta(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Arc<ObjectMeta>)>, StoreError> {
+        Ok(self.tier.scan_meta(after, limit))
+    }
+
+    fn remove_created_by(&self, keys: &[(String, u64)]) -> Result<u64, StoreError> {
+        Ok(keys
+            .iter()
+            .filter(|(k, by)| self.tier.remove_if(k, |m| m.created_ms <= *by))
+            .count() as u64)
     }
 
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {

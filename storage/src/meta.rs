@@ -8,8 +8,11 @@ use serde::{Deserialize, Serialize};
 use crate::StoreError;
 use crate::codec::{Reader, Writer};
 
-/// Version byte of the [`ObjectMeta`] encoding.
-const META_VERSION: u8 = 1;
+/// Version byte of the [`ObjectMeta`] encoding. Version 2 added
+/// `created_ms` and `full_key`; version 1 records still decode.
+const META_VERSION: u8 = 2;
+/// The first version, still read.
+const META_VERSION_1: u8 = 1;
 
 /// What the store keeps about a cached response besides its body.
 ///
@@ -43,6 +46,17 @@ pub struct ObjectMeta {
     pub body_len: u64,
     /// CRC-32 (IEEE) of the body; set by `put`.
     pub checksum: u32,
+    /// When this response entered the cache (unix ms). Unlike
+    /// `stored_at_ms` it is neither dated back by `Age` nor moved by a 304
+    /// refresh, so a ban (which applies to what was cached before it)
+    /// compares against it. Records written before it existed decode it
+    /// as their `stored_at_ms`.
+    pub created_ms: u64,
+    /// The full key the host built the storage key from, when the storage
+    /// key holds only a digest of it (long keys): lets a walk over the
+    /// store see what an object stands for. `None` when the storage key
+    /// says it all.
+    pub full_key: Option<String>,
 }
 
 impl ObjectMeta {
@@ -122,6 +136,7 @@ impl ObjectMeta {
             + strings(&self.vary)
             + self.etag.as_ref().map_or(0, String::len)
             + self.last_modified.as_ref().map_or(0, String::len)
+            + self.full_key.as_ref().map_or(0, String::len)
     }
 
     /// Encodes the metadata; the encoding ends with a CRC-32 of itself so a
@@ -151,6 +166,8 @@ impl ObjectMeta {
         }
         w.opt_str(self.etag.as_deref());
         w.opt_str(self.last_modified.as_deref());
+        w.u64(self.created_ms);
+        w.opt_str(self.full_key.as_deref());
         let crc = crc32fast::hash(&w.buf);
         w.u32(crc);
         w.buf
@@ -171,7 +188,7 @@ impl ObjectMeta {
         }
         let mut r = Reader::new(body);
         let version = r.u8("version")?;
-        if version != META_VERSION {
+        if version != META_VERSION && version != META_VERSION_1 {
             return Err(StoreError::Corrupt(format!(
                 "unknown metadata version {version}"
             )));
@@ -194,6 +211,11 @@ impl ObjectMeta {
         let vary = read_strings(&mut r, "vary")?;
         let etag = r.opt_string("etag")?;
         let last_modified = r.opt_string("last-modified")?;
+        let (created_ms, full_key) = if version == META_VERSION_1 {
+            (stored_at_ms, None)
+        } else {
+            (r.u64("created")?, r.opt_string("full key")?)
+        };
         r.finish("metadata")?;
         Ok(ObjectMeta {
             status,
@@ -208,6 +230,8 @@ impl ObjectMeta {
             last_modified,
             body_len,
             checksum,
+            created_ms,
+            full_key,
         })
     }
 }
@@ -257,7 +281,51 @@ mod tests {
             last_modified: None,
             body_len: 3,
             checksum: 7,
+            created_ms: 1_000,
+            full_key: Some("example.com/long".into()),
         }
+    }
+
+    /// What version 1 wrote: no creation time, no full key.
+    fn encode_v1(m: &ObjectMeta) -> Vec<u8> {
+        let mut w = Writer::with_capacity(256);
+        w.u8(META_VERSION_1);
+        w.u16(m.status);
+        w.u64(m.stored_at_ms);
+        w.u64(m.ttl_ms);
+        w.u64(m.grace_ms);
+        w.u64(m.keep_ms);
+        w.u64(m.body_len);
+        w.u32(m.checksum);
+        w.u32(len_u32(m.headers.len()));
+        for (name, value) in &m.headers {
+            w.str(name);
+            w.bytes(value);
+        }
+        w.u32(len_u32(m.surrogate_keys.len()));
+        for k in &m.surrogate_keys {
+            w.str(k);
+        }
+        w.u32(len_u32(m.vary.len()));
+        for v in &m.vary {
+            w.str(v);
+        }
+        w.opt_str(m.etag.as_deref());
+        w.opt_str(m.last_modified.as_deref());
+        let crc = crc32fast::hash(&w.buf);
+        w.u32(crc);
+        w.buf
+    }
+
+    #[test]
+    fn version_1_records_still_decode_with_their_stored_time_as_creation() {
+        let mut m = sample();
+        m.stored_at_ms = 5_000;
+        let old = ObjectMeta::decode(&encode_v1(&m)).expect("a v1 record decodes");
+        assert_eq!(old.created_ms, 5_000);
+        assert_eq!(old.full_key, None);
+        assert_eq!(old.headers, m.headers);
+        assert_eq!(old.etag, m.etag);
     }
 
     #[test]
@@ -335,11 +403,13 @@ mod tests {
                 any::<u64>(),
                 any::<u32>(),
             ),
+            (any::<u64>(), proptest::option::of(".{0,10}")),
         )
             .prop_map(
                 |(
                     (status, headers, stored_at_ms, ttl_ms, grace_ms, keep_ms),
                     (surrogate_keys, vary, etag, last_modified, body_len, checksum),
+                    (created_ms, full_key),
                 )| ObjectMeta {
                     status,
                     headers,
@@ -353,6 +423,8 @@ mod tests {
                     last_modified,
                     body_len,
                     checksum,
+                    created_ms,
+                    full_key,
                 },
             )
     }

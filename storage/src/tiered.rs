@@ -15,8 +15,8 @@ use crate::engine::DiskEngine;
 use crate::engine::{Wait, open_sled};
 use crate::memory::Counters;
 use crate::{
-    KvStore, MemoryStore, ObjectMeta, ObjectStore, Peek, StoreConfig, StoreError, StoreStats,
-    StoredObject, check_key, check_kv, check_meta, now_ms, seal,
+    BanRecord, KvStore, MemoryStore, ObjectMeta, ObjectStore, Peek, StoreConfig, StoreError,
+    StoreStats, StoredObject, check_key, check_kv, check_meta, now_ms, seal,
 };
 
 struct Inner {
@@ -448,6 +448,79 @@ impl ObjectStore for TieredStore {
 
     fn sweep_expired(&self, now_ms: u64) -> Result<u64, StoreError> {
         self.inner.sweep(now_ms)
+    }
+
+    fn scan_meta(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Arc<ObjectMeta>)>, StoreError> {
+        let inner = &*self.inner;
+        let mut found: std::collections::BTreeMap<String, Arc<ObjectMeta>> = inner
+            .memory
+            .tier
+            .scan_meta(after, limit)
+            .into_iter()
+            .collect();
+        if let Some(disk) = &inner.disk {
+            for (k, m) in disk.scan_meta(after, limit)? {
+                // Memory holds the newer copy when both do.
+                found.entry(k).or_insert(m);
+            }
+        }
+        Ok(found.into_iter().take(limit).collect())
+    }
+
+    fn remove_created_by(&self, keys: &[(String, u64)]) -> Result<u64, StoreError> {
+        let inner = &*self.inner;
+        let mut n = 0;
+        for (key, by) in keys {
+            check_key(key)?;
+            let older = |m: &ObjectMeta| m.created_ms <= *by;
+            let Some(disk) = &inner.disk else {
+                n += u64::from(inner.memory.tier.remove_if(key, older));
+                continue;
+            };
+            let g = disk.lock_key(key);
+            // Under the key's lock memory and disk hold the same object.
+            let created = match disk.created_ms_of(key)? {
+                Some(c) => Some(c),
+                None => inner.memory.tier.get(key, 0).map(|o| o.meta.created_ms),
+            };
+            if created.is_some_and(|c| c <= *by) {
+                let in_memory = inner.memory.tier.remove(key).is_some();
+                let on_disk = disk.remove_locked(&g, key)?;
+                n += u64::from(in_memory || on_disk);
+            }
+        }
+        if let Some(disk) = &inner.disk
+            && n > 0
+        {
+            // Removed objects must not come back after a crash.
+            disk.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn ban_records(&self) -> Result<Vec<BanRecord>, StoreError> {
+        match &self.inner.disk {
+            Some(d) => d.ban_records(),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn ban_put(&self, id: u64, data: &[u8]) -> Result<(), StoreError> {
+        match &self.inner.disk {
+            Some(d) => d.ban_put(id, data),
+            None => Ok(()),
+        }
+    }
+
+    fn ban_remove(&self, ids: &[u64]) -> Result<(), StoreError> {
+        match &self.inner.disk {
+            Some(d) => d.ban_remove(ids),
+            None => Ok(()),
+        }
     }
 
     fn max_object_bytes(&self) -> u64 {

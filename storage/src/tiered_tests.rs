@@ -1012,3 +1012,85 @@ fn orphaned_chunk_files_are_deleted_after_the_open_not_during_it() {
     assert_eq!(s.get("b").unwrap().unwrap().body, body(2, 50_000));
     assert_eq!(s.get("c").unwrap().unwrap().body, body(3, 100));
 }
+
+#[test]
+fn scan_meta_walks_both_tiers_in_key_order_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_counted(config(dir.path()));
+    for k in ["d", "a", "c", "b", "e"] {
+        s.put(k, meta(60_000, &[]), Bytes::from_static(b"x"))
+            .unwrap();
+    }
+    // "a" and "b" only on disk now; the rest in both tiers.
+    forget_memory(&s);
+    s.get("c").unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let batch = s.scan_meta(after.as_deref(), 2).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        assert!(batch.len() <= 2);
+        after = batch.last().map(|(k, _)| k.clone());
+        seen.extend(batch.into_iter().map(|(k, m)| (k, m.status)));
+    }
+    let keys: Vec<&str> = seen.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["a", "b", "c", "d", "e"]);
+    assert!(seen.iter().all(|(_, status)| *status == 200));
+    // "d" is stored again since the walk read it (a newer creation time).
+    let mut newer = meta(60_000, &[]);
+    newer.created_ms = 10;
+    s.put("d", newer, Bytes::from_static(b"y")).unwrap();
+    let by = |k: &str| (k.to_string(), 5);
+    assert_eq!(
+        s.remove_created_by(&[by("b"), by("d"), by("zz")]).unwrap(),
+        1
+    );
+    let left: Vec<String> = s
+        .scan_meta(None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(left, ["a", "c", "d", "e"]);
+}
+
+#[test]
+fn ban_records_survive_a_reopen_and_a_corrupt_one_reads_without_data() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = open_counted(config(dir.path()));
+        s.ban_put(1, b"one").unwrap();
+        s.ban_put(2, b"two").unwrap();
+        s.ban_put(3, b"three").unwrap();
+        s.ban_remove(&[2]).unwrap();
+        // Damage record 3 behind the store's back.
+        let engine = s.disk().unwrap().engine();
+        engine
+            .insert(TreeId::Bans, &3u64.to_be_bytes(), b"\0\0\0\0three")
+            .unwrap();
+        engine.flush().unwrap();
+    }
+    let s = open_counted(config(dir.path()));
+    let recs = s.ban_records().unwrap();
+    assert_eq!(
+        recs,
+        [
+            BanRecord {
+                id: 1,
+                data: Some(Bytes::from_static(b"one"))
+            },
+            BanRecord { id: 3, data: None },
+        ]
+    );
+    // Not charged to the policies' kv budget.
+    assert_eq!(s.stats().kv_bytes, 0);
+}
+
+#[test]
+fn a_memory_only_store_persists_no_bans() {
+    let s = TieredStore::open(StoreConfig::memory_only(1 << 20)).unwrap();
+    s.ban_put(1, b"x").unwrap();
+    assert!(s.ban_records().unwrap().is_empty());
+}

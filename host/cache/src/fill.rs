@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::HttpCache;
+use crate::ban::FillTicket;
 use crate::flight::Flight;
 use crate::key::{ContentCodings, PrimaryKey};
 use crate::object::object_meta;
@@ -187,7 +188,11 @@ pub(crate) fn fill(
         );
         return (resp, false);
     }
-    let meta = object_meta(resp.status().as_u16(), resp.headers(), settings);
+    // Bans compare against the time the response arrived: a ban added
+    // while the body streams still covers it.
+    let ticket = target.cache.fill_ticket();
+    let mut meta = object_meta(resp.status().as_u16(), resp.headers(), settings);
+    meta.created_ms = ticket.since_ms;
     let (parts, body) = resp.into_parts();
     let (progress, progress_rx) = watch::channel(Progress::default());
     let overflow = Arc::new(parking_lot::Mutex::new(Overflow::default()));
@@ -212,7 +217,7 @@ pub(crate) fn fill(
         body,
         progress,
         overflow,
-        meta,
+        (meta, ticket),
         max_object_size,
         target,
     ));
@@ -227,7 +232,7 @@ async fn drive(
     mut body: ProxyBody,
     progress: watch::Sender<Progress>,
     overflow: Arc<parking_lot::Mutex<Overflow>>,
-    meta: ObjectMeta,
+    (meta, ticket): (ObjectMeta, FillTicket),
     max_object_size: u64,
     target: FillTarget,
 ) {
@@ -298,7 +303,10 @@ async fn drive(
     }
     progress.send_modify(|p| p.end = Some(End::Complete));
     let whole = concat(&progress.borrow().chunks, size);
-    match cache.insert(&primary, &req_headers, meta, whole).await {
+    match cache
+        .insert_filled(&primary, &req_headers, meta, whole, &ticket)
+        .await
+    {
         Ok(()) => {}
         Err(e) if e.is_full() => {
             warn!(

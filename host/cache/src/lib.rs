@@ -10,10 +10,13 @@
 //!   stored while it streams ([`NewResponse::store`]).
 //! - [`CacheStore`]: the one async door to storage; nothing here calls a
 //!   store that may block on a reactor thread.
+//! - [`ban`]: bans by expression ([`HttpCache::ban`]), tested at lookup
+//!   and by a background lurker, persisted with the disk tier.
 //!
 //! The crate knows nothing of backends, policies or the server: the
 //! caller fetches, and tells the cache what came back.
 
+pub mod ban;
 mod fill;
 mod flight;
 mod hit_for_miss;
@@ -26,10 +29,16 @@ mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::AtomicBool;
+
 use bytes::Bytes;
 use http::HeaderMap;
 use inlay_storage::{ObjectMeta, StoreError, StoredObject};
 
+pub use ban::lurker::{BanLurker, LurkReport};
+pub use ban::{
+    BanCounts, BanError, BanExpression, BanInfo, BanStats, MAX_BAN_EXPRESSION_LEN, MAX_BANS,
+};
 pub use fill::FillError;
 pub use flight::Flight;
 pub use key::{ContentCodings, PrimaryKey, vary_names};
@@ -40,6 +49,7 @@ pub use object::{ESI_MARK, object_meta, refreshed_meta, stored_headers, validato
 pub use rules::Defaults;
 pub use store::CacheStore;
 
+use ban::{BanList, BanSubject, FillTicket, FillTickets};
 use flight::{Flights, Waited};
 use hit_for_miss::HitForMiss;
 
@@ -122,7 +132,7 @@ mod long_keys {
     /// Bytes of a long part kept readable before its hash.
     const KEPT: usize = 256;
     /// Marks a shortened part.
-    const MARK: char = '\u{3}';
+    pub(crate) const MARK: char = '\u{3}';
 
     fn part(p: &str, out: &mut String) {
         if p.len() <= PLAIN_MAX {
@@ -165,6 +175,16 @@ struct Inner {
     rules: CacheRules,
     flights: Flights,
     hit_for_miss: HitForMiss,
+    bans: BanList,
+    tickets: FillTickets,
+    lurker: parking_lot::Mutex<BanLurker>,
+    lurker_running: AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner").finish_non_exhaustive()
+    }
 }
 
 /// The host's HTTP cache. Cloning is cheap (one shared cache).
@@ -182,16 +202,111 @@ impl std::fmt::Debug for HttpCache {
 }
 
 impl HttpCache {
-    /// A cache over `store` with `rules`.
+    /// A cache over `store` with `rules`, with the bans persisted in the
+    /// store in effect (reading them blocks on the disk tier once). Bans
+    /// that cannot be read at all are logged at `error` and the cache starts
+    /// without them; one record that cannot be read bans everything older.
+    /// Inside a tokio runtime the ban lurker starts if there are bans.
     pub fn new(store: CacheStore, rules: CacheRules) -> Self {
-        Self {
+        let now = inlay_storage::now_ms();
+        let bans = match store.ban_records_blocking() {
+            Ok(records) => BanList::from_records(&records, now),
+            Err(e) => {
+                tracing::error!(error = %e, "could not read the persisted bans");
+                BanList::default()
+            }
+        };
+        let cache = Self {
             inner: Arc::new(Inner {
                 store,
                 rules,
                 flights: Flights::default(),
                 hit_for_miss: HitForMiss::default(),
+                tickets: FillTickets::after(bans.newest_ms()),
+                bans,
+                lurker: parking_lot::Mutex::new(BanLurker::default()),
+                lurker_running: AtomicBool::new(false),
             }),
+        };
+        cache.wake_lurker();
+        cache
+    }
+
+    /// Adds a ban (see [`ban`]): every object cached before it that
+    /// matches `expression` is removed at its next lookup or by the
+    /// lurker. With a disk tier the ban is written and flushed before this
+    /// returns. Fails on a bad expression, past [`MAX_BANS`], or when it
+    /// cannot be persisted (then it is not in effect).
+    pub async fn ban(&self, expression: &str) -> Result<BanInfo, BanError> {
+        let expr = BanExpression::parse(expression)?;
+        let bans = &self.inner.bans;
+        let info = {
+            let _one_at_a_time = bans.adding.lock().await;
+            let ban = self.inner.tickets.date_ban(|now| bans.next(expr, now))?;
+            self.inner
+                .store
+                .ban_put(ban.id, ban.record())
+                .await
+                .map_err(|e| BanError::Store(e.to_string()))?;
+            bans.push(ban)
+        };
+        tracing::info!(id = info.id, expression = %info.expression, "ban added");
+        self.wake_lurker();
+        Ok(info)
+    }
+
+    /// The bans in effect, oldest first.
+    pub fn bans(&self) -> Vec<BanInfo> {
+        self.inner.bans.infos()
+    }
+
+    /// The ban counters now, with the number of bans in effect.
+    pub fn ban_counts(&self) -> BanCounts {
+        let bans = &self.inner.bans;
+        bans.stats.snapshot(bans.len() as u64)
+    }
+
+    /// Counters of bans (atomics), for metrics. The number of bans in
+    /// effect is `bans().len()`.
+    pub fn ban_stats(&self) -> &BanStats {
+        &self.inner.bans.stats
+    }
+
+    /// The id of a ban covering `obj`, found under `primary`.
+    fn banned(&self, primary: &PrimaryKey, meta: &ObjectMeta) -> Option<u64> {
+        if !self.inner.bans.may_cover(meta.created_ms) {
+            return None;
         }
+        let (host, url) = ban::host_and_url(primary.as_str());
+        self.inner.bans.check(&BanSubject {
+            url: Some(url),
+            host: Some(host),
+            meta,
+        })
+    }
+
+    /// `obj`, read under `key`, unless a ban covers it: then it is removed
+    /// and the answer is none.
+    async fn unless_banned(
+        &self,
+        primary: &PrimaryKey,
+        key: &str,
+        obj: StoredObject,
+    ) -> Option<StoredObject> {
+        let Some(id) = self.banned(primary, &obj.meta) else {
+            return Some(obj);
+        };
+        // Not an object a concurrent fetch stored since.
+        let this = vec![(key.to_owned(), obj.meta.created_ms)];
+        match self.inner.store.remove_created_by(this).await {
+            Ok(n) => {
+                ban::BanStats::bump(&self.inner.bans.stats.removed_at_lookup, n);
+            }
+            // Still banned while the ban is kept: tested again next time.
+            Err(e) => tracing::warn!(error = %e, "could not remove a banned object"),
+        }
+        tracing::debug!(ban = id, key = %key.escape_debug(), "object banned");
+        None
     }
 
     /// The store under the cache.
@@ -243,17 +358,24 @@ impl HttpCache {
             let key = self.variant_key(primary, &obj.meta.vary, req_headers);
             obj = self.inner.store.get_resident(&key)?;
         }
+        // A banned object is left to the slower path, which removes it.
+        if self.banned(primary, &obj.meta).is_some() {
+            return None;
+        }
         obj.meta.is_fresh(inlay_storage::now_ms()).then_some(obj)
     }
 
     /// The object a request selects, fresh or not (the caller decides).
+    /// An object a ban covers is removed, and is none.
     pub async fn get(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
-        let base = self.base_of(primary).await?;
+        let base_key = long_keys::base(primary);
+        let base = self.inner.store.get(&base_key).await?;
         if !variants::is_header(&base.meta) {
-            return Some(base);
+            return self.unless_banned(primary, &base_key, base).await;
         }
         let key = self.variant_key(primary, &base.meta.vary, req_headers);
-        self.inner.store.get(&key).await
+        let obj = self.inner.store.get(&key).await?;
+        self.unless_banned(primary, &key, obj).await
     }
 
     /// What the cache holds for a request, joining an in-flight fetch of
@@ -328,14 +450,43 @@ impl HttpCache {
 
     /// Stores a complete response for `primary` under the variant the
     /// request selects; a response with Vary first (re)writes the variants
-    /// header when it does not already cover it.
+    /// header when it does not already cover it. The object counts as
+    /// cached now for bans (`created_ms`).
     pub async fn insert(
         &self,
         primary: &PrimaryKey,
         req_headers: &HeaderMap,
-        meta: ObjectMeta,
+        mut meta: ObjectMeta,
         body: Bytes,
     ) -> Result<(), StoreError> {
+        let ticket = self.fill_ticket();
+        meta.created_ms = ticket.since_ms;
+        self.insert_filled(primary, req_headers, meta, body, &ticket)
+            .await
+    }
+
+    /// A ticket for a fill starting now; its time is the object's
+    /// `created_ms`. Hold it until the object is stored or abandoned.
+    pub(crate) fn fill_ticket(&self) -> FillTicket {
+        FillTickets::open(&self.inner)
+    }
+
+    /// [`insert`](Self::insert) for a fill holding `_ticket` since its
+    /// response arrived (`meta.created_ms` is the ticket's time).
+    pub(crate) async fn insert_filled(
+        &self,
+        primary: &PrimaryKey,
+        req_headers: &HeaderMap,
+        mut meta: ObjectMeta,
+        body: Bytes,
+        _ticket: &FillTicket,
+    ) -> Result<(), StoreError> {
+        // A digest key hides the URL from the lurker: keep the full key.
+        if primary.as_str().len() > long_keys::PLAIN_MAX
+            && primary.as_str().len() <= inlay_storage::MAX_KEY_LEN
+        {
+            meta.full_key = Some(primary.as_str().to_owned());
+        }
         let key = self.variant_key(primary, &meta.vary, req_headers);
         if !meta.vary.is_empty() {
             self.ensure_header(primary, &meta).await?;

@@ -72,6 +72,8 @@ pub fn object_meta(status: u16, h: &HeaderMap, s: &CacheSettings) -> ObjectMeta 
         last_modified: text(header::LAST_MODIFIED),
         body_len: 0,
         checksum: 0,
+        created_ms: now,
+        full_key: None,
     }
 }
 

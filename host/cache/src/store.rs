@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use inlay_storage::{KvStore, ObjectMeta, ObjectStore, Peek, StoreError, StoreStats, StoredObject};
+use inlay_storage::{
+    BanRecord, KvStore, ObjectMeta, ObjectStore, Peek, StoreError, StoreStats, StoredObject,
+};
 use tracing::debug;
 
 /// The object store and the kv store, called from async code.
@@ -107,6 +109,43 @@ impl CacheStore {
     pub async fn purge_surrogate(&self, skey: String, soft: bool) -> Result<u64, StoreError> {
         let objects = self.objects.clone();
         blocking(move || objects.purge_surrogate(&skey, soft)).await
+    }
+
+    /// Up to `limit` objects after `after`, in key order, with their
+    /// metadata (a walk over the store).
+    pub async fn scan_meta(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<(String, Arc<ObjectMeta>)>, StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.scan_meta(after.as_deref(), limit)).await
+    }
+
+    /// Removes the objects under the keys that were created at or before
+    /// the time given with each (not one stored since), durably; how many
+    /// were removed.
+    pub async fn remove_created_by(&self, keys: Vec<(String, u64)>) -> Result<u64, StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.remove_created_by(&keys)).await
+    }
+
+    /// The persisted ban records. Blocks on the disk: called once, when
+    /// the cache is built.
+    pub(crate) fn ban_records_blocking(&self) -> Result<Vec<BanRecord>, StoreError> {
+        self.objects.ban_records()
+    }
+
+    /// Persists a ban record, durably.
+    pub(crate) async fn ban_put(&self, id: u64, data: Vec<u8>) -> Result<(), StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.ban_put(id, &data)).await
+    }
+
+    /// Deletes ban records.
+    pub(crate) async fn ban_remove(&self, ids: Vec<u64>) -> Result<(), StoreError> {
+        let objects = self.objects.clone();
+        blocking(move || objects.ban_remove(&ids)).await
     }
 
     /// Reads a kv record.

@@ -79,6 +79,14 @@ impl ObjectStore for Recording {
         self.note("sweep_expired");
         self.inner.sweep_expired(now_ms)
     }
+    fn scan_meta(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Arc<ObjectMeta>)>, StoreError> {
+        self.note("scan_meta");
+        self.inner.scan_meta(after, limit)
+    }
     fn max_object_bytes(&self) -> u64 {
         self.inner.max_object_bytes()
     }

@@ -634,6 +634,59 @@ async fn purge_is_refused_from_other_addresses() {
     assert_eq!(origin.count("/bytes/91").await, 1, "still cached");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ban_method_bans_older_matching_objects() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let json = inlay.url("/bytes/101?cc=max-age%3D60&ct=application%2Fjson");
+    let html = inlay.url("/bytes/102?cc=max-age%3D60&ct=text%2Fhtml");
+    get(&json).await;
+    get(&html).await;
+    let ban = "req.url ~ ^/bytes/10 && obj.http.content-type ~ json";
+    let r = request("BAN", &inlay.url("/"), &[("ban", ban)], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("\"id\":1"), "{}", r.text());
+    get(&json).await;
+    get(&html).await;
+    assert_eq!(origin.count("/bytes/101").await, 2, "banned: fetched again");
+    assert_eq!(
+        origin.count("/bytes/102").await,
+        1,
+        "not json: still cached"
+    );
+    // The object cached after the ban is not covered by it.
+    get(&json).await;
+    assert_eq!(origin.count("/bytes/101").await, 2);
+
+    let r = request(
+        "BAN",
+        &inlay.url("/"),
+        &[("ban", "req.url = /x")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("at byte 8"), "{}", r.text());
+    let r = request("BAN", &inlay.url("/"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ban_is_refused_from_other_addresses() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[cache]\npurge_allow = [\"10.0.0.0/8\"]")
+        .start_in_process()
+        .await;
+    let url = inlay.url("/bytes/103?cc=max-age%3D60");
+    get(&url).await;
+    let r = request("BAN", &url, &[("ban", "req.url ~ .")], Bytes::new()).await;
+    assert_eq!(r.status, 405);
+    get(&url).await;
+    assert_eq!(origin.count("/bytes/103").await, 1, "still cached");
+}
+
 async fn post(inlay: &Harness, path: &str) -> common::Reply {
     request("POST", &inlay.url(path), &[], Bytes::from_static(b"x")).await
 }

@@ -22,6 +22,7 @@
 //! bound, eviction), [`read`] and [`write`](mod@write) (the object paths), [`kv`], and
 //! [`maintenance`] (crash cleanup, recount, sweeps, degraded mode).
 
+mod bans;
 mod kv;
 mod layout;
 mod maintenance;

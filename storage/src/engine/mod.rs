@@ -23,10 +23,11 @@ pub(crate) enum TreeId {
     Surrogate,
     Kv,
     Pending,
+    Bans,
 }
 
 impl TreeId {
-    pub(crate) const ALL: [TreeId; 7] = [
+    pub(crate) const ALL: [TreeId; 8] = [
         TreeId::Meta,
         TreeId::Chunks,
         TreeId::Fifo,
@@ -34,6 +35,7 @@ impl TreeId {
         TreeId::Surrogate,
         TreeId::Kv,
         TreeId::Pending,
+        TreeId::Bans,
     ];
 
     /// The on-disk name; stable, the layout depends on it.
@@ -46,6 +48,7 @@ impl TreeId {
             TreeId::Surrogate => "surrogate",
             TreeId::Kv => "kv",
             TreeId::Pending => "pending",
+            TreeId::Bans => "bans",
         }
     }
 

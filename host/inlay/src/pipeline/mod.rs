@@ -226,6 +226,10 @@ impl Pipeline {
             record.cache = CacheStatus::Purge.log_name();
             return purge::purge(&self.cache, &self.config.cache, &head).await;
         }
+        if head.method.as_str() == "BAN" {
+            record.cache = CacheStatus::Purge.log_name();
+            return purge::ban(&self.cache, &self.config.cache, &head).await;
+        }
         let mut policy = self.start_policy().await?;
         let route = recv::route(&mut head, policy.as_mut()).await?;
         record.backend = Some(head.backend.clone());

@@ -53,6 +53,50 @@ async fn the_cache_survives_kill_9_and_purges_stay_purged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_survives_kill_9_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = Origin::start();
+    let cache_arg = dir.path().join("cache").display().to_string();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("--cache-dir")
+        .arg(&cache_arg)
+        .spawn_process();
+    let json = "/bytes/111?cc=max-age%3D600&ct=application%2Fjson";
+    let html = "/bytes/112?cc=max-age%3D600&ct=text%2Fhtml";
+    get_site(&inlay.url(json)).await;
+    get_site(&inlay.url(html)).await;
+    // sled fsyncs every 500 ms: let the objects reach the disk.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let r = request(
+        "BAN",
+        &inlay.url("/"),
+        &[(
+            "ban",
+            "req.url ~ ^/bytes/11 && obj.http.content-type ~ json",
+        )],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Killed as soon as the ban is acknowledged.
+    inlay.signal("KILL");
+    drop(inlay);
+    let dead_port = unused_port();
+    let restarted = Inlay::builder()
+        .toml(&format!(
+            "[backends.default]\naddress = \"http://127.0.0.1:{dead_port}\""
+        ))
+        .arg("--cache-dir")
+        .arg(&cache_arg)
+        .spawn_process();
+    let r = get_site(&restarted.url(html)).await;
+    assert_eq!(r.status, 200, "an object the ban does not cover is kept");
+    let r = get_site(&restarted.url(json)).await;
+    assert_eq!(r.status, 503, "a banned object must not come back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_kv_survives_a_clean_stop_and_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let origin = Origin::start();
