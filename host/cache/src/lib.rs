@@ -163,8 +163,10 @@ mod long_keys {
 struct Inner {
     store: CacheStore,
     rules: CacheRules,
-    flights: Flights,
-    hit_for_miss: HitForMiss,
+    /// Shared by every cache made [`HttpCache::with_rules`] from this one,
+    /// so that a reload neither forgets nor doubles the fetches in flight.
+    flights: Arc<Flights>,
+    hit_for_miss: Arc<HitForMiss>,
 }
 
 /// The host's HTTP cache. Cloning is cheap (one shared cache).
@@ -188,8 +190,22 @@ impl HttpCache {
             inner: Arc::new(Inner {
                 store,
                 rules,
-                flights: Flights::default(),
-                hit_for_miss: HitForMiss::default(),
+                flights: Arc::default(),
+                hit_for_miss: Arc::default(),
+            }),
+        }
+    }
+
+    /// The same cache (store, fetches in flight, hit-for-miss marks) with
+    /// other rules: what a config reload makes, so that requests on the
+    /// old rules and on the new still coalesce with each other.
+    pub fn with_rules(&self, rules: CacheRules) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store: self.inner.store.clone(),
+                rules,
+                flights: Arc::clone(&self.inner.flights),
+                hit_for_miss: Arc::clone(&self.inner.hit_for_miss),
             }),
         }
     }
