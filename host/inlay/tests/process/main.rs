@@ -12,4 +12,5 @@ mod diagnostics;
 mod disk;
 mod memory;
 mod persistence;
+mod reload;
 mod signals;
