@@ -15,12 +15,17 @@ use crate::common::{Inlay, Origin, get, policy, unused_port};
 
 /// A whole config: the default backend at `origin`, `default_ttl`, the
 /// named policy, then `extra` TOML.
+///
+/// `cpu_time` is counted as wall time while a hook runs, and each reload
+/// compiles a policy on this 2-core machine shared with other builds: at
+/// the default 50 ms about one run in four lost one request to a hook
+/// descheduled past it. The test is about reloads, not CPU limits.
 fn config(origin: &Origin, ttl: &str, policy_name: &str, extra: &str) -> String {
     format!(
         "[server]\nlisten = [\"127.0.0.1:0\"]\nshutdown_timeout = \"10s\"\n\
          [backends.default]\naddress = \"{}\"\nfirst_byte_timeout = \"3s\"\n\
          [cache]\ndefault_ttl = \"{ttl}\"\ndefault_grace = \"0s\"\n\
-         [policy]\npath = \"{}\"\n{extra}",
+         [policy]\npath = \"{}\"\ncpu_time = \"1s\"\n{extra}",
         origin.url(),
         policy(policy_name).display()
     )
@@ -138,9 +143,15 @@ async fn twenty_reloads_under_load_fail_no_request_and_each_applies() {
     assert_eq!(
         failed,
         0,
-        "{failed} requests failed across 20 reloads ({ok} ok): {:?}\n{}",
+        "{failed} requests failed across 20 reloads ({ok} ok): {:?}\n{:#?}",
         failures.lock().unwrap(),
-        inlay.log.text()
+        inlay
+            .log
+            .all()
+            .iter()
+            .chain(inlay.access.all().iter())
+            .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("\" 503 "))
+            .collect::<Vec<_>>()
     );
     assert!(ok > 200, "only {ok} requests in the run");
 
