@@ -86,13 +86,13 @@ async fn twenty_reloads_under_load_fail_no_request_and_each_applies() {
             let mut i = 0u32;
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
-                let path = if i % 2 == 0 {
+                let path = if i.is_multiple_of(2) {
                     format!("/bytes/{}?cc=max-age=600", 1 + i % 8)
                 } else {
                     format!("/bytes/{}?cc=no-store", 1 + i % 50)
                 };
                 let fresh;
-                let client = if w % 2 == 0 {
+                let client = if w.is_multiple_of(2) {
                     &kept
                 } else {
                     fresh = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -130,7 +130,7 @@ async fn twenty_reloads_under_load_fail_no_request_and_each_applies() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     for n in 0..20u64 {
-        let text = if n % 2 == 0 { &config_b } else { &config_a };
+        let text = if n.is_multiple_of(2) { &config_b } else { &config_a };
         tokio::task::block_in_place(|| reload(&inlay, text, n + 3));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
