@@ -130,7 +130,11 @@ async fn twenty_reloads_under_load_fail_no_request_and_each_applies() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     for n in 0..20u64 {
-        let text = if n.is_multiple_of(2) { &config_b } else { &config_a };
+        let text = if n.is_multiple_of(2) {
+            &config_b
+        } else {
+            &config_a
+        };
         tokio::task::block_in_place(|| reload(&inlay, text, n + 3));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -279,4 +283,31 @@ async fn a_request_in_flight_finishes_on_the_backend_it_started_with() {
     // New requests go to the new backend.
     assert_eq!(get(&inlay.url("/bytes/100?cc=no-store")).await.status, 200);
     assert_eq!(b.count("/bytes/100").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_level_applies_on_reload() {
+    let origin = Origin::start();
+    // An INLAY_LOG that does not parse leaves the filter to `log.level`.
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .env("INLAY_LOG", "=not a filter=")
+        .spawn_process();
+    let base = config(&origin, "1h", "default", "");
+    // Generation 2 at `warn`: its own "config reloaded" line (info) is not
+    // written; the warning about the listener is.
+    let quiet = format!(
+        "{}\n[log]\nlevel = \"warn\"\n",
+        base.replace("127.0.0.1:0", "127.0.0.1:1")
+    );
+    std::fs::write(&inlay.config, &quiet).unwrap();
+    inlay.signal("HUP");
+    inlay.expect_log("server.listen changed", Duration::from_secs(60));
+    // Generation 3 back at `info`: its line is written.
+    tokio::task::block_in_place(|| reload(&inlay, &base, 3));
+    assert!(
+        !inlay.log.text().contains("generation 2 serves"),
+        "{}",
+        inlay.log.text()
+    );
 }
