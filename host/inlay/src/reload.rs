@@ -355,6 +355,23 @@ mod tests {
     }
 
     #[test]
+    fn unchanged_backends_keep_their_clients_and_changed_ones_get_new() {
+        let two = format!(
+            "{}[backends.api]\naddress = \"http://127.0.0.1:9000\"\n",
+            BASE.replace("backends.origin", "backends.default")
+        );
+        let old = crate::backend::Backends::new(&config(&two));
+        let new = old.renewed(&config(&two.replace("9000", "9001")));
+        let same = |name: &str| Arc::ptr_eq(old.get(name).unwrap(), new.get(name).unwrap());
+        assert!(same("default"), "an unchanged backend keeps its pool");
+        assert!(!same("api"), "a changed backend gets a new client");
+        assert_eq!(
+            new.get("api").unwrap().config().authority(),
+            "127.0.0.1:9001"
+        );
+    }
+
+    #[test]
     fn every_config_issue_is_one_error_with_its_key_path() {
         let text = format!("{BASE}[esi]\nmax_depth = \"deep\"\n[log]\nlevel = \"=bad=\"\n");
         let e = Config::from_toml(&text).expect_err("invalid");
