@@ -107,7 +107,11 @@ impl Reloader {
                 }
                 info!(
                     generation = report.generation,
-                    changed = %report.changed.join(","),
+                    changed = %if report.changed.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        report.changed.join(",")
+                    },
                     "config reloaded: generation {} serves new requests",
                     report.generation
                 );

@@ -311,3 +311,45 @@ async fn log_level_applies_on_reload() {
         inlay.log.text()
     );
 }
+
+/// Wait until the file at `path` has a line containing `needle`.
+fn file_has(path: &std::path::Path, needle: &str) -> bool {
+    for _ in 0..250 {
+        if std::fs::read_to_string(path).is_ok_and(|t| t.contains(needle)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reopens_a_rotated_access_log() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let rotated = dir.path().join("access.log.1");
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!("[log]\naccess_log = \"{}\"", log.display()))
+        .spawn_process();
+    assert_eq!(get(&inlay.url("/resp?before")).await.status, 200);
+    assert!(tokio::task::block_in_place(|| file_has(
+        &log,
+        "/resp?before"
+    )));
+    // What logrotate does: move the file, then SIGHUP.
+    std::fs::rename(&log, &rotated).unwrap();
+    let text = std::fs::read_to_string(&inlay.config).unwrap();
+    tokio::task::block_in_place(|| reload(&inlay, &text, 2));
+    assert_eq!(get(&inlay.url("/resp?after")).await.status, 200);
+    assert!(tokio::task::block_in_place(|| file_has(
+        &log,
+        "/resp?after"
+    )));
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(
+        old.contains("/resp?before") && !old.contains("/resp?after"),
+        "{old}"
+    );
+}
