@@ -144,12 +144,6 @@ impl Reloader {
         } else {
             old.access_log().clone()
         };
-        let mut warnings = warnings;
-        if cfg.log.level != old.config().log.level
-            && let Err(w) = crate::cli::set_log_level(&cfg.log.level)
-        {
-            warnings.push(w);
-        }
         let outgoing_policy = old.policy().cloned();
         let slot = match &cfg.policy {
             None => None,
@@ -175,6 +169,12 @@ impl Reloader {
                 }
             }
         };
+        let mut warnings = warnings;
+        if cfg.log.level != old.config().log.level
+            && let Err(w) = crate::cli::set_log_level(&cfg.log.level)
+        {
+            warnings.push(w);
+        }
         let cfg = Arc::new(cfg);
         let next = old.next_generation(cfg, slot, access_log.clone());
         state.generation += 1;
