@@ -173,12 +173,15 @@ mod long_keys {
 struct Inner {
     store: CacheStore,
     rules: CacheRules,
-    flights: Flights,
-    hit_for_miss: HitForMiss,
-    bans: BanList,
-    tickets: FillTickets,
-    lurker: parking_lot::Mutex<BanLurker>,
-    lurker_running: AtomicBool,
+    /// The rest is shared by every cache made [`HttpCache::with_rules`]
+    /// from this one, so that a reload neither forgets nor doubles the
+    /// fetches in flight, the hit-for-miss marks or the bans.
+    flights: Arc<Flights>,
+    hit_for_miss: Arc<HitForMiss>,
+    bans: Arc<BanList>,
+    tickets: Arc<FillTickets>,
+    lurker: Arc<parking_lot::Mutex<BanLurker>>,
+    lurker_running: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -220,16 +223,36 @@ impl HttpCache {
             inner: Arc::new(Inner {
                 store,
                 rules,
-                flights: Flights::default(),
-                hit_for_miss: HitForMiss::default(),
-                tickets: FillTickets::after(bans.newest_ms()),
-                bans,
-                lurker: parking_lot::Mutex::new(BanLurker::default()),
-                lurker_running: AtomicBool::new(false),
+                flights: Arc::default(),
+                hit_for_miss: Arc::default(),
+                tickets: Arc::new(FillTickets::after(bans.newest_ms())),
+                bans: Arc::new(bans),
+                lurker: Arc::default(),
+                lurker_running: Arc::default(),
             }),
         };
         cache.wake_lurker();
         cache
+    }
+
+    /// The same cache (store, fetches in flight, hit-for-miss marks, bans
+    /// and their lurker) with other rules: what a config reload makes, so
+    /// that requests on the old rules and on the new still coalesce with
+    /// each other and every generation honours every ban.
+    pub fn with_rules(&self, rules: CacheRules) -> Self {
+        let i = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                store: i.store.clone(),
+                rules,
+                flights: Arc::clone(&i.flights),
+                hit_for_miss: Arc::clone(&i.hit_for_miss),
+                bans: Arc::clone(&i.bans),
+                tickets: Arc::clone(&i.tickets),
+                lurker: Arc::clone(&i.lurker),
+                lurker_running: Arc::clone(&i.lurker_running),
+            }),
+        }
     }
 
     /// Adds a ban (see [`ban`]): every object cached before it that

@@ -285,6 +285,46 @@ async fn concurrent_misses_wait_for_one_fetch() {
     }
 }
 
+/// A config reload makes a cache with new rules over the same state: a
+/// request on the new rules joins the fetch a request on the old rules
+/// started, finds what the old one stored, and sees its hit-for-miss marks.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cache_with_new_rules_shares_flights_objects_and_marks() {
+    let f = fixture();
+    let mut rules = f.cache.rules().clone();
+    rules.defaults.ttl = Duration::from_secs(5);
+    let reloaded = f.cache.with_rules(rules);
+    assert_eq!(reloaded.rules().defaults.ttl, Duration::from_secs(5));
+    assert_eq!(f.cache.rules().defaults.ttl, Duration::from_secs(120));
+
+    let primary = key("/across-reload");
+    let first = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
+    let waiter = {
+        let cache = reloaded.clone();
+        let primary = primary.clone();
+        tokio::spawn(async move {
+            match cache.lookup(&primary, &HeaderMap::new()).await {
+                Lookup::Joined(joined) => read(joined.into_response()).await,
+                Lookup::Fresh(obj) => obj.body,
+                _ => Bytes::from_static(b"fetched again"),
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (body, _) = answer(
+        first,
+        response(200, &[("cache-control", "max-age=60")], "once"),
+    )
+    .await;
+    assert_eq!(body, "once");
+    assert_eq!(waiter.await.expect("joined"), "once");
+    assert_eq!(fresh_soon(&reloaded, &primary).await.body, "once");
+
+    let private = key("/private-across-reload");
+    reloaded.mark_hit_for_miss(&private, Duration::from_secs(60));
+    assert!(fetch_of(f.cache.lookup(&private, &HeaderMap::new()).await).is_hit_for_miss());
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn an_uncacheable_response_makes_its_key_hit_for_miss() {
     let f = fixture();

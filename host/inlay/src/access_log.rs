@@ -149,6 +149,15 @@ impl AccessLog {
         }
     }
 
+    /// Whether `other` is a clone of this log (the same writer thread).
+    pub fn same_writer(&self, other: &AccessLog) -> bool {
+        match (&self.queue, &other.queue) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => self.format == other.format,
+            _ => false,
+        }
+    }
+
     /// Lines dropped so far because the writer could not keep up.
     pub fn dropped(&self) -> u64 {
         self.queue

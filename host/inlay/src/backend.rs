@@ -44,6 +44,30 @@ impl Backends {
         }
     }
 
+    /// The backends of `config`, keeping the clients (connection pools and
+    /// connection caps) of those whose settings are the same as here.
+    pub fn renewed(&self, config: &Config) -> Self {
+        let by_name = config
+            .backends
+            .iter()
+            .map(|(name, b)| {
+                let kept = self
+                    .by_name
+                    .get(name)
+                    .filter(|old| format!("{:?}", old.config) == format!("{b:?}"));
+                let backend = match kept {
+                    Some(old) => Arc::clone(old),
+                    None => Arc::new(Backend::new(b.clone())),
+                };
+                (name.clone(), backend)
+            })
+            .collect();
+        Self {
+            by_name: Arc::new(by_name),
+            default: config.default_backend.clone(),
+        }
+    }
+
     /// A backend by name.
     pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {
         self.by_name.get(name)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use inlay_cache::{CacheStore, HttpCache};
-use inlay_runtime::{LoadedPolicy, PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
+use inlay_runtime::{PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 use inlay_storage::{StoreConfig, StoreError, TieredStore};
 use tokio::net::TcpListener;
 use tracing::{error, info};
@@ -16,6 +16,7 @@ use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::pipeline::Pipeline;
+use crate::reload::{Reloader, log_replay_stats};
 
 /// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
 #[derive(Debug, Parser)]
@@ -73,15 +74,20 @@ impl ServeArgs {
             Some(p) => Config::from_file(p)?,
             None => Config::embedded_default(),
         };
-        cfg.apply_overrides(&Overrides {
+        cfg.apply_overrides(&self.overrides())?;
+        Ok(cfg)
+    }
+
+    /// The quick flags, as overrides of the file (applied again at every reload).
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
             listen: self.listen.clone(),
             backend: self.backend.clone(),
             policy: self.policy.clone(),
             no_policy: false,
             cache_dir: self.cache_dir.clone(),
             admin: self.admin.clone(),
-        })?;
-        Ok(cfg)
+        }
     }
 }
 
@@ -149,7 +155,7 @@ pub fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(serve(cfg)) {
+            match rt.block_on(serve(cfg, args)) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     error!("{e:#}");
@@ -183,26 +189,65 @@ fn log_directives(level: &str) -> String {
     directives
 }
 
+/// The diagnostic log's filter, replaceable by a reload (`log.level`).
+type LogFilter =
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// Set by [`init_tracing`]; `None` inside: `INLAY_LOG` chose the filter.
+static LOG_FILTER: std::sync::OnceLock<Option<LogFilter>> = std::sync::OnceLock::new();
+
 fn init_tracing(level: &str) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     // INLAY_LOG, when set and valid, replaces `log.level`.
-    let filter = std::env::var("INLAY_LOG")
-        .map_err(|_| ())
-        .and_then(|env| EnvFilter::try_new(log_directives(&env)).map_err(|_| ()))
-        .or_else(|()| EnvFilter::try_new(log_directives(level)))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+    let from_env = std::env::var("INLAY_LOG")
+        .ok()
+        .and_then(|env| EnvFilter::try_new(log_directives(&env)).ok());
+    let (filter, from_env) = match from_env {
+        Some(f) => (f, true),
+        None => (
+            EnvFilter::try_new(log_directives(level)).unwrap_or_else(|_| EnvFilter::new("info")),
+            false,
+        ),
+    };
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let installed = tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_target(false),
+        )
+        .try_init()
+        .is_ok();
+    if installed {
+        let _ = LOG_FILTER.set((!from_env).then_some(handle));
+    }
 }
 
-/// Bind, serve until SIGTERM/SIGINT, drain; SIGHUP reloads the policy.
-pub async fn serve(cfg: Config) -> anyhow::Result<()> {
+/// Apply a new `log.level` to the diagnostic log; `Err` says why it was
+/// not (`INLAY_LOG` is set, or no log of ours is installed).
+pub fn set_log_level(level: &str) -> Result<(), String> {
+    match LOG_FILTER.get() {
+        Some(Some(handle)) => {
+            let filter = tracing_subscriber::EnvFilter::try_new(log_directives(level))
+                .map_err(|e| format!("log.level: {e}"))?;
+            handle
+                .reload(filter)
+                .map_err(|e| format!("log.level: cannot apply it: {e}"))
+        }
+        Some(None) => Err("log.level changed: INLAY_LOG is set and chooses the filter".into()),
+        None => Err("log.level changed: the diagnostic log is not inlay's own".into()),
+    }
+}
+
+/// Bind, serve until SIGTERM/SIGINT, drain; SIGHUP reloads the config
+/// (the file and flags of `args`) as a new generation.
+pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
     // The policy is compiled before we listen: a bad one stops start-up here.
-    let proxy = Proxy::load(cfg).await?;
+    let proxy = Proxy::load(cfg).await?.reloading(args)?;
     let mut listeners = Vec::new();
     for addr in &proxy.config().server.listen {
         let l = TcpListener::bind(addr)
@@ -216,9 +261,6 @@ pub async fn serve(cfg: Config) -> anyhow::Result<()> {
         Some(addr) => Some(AdminServer::bind(addr, proxy.admin().clone()).await?),
         None => None,
     };
-    if let (Some(slot), Some(pc)) = (proxy.policy().cloned(), proxy.config().policy.clone()) {
-        tokio::spawn(reload_on_sighup(slot, pc));
-    }
     let served = proxy.run(listeners, shutdown_signal()).await;
     if let Some(admin) = admin {
         admin.shutdown().await;
@@ -245,6 +287,9 @@ pub struct Proxy {
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
     admin: Admin,
+    /// The command line SIGHUP reads again, and the SIGHUP stream
+    /// (installed before anything listens); `None`: no SIGHUP handler.
+    reload_source: Option<(ServeArgs, tokio::signal::unix::Signal)>,
 }
 
 impl Proxy {
@@ -259,6 +304,7 @@ impl Proxy {
             access_log,
             policy,
             admin,
+            reload_source: None,
         })
     }
 
@@ -266,6 +312,14 @@ impl Proxy {
     /// has opened the cache, and stopping when its `shutdown` resolves.
     pub fn admin(&self) -> &Admin {
         &self.admin
+    }
+
+    /// Reload on SIGHUP: read `args`' config file and flags again.
+    pub fn reloading(mut self, args: ServeArgs) -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        self.reload_source = Some((args, hup));
+        Ok(self)
     }
 
     /// The configuration it serves with.
@@ -290,25 +344,34 @@ impl Proxy {
             access_log,
             policy,
             admin,
+            reload_source,
         } = self;
         let store = open_store(&cfg)?;
-        let pipeline = Arc::new(Pipeline::new(
+        let pipeline = Pipeline::new(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
             policy.clone(),
-            access_log.clone(),
-        ));
+            access_log,
+        );
         let cache = pipeline.cache().clone();
         admin.cache_opened(cache.clone());
+        let (source, hup) = reload_source.unzip();
+        let reloader = Arc::new(Reloader::new(pipeline, policy, source));
+        wire_admin(&admin, &reloader, &cache);
+        let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));
         // Not ready from the signal on, before the drain: load balancers stop sending.
         let shutdown = async {
             shutdown.await;
             admin.readiness().set_stopping();
         };
-        crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown).await;
-        flush_access_log(access_log).await;
-        if let Some(slot) = &policy {
-            log_replay_stats(&slot.current());
+        crate::server::run(listeners, reloader.generations(), shutdown).await;
+        if let Some(task) = on_hup {
+            task.abort();
+        }
+        let last = reloader.current();
+        flush_access_log(last.access_log().clone()).await;
+        if let Some(policy) = last.policy() {
+            log_replay_stats(policy);
         }
         // sled fsyncs periodically: flush so a clean stop loses nothing.
         match cache.store().flush().await {
@@ -338,6 +401,36 @@ fn admin_of(cfg: &Arc<Config>, policy: Option<&Arc<PolicySlot>>) -> anyhow::Resu
     ))
 }
 
+/// Point the admin API at the running proxy: the current generation's
+/// config and policy, reloads, and bans on the cache every generation shares.
+fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
+    let config = Arc::clone(reloader);
+    let policy = Arc::clone(reloader);
+    let reload = Arc::clone(reloader);
+    let (ban, bans) = (cache.clone(), cache.clone());
+    admin.set_hooks(|h| {
+        h.config = Some(Arc::new(move || config.current_config()));
+        h.policy = Some(Arc::new(move || policy.current().policy().cloned()));
+        h.reload = Some(Arc::new(move || {
+            let reload = Arc::clone(&reload);
+            Box::pin(async move {
+                let report = reload.reload().await?;
+                serde_json::to_value(report).map_err(|e| vec![e.to_string()])
+            })
+        }));
+        h.ban = Some(Arc::new(move |expression: String| {
+            let cache = ban.clone();
+            Box::pin(async move {
+                let info = cache.ban(&expression).await.map_err(|e| e.to_string())?;
+                Ok(serde_json::json!({ "ban": info }))
+            })
+        }));
+        h.bans = Some(Arc::new(move || {
+            serde_json::json!({ "bans": bans.bans(), "counts": bans.ban_counts() })
+        }));
+    });
+}
+
 /// Write out the access-log lines still queued, and say if any were lost.
 async fn flush_access_log(log: AccessLog) {
     const WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
@@ -350,22 +443,6 @@ async fn flush_access_log(log: AccessLog) {
         tracing::warn!(
             dropped = log.dropped(),
             "access log lines were dropped while serving"
-        );
-    }
-}
-
-/// How a policy generation's hooks were answered: from recorded paths
-/// (`replayed`) or by instances (`live`).
-fn log_replay_stats(policy: &LoadedPolicy) {
-    if let Some(stats) = policy.memo_stats() {
-        info!(
-            policy = %policy.name(),
-            generation = policy.generation(),
-            replayed = stats.replayed,
-            live = stats.live,
-            resets = stats.resets,
-            bytes = stats.bytes,
-            "policy hooks replayed from recorded paths"
         );
     }
 }
@@ -397,7 +474,7 @@ pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
     }
 }
 
-async fn load_policy(cfg: &Config) -> anyhow::Result<Option<Arc<PolicySlot>>> {
+pub(crate) async fn load_policy(cfg: &Config) -> anyhow::Result<Option<Arc<PolicySlot>>> {
     let Some(pc) = &cfg.policy else {
         info!("no policy: built-in rules (as Varnish's built-in VCL)");
         return Ok(None);
@@ -411,22 +488,14 @@ async fn load_policy(cfg: &Config) -> anyhow::Result<Option<Arc<PolicySlot>>> {
     Ok(Some(Arc::new(slot)))
 }
 
-/// SIGHUP loads the policy file again: new requests get the new policy,
-/// requests in flight finish on the old one; a file that does not load is
-/// refused and the old policy stays.
-async fn reload_on_sighup(slot: Arc<PolicySlot>, pc: PolicyConfig) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        error!("cannot install the SIGHUP handler: policy reload is unavailable");
-        return;
-    };
+/// SIGHUP reads the config again and applies it as a new generation: new
+/// requests get it, requests in flight finish on the old one; a file that
+/// is not valid (or whose policy does not load) changes nothing.
+async fn reload_on_sighup(reloader: Arc<Reloader>, mut hup: tokio::signal::unix::Signal) {
     while hup.recv().await.is_some() {
-        info!(path = %pc.path.display(), "SIGHUP: reloading the policy");
-        let outgoing = slot.current();
-        // Success and refusal are both logged by the slot.
-        if slot.reload(policy_source(&pc)).await.is_ok() {
-            log_replay_stats(&outgoing);
-        }
+        info!("SIGHUP: reloading the config");
+        // Success and refusal are both logged by the reloader.
+        let _ = reloader.reload().await;
     }
 }
 

@@ -4,8 +4,8 @@
 //! This crate is the process: the command line ([`cli`]), the config
 //! ([`config`]), the accept loop and connection limits ([`server`]), the
 //! request's path through the host ([`pipeline`], one phase per file), the
-//! backends ([`backend`]), the access log ([`access_log`]) and the admin
-//! API ([`admin`]). The HTTP
+//! backends ([`backend`]), the access log ([`access_log`]), config
+//! reloads ([`reload`]) and the admin API ([`admin`]). The HTTP
 //! model, the cache, ESI and the policy runtime are crates of their own
 //! (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`); see
 //! `docs/ARCHITECTURE.md`.
@@ -19,4 +19,5 @@ pub mod codec;
 pub mod config;
 pub mod pipeline;
 pub mod policy_services;
+pub mod reload;
 pub mod server;

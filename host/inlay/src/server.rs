@@ -26,25 +26,32 @@ use tracing::{debug, info, warn};
 use crate::config::ServerConfig;
 use crate::pipeline::Pipeline;
 
+/// The pipeline generation new requests get; a config reload swaps it.
+pub type Generations = arc_swap::ArcSwap<Pipeline>;
+
 /// Serve `listeners` until `shutdown` resolves, then stop accepting, let
 /// in-flight requests finish for up to `shutdown_timeout`, and return.
+///
+/// Each request runs on the generation current when it starts, to its end.
+/// A connection takes its limits (`[server]` timeouts and sizes) from the
+/// generation current when it is accepted; `max_connections` and
+/// `max_connections_per_client` are the first generation's.
 pub async fn run(
     listeners: Vec<TcpListener>,
-    pipeline: Arc<Pipeline>,
-    limits: ServerConfig,
+    current: Arc<Generations>,
     shutdown: impl Future<Output = ()>,
 ) {
     let stop = CancellationToken::new();
     let connections = TaskTracker::new();
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let limits = Arc::new(limits);
+    let first = Arc::clone(current.load().shared_config());
+    let slots = Arc::new(Semaphore::new(first.server.max_connections));
     let accept_tasks: Vec<_> = listeners
         .into_iter()
         .map(|listener| {
             tokio::spawn(accept_loop(
                 listener,
-                pipeline.clone(),
-                limits.clone(),
+                current.clone(),
+                first.server.max_connections_per_client,
                 slots.clone(),
                 connections.clone(),
                 stop.clone(),
@@ -63,7 +70,8 @@ pub async fn run(
     }
     stop.cancel();
     connections.close();
-    match tokio::time::timeout(limits.shutdown_timeout, connections.wait()).await {
+    let shutdown_timeout = current.load().config().server.shutdown_timeout;
+    match tokio::time::timeout(shutdown_timeout, connections.wait()).await {
         Ok(()) => info!("all connections drained"),
         Err(_) => warn!(
             connections = connections.len(),
@@ -74,13 +82,13 @@ pub async fn run(
 
 async fn accept_loop(
     listener: TcpListener,
-    pipeline: Arc<Pipeline>,
-    limits: Arc<ServerConfig>,
+    current: Arc<Generations>,
+    max_connections_per_client: usize,
     slots: Arc<Semaphore>,
     connections: TaskTracker,
     stop: CancellationToken,
 ) {
-    let per_client = PerClient::new(limits.max_connections_per_client);
+    let per_client = PerClient::new(max_connections_per_client);
     loop {
         // Wait for a free slot before accepting: excess clients wait in the
         // kernel's backlog instead of costing us memory.
@@ -105,12 +113,12 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let pipeline = pipeline.clone();
-        let limits = limits.clone();
+        let current = current.clone();
+        let config = Arc::clone(current.load().shared_config());
         let stop = stop.clone();
         let slots = slots.clone();
         connections.spawn(async move {
-            serve_connection(stream, peer, pipeline, &limits, &slots, stop).await;
+            serve_connection(stream, peer, current, &config.server, &slots, stop).await;
             drop(client_slot);
             drop(permit);
         });
@@ -120,7 +128,7 @@ async fn accept_loop(
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    pipeline: Arc<Pipeline>,
+    current: Arc<Generations>,
     limits: &ServerConfig,
     slots: &Semaphore,
     stop: CancellationToken,
@@ -149,7 +157,8 @@ async fn serve_connection(
     let act = activity.clone();
     let clock = h1_clock.clone();
     let service = service_fn(move |req: hyper::Request<Incoming>| {
-        let pipeline = pipeline.clone();
+        // Read once: the request finishes on this generation.
+        let pipeline = current.load_full();
         let act = act.clone();
         let h1_clock = clock.clone();
         async move {
@@ -767,7 +776,7 @@ mod tests {
     }
 
     /// A pipeline to `origin`, with no policy and no access log.
-    fn pipeline_to(origin: SocketAddr, shutdown_timeout: &str) -> (Arc<Pipeline>, ServerConfig) {
+    fn pipeline_to(origin: SocketAddr, shutdown_timeout: &str) -> Arc<Generations> {
         let cfg = crate::config::Config::from_toml(&format!(
             "[server]\nshutdown_timeout = \"{shutdown_timeout}\"\n\
              [backends.origin]\naddress = \"http://{origin}\"\n\
@@ -778,13 +787,12 @@ mod tests {
             inlay_storage::TieredStore::open(inlay_storage::StoreConfig::memory_only(1 << 20))
                 .unwrap();
         let access_log = crate::access_log::AccessLog::open(&cfg.log).unwrap();
-        let server = cfg.server.clone();
         let cache = inlay_cache::HttpCache::new(
             inlay_cache::CacheStore::from_store(Arc::new(store)),
             cfg.cache.rules(),
         );
         let pipeline = Pipeline::new(Arc::new(cfg), cache, None, access_log);
-        (Arc::new(pipeline), server)
+        Arc::new(Generations::from_pointee(pipeline))
     }
 
     /// An origin that reads one request and answers it after `delay`.
@@ -813,11 +821,11 @@ mod tests {
         origin_delay: Duration,
         shutdown_timeout: &str,
     ) -> (Duration, tokio::task::JoinHandle<String>, SocketAddr) {
-        let (pipeline, limits) = pipeline_to(slow_origin(origin_delay).await, shutdown_timeout);
+        let current = pipeline_to(slow_origin(origin_delay).await, shutdown_timeout);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(run(vec![listener], pipeline, limits, async {
+        let server = tokio::spawn(run(vec![listener], current, async {
             let _ = stopped.await;
         }));
         let client = tokio::spawn(get_until_closed(addr, "/slow"));

@@ -598,6 +598,28 @@ impl PolicySlot {
     /// a reload affects the requests that start after it.
     pub fn handle(&self, services: &Arc<dyn PolicyServices>) -> Arc<PolicyHandle> {
         let generation = self.generation.load(Ordering::Relaxed);
+        self.cached_handle(generation, services, || self.current())
+    }
+
+    /// `policy` (one this slot loaded, current or not) with `services`, as
+    /// this thread's requests share it: [`PolicySlot::handle`] for a
+    /// caller that pinned a policy generation, as the host's config
+    /// generations do, so that a request started on one generation keeps
+    /// its policy while the slot moves on.
+    pub fn handle_of(
+        &self,
+        policy: &LoadedPolicy,
+        services: &Arc<dyn PolicyServices>,
+    ) -> Arc<PolicyHandle> {
+        self.cached_handle(policy.generation(), services, || policy.clone())
+    }
+
+    fn cached_handle(
+        &self,
+        generation: u64,
+        services: &Arc<dyn PolicyServices>,
+        policy: impl FnOnce() -> LoadedPolicy,
+    ) -> Arc<PolicyHandle> {
         HANDLES.with(|handles| {
             let mut handles = handles.borrow_mut();
             let found = handles.iter().find(|(slot, h)| {
@@ -608,7 +630,7 @@ impl PolicySlot {
             if let Some((_, h)) = found {
                 return Arc::clone(h);
             }
-            let handle = PolicyHandle::keeping_spare(self.current(), Arc::clone(services));
+            let handle = PolicyHandle::keeping_spare(policy(), Arc::clone(services));
             handles.retain(|(slot, _)| *slot != self.id);
             handles.push((self.id, Arc::clone(&handle)));
             handle

@@ -860,6 +860,34 @@ async fn a_thread_shares_one_handle_per_generation_and_services() {
         .expect("old generation still runs");
 }
 
+/// A caller that pinned a generation (the host's config generations)
+/// gets that generation's handle after the slot moved on, and the new one
+/// for the new generation.
+#[tokio::test]
+async fn a_pinned_generation_keeps_its_policy_after_a_reload() {
+    let slot = PolicySlot::load(engine(), probe_source(test_limits()))
+        .await
+        .expect("load");
+    let services: Arc<dyn PolicyServices> = FakeServices::new();
+    let old = slot.current();
+    let new = slot
+        .reload(probe_source(test_limits()))
+        .await
+        .expect("reload");
+    assert_ne!(old.generation(), new.generation());
+    let pinned = slot.handle_of(&old, &services);
+    assert_eq!(pinned.policy().generation(), old.generation());
+    assert!(Arc::ptr_eq(&pinned, &slot.handle_of(&old, &services)));
+    let mut call = pinned.start().await.expect("the pinned generation starts");
+    call.on_request(&mut request("/pinned"))
+        .await
+        .expect("the pinned generation runs");
+    assert_eq!(
+        slot.handle_of(&new, &services).policy().generation(),
+        new.generation()
+    );
+}
+
 #[tokio::test]
 async fn bad_files_are_refused_and_the_old_policy_stays() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -36,7 +36,7 @@ use inlay_cache::HttpCache;
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError, RequestHead};
 use inlay_esi::ParsedTemplates;
-use inlay_runtime::{PolicyCall, PolicyServices, PolicySlot};
+use inlay_runtime::{LoadedPolicy, PolicyCall, PolicyServices, PolicySlot};
 use inlay_storage::StoredObject;
 use tracing::{Instrument, debug_span};
 
@@ -73,6 +73,9 @@ pub struct Pipeline {
     cache: HttpCache,
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
+    /// The slot's policy when this generation was built: its requests
+    /// keep it while the slot is reloaded for the next generation.
+    pinned: Option<LoadedPolicy>,
     services: Arc<dyn PolicyServices>,
     /// Cached ESI templates, parsed once.
     templates: ParsedTemplates,
@@ -125,6 +128,31 @@ impl Pipeline {
         access_log: AccessLog,
     ) -> Self {
         let backends = Backends::new(&config);
+        Self::build(config, cache, policy, access_log, backends)
+    }
+
+    /// The next generation, for a config reload: `config` with the same
+    /// cache state under `config.cache`'s rules, the slot's current policy
+    /// and `access_log`; the backends whose settings did not change keep
+    /// their connection pools (and their `max_connections` slots).
+    pub fn next_generation(
+        &self,
+        config: Arc<Config>,
+        policy: Option<Arc<PolicySlot>>,
+        access_log: AccessLog,
+    ) -> Self {
+        let backends = self.backends.renewed(&config);
+        let cache = self.cache.with_rules(config.cache.rules());
+        Self::build(config, cache, policy, access_log, backends)
+    }
+
+    fn build(
+        config: Arc<Config>,
+        cache: HttpCache,
+        policy: Option<Arc<PolicySlot>>,
+        access_log: AccessLog,
+        backends: Backends,
+    ) -> Self {
         let services: Arc<dyn PolicyServices> =
             Arc::new(HostServices::new(cache.clone(), backends.clone()));
         Self {
@@ -132,18 +160,36 @@ impl Pipeline {
             backends,
             cache,
             access_log,
+            pinned: policy.as_ref().map(|slot| slot.current()),
             policy,
             services,
             templates: ParsedTemplates::default(),
         }
     }
 
-    /// A fresh instance of the current policy for one request, if any.
+    /// A fresh instance of this generation's policy for one request, if any.
     async fn start_policy(&self) -> Result<Option<PolicyCall>, ProxyError> {
-        match &self.policy {
-            Some(slot) => Ok(Some(slot.handle(&self.services).start().await?)),
-            None => Ok(None),
+        match (&self.policy, &self.pinned) {
+            (Some(slot), Some(policy)) => {
+                Ok(Some(slot.handle_of(policy, &self.services).start().await?))
+            }
+            _ => Ok(None),
         }
+    }
+
+    /// This generation's policy, if it runs one.
+    pub fn policy(&self) -> Option<&LoadedPolicy> {
+        self.pinned.as_ref()
+    }
+
+    /// The access log this generation writes to.
+    pub fn access_log(&self) -> &AccessLog {
+        &self.access_log
+    }
+
+    /// The validated config this pipeline runs, shared.
+    pub fn shared_config(&self) -> &Arc<Config> {
+        &self.config
     }
 
     /// The configured backends.

@@ -68,6 +68,7 @@ impl InlayBuilder {
             addr,
             access: out,
             log: err,
+            config,
             _dir: dir,
         }
     }
@@ -118,6 +119,8 @@ pub struct Inlay {
     pub access: Lines,
     /// Diagnostic log lines (stderr).
     pub log: Lines,
+    /// The config file it was started with (a reload reads it again).
+    pub config: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 

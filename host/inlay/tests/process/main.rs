@@ -13,4 +13,5 @@ mod diagnostics;
 mod disk;
 mod memory;
 mod persistence;
+mod reload;
 mod signals;

@@ -1,0 +1,387 @@
+//! Full reload: SIGHUP (and the admin API's `POST /reload`) read the config
+//! file again, with the same command-line overrides, and apply it as one
+//! new pipeline generation.
+//!
+//! A request reads the current generation once ([`crate::server::run`])
+//! and finishes on it: its policy, backends, cache rules, ESI settings and
+//! access log. What is shared across generations is the cache itself
+//! (store, fetches in flight, hit-for-miss marks), the policy engine, and
+//! the connection pools of backends whose settings did not change. A file
+//! that does not parse, does not validate, or names a policy that does not
+//! load changes nothing: the errors are logged and returned.
+
+use std::sync::Arc;
+
+use inlay_runtime::{LoadedPolicy, PolicySlot};
+use tracing::{error, info, warn};
+
+use crate::access_log::AccessLog;
+use crate::cli::ServeArgs;
+use crate::config::{AccessLogTarget, Config, ConfigError};
+use crate::pipeline::Pipeline;
+use crate::server::Generations;
+
+/// What a successful reload did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadReport {
+    /// The generation now serving (the first one is 1).
+    pub generation: u64,
+    /// The config sections that changed (`server`, `backends`, `log`,
+    /// `cache`, `esi`, `policy`, `admin`); the policy file is loaded again
+    /// whether or not its section changed.
+    pub changed: Vec<String>,
+    /// Settings that changed but need a restart, and what else was not
+    /// applied, one sentence each naming the key.
+    pub warnings: Vec<String>,
+}
+
+/// Settings read when the process starts and never again.
+const RESTART_ONLY: &str = "needs a restart; the running value stays";
+
+/// Builds and swaps pipeline generations.
+pub struct Reloader {
+    current: Arc<Generations>,
+    /// The command line the process started with; `None`: the config it
+    /// was given is applied again (the policy file is still reloaded).
+    source: Option<ServeArgs>,
+    state: tokio::sync::Mutex<State>,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What only one reload at a time may touch.
+struct State {
+    generation: u64,
+    /// The policy slot, kept across generations (and across a generation
+    /// without a policy) so that its engine and instance pool are made once.
+    slot: Option<Arc<PolicySlot>>,
+}
+
+impl Reloader {
+    /// Generation 1 is `first`, which runs `slot`'s policy (if any);
+    /// reloads read `source` again.
+    pub fn new(first: Pipeline, slot: Option<Arc<PolicySlot>>, source: Option<ServeArgs>) -> Self {
+        Self {
+            current: Arc::new(Generations::from_pointee(first)),
+            source,
+            state: tokio::sync::Mutex::new(State {
+                generation: 1,
+                slot,
+            }),
+        }
+    }
+
+    /// The generations, for the accept loop to read per request.
+    pub fn generations(&self) -> Arc<Generations> {
+        Arc::clone(&self.current)
+    }
+
+    /// The generation new requests get.
+    pub fn current(&self) -> Arc<Pipeline> {
+        self.current.load_full()
+    }
+
+    /// The config new requests run with: the file's, with the running
+    /// values of the settings that need a restart.
+    pub fn current_config(&self) -> Arc<Config> {
+        Arc::clone(self.current.load().shared_config())
+    }
+
+    /// Read the config again and, if it is valid and its policy loads,
+    /// make it the next generation; otherwise change nothing and return
+    /// every error (`key.path: message`, as `inlay check` prints them).
+    /// Both outcomes are logged. Reloads run one at a time.
+    pub async fn reload(&self) -> Result<ReloadReport, Vec<String>> {
+        let mut state = self.state.lock().await;
+        let result = self.reload_locked(&mut state).await;
+        match &result {
+            Ok(report) => {
+                for w in &report.warnings {
+                    warn!("reload: {w}");
+                }
+                info!(
+                    generation = report.generation,
+                    changed = %if report.changed.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        report.changed.join(",")
+                    },
+                    "config reloaded: generation {} serves new requests",
+                    report.generation
+                );
+            }
+            Err(errors) => {
+                for e in errors {
+                    error!("config reload refused: {e}");
+                }
+                error!(
+                    generation = state.generation,
+                    errors = errors.len(),
+                    "config reload refused: nothing changed; generation {} keeps serving",
+                    state.generation
+                );
+            }
+        }
+        result
+    }
+
+    async fn reload_locked(&self, state: &mut State) -> Result<ReloadReport, Vec<String>> {
+        let old = self.current.load_full();
+        let mut cfg = self.read_config(old.config())?;
+        let warnings = keep_restart_only(old.config(), &mut cfg, state.slot.as_ref());
+        let changed = changed_sections(old.config(), &cfg);
+        // Everything that can fail comes before the policy is swapped in the
+        // slot: after that, nothing may refuse the generation.
+        let access_log = if needs_new_access_log(old.config(), &cfg) {
+            AccessLog::open(&cfg.log)
+                .map_err(|e| vec![format!("log.access_log: cannot open it: {e}")])?
+        } else {
+            old.access_log().clone()
+        };
+        let outgoing_policy = old.policy().cloned();
+        let slot = match &cfg.policy {
+            None => None,
+            Some(pc) => {
+                let source = crate::cli::policy_source(pc);
+                match &state.slot {
+                    Some(slot) => {
+                        slot.reload(source).await.map_err(|e| {
+                            vec![format!(
+                                "policy.path: cannot load {}: {e}",
+                                pc.path.display()
+                            )]
+                        })?;
+                        Some(Arc::clone(slot))
+                    }
+                    None => {
+                        let slot = crate::cli::load_policy(&cfg)
+                            .await
+                            .map_err(|e| vec![format!("policy.path: {e:#}")])?;
+                        state.slot.clone_from(&slot);
+                        slot
+                    }
+                }
+            }
+        };
+        let mut warnings = warnings;
+        if cfg.log.level != old.config().log.level
+            && let Err(w) = crate::cli::set_log_level(&cfg.log.level)
+        {
+            warnings.push(w);
+        }
+        let cfg = Arc::new(cfg);
+        let next = old.next_generation(cfg, slot, access_log.clone());
+        state.generation += 1;
+        self.current.store(Arc::new(next));
+        if let Some(policy) = outgoing_policy {
+            log_replay_stats(&policy);
+        }
+        if !same_access_log(old.access_log(), &access_log) {
+            // The old generation's requests in flight still write to it;
+            // its writer ends once they are done. Push out what is queued.
+            let outgoing = old.access_log().clone();
+            tokio::task::spawn_blocking(move || outgoing.flush(std::time::Duration::from_secs(5)));
+        }
+        Ok(ReloadReport {
+            generation: state.generation,
+            changed,
+            warnings,
+        })
+    }
+
+    /// The file and overrides the process started with, validated.
+    fn read_config(&self, running: &Config) -> Result<Config, Vec<String>> {
+        let Some(args) = &self.source else {
+            return Ok(running.clone());
+        };
+        let mut cfg = match &args.config {
+            Some(path) => Config::from_file(path).map_err(|e| config_errors(&e))?,
+            None => Config::embedded_default(),
+        };
+        cfg.apply_overrides(&args.overrides())
+            .map_err(|e| config_errors(&e))?;
+        Ok(cfg)
+    }
+}
+
+/// Log how the outgoing policy generation's hooks were answered.
+pub(crate) fn log_replay_stats(policy: &LoadedPolicy) {
+    if let Some(stats) = policy.memo_stats() {
+        info!(
+            policy = %policy.name(),
+            generation = policy.generation(),
+            replayed = stats.replayed,
+            live = stats.live,
+            resets = stats.resets,
+            bytes = stats.bytes,
+            "policy hooks replayed from recorded paths"
+        );
+    }
+}
+
+/// One line per problem, each with its key path when it has one.
+fn config_errors(e: &ConfigError) -> Vec<String> {
+    match e {
+        ConfigError::Invalid(issues) => issues
+            .iter()
+            .map(|i| format!("{}: {}", i.path, i.message))
+            .collect(),
+        other => vec![other.to_string()],
+    }
+}
+
+/// Put back the running values of the settings a reload cannot change,
+/// and say which of them the file changed.
+fn keep_restart_only(
+    old: &Config,
+    new: &mut Config,
+    slot: Option<&Arc<PolicySlot>>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut keep = |key: &str, differs: bool| {
+        if differs {
+            warnings.push(format!("{key} changed: {RESTART_ONLY}"));
+        }
+    };
+    keep("server.listen", old.server.listen != new.server.listen);
+    new.server.listen.clone_from(&old.server.listen);
+    keep(
+        "server.max_connections",
+        old.server.max_connections != new.server.max_connections,
+    );
+    new.server.max_connections = old.server.max_connections;
+    keep(
+        "server.max_connections_per_client",
+        old.server.max_connections_per_client != new.server.max_connections_per_client,
+    );
+    new.server.max_connections_per_client = old.server.max_connections_per_client;
+    keep("cache.dir", old.cache.dir != new.cache.dir);
+    new.cache.dir.clone_from(&old.cache.dir);
+    keep(
+        "cache.memory_size",
+        old.cache.memory_size != new.cache.memory_size,
+    );
+    new.cache.memory_size = old.cache.memory_size;
+    keep(
+        "cache.disk_size",
+        old.cache.disk_size != new.cache.disk_size,
+    );
+    new.cache.disk_size = old.cache.disk_size;
+    keep("admin.listen", old.admin != new.admin);
+    new.admin = old.admin;
+    // The instance pool is the engine's, made with the first policy.
+    if let (Some(slot), Some(pc)) = (slot, &mut new.policy) {
+        let running = slot.current().engine().max_instances();
+        keep("policy.max_instances", running != pc.max_instances);
+        pc.max_instances = running;
+    }
+    warnings
+}
+
+/// The sections of `new` that differ from `old`.
+fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
+    // The config types have no PartialEq; their Debug output shows every field.
+    let differs =
+        |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+    let mut changed = Vec::new();
+    let sections: [(&str, bool); 7] = [
+        ("server", differs(&old.server, &new.server)),
+        (
+            "backends",
+            differs(&old.backends, &new.backends) || old.default_backend != new.default_backend,
+        ),
+        ("log", differs(&old.log, &new.log)),
+        ("cache", differs(&old.cache, &new.cache)),
+        ("esi", differs(&old.esi, &new.esi)),
+        ("policy", differs(&old.policy, &new.policy)),
+        ("admin", old.admin != new.admin),
+    ];
+    for (name, differs) in sections {
+        if differs {
+            changed.push(name.to_owned());
+        }
+    }
+    changed
+}
+
+/// A file is opened again at every reload (so that a rotated log moves on
+/// to the new file); standard output and error only when the format changed.
+fn needs_new_access_log(old: &Config, new: &Config) -> bool {
+    matches!(new.log.access_log, AccessLogTarget::File(_))
+        || old.log.access_log != new.log.access_log
+        || old.log.access_log_format != new.log.access_log_format
+}
+
+fn same_access_log(a: &AccessLog, b: &AccessLog) -> bool {
+    a.same_writer(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::from_toml(text).expect("valid")
+    }
+
+    const BASE: &str = "[server]\nlisten = [\"127.0.0.1:6081\"]\n\
+        [backends.origin]\naddress = \"http://127.0.0.1:8080\"\n\
+        [cache]\ndefault_ttl = \"2m\"\n";
+
+    #[test]
+    fn a_listener_change_is_kept_back_and_named() {
+        let old = config(BASE);
+        let mut new = config(&BASE.replace("6081", "6082").replace("2m", "5m"));
+        let warnings = keep_restart_only(&old, &mut new, None);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("server.listen changed"));
+        assert_eq!(new.server.listen, old.server.listen);
+        // The rest applies.
+        assert_eq!(new.cache.default_ttl, std::time::Duration::from_secs(300));
+        assert_eq!(changed_sections(&old, &new), ["cache"]);
+    }
+
+    #[test]
+    fn changed_sections_names_each_section_that_differs() {
+        let old = config(BASE);
+        assert!(changed_sections(&old, &config(BASE)).is_empty());
+        let new = config(&format!(
+            "{}\n[esi]\nmax_depth = 2\n",
+            BASE.replace("8080", "8081")
+        ));
+        assert_eq!(changed_sections(&old, &new), ["backends", "esi"]);
+    }
+
+    #[test]
+    fn unchanged_backends_keep_their_clients_and_changed_ones_get_new() {
+        let two = format!(
+            "{}[backends.api]\naddress = \"http://127.0.0.1:9000\"\n",
+            BASE.replace("backends.origin", "backends.default")
+        );
+        let old = crate::backend::Backends::new(&config(&two));
+        let new = old.renewed(&config(&two.replace("9000", "9001")));
+        let same = |name: &str| Arc::ptr_eq(old.get(name).unwrap(), new.get(name).unwrap());
+        assert!(same("default"), "an unchanged backend keeps its pool");
+        assert!(!same("api"), "a changed backend gets a new client");
+        assert_eq!(
+            new.get("api").unwrap().config().authority(),
+            "127.0.0.1:9001"
+        );
+    }
+
+    #[test]
+    fn every_config_issue_is_one_error_with_its_key_path() {
+        let text = format!("{BASE}[esi]\nmax_depth = \"deep\"\n[log]\nlevel = \"=bad=\"\n");
+        let e = Config::from_toml(&text).expect_err("invalid");
+        let errors = config_errors(&e);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors.iter().any(|e| e.starts_with("esi.max_depth: ")));
+        assert!(errors.iter().any(|e| e.starts_with("log.level: ")));
+    }
+}

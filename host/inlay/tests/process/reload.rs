@@ -1,0 +1,355 @@
+//! Full reload: SIGHUP reads the config file again and applies it as a new
+//! generation; a bad file changes nothing; requests in flight finish on
+//! the generation they started on; listener addresses need a restart.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::common::{Inlay, Origin, get, policy, unused_port};
+
+/// A whole config: the default backend at `origin`, `default_ttl`, the
+/// named policy, then `extra` TOML.
+///
+/// `cpu_time` is counted as wall time while a hook runs, and each reload
+/// compiles a policy on this 2-core machine shared with other builds: at
+/// the default 50 ms about one run in four lost one request to a hook
+/// descheduled past it. The test is about reloads, not CPU limits.
+fn config(origin: &Origin, ttl: &str, policy_name: &str, extra: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nshutdown_timeout = \"10s\"\n\
+         [backends.default]\naddress = \"{}\"\nfirst_byte_timeout = \"3s\"\n\
+         [cache]\ndefault_ttl = \"{ttl}\"\ndefault_grace = \"0s\"\n\
+         [policy]\npath = \"{}\"\ncpu_time = \"1s\"\n{extra}",
+        origin.url(),
+        policy(policy_name).display()
+    )
+}
+
+/// Start inlay (on `origin`), then reload it to `text`, the config file
+/// the test rewrites for its reloads.
+fn spawn(origin: &Origin, text: &str) -> Inlay {
+    let inlay = Inlay::builder().backend(origin).spawn_process();
+    std::fs::write(&inlay.config, text).unwrap();
+    // The builder's own file served until now: make `text` generation 2.
+    reload(&inlay, text, 2);
+    inlay
+}
+
+/// Write `text` as the config, SIGHUP, and wait for generation `n`.
+fn reload(inlay: &Inlay, text: &str, n: u64) {
+    std::fs::write(&inlay.config, text).unwrap();
+    inlay.signal("HUP");
+    inlay.expect_log(
+        &format!("config reloaded: generation {n} serves"),
+        Duration::from_secs(60),
+    );
+}
+
+/// The cached URL `path` answers from the cache after a first miss (a
+/// long TTL), or goes to the origin every time (TTL 0): the origin's
+/// count of `path` after two GETs.
+async fn origin_sees_after_two_gets(inlay: &Inlay, origin: &Origin, path: &str) -> u64 {
+    for _ in 0..2 {
+        assert_eq!(get(&inlay.url(path)).await.status, 200);
+    }
+    origin.count(path).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_reloads_under_load_fail_no_request_and_each_applies() {
+    let (a, b) = (Origin::start(), Origin::start());
+    // Two valid configs that differ in the backend, the TTL and the policy.
+    let config_a = config(&a, "1h", "headers", "");
+    let config_b = config(&b, "0s", "default", "");
+    let inlay = tokio::task::block_in_place(|| spawn(&a, &config_a));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicU32::new(0));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut load = Vec::new();
+    for w in 0..6u32 {
+        let stop = stop.clone();
+        let failed = failed.clone();
+        let failures = failures.clone();
+        let base = inlay.url("");
+        load.push(tokio::spawn(async move {
+            // Half the workers keep their connections alive, half open one
+            // per request; hits (a small set of cached URLs) and misses.
+            let kept = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+            let mut ok = 0u32;
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let path = if i.is_multiple_of(2) {
+                    format!("/bytes/{}?cc=max-age=600", 1 + i % 8)
+                } else {
+                    format!("/bytes/{}?cc=no-store", 1 + i % 50)
+                };
+                let fresh;
+                let client = if w.is_multiple_of(2) {
+                    &kept
+                } else {
+                    fresh = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+                    &fresh
+                };
+                let req = http::Request::get(format!("{base}{path}"))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let why = match tokio::time::timeout(Duration::from_secs(10), client.request(req))
+                    .await
+                {
+                    Ok(Ok(resp)) if resp.status() == 200 => {
+                        match resp.into_body().collect().await {
+                            Ok(_) => None,
+                            Err(e) => Some(format!("body: {e:?}")),
+                        }
+                    }
+                    Ok(Ok(resp)) => Some(format!("status {}", resp.status())),
+                    Ok(Err(e)) => Some(format!("{e:?}")),
+                    Err(_) => Some("timed out".into()),
+                };
+                match why {
+                    None => ok += 1,
+                    Some(why) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("{path} (worker {w}): {why}"));
+                    }
+                }
+            }
+            ok
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for n in 0..20u64 {
+        let text = if n.is_multiple_of(2) {
+            &config_b
+        } else {
+            &config_a
+        };
+        tokio::task::block_in_place(|| reload(&inlay, text, n + 3));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut ok = 0;
+    for l in load {
+        ok += l.await.unwrap();
+    }
+    let failed = failed.load(Ordering::Relaxed);
+    assert_eq!(
+        failed,
+        0,
+        "{failed} requests failed across 20 reloads ({ok} ok): {:?}\n{:#?}",
+        failures.lock().unwrap(),
+        inlay
+            .log
+            .all()
+            .iter()
+            .chain(inlay.access.all().iter())
+            .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("\" 503 "))
+            .collect::<Vec<_>>()
+    );
+    assert!(ok > 200, "only {ok} requests in the run");
+
+    // The last reload applied config A: its backend, TTL and policy.
+    let r = get(&inlay.url("/resp?after=a")).await;
+    assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+    assert_eq!(
+        origin_sees_after_two_gets(&inlay, &a, "/bytes/333").await,
+        1
+    );
+    assert_eq!(b.count("/bytes/333").await, 0);
+    // One more applies config B.
+    tokio::task::block_in_place(|| reload(&inlay, &config_b, 23));
+    let r = get(&inlay.url("/resp?after=b")).await;
+    assert_eq!(r.header("x-inlay-policy"), None);
+    assert_eq!(
+        origin_sees_after_two_gets(&inlay, &b, "/bytes/334").await,
+        2
+    );
+    assert_eq!(a.count("/bytes/334").await, 0);
+    // Each good reload said what changed.
+    assert!(
+        inlay
+            .log
+            .all()
+            .iter()
+            .any(|l| l.contains("generation 23 serves") && l.contains("backends,cache,policy")),
+        "{}",
+        inlay.log.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_file_changes_nothing_and_every_error_is_logged() {
+    let origin = Origin::start();
+    let good = config(&origin, "1h", "headers", "");
+    let inlay = tokio::task::block_in_place(|| spawn(&origin, &good));
+    let bad = format!(
+        "{}\n[esi]\nmax_depth = \"deep\"\n[log]\nlevel = \"=nope=\"\n",
+        config(&origin, "soon", "default", "")
+            .replace("first_byte_timeout = \"3s\"", "first_byte_timeout = \"-1\"")
+    );
+    std::fs::write(&inlay.config, &bad).unwrap();
+    inlay.signal("HUP");
+    inlay.expect_log(
+        "config reload refused: nothing changed",
+        Duration::from_secs(30),
+    );
+    let log = inlay.log.text();
+    for key in [
+        "cache.default_ttl: ",
+        "backends.default.first_byte_timeout: ",
+        "esi.max_depth: ",
+        "log.level: ",
+    ] {
+        assert!(
+            log.contains(&format!("config reload refused: {key}")),
+            "no error for {key}:\n{log}"
+        );
+    }
+    // Generation 2 (the good file) still serves, with its policy.
+    assert_eq!(
+        get(&inlay.url("/resp")).await.header("x-inlay-policy"),
+        Some("headers")
+    );
+    // A policy that does not load is refused too.
+    let broken = config(&origin, "1h", "default", "").replace(
+        &policy("default").display().to_string(),
+        "/nonexistent/policy.wasm",
+    );
+    std::fs::write(&inlay.config, &broken).unwrap();
+    inlay.signal("HUP");
+    inlay.expect_log(
+        "config reload refused: policy.path",
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        get(&inlay.url("/resp")).await.header("x-inlay-policy"),
+        Some("headers")
+    );
+    // And the next good file is generation 3.
+    tokio::task::block_in_place(|| reload(&inlay, &config(&origin, "1h", "default", ""), 3));
+    assert_eq!(
+        get(&inlay.url("/resp")).await.header("x-inlay-policy"),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_listen_address_needs_a_restart_and_the_rest_applies() {
+    let origin = Origin::start();
+    let inlay =
+        tokio::task::block_in_place(|| spawn(&origin, &config(&origin, "1h", "headers", "")));
+    let port = unused_port();
+    let moved =
+        config(&origin, "1h", "default", "").replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    tokio::task::block_in_place(|| reload(&inlay, &moved, 3));
+    inlay.expect_log(
+        "server.listen changed: needs a restart",
+        Duration::from_secs(5),
+    );
+    // Still on the old address only; the policy change applied.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    assert_eq!(
+        get(&inlay.url("/resp")).await.header("x-inlay-policy"),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_finishes_on_the_backend_it_started_with() {
+    let (a, b) = (Origin::start(), Origin::start());
+    let inlay = tokio::task::block_in_place(|| spawn(&a, &config(&a, "1h", "headers", "")));
+    let url = inlay.url("/bytes/100?delay_ms=1500&cc=no-store");
+    let slow = tokio::spawn(async move { get(&url).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| reload(&inlay, &config(&b, "1h", "default", ""), 3));
+    let r = slow.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), 100);
+    // Its policy was the old generation's too.
+    assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+    assert_eq!(a.count("/bytes/100").await, 1);
+    assert_eq!(b.count("/bytes/100").await, 0);
+    // New requests go to the new backend.
+    assert_eq!(get(&inlay.url("/bytes/100?cc=no-store")).await.status, 200);
+    assert_eq!(b.count("/bytes/100").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_level_applies_on_reload() {
+    let origin = Origin::start();
+    // An INLAY_LOG that does not parse leaves the filter to `log.level`.
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .env("INLAY_LOG", "=not a filter=")
+        .spawn_process();
+    let base = config(&origin, "1h", "default", "");
+    // Generation 2 at `warn`: its own "config reloaded" line (info) is not
+    // written; the warning about the listener is.
+    let quiet = format!(
+        "{}\n[log]\nlevel = \"warn\"\n",
+        base.replace("127.0.0.1:0", "127.0.0.1:1")
+    );
+    std::fs::write(&inlay.config, &quiet).unwrap();
+    inlay.signal("HUP");
+    inlay.expect_log("server.listen changed", Duration::from_secs(60));
+    // Generation 3 back at `info`: its line is written.
+    tokio::task::block_in_place(|| reload(&inlay, &base, 3));
+    assert!(
+        !inlay.log.text().contains("generation 2 serves"),
+        "{}",
+        inlay.log.text()
+    );
+}
+
+/// Wait until the file at `path` has a line containing `needle`.
+fn file_has(path: &std::path::Path, needle: &str) -> bool {
+    for _ in 0..250 {
+        if std::fs::read_to_string(path).is_ok_and(|t| t.contains(needle)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reopens_a_rotated_access_log() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let rotated = dir.path().join("access.log.1");
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!("[log]\naccess_log = \"{}\"", log.display()))
+        .spawn_process();
+    assert_eq!(get(&inlay.url("/resp?before")).await.status, 200);
+    assert!(tokio::task::block_in_place(|| file_has(
+        &log,
+        "/resp?before"
+    )));
+    // What logrotate does: move the file, then SIGHUP.
+    std::fs::rename(&log, &rotated).unwrap();
+    let text = std::fs::read_to_string(&inlay.config).unwrap();
+    tokio::task::block_in_place(|| reload(&inlay, &text, 2));
+    assert_eq!(get(&inlay.url("/resp?after")).await.status, 200);
+    assert!(tokio::task::block_in_place(|| file_has(
+        &log,
+        "/resp?after"
+    )));
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(
+        old.contains("/resp?before") && !old.contains("/resp?after"),
+        "{old}"
+    );
+}
