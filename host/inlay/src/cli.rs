@@ -425,9 +425,9 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
                 Ok(serde_json::json!({ "ban": info }))
             })
         }));
-        h.bans = Some(Arc::new(move || {
-            serde_json::json!({ "bans": bans.bans(), "counts": bans.ban_counts() })
-        }));
+        h.bans = Some(Arc::new(
+            move || serde_json::json!({ "bans": bans.bans(), "counts": bans.ban_counts() }),
+        ));
     });
 }
 

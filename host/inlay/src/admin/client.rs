@@ -154,6 +154,17 @@ pub fn main(args: AdminArgs) -> ExitCode {
                 .unwrap_or_else(|| text.trim().to_owned());
             print!("{text}");
             eprintln!("inlay admin: {path}: {status}: {message}");
+            // A refused reload lists every error of the file.
+            let errors = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("errors").and_then(|e| e.as_array()).cloned())
+                .unwrap_or_default();
+            for e in errors {
+                eprintln!(
+                    "  {}",
+                    e.as_str().map_or_else(|| e.to_string(), str::to_owned)
+                );
+            }
             ExitCode::from(1)
         }
     }

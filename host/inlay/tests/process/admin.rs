@@ -237,3 +237,86 @@ fn a_public_admin_address_without_a_token_file_is_refused() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// The operator's day through `inlay admin`: a ban that the next start
+/// still honours after kill -9, and reloads of the config file, a bad one
+/// refused with its errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_and_reloads_through_inlay_admin() {
+    use crate::common::get_site;
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache").display().to_string();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("--admin")
+        .arg("127.0.0.1:0")
+        .spawn_process();
+    let addr = admin_addr(&inlay);
+    let json = "/bytes/121?cc=max-age%3D600&ct=application%2Fjson";
+    let html = "/bytes/122?cc=max-age%3D600&ct=text%2Fhtml";
+    get_site(&inlay.url(json)).await;
+    get_site(&inlay.url(html)).await;
+
+    // A reload of the same file is the next generation; a bad file is
+    // refused with each error, and the running generation stays.
+    let out = admin_cli(addr, &["reload"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stderr),
+        inlay.log.text()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["generation"], 2, "{report}");
+    let good = std::fs::read_to_string(&inlay.config).unwrap();
+    std::fs::write(
+        &inlay.config,
+        format!("{good}\n[esi]\nmax_depth = \"deep\"\n[nonsense]\nx = 1\n"),
+    )
+    .unwrap();
+    let out = admin_cli(addr, &["reload"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let why = text(&out.stderr);
+    assert!(
+        why.contains("esi.max_depth") && why.contains("nonsense"),
+        "{why}"
+    );
+    std::fs::write(&inlay.config, good).unwrap();
+    assert_eq!(get_site(&inlay.url(html)).await.status, 200);
+
+    // sled fsyncs every 500 ms: let the objects reach the disk.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let expression = "req.url ~ ^/bytes/12 && obj.http.content-type ~ json";
+    let out = admin_cli(addr, &["ban", expression]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Listed until the lurker has tested every older object (then dropped).
+    let out = admin_cli(addr, &["bans"]);
+    let bans: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(bans["counts"]["added"], 1, "{bans}");
+    let out = admin_cli(addr, &["ban", "req.url ~ ("]);
+    assert_eq!(out.status.code(), Some(1));
+    // Killed as soon as the ban is acknowledged.
+    inlay.signal("KILL");
+    drop(inlay);
+    let restarted = Inlay::builder()
+        .toml(&format!(
+            "[backends.default]\naddress = \"http://127.0.0.1:{}\"",
+            unused_port()
+        ))
+        .arg("--cache-dir")
+        .arg(&cache)
+        .spawn_process();
+    assert_eq!(
+        get_site(&restarted.url(html)).await.status,
+        200,
+        "not banned: kept"
+    );
+    assert_eq!(
+        get_site(&restarted.url(json)).await.status,
+        503,
+        "a banned object must not come back"
+    );
+}
