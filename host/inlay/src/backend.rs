@@ -14,6 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::body::TimeoutBody;
 use crate::config::{BackendConfig, Config};
+use crate::metrics::{BackendMetrics, Metrics};
 
 /// One configured origin.
 #[derive(Debug)]
@@ -21,6 +22,7 @@ pub struct Backend {
     config: BackendConfig,
     client: Client<HttpConnector, ProxyBody>,
     slots: Option<Arc<Semaphore>>,
+    metrics: BackendMetrics,
 }
 
 /// Every configured backend, by name.
@@ -31,12 +33,15 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// Build a client per configured backend.
-    pub fn new(config: &Config) -> Self {
+    /// Build a client per configured backend, counting in `metrics`.
+    pub fn new(config: &Config, metrics: &Metrics) -> Self {
         let by_name = config
             .backends
             .iter()
-            .map(|(name, b)| (name.clone(), Arc::new(Backend::new(b.clone()))))
+            .map(|(name, b)| {
+                let counted = metrics.backend(name);
+                (name.clone(), Arc::new(Backend::new(b.clone(), counted)))
+            })
             .collect();
         Self {
             by_name: Arc::new(by_name),
@@ -61,7 +66,7 @@ impl Backends {
 }
 
 impl Backend {
-    fn new(config: BackendConfig) -> Self {
+    fn new(config: BackendConfig, metrics: BackendMetrics) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
@@ -81,6 +86,7 @@ impl Backend {
             config,
             client,
             slots,
+            metrics,
         }
     }
 
@@ -109,7 +115,14 @@ impl Backend {
     /// caller's, replaced by the backend's `host_header` when configured; set
     /// to the backend's address when absent. The response body fails if it
     /// stalls longer than `between_bytes_timeout`.
-    pub async fn send(
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        let started = self.metrics.start();
+        let result = self.send_counted(req).await;
+        self.metrics.finished(started, &result);
+        result
+    }
+
+    async fn send_counted(
         &self,
         mut req: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, ProxyError> {

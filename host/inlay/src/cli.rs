@@ -14,6 +14,7 @@ use tracing::{error, info};
 
 use crate::access_log::AccessLog;
 use crate::config::{Config, Overrides, PolicyConfig};
+use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 
 /// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
@@ -200,6 +201,7 @@ pub struct Proxy {
     cfg: Arc<Config>,
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Proxy {
@@ -211,16 +213,23 @@ impl Proxy {
         if cfg.admin.is_some() {
             tracing::warn!("admin.listen is reserved: the admin API is not built yet; ignoring it");
         }
+        let metrics = Metrics::new(cfg.metrics.enabled);
         Ok(Self {
             cfg,
             access_log,
             policy,
+            metrics,
         })
     }
 
     /// The configuration it serves with.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The process's metrics, for `GET /metrics` ([`Metrics::render`]).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The policy slot (reloaded in place by SIGHUP), if a policy is configured.
@@ -239,14 +248,17 @@ impl Proxy {
             cfg,
             access_log,
             policy,
+            metrics,
         } = self;
         let store = open_store(&cfg)?;
-        let pipeline = Arc::new(Pipeline::new(
+        let pipeline = Arc::new(Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
             policy.clone(),
             access_log.clone(),
+            metrics.clone(),
         ));
+        metrics.serve_from(&pipeline);
         let cache = pipeline.cache().clone();
         crate::server::run(listeners, pipeline, cfg.server.clone(), shutdown).await;
         flush_access_log(access_log).await;

@@ -38,6 +38,15 @@ pub struct Config {
     pub policy: Option<PolicyConfig>,
     /// `[admin]`: the admin listener, if any.
     pub admin: Option<SocketAddr>,
+    /// `[metrics]`: the Prometheus counters.
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// Count requests for `GET /metrics` (default true; false counts nothing).
+    pub enabled: bool,
 }
 
 /// Longest duration accepted for any key: beyond it, `Instant::now() + d`
@@ -779,6 +788,7 @@ impl Reader {
                 "esi",
                 "policy",
                 "admin",
+                "metrics",
             ],
         );
         let empty = Table::new();
@@ -843,6 +853,11 @@ impl Reader {
                 }
             }
         });
+        let t = self.table(root, "", "metrics").unwrap_or(&empty);
+        self.known_keys(t, "metrics", &["enabled"]);
+        let metrics = MetricsConfig {
+            enabled: self.boolean(t, "metrics", "enabled", true),
+        };
         Config {
             server,
             backends,
@@ -852,6 +867,7 @@ impl Reader {
             esi,
             policy,
             admin,
+            metrics,
         }
     }
 
@@ -1265,6 +1281,21 @@ mod tests {
     fn embedded_default_is_valid() {
         let c = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(c.default_backend().name, "default");
+    }
+
+    #[test]
+    fn metrics_are_on_by_default_and_can_be_turned_off() {
+        let backend = "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n";
+        assert!(Config::from_toml(backend).unwrap().metrics.enabled);
+        let off = Config::from_toml(&format!("{backend}[metrics]\nenabled = false")).unwrap();
+        assert!(!off.metrics.enabled);
+        let err =
+            Config::from_toml(&format!("{backend}[metrics]\nenabled = 1\nport = 9")).unwrap_err();
+        let ConfigError::Invalid(issues) = err else {
+            panic!("expected Invalid, got {err:?}")
+        };
+        let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(paths, ["metrics.port", "metrics.enabled"], "{issues:#?}");
     }
 
     #[test]

@@ -110,6 +110,7 @@ async fn accept_loop(
         let stop = stop.clone();
         let slots = slots.clone();
         connections.spawn(async move {
+            let _open = pipeline.metrics().connection_opened();
             serve_connection(stream, peer, pipeline, &limits, &slots, stop).await;
             drop(client_slot);
             drop(permit);

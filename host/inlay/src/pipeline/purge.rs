@@ -12,12 +12,14 @@ use inlay_core::body::{self, ProxyBody};
 use inlay_core::{ProxyError, RequestHead};
 
 use crate::config::CacheConfig;
+use crate::metrics::Metrics;
 
 /// Handle a PURGE request.
 pub async fn purge(
     cache: &HttpCache,
     cfg: &CacheConfig,
     head: &RequestHead,
+    metrics: &Metrics,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if !cfg
         .purge_allow
@@ -47,6 +49,7 @@ pub async fn purge(
         }
         (format!("keys {}", keys.join(" ")), n)
     };
+    metrics.purged(count);
     tracing::info!(soft, purged = count, "purge {what}");
     let body = serde_json::json!({ "status": "ok", "purged": count, "soft": soft, "what": what });
     let mut resp = Response::new(body::full(format!("{body}\n")));
