@@ -16,6 +16,7 @@ use std::time::Duration;
 use clap::Parser as _;
 use inlay::cli::{Cli, Command, Proxy};
 use inlay::config::AccessLogTarget;
+use inlay::metrics::Metrics;
 use inlay_runtime::{LoadedPolicy, PolicySlot};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -54,6 +55,7 @@ impl InlayBuilder {
             .await
             .unwrap_or_else(|e| panic!("inlay did not start: {e:#}"));
         let policy = proxy.policy().cloned();
+        let metrics = proxy.metrics().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -63,6 +65,7 @@ impl InlayBuilder {
         Harness {
             addr,
             access: AccessLog(access),
+            metrics,
             policy,
             stop: Some(stop),
             served: Some(served),
@@ -89,6 +92,8 @@ pub struct Harness {
     pub addr: SocketAddr,
     /// The access log (written by the server's own writer thread).
     pub access: AccessLog,
+    /// The server's metrics (`render` is what `GET /metrics` serves).
+    pub metrics: Arc<Metrics>,
     policy: Option<Arc<PolicySlot>>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<JoinHandle<anyhow::Result<()>>>,
