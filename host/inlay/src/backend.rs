@@ -22,7 +22,7 @@ pub struct Backend {
     config: BackendConfig,
     client: Client<HttpConnector, ProxyBody>,
     slots: Option<Arc<Semaphore>>,
-    metrics: BackendMetrics,
+    metrics: Arc<BackendMetrics>,
 }
 
 /// Every configured backend, by name.
@@ -86,7 +86,7 @@ impl Backend {
             config,
             client,
             slots,
-            metrics,
+            metrics: Arc::new(metrics),
         }
     }
 
@@ -179,7 +179,8 @@ impl Backend {
             self.config.between_bytes_timeout,
             self.config.name.clone(),
             permit,
-        );
+        )
+        .counting_stalls(self.metrics.enabled().then(|| Arc::clone(&self.metrics)));
         Ok(Response::from_parts(parts, body::boxed(body)))
     }
 

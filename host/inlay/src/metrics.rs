@@ -198,6 +198,11 @@ pub struct BackendMetrics {
 }
 
 impl BackendMetrics {
+    /// Whether anything is counted.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// The start of a fetch, when counting is on.
     pub fn start(&self) -> Option<Instant> {
         self.enabled.then(Instant::now)

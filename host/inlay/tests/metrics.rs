@@ -259,6 +259,58 @@ async fn a_backend_that_refuses_connections_is_counted_per_backend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_byte_and_between_bytes_timeouts_are_counted() {
+    use http_body_util::BodyExt;
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .toml(&format!(
+            "[backends.slow]\naddress = \"{}\"\nfirst_byte_timeout = \"300ms\"\nbetween_bytes_timeout = \"300ms\"\n[log]\naccess_log_format = \"json\"",
+            origin.url()
+        ))
+        .start_in_process()
+        .await;
+    // No response head in time: a 504.
+    assert_eq!(get(&inlay.url("/resp?delay_ms=3000")).await.status, 504);
+    // A head, 100 bytes, then a stall: the body is cut.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::get(inlay.url("/slow-body?n=2000&first=100&after_ms=3000"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert!(
+        resp.into_body().collect().await.is_err(),
+        "the body was not cut"
+    );
+    access_lines(&inlay, 2).await;
+    let m = parse(&inlay.metrics.render().await);
+    assert_eq!(
+        value(&m, "inlay_backend_requests_total{backend=\"slow\"}"),
+        2
+    );
+    assert_eq!(
+        value(&m, "inlay_backend_timeouts_total{backend=\"slow\"}"),
+        2
+    );
+    assert_eq!(
+        value(&m, "inlay_backend_failures_total{backend=\"slow\"}"),
+        2
+    );
+    assert_eq!(
+        value(&m, "inlay_backend_connect_errors_total{backend=\"slow\"}"),
+        0
+    );
+    // Only the stalled one had a response head.
+    assert_eq!(
+        value(
+            &m,
+            "inlay_backend_response_time_seconds_count{backend=\"slow\"}"
+        ),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_hooks_are_timed_and_traps_counted() {
     let origin = Origin::start();
     let inlay = Harness::builder()
