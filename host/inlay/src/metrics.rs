@@ -860,3 +860,89 @@ impl Drop for OpenConnection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample<'a>(text: &'a str, series: &str) -> &'a str {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    }
+
+    #[test]
+    fn a_timing_puts_each_duration_in_the_first_bucket_that_holds_it() {
+        let t = Timing::new(&NETWORK_BUCKETS);
+        t.observe(Duration::from_micros(500)); // <= 1 ms
+        t.observe(Duration::from_millis(1)); // on the bound: <= 1 ms
+        t.observe(Duration::from_millis(7)); // <= 10 ms
+        t.observe(Duration::from_secs(3600)); // +Inf only
+        assert_eq!(t.count(), 4);
+        let mut r = Registry::default();
+        r.register_with_unit("t", "test", Unit::Seconds, t);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        // Cumulative, as the format wants.
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"0.001\"}"), "2");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"0.005\"}"), "2");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"0.01\"}"), "3");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"30.0\"}"), "3");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"+Inf\"}"), "4");
+        assert_eq!(sample(&text, "t_seconds_count"), "4");
+        let sum: f64 = sample(&text, "t_seconds_sum").parse().unwrap();
+        assert!((sum - 3600.0085).abs() < 1e-6, "{sum}");
+        assert!(text.contains("# TYPE t_seconds histogram"), "{text}");
+    }
+
+    #[test]
+    fn counts_show_in_the_text_and_a_disabled_registry_stays_at_zero() {
+        for enabled in [true, false] {
+            let m = Metrics::new(enabled);
+            m.client_request(http::Version::HTTP_2);
+            m.served(&CacheStatus::Stale {
+                stale_for: 3,
+                reason: inlay_core::StaleReason::Grace,
+            });
+            m.purged(5);
+            m.ban_added();
+            m.set_bans(2);
+            let b = m.backend("origin-1");
+            b.finished::<()>(b.start(), &Ok(()));
+            {
+                let _open = m.connection_opened();
+                assert_eq!(
+                    sample(&m.encode(), "inlay_connections_open"),
+                    if enabled { "1" } else { "0" }
+                );
+            }
+            let text = m.encode();
+            let n = if enabled { "1" } else { "0" };
+            assert_eq!(sample(&text, "inlay_connections_open"), "0");
+            assert_eq!(
+                sample(&text, "inlay_client_requests_total{protocol=\"http/2\"}"),
+                n
+            );
+            assert_eq!(sample(&text, "inlay_cache_hits_total"), n);
+            assert_eq!(sample(&text, "inlay_cache_grace_hits_total"), n);
+            assert_eq!(sample(&text, "inlay_bans_added_total"), n);
+            assert_eq!(
+                sample(&text, "inlay_purged_objects_total"),
+                if enabled { "5" } else { "0" }
+            );
+            assert_eq!(sample(&text, "inlay_bans"), if enabled { "2" } else { "0" });
+            assert_eq!(
+                sample(&text, "inlay_backend_requests_total{backend=\"origin-1\"}"),
+                n
+            );
+            assert!(text.ends_with("# EOF\n"));
+        }
+    }
+
+    #[test]
+    fn render_can_run_on_any_worker_thread() {
+        fn send<T: Send>(_: &T) {}
+        let m = Metrics::new(true);
+        send(&m.render());
+    }
+}
