@@ -429,7 +429,7 @@ impl Metrics {
             ),
             (
                 "cache_revalidations",
-                "Expired objects the backend confirmed with 304 (MAIN.cache_hit after a conditional fetch)",
+                "Expired objects the backend confirmed unchanged (304) and served",
                 &self.revalidations,
             ),
             (
