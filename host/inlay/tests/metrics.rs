@@ -311,6 +311,31 @@ async fn first_byte_and_between_bytes_timeouts_are_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_include_that_ends_its_page_is_counted_as_failed() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[log]\naccess_log_format = \"json\"\n[esi]\non_include_error = \"fail\"")
+        .start_in_process()
+        .await;
+    let markup = "<esi:include src=\"/resp?status=500\"/>after";
+    assert_eq!(get(&inlay.url(&esi_page(markup, true))).await.status, 502);
+    let lines = access_lines(&inlay, 1).await;
+    let m = parse(&inlay.metrics.render().await);
+    assert_eq!(count_cache(&lines, "error"), 1);
+    assert_eq!(value(&m, "inlay_request_errors_total"), 1);
+    assert_eq!(value(&m, "inlay_esi_pages_total"), 1);
+    assert_eq!(
+        value(&m, "inlay_esi_include_errors_total{kind=\"failed\"}"),
+        1
+    );
+    assert_eq!(
+        value(&m, "inlay_esi_include_errors_total{kind=\"omitted\"}"),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_hooks_are_timed_and_traps_counted() {
     let origin = Origin::start();
     let inlay = Harness::builder()

@@ -27,7 +27,7 @@ use inlay_cache::{ESI_MARK, PrimaryKey};
 use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestHead};
 use inlay_esi::{
-    EsiLimits, EsiVars, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher,
+    EsiError, EsiLimits, EsiVars, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher,
     OnIncludeError,
 };
 use tracing::{debug, warn};
@@ -147,7 +147,9 @@ pub async fn process(
         // Before the head is sent, a failure can still be an error status.
         assembled = match assembled.next().await {
             Some(Err(e)) => {
-                pipeline.metrics.esi_include_failed();
+                if matches!(e, EsiError::Include { .. }) {
+                    pipeline.metrics.esi_include_failed();
+                }
                 return Err(ProxyError::Esi(e.to_string()));
             }
             Some(Ok(first)) => futures_util::stream::once(async { Ok(first) })
@@ -160,8 +162,10 @@ pub async fn process(
     let assembled = assembled
         .map(move |r| {
             r.map_err(|e| {
-                // Only `fail` ends a page with an error.
-                metrics.esi_include_failed();
+                // Not the page's own errors (its body, its deadline).
+                if matches!(e, EsiError::Include { .. }) {
+                    metrics.esi_include_failed();
+                }
                 Box::new(e) as BoxError
             })
         })
