@@ -220,6 +220,74 @@ async fn counts_after_known_traffic_agree_with_the_access_log() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_concurrent_load_every_cache_status_agrees_with_the_access_log() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[log]\naccess_log_format = \"json\"")
+        .start_in_process()
+        .await;
+    // 32 clients at once over 8 URLs: misses, coalesced requests and hits
+    // in whatever mix the scheduling gives, plus some passes.
+    let mut tasks = Vec::new();
+    for c in 0..32 {
+        let base = inlay.url("");
+        tasks.push(tokio::spawn(async move {
+            for i in 0..6 {
+                let path = match (c + i) % 9 {
+                    8 => "/resp?body=p".to_owned(),
+                    n => format!("/static/177?id={n}"),
+                };
+                let r = match (c + i) % 9 {
+                    8 => {
+                        request(
+                            "POST",
+                            &format!("{base}{path}"),
+                            &[],
+                            Bytes::from_static(b"x"),
+                        )
+                        .await
+                    }
+                    _ => get(&format!("{base}{path}")).await,
+                };
+                assert_eq!(r.status, 200);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let lines = access_lines(&inlay, 32 * 6).await;
+    let m = parse(&inlay.metrics.render().await);
+    let mut seen = 0;
+    for (series, cache) in [
+        ("inlay_cache_hits_total", "hit"),
+        ("inlay_cache_misses_total", "miss"),
+        ("inlay_cache_hit_for_miss_total", "hitmiss"),
+        ("inlay_cache_passes_total", "pass"),
+        ("inlay_request_errors_total", "error"),
+    ] {
+        assert_eq!(value(&m, series), count_cache(&lines, cache), "{series}");
+        seen += count_cache(&lines, cache);
+    }
+    assert_eq!(seen, lines.len() as u64, "a status the test does not know");
+    assert_eq!(
+        value(&m, "inlay_client_requests_total{protocol=\"http/1.1\"}"),
+        lines.len() as u64
+    );
+    let bytes_out: u64 = lines.iter().map(|l| l["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(
+        value(&m, "inlay_client_response_body_bytes_total"),
+        bytes_out
+    );
+    assert_eq!(
+        value(&m, "inlay_client_request_body_bytes_total"),
+        count_cache(&lines, "pass")
+    );
+    assert!(value(&m, "inlay_cache_hits_total") > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_refuses_connections_is_counted_per_backend() {
     let inlay = Harness::builder()
         .toml(&format!(
