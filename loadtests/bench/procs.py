@@ -318,6 +318,7 @@ class Inlay:
         esi_concurrency: int | None = None,
         policy: Path | None = None,
         memo_size: str | None = None,
+        metrics: bool = True,
     ):
         self.reg = reg
         self.binary = binary
@@ -344,6 +345,8 @@ class Inlay:
             lines += [f'dir = "{cache_dir}"', f'disk_size = "{disk_size}"']
         if esi_concurrency is not None:
             lines += ["[esi]", f"max_concurrency = {esi_concurrency}"]
+        if not metrics:
+            lines += ["[metrics]", "enabled = false"]
         if policy is not None and memo_size is not None:
             # Replay settings need the policy in the config, not `--policy`.
             lines += ["[policy]", f'path = "{policy}"', f'memo_size = "{memo_size}"']

@@ -71,6 +71,32 @@ def wrk_hits(ctx: Context) -> Section:
     return sec
 
 
+def wrk_metrics(ctx: Context) -> Section:
+    sec = Section("metrics", "The cost of counting: metrics on vs off (wrk, Inlay)")
+    path = "/static/177"
+    sec.about = (
+        f"`wrk -t2 -c64 -d{ctx.mode.wrk_seconds:g}s` on one cached 177 B object (`{path}`), "
+        "warmed before the runs, on two Inlay instances alike but for `[metrics] enabled` "
+        "(true, the default, vs false), alternated A B A B. Every hit counts its request, "
+        "cache status, protocol and response bytes."
+    )
+    targets = {"metrics on": ctx.inlay("metrics-on"), "metrics off": ctx.inlay("metrics-off", metrics=False)}
+    for t in targets.values():
+        ctx.warm(t.url + path)
+    res = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], path))
+    sec.raw = res
+    by = res["177 B"]
+    rs = pair_ratios(by["metrics on"], by["metrics off"], lambda r: r["rps"])
+    sec.ratio("Cache hits 177 B: metrics on / metrics off (req/s)", med(rs), 0.97, detail=ratio_detail(rs))
+    sec.tables.append(Table("Medians over the pairs", [
+        "target", "req/s", "p50 ms", "p99 ms", "CPU µs/req", "origin requests"],
+        [[name, num(med([r["rps"] for r in runs])),
+          ms(med([r["latency_ms"]["p50"] for r in runs])), ms(med([r["latency_ms"]["p99"] for r in runs])),
+          num(med([r["cpu_us_per_req"] for r in runs])), str(sum(r["origin_requests"] for r in runs))]
+         for name, runs in by.items()]))
+    return sec
+
+
 def wrk_tiers(ctx: Context) -> Section:
     n = 2000
     sec = Section("tiers", "Disk-tier hits vs memory-tier hits (wrk, Inlay)")
@@ -726,6 +752,7 @@ def k6_dynamic(ctx: Context) -> Section:
 # time budget costs the fewest sections.
 SECTIONS = {
     "hits": wrk_hits,
+    "metrics": wrk_metrics,
     "tiers": wrk_tiers,
     "pass": wrk_pass,
     "policy": wrk_policy,

@@ -14,6 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::body::TimeoutBody;
 use crate::config::{BackendConfig, Config};
+use crate::metrics::{BackendMetrics, Metrics};
 
 /// One configured origin.
 #[derive(Debug)]
@@ -21,6 +22,7 @@ pub struct Backend {
     config: BackendConfig,
     client: Client<HttpConnector, ProxyBody>,
     slots: Option<Arc<Semaphore>>,
+    metrics: Arc<BackendMetrics>,
 }
 
 /// Every configured backend, by name.
@@ -31,12 +33,15 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// Build a client per configured backend.
-    pub fn new(config: &Config) -> Self {
+    /// Build a client per configured backend, counting in `metrics`.
+    pub fn new(config: &Config, metrics: &Metrics) -> Self {
         let by_name = config
             .backends
             .iter()
-            .map(|(name, b)| (name.clone(), Arc::new(Backend::new(b.clone()))))
+            .map(|(name, b)| {
+                let counted = metrics.backend(name);
+                (name.clone(), Arc::new(Backend::new(b.clone(), counted)))
+            })
             .collect();
         Self {
             by_name: Arc::new(by_name),
@@ -46,7 +51,7 @@ impl Backends {
 
     /// The backends of `config`, keeping the clients (connection pools and
     /// connection caps) of those whose settings are the same as here.
-    pub fn renewed(&self, config: &Config) -> Self {
+    pub fn renewed(&self, config: &Config, metrics: &Metrics) -> Self {
         let by_name = config
             .backends
             .iter()
@@ -57,7 +62,7 @@ impl Backends {
                     .filter(|old| format!("{:?}", old.config) == format!("{b:?}"));
                 let backend = match kept {
                     Some(old) => Arc::clone(old),
-                    None => Arc::new(Backend::new(b.clone())),
+                    None => Arc::new(Backend::new(b.clone(), metrics.backend(name))),
                 };
                 (name.clone(), backend)
             })
@@ -85,7 +90,7 @@ impl Backends {
 }
 
 impl Backend {
-    fn new(config: BackendConfig) -> Self {
+    fn new(config: BackendConfig, metrics: BackendMetrics) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
@@ -105,6 +110,7 @@ impl Backend {
             config,
             client,
             slots,
+            metrics: Arc::new(metrics),
         }
     }
 
@@ -133,7 +139,14 @@ impl Backend {
     /// caller's, replaced by the backend's `host_header` when configured; set
     /// to the backend's address when absent. The response body fails if it
     /// stalls longer than `between_bytes_timeout`.
-    pub async fn send(
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        let started = self.metrics.start();
+        let result = self.send_counted(req).await;
+        self.metrics.finished(started, &result);
+        result
+    }
+
+    async fn send_counted(
         &self,
         mut req: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -190,7 +203,8 @@ impl Backend {
             self.config.between_bytes_timeout,
             self.config.name.clone(),
             permit,
-        );
+        )
+        .counting_stalls(self.metrics.enabled().then(|| Arc::clone(&self.metrics)));
         Ok(Response::from_parts(parts, body::boxed(body)))
     }
 

@@ -1,12 +1,15 @@
 //! A backend body that may not stall: the between-bytes timeout.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use inlay_core::BoxError;
+
+use crate::metrics::BackendMetrics;
 
 /// The between-bytes timeout expired while streaming a backend body.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,7 @@ pin_project_lite::pin_project! {
         timeout: Duration,
         backend: String,
         guard: G,
+        stalls: Option<Arc<BackendMetrics>>,
     }
 }
 
@@ -41,7 +45,14 @@ impl<B, G> TimeoutBody<B, G> {
             timeout,
             backend,
             guard,
+            stalls: None,
         }
+    }
+
+    /// Count a timeout in `metrics` (the backend's) when the body stalls.
+    pub fn counting_stalls(mut self, metrics: Option<Arc<BackendMetrics>>) -> Self {
+        self.stalls = metrics;
+        self
     }
 }
 
@@ -68,6 +79,9 @@ where
             }
             Poll::Pending => {
                 if this.sleep.poll(cx).is_ready() {
+                    if let Some(m) = this.stalls.take() {
+                        m.body_timeout();
+                    }
                     return Poll::Ready(Some(Err(Box::new(BetweenBytesTimeout {
                         backend: this.backend.clone(),
                         timeout: *this.timeout,

@@ -15,6 +15,7 @@ use tracing::{error, info};
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
 use crate::config::{Config, Overrides, PolicyConfig};
+use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, log_replay_stats};
 
@@ -290,6 +291,7 @@ pub struct Proxy {
     /// The command line SIGHUP reads again, and the SIGHUP stream
     /// (installed before anything listens); `None`: no SIGHUP handler.
     reload_source: Option<(ServeArgs, tokio::signal::unix::Signal)>,
+    metrics: Arc<Metrics>,
 }
 
 impl Proxy {
@@ -299,12 +301,14 @@ impl Proxy {
         let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
         let policy = load_policy(&cfg).await?;
         let admin = admin_of(&cfg, policy.as_ref())?;
+        let metrics = Metrics::new(cfg.metrics.enabled);
         Ok(Self {
             cfg,
             access_log,
             policy,
             admin,
             reload_source: None,
+            metrics,
         })
     }
 
@@ -327,6 +331,11 @@ impl Proxy {
         &self.cfg
     }
 
+    /// The process's metrics, for `GET /metrics` ([`Metrics::render`]).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// The policy slot (reloaded in place by SIGHUP), if a policy is configured.
     pub fn policy(&self) -> Option<&Arc<PolicySlot>> {
         self.policy.as_ref()
@@ -345,13 +354,15 @@ impl Proxy {
             policy,
             admin,
             reload_source,
+            metrics,
         } = self;
         let store = open_store(&cfg)?;
-        let pipeline = Pipeline::new(
+        let pipeline = Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
             policy.clone(),
             access_log,
+            metrics,
         );
         let cache = pipeline.cache().clone();
         admin.cache_opened(cache.clone());
@@ -407,6 +418,7 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
     let config = Arc::clone(reloader);
     let policy = Arc::clone(reloader);
     let reload = Arc::clone(reloader);
+    let metrics = Arc::clone(reloader);
     let (ban, bans) = (cache.clone(), cache.clone());
     admin.set_hooks(|h| {
         h.config = Some(Arc::new(move || config.current_config()));
@@ -428,6 +440,14 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
         h.bans = Some(Arc::new(
             move || serde_json::json!({ "bans": bans.bans(), "counts": bans.ban_counts() }),
         ));
+        h.metrics = Some(Arc::new(move || {
+            // The generation serving now: its store and policy figures.
+            let current = metrics.current();
+            Box::pin(async move {
+                current.metrics().serve_from(&current);
+                current.metrics().render().await
+            })
+        }));
     });
 }
 

@@ -41,6 +41,15 @@ pub struct Config {
     /// `[admin] token_file`: the file holding the admin API's bearer token;
     /// without it the admin API asks for none (loopback only).
     pub admin_token_file: Option<PathBuf>,
+    /// `[metrics]`: the Prometheus counters.
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// Count requests for `GET /metrics` (default true; false counts nothing).
+    pub enabled: bool,
 }
 
 /// Longest duration accepted for any key: beyond it, `Instant::now() + d`
@@ -796,6 +805,7 @@ impl Reader {
                 "esi",
                 "policy",
                 "admin",
+                "metrics",
             ],
         );
         let empty = Table::new();
@@ -873,6 +883,11 @@ impl Reader {
         {
             self.err("admin.token_file", "must name a file");
         }
+        let t = self.table(root, "", "metrics").unwrap_or(&empty);
+        self.known_keys(t, "metrics", &["enabled"]);
+        let metrics = MetricsConfig {
+            enabled: self.boolean(t, "metrics", "enabled", true),
+        };
         Config {
             server,
             backends,
@@ -883,6 +898,7 @@ impl Reader {
             policy,
             admin,
             admin_token_file,
+            metrics,
         }
     }
 
@@ -1296,6 +1312,21 @@ mod tests {
     fn embedded_default_is_valid() {
         let c = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(c.default_backend().name, "default");
+    }
+
+    #[test]
+    fn metrics_are_on_by_default_and_can_be_turned_off() {
+        let backend = "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n";
+        assert!(Config::from_toml(backend).unwrap().metrics.enabled);
+        let off = Config::from_toml(&format!("{backend}[metrics]\nenabled = false")).unwrap();
+        assert!(!off.metrics.enabled);
+        let err =
+            Config::from_toml(&format!("{backend}[metrics]\nenabled = 1\nport = 9")).unwrap_err();
+        let ConfigError::Invalid(issues) = err else {
+            panic!("expected Invalid, got {err:?}")
+        };
+        let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(paths, ["metrics.port", "metrics.enabled"], "{issues:#?}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! ([`config`]), the accept loop and connection limits ([`server`]), the
 //! request's path through the host ([`pipeline`], one phase per file), the
 //! backends ([`backend`]), the access log ([`access_log`]), config
-//! reloads ([`reload`]) and the admin API ([`admin`]). The HTTP
+//! reloads ([`reload`]), the admin API ([`admin`]) and the Prometheus
+//! counters ([`metrics`]). The HTTP
 //! model, the cache, ESI and the policy runtime are crates of their own
 //! (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`); see
 //! `docs/ARCHITECTURE.md`.
@@ -17,6 +18,7 @@ pub mod body;
 pub mod cli;
 pub mod codec;
 pub mod config;
+pub mod metrics;
 pub mod pipeline;
 pub mod policy_services;
 pub mod reload;

@@ -364,8 +364,9 @@ mod tests {
             "{}[backends.api]\naddress = \"http://127.0.0.1:9000\"\n",
             BASE.replace("backends.origin", "backends.default")
         );
-        let old = crate::backend::Backends::new(&config(&two));
-        let new = old.renewed(&config(&two.replace("9000", "9001")));
+        let metrics = crate::metrics::Metrics::new(true);
+        let old = crate::backend::Backends::new(&config(&two), &metrics);
+        let new = old.renewed(&config(&two.replace("9000", "9001")), &metrics);
         let same = |name: &str| Arc::ptr_eq(old.get(name).unwrap(), new.get(name).unwrap());
         assert!(same("default"), "an unchanged backend keeps its pool");
         assert!(!same("api"), "a changed backend gets a new client");

@@ -118,6 +118,7 @@ async fn accept_loop(
         let stop = stop.clone();
         let slots = slots.clone();
         connections.spawn(async move {
+            let _open = current.load().metrics().connection_opened();
             serve_connection(stream, peer, current, &config.server, &slots, stop).await;
             drop(client_slot);
             drop(permit);

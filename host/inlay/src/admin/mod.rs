@@ -338,7 +338,7 @@ impl Admin {
                     let mut resp = Response::new(Full::new(Bytes::from(metrics().await)));
                     resp.headers_mut().insert(
                         header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
                     );
                     resp
                 }

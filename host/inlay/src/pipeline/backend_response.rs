@@ -8,7 +8,9 @@ use std::time::SystemTime;
 use http::{Response, header};
 use inlay_cache::rules::{self, Defaults};
 use inlay_core::{CacheSettings, ProxyBody, ProxyError, RequestHead, ResponseHead, headers};
-use inlay_runtime::PolicyCall;
+use inlay_runtime::{Hook, PolicyCall};
+
+use crate::metrics::Metrics;
 
 /// The host's default cache settings for a response.
 pub fn default_settings(resp: &Response<ProxyBody>, defaults: &Defaults) -> CacheSettings {
@@ -22,6 +24,7 @@ pub async fn run_policy(
     head: &mut RequestHead,
     resp: &mut Response<ProxyBody>,
     defaults: CacheSettings,
+    metrics: &Metrics,
 ) -> Result<CacheSettings, ProxyError> {
     let Some(call) = policy else {
         return Ok(defaults);
@@ -31,7 +34,9 @@ pub async fn run_policy(
         headers: std::mem::take(resp.headers_mut()),
     };
     let length = rh.headers.get(header::CONTENT_LENGTH).cloned();
+    let started = metrics.hook_start();
     let result = call.on_backend_response(head, &mut rh, defaults).await;
+    metrics.hook_done(Hook::OnBackendResponse, started, &result);
     // What goes to the client and the store is framed by the backend's
     // body, not by the policy.
     headers::restore_framing(&mut rh.headers, length);

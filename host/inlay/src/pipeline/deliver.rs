@@ -6,8 +6,10 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use inlay_cache::stored_headers;
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError, RequestHead, ResponseHead, headers};
-use inlay_runtime::PolicyCall;
+use inlay_runtime::{Hook, PolicyCall};
 use inlay_storage::StoredObject;
+
+use crate::metrics::Metrics;
 
 /// Build the response for a cached object. Returns it and whether its body
 /// is an ESI template.
@@ -285,6 +287,7 @@ pub async fn run_policy(
     policy: Option<&mut PolicyCall>,
     head: &mut RequestHead,
     mut resp: Response<ProxyBody>,
+    metrics: &Metrics,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let Some(call) = policy else {
         return Ok(resp);
@@ -294,7 +297,9 @@ pub async fn run_policy(
         headers: std::mem::take(resp.headers_mut()),
     };
     let length = rh.headers.get(header::CONTENT_LENGTH).cloned();
+    let started = metrics.hook_start();
     let result = call.on_deliver(head, &mut rh).await;
+    metrics.hook_done(Hook::OnDeliver, started, &result);
     headers::restore_framing(&mut rh.headers, length);
     *resp.status_mut() = rh.status;
     *resp.headers_mut() = rh.headers;

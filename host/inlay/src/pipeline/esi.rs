@@ -27,7 +27,7 @@ use inlay_cache::{ESI_MARK, PrimaryKey};
 use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestHead};
 use inlay_esi::{
-    EsiLimits, EsiVars, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher,
+    EsiError, EsiLimits, EsiVars, FailureReason, Fetch, Fragment, FragmentError, FragmentFetcher,
     OnIncludeError,
 };
 use tracing::{debug, warn};
@@ -113,6 +113,7 @@ pub async fn process(
         debug!("ESI requested for a non-text or undecodable body; passed through");
         return Ok(resp);
     }
+    pipeline.metrics.esi_page();
     let (mut parts, body) = resp.into_parts();
     let was_gzip = parts
         .headers
@@ -145,15 +146,29 @@ pub async fn process(
     if fail {
         // Before the head is sent, a failure can still be an error status.
         assembled = match assembled.next().await {
-            Some(Err(e)) => return Err(ProxyError::Esi(e.to_string())),
+            Some(Err(e)) => {
+                if matches!(e, EsiError::Include { .. }) {
+                    pipeline.metrics.esi_include_failed();
+                }
+                return Err(ProxyError::Esi(e.to_string()));
+            }
             Some(Ok(first)) => futures_util::stream::once(async { Ok(first) })
                 .chain(assembled)
                 .boxed(),
             None => futures_util::stream::empty().boxed(),
         };
     }
+    let metrics = Arc::clone(&pipeline.metrics);
     let assembled = assembled
-        .map(|r| r.map_err(|e| Box::new(e) as BoxError))
+        .map(move |r| {
+            r.map_err(|e| {
+                // Not the page's own errors (its body, its deadline).
+                if matches!(e, EsiError::Include { .. }) {
+                    metrics.esi_include_failed();
+                }
+                Box::new(e) as BoxError
+            })
+        })
         .boxed();
     let h = &mut parts.headers;
     h.remove(header::CONTENT_LENGTH);
@@ -303,23 +318,27 @@ impl IncludeFetcher {
 
 impl FragmentFetcher for IncludeFetcher {
     fn fetch(&self, src: &str) -> Fetch {
+        let metrics = &self.pipeline.metrics;
+        let started = metrics.esi_include();
         let head = match self.resolve(src) {
             Ok(h) => h,
             Err(e) => {
                 warn!(src = %src, "ESI include refused: {e}");
+                metrics.esi_include_done(started);
                 return Fetch::failed(e);
             }
         };
         if let Some(body) = self.at_hand(&head) {
+            metrics.esi_include_done(started);
             return Fetch::Ready(body);
         }
         let pipeline = self.pipeline.clone();
         let src = src.to_owned();
         Fetch::Pending(Box::pin(async move {
-            let out = pipeline
-                .fetch_for_include(&head)
-                .await
-                .map_err(|e| FragmentError::Fetch(Box::new(e)))?;
+            let out = pipeline.fetch_for_include(&head).await;
+            // The time to the include's response head, as for a backend.
+            pipeline.metrics.esi_include_done(started);
+            let out = out.map_err(|e| FragmentError::Fetch(Box::new(e)))?;
             let status = out.resp.status().as_u16();
             let esi = out.esi && decodable(out.resp.headers());
             let (parts, body) = out.resp.into_parts();
@@ -333,5 +352,6 @@ impl FragmentFetcher for IncludeFetcher {
     fn omitted(&self, _src: &str, _reason: &FailureReason) {
         // The assembler has logged the src and the reason.
         self.omitted.fetch_add(1, Ordering::Relaxed);
+        self.pipeline.metrics.esi_include_omitted();
     }
 }

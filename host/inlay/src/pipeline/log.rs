@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -14,6 +15,7 @@ use inlay_core::{Blame, ProxyError};
 use tracing::{error, info, warn};
 
 use crate::access_log::{AccessLog, AccessRecord};
+use crate::metrics::Metrics;
 
 /// Start the record from the request head as received.
 pub fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
@@ -62,13 +64,17 @@ pub fn finish(
     mut record: AccessRecord,
     started: Instant,
     log: AccessLog,
+    metrics: &Arc<Metrics>,
 ) -> Response<ProxyBody> {
     record.status = resp.status().as_u16();
+    // Only when counting: an Arc clone per request otherwise saved.
+    let metrics = metrics.enabled().then(|| Arc::clone(metrics));
     resp.map(|b| {
         body::boxed(LoggedBody {
             inner: b,
             pending: Some((record, started, log)),
             bytes: 0,
+            metrics,
         })
     })
 }
@@ -79,6 +85,7 @@ pin_project_lite::pin_project! {
         inner: ProxyBody,
         pending: Option<(AccessRecord, Instant, AccessLog)>,
         bytes: u64,
+        metrics: Option<Arc<Metrics>>,
     }
     impl PinnedDrop for LoggedBody {
         fn drop(this: Pin<&mut Self>) {
@@ -89,6 +96,9 @@ pin_project_lite::pin_project! {
                 if r.error.is_none() && !this.inner.is_end_stream() {
                     // Dropped before the end: the client went away or the stream failed.
                     r.error = Some("response not completed".into());
+                }
+                if let Some(m) = this.metrics {
+                    m.response_body_bytes(r.bytes);
                 }
                 log.write(&r);
             }
@@ -116,6 +126,9 @@ impl Body for LoggedBody {
                 if let Some((mut r, started, log)) = this.pending.take() {
                     r.bytes = *this.bytes;
                     r.duration = started.elapsed();
+                    if let Some(m) = this.metrics {
+                        m.response_body_bytes(r.bytes);
+                    }
                     log.write(&r);
                 }
             }

@@ -113,9 +113,14 @@ impl Pipeline {
             Fetched::Cached { object, status } => Ok(self.hit(object, status)),
             Fetched::New(mut new) => {
                 let defaults = new.defaults().clone();
-                let settings =
-                    backend_response::run_policy(policy, head, new.response_mut(), defaults)
-                        .await?;
+                let settings = backend_response::run_policy(
+                    policy,
+                    head,
+                    new.response_mut(),
+                    defaults,
+                    &self.metrics,
+                )
+                .await?;
                 let (resp, status) = new.store(&settings);
                 Ok(Outcome::new(resp, status).with_esi(settings.esi))
             }

@@ -43,6 +43,7 @@ use tracing::{Instrument, debug_span};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::backend::{Backend, Backends};
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
 
 /// Gives the request's policy instance back to the pool before the
@@ -79,6 +80,8 @@ pub struct Pipeline {
     services: Arc<dyn PolicyServices>,
     /// Cached ESI templates, parsed once.
     templates: ParsedTemplates,
+    /// The process's counters, shared with later generations.
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -120,30 +123,44 @@ impl Outcome {
 
 impl Pipeline {
     /// Build the pipeline from a validated config, an open cache and the
-    /// policy slot (if a policy is configured).
+    /// policy slot (if a policy is configured), with metrics of its own
+    /// (`[metrics] enabled`).
     pub fn new(
         config: Arc<Config>,
         cache: HttpCache,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
-        let backends = Backends::new(&config);
-        Self::build(config, cache, policy, access_log, backends)
+        let metrics = Metrics::new(config.metrics.enabled);
+        Self::with_metrics(config, cache, policy, access_log, metrics)
+    }
+
+    /// [`Pipeline::new`] counting in `metrics`.
+    pub fn with_metrics(
+        config: Arc<Config>,
+        cache: HttpCache,
+        policy: Option<Arc<PolicySlot>>,
+        access_log: AccessLog,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let backends = Backends::new(&config, &metrics);
+        Self::build(config, cache, policy, access_log, backends, metrics)
     }
 
     /// The next generation, for a config reload: `config` with the same
     /// cache state under `config.cache`'s rules, the slot's current policy
-    /// and `access_log`; the backends whose settings did not change keep
-    /// their connection pools (and their `max_connections` slots).
+    /// and `access_log`, counting in the same metrics (counts go on); the
+    /// backends whose settings did not change keep their connection pools
+    /// (and their `max_connections` slots).
     pub fn next_generation(
         &self,
         config: Arc<Config>,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
-        let backends = self.backends.renewed(&config);
+        let backends = self.backends.renewed(&config, &self.metrics);
         let cache = self.cache.with_rules(config.cache.rules());
-        Self::build(config, cache, policy, access_log, backends)
+        Self::build(config, cache, policy, access_log, backends, self.metrics.clone())
     }
 
     fn build(
@@ -152,6 +169,7 @@ impl Pipeline {
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
         backends: Backends,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let services: Arc<dyn PolicyServices> =
             Arc::new(HostServices::new(cache.clone(), backends.clone()));
@@ -164,6 +182,24 @@ impl Pipeline {
             policy,
             services,
             templates: ParsedTemplates::default(),
+            metrics,
+        }
+    }
+
+    /// The process's counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Copies the store's and the policy runtime's own counts into the
+    /// metrics (the store's stats may touch the disk, on a blocking thread).
+    pub(crate) async fn observe_for_metrics(&self) {
+        match self.cache.store().stats().await {
+            Ok(stats) => self.metrics.observe_store(&stats),
+            Err(e) => tracing::warn!(error = %e, "metrics: store stats unavailable"),
+        }
+        if let Some(slot) = &self.policy {
+            self.metrics.observe_policy(slot);
         }
     }
 
@@ -224,13 +260,16 @@ impl Pipeline {
         let (parts, body) = req.into_parts();
         let http1 = parts.version < http::Version::HTTP_2;
         let mut record = log::start(&parts, peer);
+        self.metrics.client_request(parts.version);
+        // How it was served, for the counters; set with `record.cache`.
+        let mut served = CacheStatus::Error;
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
         let limit = self.config.server.max_request_body;
         let over = Arc::new(AtomicBool::new(false));
         let result = match recv::check_declared_length(&parts.headers, limit) {
             Ok(()) => {
                 let body = recv::capped_body(body::boxed(body), limit, over.clone());
-                self.process(parts, body, peer, &mut record)
+                self.process(parts, body, peer, &mut record, &mut served)
                     .instrument(span)
                     .await
             }
@@ -242,8 +281,12 @@ impl Pipeline {
             false => e,
         });
         let resp = match result {
-            Ok(resp) => resp,
+            Ok(resp) => {
+                self.metrics.served(&served);
+                resp
+            }
             Err(e) => {
+                self.metrics.served(&CacheStatus::Error);
                 log::failure(&e, &record);
                 record.error = Some(e.to_string());
                 record.cache = CacheStatus::Error.log_name();
@@ -257,7 +300,13 @@ impl Pipeline {
                 resp
             }
         };
-        log::finish(resp, record, started, self.access_log.clone())
+        log::finish(
+            resp,
+            record,
+            started,
+            self.access_log.clone(),
+            &self.metrics,
+        )
     }
 
     async fn process(
@@ -266,31 +315,39 @@ impl Pipeline {
         body: ProxyBody,
         peer: SocketAddr,
         record: &mut AccessRecord,
+        served: &mut CacheStatus,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
         if head.method.as_str() == "PURGE" {
             record.cache = CacheStatus::Purge.log_name();
-            return purge::purge(&self.cache, &self.config.cache, &head).await;
+            *served = CacheStatus::Purge;
+            return purge::purge(&self.cache, &self.config.cache, &head, &self.metrics).await;
         }
         if head.method.as_str() == "BAN" {
             record.cache = CacheStatus::Purge.log_name();
             return purge::ban(&self.cache, &self.config.cache, &head).await;
         }
         let mut policy = self.start_policy().await?;
-        let route = recv::route(&mut head, policy.as_mut()).await?;
+        let route = recv::route(&mut head, policy.as_mut(), &self.metrics).await?;
         record.backend = Some(head.backend.clone());
         let mut out = match route {
             Route::Synthetic(resp) => Outcome::new(resp, CacheStatus::Synthetic),
             Route::Pass => {
                 release_while_waiting(policy.as_mut());
                 let backend = self.backend(&head)?;
+                let body = recv::counted_body(body, &self.metrics);
                 let mut resp = fetch::send(backend, &head, head.method.clone(), body, None).await?;
                 invalidate::after_unsafe(&self.cache, &head, resp.status(), resp.headers()).await;
                 let defaults =
                     backend_response::default_settings(&resp, &self.cache.rules().defaults);
-                let settings =
-                    backend_response::run_policy(policy.as_mut(), &mut head, &mut resp, defaults)
-                        .await?;
+                let settings = backend_response::run_policy(
+                    policy.as_mut(),
+                    &mut head,
+                    &mut resp,
+                    defaults,
+                    &self.metrics,
+                )
+                .await?;
                 Outcome::new(resp, CacheStatus::Pass).with_esi(settings.esi)
             }
             Route::Lookup => {
@@ -307,6 +364,7 @@ impl Pipeline {
             esi_vars = o.vars.clone();
         }
         record.cache = out.status.log_name();
+        *served = out.status;
         let resp = match (&out.object, out.esi) {
             (_, true) if head.method == Method::HEAD => {
                 // The assembled length is unknown without assembling.
@@ -324,6 +382,6 @@ impl Pipeline {
             (None, false) => out.resp,
         };
         let resp = deliver::finish(resp, out.status);
-        deliver::run_policy(policy.as_mut(), &mut head, resp).await
+        deliver::run_policy(policy.as_mut(), &mut head, resp, &self.metrics).await
     }
 }

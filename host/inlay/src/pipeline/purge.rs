@@ -16,6 +16,7 @@ use inlay_core::body::{self, ProxyBody};
 use inlay_core::{ProxyError, RequestHead};
 
 use crate::config::CacheConfig;
+use crate::metrics::Metrics;
 
 /// Refuses `method` from a client outside `cache.purge_allow`.
 fn check_allowed(cfg: &CacheConfig, head: &RequestHead, method: &str) -> Result<(), ProxyError> {
@@ -74,6 +75,7 @@ pub async fn purge(
     cache: &HttpCache,
     cfg: &CacheConfig,
     head: &RequestHead,
+    metrics: &Metrics,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     check_allowed(cfg, head, "PURGE")?;
     let soft = ["soft-purge", "fastly-soft-purge"]
@@ -94,6 +96,7 @@ pub async fn purge(
         }
         (format!("keys {}", keys.join(" ")), n)
     };
+    metrics.purged(count);
     tracing::info!(soft, purged = count, "purge {what}");
     Ok(json(
         serde_json::json!({ "status": "ok", "purged": count, "soft": soft, "what": what }),

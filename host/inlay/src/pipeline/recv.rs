@@ -10,12 +10,28 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, Uri, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use inlay_core::body::{BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestAction, RequestHead, body, headers};
-use inlay_runtime::PolicyCall;
+use inlay_runtime::{Hook, PolicyCall};
 
 use super::Route;
+use crate::metrics::Metrics;
+
+/// The request body, its bytes counted in `metrics` as they are read (a
+/// passed request's body; the cache never reads one).
+pub fn counted_body(body: ProxyBody, metrics: &Arc<Metrics>) -> ProxyBody {
+    if !metrics.enabled() {
+        return body;
+    }
+    let metrics = Arc::clone(metrics);
+    body::boxed(body.map_frame(move |frame| {
+        if let Some(data) = frame.data_ref() {
+            metrics.request_body_bytes(data.len() as u64);
+        }
+        frame
+    }))
+}
 
 /// Refuses a request whose declared `Content-Length` is over `limit`
 /// bytes, before anything is sent to a backend.
@@ -136,13 +152,16 @@ pub fn normalise(
 pub async fn route(
     head: &mut RequestHead,
     policy: Option<&mut PolicyCall>,
+    metrics: &Metrics,
 ) -> Result<Route, ProxyError> {
     let Some(call) = policy else {
         return Ok(builtin(head));
     };
     // The client's body goes on as it came: the policy cannot reframe it.
     let length = head.headers.get(header::CONTENT_LENGTH).cloned();
+    let started = metrics.hook_start();
     let action = call.on_request(head).await;
+    metrics.hook_done(Hook::OnRequest, started, &action);
     headers::restore_framing(&mut head.headers, length);
     Ok(match action? {
         RequestAction::Lookup => Route::Lookup,

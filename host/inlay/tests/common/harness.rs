@@ -17,6 +17,7 @@ use clap::Parser as _;
 use inlay::admin::AdminServer;
 use inlay::cli::{Cli, Command, Proxy};
 use inlay::config::AccessLogTarget;
+use inlay::metrics::Metrics;
 use inlay_runtime::{LoadedPolicy, PolicySlot};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -63,6 +64,7 @@ impl InlayBuilder {
             }
             None => None,
         };
+        let metrics = proxy.metrics().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -74,6 +76,7 @@ impl InlayBuilder {
             admin_addr: admin.as_ref().map(AdminServer::local_addr),
             admin,
             access: AccessLog(access),
+            metrics,
             policy,
             stop: Some(stop),
             served: Some(served),
@@ -103,6 +106,8 @@ pub struct Harness {
     admin: Option<AdminServer>,
     /// The access log (written by the server's own writer thread).
     pub access: AccessLog,
+    /// The server's metrics (`render` is what `GET /metrics` serves).
+    pub metrics: Arc<Metrics>,
     policy: Option<Arc<PolicySlot>>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<JoinHandle<anyhow::Result<()>>>,

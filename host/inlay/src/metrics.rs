@@ -1,0 +1,948 @@
+//! Prometheus metrics: one [`Metrics`] per process, shared by every
+//! generation of the pipeline, rendered in the OpenMetrics text format for
+//! `GET /metrics` on the admin listener.
+//!
+//! Counting costs an atomic add: the label handles (per protocol, backend
+//! and policy hook) are resolved once when a pipeline is built, never per
+//! request, and the histograms are lock-free ([`Timing`]). What the store
+//! and the policy runtime count themselves (objects and bytes per tier,
+//! evictions, replayed hooks, pool slots) is read when the text is
+//! rendered ([`Metrics::observe_store`], [`Metrics::observe_policy`]).
+//! With `[metrics] enabled = false` nothing is counted.
+//!
+//! The names follow Varnish's counters so that a varnish_exporter
+//! dashboard can be mapped over; README `### Metrics` has the table.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use inlay_core::CacheStatus;
+use inlay_runtime::{Hook, PolicyError, PolicySlot};
+use inlay_storage::StoreStats;
+use parking_lot::Mutex;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::pipeline::Pipeline;
+
+/// The `Content-Type` of [`Metrics::render`]'s text (OpenMetrics 1.0,
+/// which Prometheus scrapes natively).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds (seconds) of the backend response-time and ESI include
+/// histograms: 1 ms to 10 s.
+const NETWORK_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Upper bounds (seconds) of the policy hook-time histogram: 10 µs to 1 s
+/// (a hook's CPU budget is milliseconds).
+const HOOK_BUCKETS: [f64; 13] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25,
+    1.0,
+];
+
+/// A histogram of durations whose `observe` is a few relaxed atomic adds.
+///
+/// prometheus-client's own `Histogram` takes a write lock per observation;
+/// policy hooks are timed on every cache hit, so the buckets here are
+/// atomics and the text is made from them at scrape time.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    inner: Arc<TimingInner>,
+}
+
+#[derive(Debug)]
+struct TimingInner {
+    /// Upper bounds in seconds, as rendered.
+    bounds: &'static [f64],
+    /// The same bounds in nanoseconds, for the bucket search.
+    bounds_ns: Vec<u64>,
+    /// Observations per bucket (not cumulative); the last is `+Inf`.
+    counts: Vec<AtomicU64>,
+    /// Sum of all observations in nanoseconds.
+    sum_ns: AtomicU64,
+}
+
+impl Timing {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            inner: Arc::new(TimingInner {
+                bounds,
+                bounds_ns: bounds.iter().map(|b| (b * 1e9) as u64).collect(),
+                counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+                sum_ns: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Counts one duration.
+    pub fn observe(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let i = self.inner.bounds_ns.partition_point(|&b| b < ns);
+        self.inner.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.inner.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.inner
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+impl TypedMetric for Timing {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Timing {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let counts: Vec<u64> = self
+            .inner
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let mut buckets: Vec<(f64, u64)> = self
+            .inner
+            .bounds
+            .iter()
+            .copied()
+            .zip(counts.iter().copied())
+            .collect();
+        // The encoder writes `le="+Inf"` for f64::MAX.
+        buckets.push((f64::MAX, counts.last().copied().unwrap_or(0)));
+        let sum = self.inner.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, counts.iter().sum(), &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// A counter whose value is set from a count kept elsewhere (the store's,
+/// the policy runtime's) when the text is rendered.
+#[derive(Clone, Debug, Default)]
+struct CopiedCounter(Arc<AtomicU64>);
+
+impl CopiedCounter {
+    fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for CopiedCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for CopiedCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<NoLabelSet, _, u64>(&self.0.load(Ordering::Relaxed), None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabel {
+    protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabel {
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabel {
+    hook: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabel {
+    tier: &'static str,
+}
+
+/// A family of timings, each made with `bounds`.
+type TimingFamily<L> = Family<L, Timing, fn() -> Timing>;
+
+fn network_timing() -> Timing {
+    Timing::new(&NETWORK_BUCKETS)
+}
+
+fn hook_timing() -> Timing {
+    Timing::new(&HOOK_BUCKETS)
+}
+
+/// Counters of one backend, resolved once per pipeline (see
+/// [`Metrics::backend`]) so a fetch never looks its labels up.
+#[derive(Clone, Debug)]
+pub struct BackendMetrics {
+    enabled: bool,
+    requests: Counter,
+    failures: Counter,
+    connect_errors: Counter,
+    timeouts: Counter,
+    response_time: Timing,
+}
+
+impl BackendMetrics {
+    /// Whether anything is counted.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The start of a fetch, when counting is on.
+    pub fn start(&self) -> Option<Instant> {
+        self.enabled.then(Instant::now)
+    }
+
+    /// A fetch's outcome: `started` is [`BackendMetrics::start`]'s, and
+    /// the time to the response head is recorded for answers.
+    pub fn finished<T>(
+        &self,
+        started: Option<Instant>,
+        result: &Result<T, inlay_core::ProxyError>,
+    ) {
+        let Some(started) = started else { return };
+        self.requests.inc();
+        match result {
+            Ok(_) => self.response_time.observe(started.elapsed()),
+            Err(e) => {
+                self.failures.inc();
+                match e {
+                    inlay_core::ProxyError::BackendDown { .. } => {
+                        self.connect_errors.inc();
+                    }
+                    inlay_core::ProxyError::BackendTimeout { .. } => {
+                        self.timeouts.inc();
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// A response body that stalled past `between_bytes_timeout`.
+    pub fn body_timeout(&self) {
+        if self.enabled {
+            self.timeouts.inc();
+            self.failures.inc();
+        }
+    }
+}
+
+/// Every metric of the process. Create one with [`Metrics::new`] and give
+/// the same `Arc` to every pipeline generation
+/// (`Pipeline::with_metrics`), so counts survive a reload.
+#[derive(Debug)]
+pub struct Metrics {
+    enabled: bool,
+    registry: Registry,
+    /// The pipeline generation `render` reads the store and policy of.
+    source: Mutex<Weak<Pipeline>>,
+
+    requests: [Counter; 3],
+    connections_open: Gauge,
+    connections_accepted: Counter,
+    request_bytes: Counter,
+    response_bytes: Counter,
+
+    hits: Counter,
+    grace_hits: Counter,
+    stale_if_error_hits: Counter,
+    revalidations: Counter,
+    misses: Counter,
+    hit_for_miss: Counter,
+    passes: Counter,
+    synthetic: Counter,
+    errors: Counter,
+    purge_requests: Counter,
+    purged_objects: Counter,
+    bans_added: Counter,
+    bans_active: Gauge,
+
+    store_objects: Family<TierLabel, Gauge>,
+    store_bytes: Family<TierLabel, Gauge>,
+    store_capacity: Family<TierLabel, Gauge>,
+    store_evictions: Family<TierLabel, CopiedCounter>,
+    store_expired: CopiedCounter,
+    store_write_errors: CopiedCounter,
+
+    backend_requests: Family<BackendLabel, Counter>,
+    backend_failures: Family<BackendLabel, Counter>,
+    backend_connect_errors: Family<BackendLabel, Counter>,
+    backend_timeouts: Family<BackendLabel, Counter>,
+    backend_response_time: TimingFamily<BackendLabel>,
+
+    esi_pages: Counter,
+    esi_includes: Counter,
+    esi_include_errors: Family<KindLabel, Counter>,
+    esi_omitted: Counter,
+    esi_failed: Counter,
+    esi_include_time: Timing,
+
+    hook_time: [Timing; 3],
+    policy_replayed: CopiedCounter,
+    policy_live: CopiedCounter,
+    policy_traps: Counter,
+    policy_timeouts: Counter,
+    policy_oom: Counter,
+    policy_pool_in_use: Gauge,
+    policy_pool_size: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// The protocols of `inlay_client_requests_total`, in label order.
+const PROTOCOLS: [&str; 3] = ["http/1.0", "http/1.1", "http/2"];
+
+/// The hooks of `inlay_policy_hook_time_seconds`, in label order.
+const HOOKS: [&str; 3] = ["on_request", "on_backend_response", "on_deliver"];
+
+impl Metrics {
+    /// All metrics at zero; with `enabled` false nothing is ever counted
+    /// (the names are still rendered, at zero).
+    pub fn new(enabled: bool) -> Arc<Self> {
+        let c = Counter::default;
+        let requests: Family<ProtocolLabel, Counter> = Family::default();
+        let esi_include_errors: Family<KindLabel, Counter> = Family::default();
+        let hook_time: TimingFamily<HookLabel> = Family::new_with_constructor(hook_timing);
+        let mut m = Self {
+            enabled,
+            registry: Registry::with_prefix("inlay"),
+            source: Mutex::new(Weak::new()),
+            requests: PROTOCOLS
+                .map(|protocol| requests.get_or_create(&ProtocolLabel { protocol }).clone()),
+            connections_open: Gauge::default(),
+            connections_accepted: c(),
+            request_bytes: c(),
+            response_bytes: c(),
+            hits: c(),
+            grace_hits: c(),
+            stale_if_error_hits: c(),
+            revalidations: c(),
+            misses: c(),
+            hit_for_miss: c(),
+            passes: c(),
+            synthetic: c(),
+            errors: c(),
+            purge_requests: c(),
+            purged_objects: c(),
+            bans_added: c(),
+            bans_active: Gauge::default(),
+            store_objects: Family::default(),
+            store_bytes: Family::default(),
+            store_capacity: Family::default(),
+            store_evictions: Family::default(),
+            store_expired: CopiedCounter::default(),
+            store_write_errors: CopiedCounter::default(),
+            backend_requests: Family::default(),
+            backend_failures: Family::default(),
+            backend_connect_errors: Family::default(),
+            backend_timeouts: Family::default(),
+            backend_response_time: Family::new_with_constructor(network_timing),
+            esi_pages: c(),
+            esi_includes: c(),
+            esi_omitted: esi_include_errors.get_or_create_owned(&KindLabel { kind: "omitted" }),
+            esi_failed: esi_include_errors.get_or_create_owned(&KindLabel { kind: "failed" }),
+            esi_include_errors: esi_include_errors.clone(),
+            esi_include_time: network_timing(),
+            hook_time: HOOKS.map(|hook| hook_time.get_or_create(&HookLabel { hook }).clone()),
+            policy_replayed: CopiedCounter::default(),
+            policy_live: CopiedCounter::default(),
+            policy_traps: c(),
+            policy_timeouts: c(),
+            policy_oom: c(),
+            policy_pool_in_use: Gauge::default(),
+            policy_pool_size: Gauge::default(),
+        };
+        let mut r = Registry::with_prefix("inlay");
+        r.register(
+            "client_requests",
+            "Client requests received (Varnish MAIN.client_req)",
+            requests,
+        );
+        r.register_with_unit(
+            "policy_hook_time",
+            "Time in a policy hook, replayed or live",
+            Unit::Seconds,
+            hook_time,
+        );
+        m.register_all(&mut r);
+        m.registry = r;
+        Arc::new(m)
+    }
+
+    fn register_all(&self, r: &mut Registry) {
+        r.register(
+            "connections_open",
+            "Client connections open now",
+            self.connections_open.clone(),
+        );
+        r.register(
+            "connections_accepted",
+            "Client connections accepted (MAIN.sess_conn)",
+            self.connections_accepted.clone(),
+        );
+        r.register_with_unit(
+            "client_request_body",
+            "Request body bytes read from clients (MAIN.s_req_bodybytes)",
+            Unit::Bytes,
+            self.request_bytes.clone(),
+        );
+        r.register_with_unit(
+            "client_response_body",
+            "Response body bytes written to clients (MAIN.s_resp_bodybytes)",
+            Unit::Bytes,
+            self.response_bytes.clone(),
+        );
+        let counters: [(&str, &str, &Counter); 14] = [
+            (
+                "cache_hits",
+                "Requests served from the cache, stale ones included (MAIN.cache_hit)",
+                &self.hits,
+            ),
+            (
+                "cache_grace_hits",
+                "Stale objects served within grace while refreshed (MAIN.cache_hit_grace)",
+                &self.grace_hits,
+            ),
+            (
+                "cache_stale_if_error_hits",
+                "Stale objects served because the backend failed (stale-if-error)",
+                &self.stale_if_error_hits,
+            ),
+            (
+                "cache_revalidations",
+                "Expired objects the backend confirmed unchanged (304) and served",
+                &self.revalidations,
+            ),
+            (
+                "cache_misses",
+                "Requests fetched from the backend for the cache (MAIN.cache_miss)",
+                &self.misses,
+            ),
+            (
+                "cache_hit_for_miss",
+                "Requests fetched without coalescing: the key was recently uncacheable (MAIN.cache_hitmiss)",
+                &self.hit_for_miss,
+            ),
+            (
+                "cache_passes",
+                "Requests passed to the backend without the cache (MAIN.s_pass)",
+                &self.passes,
+            ),
+            (
+                "cache_synthetic",
+                "Responses the policy made itself (MAIN.s_synth)",
+                &self.synthetic,
+            ),
+            (
+                "request_errors",
+                "Requests answered with an error page (MAIN.client_req_400 and friends, summed)",
+                &self.errors,
+            ),
+            (
+                "purge_requests",
+                "PURGE requests accepted",
+                &self.purge_requests,
+            ),
+            (
+                "purged_objects",
+                "Objects purged, by URL or surrogate key (MAIN.n_obj_purged)",
+                &self.purged_objects,
+            ),
+            (
+                "bans_added",
+                "Bans added (MAIN.bans_added)",
+                &self.bans_added,
+            ),
+            (
+                "esi_pages",
+                "Pages assembled by ESI (MAIN.esi_req)",
+                &self.esi_pages,
+            ),
+            ("esi_includes", "ESI includes fetched", &self.esi_includes),
+        ];
+        for (name, help, counter) in counters {
+            r.register(name, help, counter.clone());
+        }
+        r.register(
+            "bans",
+            "Bans in the ban list now (MAIN.bans)",
+            self.bans_active.clone(),
+        );
+        r.register(
+            "esi_include_errors",
+            "ESI includes that failed: kind=omitted left out of the page, kind=failed ended it (MAIN.esi_errors)",
+            self.esi_include_errors.clone(),
+        );
+        r.register_with_unit(
+            "esi_include_time",
+            "Time to fetch an ESI include through the cache",
+            Unit::Seconds,
+            self.esi_include_time.clone(),
+        );
+        r.register(
+            "store_objects",
+            "Objects in the cache per tier (MAIN.n_object)",
+            self.store_objects.clone(),
+        );
+        r.register_with_unit(
+            "store",
+            "Bytes held per tier (SMA.s0.g_bytes / SMF g_bytes)",
+            Unit::Bytes,
+            self.store_bytes.clone(),
+        );
+        r.register_with_unit(
+            "store_capacity",
+            "Budget per tier (g_bytes + g_space)",
+            Unit::Bytes,
+            self.store_capacity.clone(),
+        );
+        r.register(
+            "store_evictions",
+            "Objects evicted to respect a tier's budget (MAIN.n_lru_nuked)",
+            self.store_evictions.clone(),
+        );
+        r.register(
+            "store_expired",
+            "Objects removed past their keep window (MAIN.n_expired)",
+            self.store_expired.clone(),
+        );
+        r.register(
+            "store_write_errors",
+            "Store writes that failed (SMF c_fail)",
+            self.store_write_errors.clone(),
+        );
+        r.register(
+            "backend_requests",
+            "Backend fetches (VBE.*.req)",
+            self.backend_requests.clone(),
+        );
+        r.register(
+            "backend_failures",
+            "Backend fetches that failed: connect errors, timeouts, protocol errors, a full connection pool (MAIN.backend_fail)",
+            self.backend_failures.clone(),
+        );
+        r.register(
+            "backend_connect_errors",
+            "Backend connections that could not be made (MAIN.backend_unhealthy, VBE.*.fail)",
+            self.backend_connect_errors.clone(),
+        );
+        r.register(
+            "backend_timeouts",
+            "Backend first-byte and between-bytes timeouts",
+            self.backend_timeouts.clone(),
+        );
+        r.register_with_unit(
+            "backend_response_time",
+            "Time from sending a backend request to its response head",
+            Unit::Seconds,
+            self.backend_response_time.clone(),
+        );
+        r.register(
+            "policy_replayed_calls",
+            "Policy hooks answered from recorded paths, without an instance (this policy generation)",
+            self.policy_replayed.clone(),
+        );
+        r.register(
+            "policy_live_calls",
+            "Policy hooks that ran in an instance (this policy generation)",
+            self.policy_live.clone(),
+        );
+        r.register(
+            "policy_traps",
+            "Policy hooks that trapped",
+            self.policy_traps.clone(),
+        );
+        r.register(
+            "policy_timeouts",
+            "Policy hooks stopped at their CPU budget",
+            self.policy_timeouts.clone(),
+        );
+        r.register(
+            "policy_out_of_memory",
+            "Policy hooks that ran out of memory",
+            self.policy_oom.clone(),
+        );
+        r.register(
+            "policy_pool_in_use",
+            "Policy instance slots checked out now",
+            self.policy_pool_in_use.clone(),
+        );
+        r.register(
+            "policy_pool_size",
+            "Policy instance slots in the pool",
+            self.policy_pool_size.clone(),
+        );
+    }
+}
+
+impl Metrics {
+    /// Whether anything is counted (`[metrics] enabled`).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The pipeline whose store and policy [`Metrics::render`] reads: the
+    /// current generation (a reload calls this with the new one). Held
+    /// weakly, so the metrics never keep a stopped pipeline's store open.
+    pub fn serve_from(&self, pipeline: &Arc<Pipeline>) {
+        *self.source.lock() = Arc::downgrade(pipeline);
+    }
+
+    /// The text of every metric for `GET /metrics` (OpenMetrics, served as
+    /// [`CONTENT_TYPE`]), with the store's and the policy runtime's figures
+    /// read now from the pipeline of [`Metrics::serve_from`].
+    pub async fn render(&self) -> String {
+        let source = self.source.lock().upgrade();
+        if let Some(pipeline) = source.filter(|_| self.enabled) {
+            pipeline.observe_for_metrics().await;
+        }
+        self.encode()
+    }
+
+    /// The text of what is counted now, without reading the store or the
+    /// policy runtime first (their figures are as last observed).
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 << 10);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// A client request, by the protocol it came in.
+    pub fn client_request(&self, version: http::Version) {
+        if !self.enabled {
+            return;
+        }
+        let i = match version {
+            http::Version::HTTP_09 | http::Version::HTTP_10 => 0,
+            http::Version::HTTP_11 => 1,
+            _ => 2,
+        };
+        self.requests[i].inc();
+    }
+
+    /// A client connection accepted; it counts as open until the guard drops.
+    pub fn connection_opened(self: &Arc<Self>) -> OpenConnection {
+        if self.enabled {
+            self.connections_accepted.inc();
+            self.connections_open.inc();
+        }
+        OpenConnection(self.enabled.then(|| Arc::clone(self)))
+    }
+
+    /// Request body bytes read from a client.
+    pub fn request_body_bytes(&self, n: u64) {
+        if self.enabled {
+            self.request_bytes.inc_by(n);
+        }
+    }
+
+    /// Response body bytes written to a client.
+    pub fn response_body_bytes(&self, n: u64) {
+        if self.enabled {
+            self.response_bytes.inc_by(n);
+        }
+    }
+
+    /// How a client request was served: the status of its access-log line.
+    pub fn served(&self, status: &CacheStatus) {
+        if !self.enabled {
+            return;
+        }
+        match status {
+            CacheStatus::Hit { .. } => self.hits.inc(),
+            CacheStatus::Stale { reason, .. } => {
+                self.hits.inc();
+                match reason {
+                    inlay_core::StaleReason::Grace => self.grace_hits.inc(),
+                    inlay_core::StaleReason::StaleIfError => self.stale_if_error_hits.inc(),
+                }
+            }
+            CacheStatus::Revalidated => self.revalidations.inc(),
+            CacheStatus::Miss { .. } => self.misses.inc(),
+            CacheStatus::HitForMiss { .. } => self.hit_for_miss.inc(),
+            CacheStatus::Pass => self.passes.inc(),
+            CacheStatus::Synthetic => self.synthetic.inc(),
+            CacheStatus::Purge => self.purge_requests.inc(),
+            CacheStatus::Error => self.errors.inc(),
+        };
+    }
+
+    /// Objects removed or marked stale by a purge (PURGE or the admin API).
+    pub fn purged(&self, objects: u64) {
+        if self.enabled {
+            self.purged_objects.inc_by(objects);
+        }
+    }
+
+    /// A ban was added (for the admin API's `POST /ban`).
+    pub fn ban_added(&self) {
+        if self.enabled {
+            self.bans_added.inc();
+        }
+    }
+
+    /// The number of bans in the ban list now.
+    pub fn set_bans(&self, active: u64) {
+        if self.enabled {
+            self.bans_active
+                .set(i64::try_from(active).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The counters of backend `name`: resolve once per pipeline, not per
+    /// request (a label lookup takes a lock).
+    pub fn backend(&self, name: &str) -> BackendMetrics {
+        let label = BackendLabel {
+            backend: name.to_owned(),
+        };
+        BackendMetrics {
+            enabled: self.enabled,
+            requests: self.backend_requests.get_or_create(&label).clone(),
+            failures: self.backend_failures.get_or_create(&label).clone(),
+            connect_errors: self.backend_connect_errors.get_or_create(&label).clone(),
+            timeouts: self.backend_timeouts.get_or_create(&label).clone(),
+            response_time: self.backend_response_time.get_or_create(&label).clone(),
+        }
+    }
+
+    /// A page whose assembly starts.
+    pub fn esi_page(&self) {
+        if self.enabled {
+            self.esi_pages.inc();
+        }
+    }
+
+    /// An include whose fetch starts; give the instant to
+    /// [`Metrics::esi_include_done`].
+    pub fn esi_include(&self) -> Option<Instant> {
+        self.enabled.then(|| {
+            self.esi_includes.inc();
+            Instant::now()
+        })
+    }
+
+    /// An include's fetch ended (answered or failed).
+    pub fn esi_include_done(&self, started: Option<Instant>) {
+        if let Some(started) = started {
+            self.esi_include_time.observe(started.elapsed());
+        }
+    }
+
+    /// An include left out of its page (`on_include_error = "omit"`).
+    pub fn esi_include_omitted(&self) {
+        if self.enabled {
+            self.esi_omitted.inc();
+        }
+    }
+
+    /// A page ended by a failed include (`on_include_error = "fail"`).
+    pub fn esi_include_failed(&self) {
+        if self.enabled {
+            self.esi_failed.inc();
+        }
+    }
+
+    /// The start of a policy hook, when counting is on.
+    pub fn hook_start(&self) -> Option<Instant> {
+        self.enabled.then(Instant::now)
+    }
+
+    /// A policy hook ended: its time, and whether it trapped, timed out or
+    /// ran out of memory.
+    pub fn hook_done<T>(
+        &self,
+        hook: Hook,
+        started: Option<Instant>,
+        result: &Result<T, PolicyError>,
+    ) {
+        let Some(started) = started else { return };
+        let i = match hook {
+            Hook::OnRequest => 0,
+            Hook::OnBackendResponse => 1,
+            Hook::OnDeliver => 2,
+            Hook::Instantiate => return,
+        };
+        self.hook_time[i].observe(started.elapsed());
+        match result {
+            Err(PolicyError::Trap { .. }) => self.policy_traps.inc(),
+            Err(PolicyError::Timeout { .. }) => self.policy_timeouts.inc(),
+            Err(PolicyError::OutOfMemory { .. }) => self.policy_oom.inc(),
+            _ => 0,
+        };
+    }
+
+    /// Copies the store's sizes and counters (from `CacheStore::stats`).
+    pub fn observe_store(&self, s: &StoreStats) {
+        if !self.enabled {
+            return;
+        }
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let memory = TierLabel { tier: "memory" };
+        let disk = TierLabel { tier: "disk" };
+        self.store_objects
+            .get_or_create(&memory)
+            .set(gauge(s.memory_objects));
+        self.store_bytes
+            .get_or_create(&memory)
+            .set(gauge(s.memory_bytes));
+        self.store_capacity
+            .get_or_create(&memory)
+            .set(gauge(s.memory_capacity));
+        self.store_evictions
+            .get_or_create(&memory)
+            .set(s.evicted_memory);
+        if s.disk_enabled {
+            self.store_objects
+                .get_or_create(&disk)
+                .set(gauge(s.disk_objects));
+            self.store_bytes
+                .get_or_create(&disk)
+                .set(gauge(s.disk_bytes));
+            self.store_capacity
+                .get_or_create(&disk)
+                .set(gauge(s.disk_capacity));
+            self.store_evictions
+                .get_or_create(&disk)
+                .set(s.evicted_disk);
+        }
+        self.store_expired.set(s.expired_removed);
+        self.store_write_errors.set(s.write_errors);
+    }
+
+    /// Copies the policy runtime's counts: replayed and live hooks of the
+    /// current generation, and the instance pool.
+    pub fn observe_policy(&self, slot: &PolicySlot) {
+        if !self.enabled {
+            return;
+        }
+        let policy = slot.current();
+        let memo = policy.memo_stats().unwrap_or_default();
+        self.policy_replayed.set(memo.replayed);
+        self.policy_live.set(memo.live);
+        let engine = policy.engine();
+        let size = i64::from(engine.max_instances());
+        let free = i64::try_from(engine.free_instances()).unwrap_or(i64::MAX);
+        self.policy_pool_size.set(size);
+        self.policy_pool_in_use
+            .set(size.saturating_sub(free).max(0));
+    }
+}
+
+/// A client connection counted as open until dropped
+/// ([`Metrics::connection_opened`]).
+#[derive(Debug)]
+pub struct OpenConnection(Option<Arc<Metrics>>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        if let Some(m) = &self.0 {
+            m.connections_open.dec();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample<'a>(text: &'a str, series: &str) -> &'a str {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    }
+
+    #[test]
+    fn a_timing_puts_each_duration_in_the_first_bucket_that_holds_it() {
+        let t = Timing::new(&NETWORK_BUCKETS);
+        t.observe(Duration::from_micros(500)); // <= 1 ms
+        t.observe(Duration::from_millis(1)); // on the bound: <= 1 ms
+        t.observe(Duration::from_millis(7)); // <= 10 ms
+        t.observe(Duration::from_secs(3600)); // +Inf only
+        assert_eq!(t.count(), 4);
+        let mut r = Registry::default();
+        r.register_with_unit("t", "test", Unit::Seconds, t);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        // Cumulative, as the format wants.
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"0.001\"}"), "2");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"0.005\"}"), "2");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"0.01\"}"), "3");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"30.0\"}"), "3");
+        assert_eq!(sample(&text, "t_seconds_bucket{le=\"+Inf\"}"), "4");
+        assert_eq!(sample(&text, "t_seconds_count"), "4");
+        let sum: f64 = sample(&text, "t_seconds_sum").parse().unwrap();
+        assert!((sum - 3600.0085).abs() < 1e-6, "{sum}");
+        assert!(text.contains("# TYPE t_seconds histogram"), "{text}");
+    }
+
+    #[test]
+    fn counts_show_in_the_text_and_a_disabled_registry_stays_at_zero() {
+        for enabled in [true, false] {
+            let m = Metrics::new(enabled);
+            m.client_request(http::Version::HTTP_2);
+            m.served(&CacheStatus::Stale {
+                stale_for: 3,
+                reason: inlay_core::StaleReason::Grace,
+            });
+            m.purged(5);
+            m.ban_added();
+            m.set_bans(2);
+            let b = m.backend("origin-1");
+            b.finished::<()>(b.start(), &Ok(()));
+            {
+                let _open = m.connection_opened();
+                assert_eq!(
+                    sample(&m.encode(), "inlay_connections_open"),
+                    if enabled { "1" } else { "0" }
+                );
+            }
+            let text = m.encode();
+            let n = if enabled { "1" } else { "0" };
+            assert_eq!(sample(&text, "inlay_connections_open"), "0");
+            assert_eq!(
+                sample(&text, "inlay_client_requests_total{protocol=\"http/2\"}"),
+                n
+            );
+            assert_eq!(sample(&text, "inlay_cache_hits_total"), n);
+            assert_eq!(sample(&text, "inlay_cache_grace_hits_total"), n);
+            assert_eq!(sample(&text, "inlay_bans_added_total"), n);
+            assert_eq!(
+                sample(&text, "inlay_purged_objects_total"),
+                if enabled { "5" } else { "0" }
+            );
+            assert_eq!(sample(&text, "inlay_bans"), if enabled { "2" } else { "0" });
+            assert_eq!(
+                sample(&text, "inlay_backend_requests_total{backend=\"origin-1\"}"),
+                n
+            );
+            assert!(text.ends_with("# EOF\n"));
+        }
+    }
+
+    #[test]
+    fn render_can_run_on_any_worker_thread() {
+        fn send<T: Send>(_: &T) {}
+        let m = Metrics::new(true);
+        send(&m.render());
+    }
+}
