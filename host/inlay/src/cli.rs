@@ -443,10 +443,7 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
         h.metrics = Some(Arc::new(move || {
             // The generation serving now: its store and policy figures.
             let current = metrics.current();
-            Box::pin(async move {
-                current.metrics().serve_from(&current);
-                current.metrics().render().await
-            })
+            Box::pin(async move { current.metrics().render().await })
         }));
     });
 }

@@ -270,7 +270,7 @@ pub struct Metrics {
     errors: Counter,
     purge_requests: Counter,
     purged_objects: Counter,
-    bans_added: Counter,
+    bans_added: CopiedCounter,
     bans_active: Gauge,
 
     store_objects: Family<TierLabel, Gauge>,
@@ -343,7 +343,7 @@ impl Metrics {
             errors: c(),
             purge_requests: c(),
             purged_objects: c(),
-            bans_added: c(),
+            bans_added: CopiedCounter::default(),
             bans_active: Gauge::default(),
             store_objects: Family::default(),
             store_bytes: Family::default(),
@@ -411,7 +411,7 @@ impl Metrics {
             Unit::Bytes,
             self.response_bytes.clone(),
         );
-        let counters: [(&str, &str, &Counter); 14] = [
+        let counters: [(&str, &str, &Counter); 13] = [
             (
                 "cache_hits",
                 "Requests served from the cache, stale ones included (MAIN.cache_hit)",
@@ -468,11 +468,6 @@ impl Metrics {
                 &self.purged_objects,
             ),
             (
-                "bans_added",
-                "Bans added (MAIN.bans_added)",
-                &self.bans_added,
-            ),
-            (
                 "esi_pages",
                 "Pages assembled by ESI (MAIN.esi_req)",
                 &self.esi_pages,
@@ -486,6 +481,11 @@ impl Metrics {
             "bans",
             "Bans in the ban list now (MAIN.bans)",
             self.bans_active.clone(),
+        );
+        r.register(
+            "bans_added",
+            "Bans added, by the admin API or the BAN method (MAIN.bans_added)",
+            self.bans_added.clone(),
         );
         r.register(
             "esi_include_errors",
@@ -694,16 +694,10 @@ impl Metrics {
         }
     }
 
-    /// A ban was added (for the admin API's `POST /ban`).
-    pub fn ban_added(&self) {
+    /// The ban list's counts, read from the cache at scrape time.
+    pub fn observe_bans(&self, added: u64, active: u64) {
         if self.enabled {
-            self.bans_added.inc();
-        }
-    }
-
-    /// The number of bans in the ban list now.
-    pub fn set_bans(&self, active: u64) {
-        if self.enabled {
+            self.bans_added.set(added);
             self.bans_active
                 .set(i64::try_from(active).unwrap_or(i64::MAX));
         }
@@ -905,8 +899,7 @@ mod tests {
                 reason: inlay_core::StaleReason::Grace,
             });
             m.purged(5);
-            m.ban_added();
-            m.set_bans(2);
+            m.observe_bans(3, 2);
             let b = m.backend("origin-1");
             b.finished::<()>(b.start(), &Ok(()));
             {

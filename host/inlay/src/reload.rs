@@ -67,8 +67,10 @@ impl Reloader {
     /// Generation 1 is `first`, which runs `slot`'s policy (if any);
     /// reloads read `source` again.
     pub fn new(first: Pipeline, slot: Option<Arc<PolicySlot>>, source: Option<ServeArgs>) -> Self {
+        let first = Arc::new(first);
+        first.metrics().serve_from(&first);
         Self {
-            current: Arc::new(Generations::from_pointee(first)),
+            current: Arc::new(Generations::new(first)),
             source,
             state: tokio::sync::Mutex::new(State {
                 generation: 1,
@@ -176,9 +178,11 @@ impl Reloader {
             warnings.push(w);
         }
         let cfg = Arc::new(cfg);
-        let next = old.next_generation(cfg, slot, access_log.clone());
+        let next = Arc::new(old.next_generation(cfg, slot, access_log.clone()));
         state.generation += 1;
-        self.current.store(Arc::new(next));
+        // `GET /metrics` reads the store and policy of the generation serving.
+        next.metrics().serve_from(&next);
+        self.current.store(next);
         if let Some(policy) = outgoing_policy {
             log_replay_stats(&policy);
         }

@@ -460,3 +460,25 @@ async fn with_metrics_disabled_nothing_is_counted() {
         assert_eq!(value(&m, series), 0, "{series}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_are_counted_from_the_cache_at_scrape_time() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    get(&inlay.url("/resp?cc=max-age%3D600")).await;
+    for expression in ["req.url ~ ^/resp", "obj.status == 404"] {
+        let r = request("BAN", &inlay.url("/"), &[("ban", expression)], Bytes::new()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let r = request(
+        "BAN",
+        &inlay.url("/"),
+        &[("ban", "req.url ~ (")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let samples = parse(&inlay.metrics.render().await);
+    assert_eq!(value(&samples, "inlay_bans_added_total"), 2);
+    assert!(value(&samples, "inlay_bans") <= 2);
+}

@@ -160,7 +160,14 @@ impl Pipeline {
     ) -> Self {
         let backends = self.backends.renewed(&config, &self.metrics);
         let cache = self.cache.with_rules(config.cache.rules());
-        Self::build(config, cache, policy, access_log, backends, self.metrics.clone())
+        Self::build(
+            config,
+            cache,
+            policy,
+            access_log,
+            backends,
+            self.metrics.clone(),
+        )
     }
 
     fn build(
@@ -201,6 +208,8 @@ impl Pipeline {
         if let Some(slot) = &self.policy {
             self.metrics.observe_policy(slot);
         }
+        let bans = self.cache.ban_counts();
+        self.metrics.observe_bans(bans.added, bans.active);
     }
 
     /// A fresh instance of this generation's policy for one request, if any.
