@@ -3,7 +3,7 @@
 //! epoch-deadline clock and the memory limiter).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -180,6 +180,17 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
 /// for an async host call (a fetch, a cache lookup) or yielded to the
 /// executor is recorded here and subtracted: a policy that waits 200 ms on
 /// a subrequest has not used 200 ms of CPU.
+///
+/// Wall time also runs while the kernel has the thread off its CPU (other
+/// threads, other processes: a config reload compiling a policy, a busy
+/// neighbour), which is not the guest's either. So from the first yield
+/// point on (after [`YIELD_EVERY_TICKS`] ticks), a hook that still runs is
+/// measured with the thread's own CPU clock, segment by segment (each
+/// segment ends at a deadline, a host call or a yield, and the next starts
+/// where the guest resumes, on whatever thread that is). Hooks shorter than
+/// the first yield, nearly all, never read that clock (a system call).
+/// The first segment is charged at wall time, and a hook is also stopped
+/// after [`WALL_BACKSTOP_FACTOR`] times its budget of wall time.
 pub(crate) struct CpuClock {
     started: Instant,
     budget: Duration,
@@ -187,13 +198,68 @@ pub(crate) struct CpuClock {
     /// Nanoseconds not spent running guest code; shared with the yield
     /// future, which has no access to the store.
     excluded: Arc<AtomicU64>,
+    /// CPU time measured per segment, once past the first yield.
+    segments: Arc<Segments>,
     /// Set when the budget ran out (the trap that follows is a timeout).
     pub(crate) expired: bool,
+}
+
+/// The guest's CPU time once it is measured with the thread clock.
+#[derive(Default)]
+pub(crate) struct Segments {
+    /// Whether measuring has begun (at the first deadline of a hook call).
+    on: AtomicBool,
+    /// CPU nanoseconds charged so far.
+    used: AtomicU64,
+    /// The thread CPU clock where the running segment began; 0: none runs.
+    start: AtomicU64,
+}
+
+impl Segments {
+    /// Ends the running segment, charging it.
+    fn close(&self) {
+        let start = self.start.swap(0, Ordering::Relaxed);
+        if start != 0 {
+            let spent = thread_cpu_nanos().saturating_sub(start);
+            self.used.fetch_add(spent, Ordering::Relaxed);
+        }
+    }
+
+    /// The guest resumes on this thread.
+    fn open(&self) {
+        if self.on.load(Ordering::Relaxed) {
+            self.start
+                .store(thread_cpu_nanos().max(1), Ordering::Relaxed);
+        }
+    }
+}
+
+/// The calling thread's CPU time in nanoseconds (0 if unavailable).
+#[allow(unsafe_code)]
+fn thread_cpu_nanos() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which lives on our stack.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
+    if !ok {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 /// How often a running guest yields to the executor, in epoch ticks, so that
 /// a busy policy shares its tokio worker with other tasks.
 const YIELD_EVERY_TICKS: u64 = 5;
+
+/// A hook is stopped after this many times its CPU budget in wall time
+/// (host waits excluded), whatever its thread's CPU clock says: a backstop
+/// for a thread that cannot run.
+pub(crate) const WALL_BACKSTOP_FACTOR: u32 = 10;
 
 impl CpuClock {
     pub(crate) fn new(budget: Duration, tick: Duration) -> Self {
@@ -202,6 +268,7 @@ impl CpuClock {
             budget,
             tick,
             excluded: Arc::new(AtomicU64::new(0)),
+            segments: Arc::default(),
             expired: false,
         }
     }
@@ -211,20 +278,42 @@ impl CpuClock {
     pub(crate) fn restart(&mut self) -> u64 {
         self.started = Instant::now();
         self.excluded.store(0, Ordering::Relaxed);
+        self.segments.on.store(false, Ordering::Relaxed);
+        self.segments.used.store(0, Ordering::Relaxed);
+        self.segments.start.store(0, Ordering::Relaxed);
         self.expired = false;
         self.next_deadline(self.budget).min(YIELD_EVERY_TICKS)
     }
 
-    /// Records time spent outside guest code (awaiting the host).
+    /// The guest calls the host: the running CPU segment ends.
+    pub(crate) fn host_call_starts(&self) {
+        self.segments.close();
+    }
+
+    /// Records time spent outside guest code (awaiting the host); the
+    /// guest resumes.
     pub(crate) fn exclude(&self, spent: Duration) {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         self.excluded.fetch_add(nanos, Ordering::Relaxed);
+        self.segments.open();
     }
 
-    /// Guest CPU time used in this hook call so far.
+    /// Guest time used in this hook call so far, at wall time (host waits
+    /// and yields excluded).
     pub(crate) fn used(&self) -> Duration {
         let excluded = Duration::from_nanos(self.excluded.load(Ordering::Relaxed));
         self.started.elapsed().saturating_sub(excluded)
+    }
+
+    /// Guest CPU time charged so far: wall time until the first yield,
+    /// the thread's CPU clock after.
+    fn charged(&self) -> Duration {
+        let s = &self.segments;
+        if !s.on.load(Ordering::Relaxed) {
+            return self.used();
+        }
+        s.close();
+        Duration::from_nanos(s.used.load(Ordering::Relaxed))
     }
 
     fn next_deadline(&self, remaining: Duration) -> u64 {
@@ -238,8 +327,16 @@ impl CpuClock {
     /// budget is spent, otherwise yield to the executor and set the next
     /// deadline for what is left.
     pub(crate) fn on_deadline(&mut self) -> wasmtime::UpdateDeadline {
-        let used = self.used();
-        if used >= self.budget {
+        let used = self.charged();
+        let s = &self.segments;
+        if !s.on.swap(true, Ordering::Relaxed) {
+            // The first segment, at wall time; the thread clock from here on.
+            s.used.store(
+                u64::try_from(used.as_nanos()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+        if used >= self.budget || self.used() >= self.budget * WALL_BACKSTOP_FACTOR {
             self.expired = true;
             return wasmtime::UpdateDeadline::Interrupt;
         }
@@ -247,6 +344,7 @@ impl CpuClock {
             .next_deadline(self.budget - used)
             .min(YIELD_EVERY_TICKS);
         let excluded = Arc::clone(&self.excluded);
+        let segments = Arc::clone(&self.segments);
         wasmtime::UpdateDeadline::YieldCustom(
             next,
             Box::pin(async move {
@@ -255,6 +353,8 @@ impl CpuClock {
                 tokio::task::yield_now().await;
                 let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 excluded.fetch_add(nanos, Ordering::Relaxed);
+                // The guest goes on from here, on this thread.
+                segments.open();
             }),
         )
     }
@@ -299,24 +399,63 @@ mod tests {
         );
     }
 
+    /// Runs the yield of a deadline, as the executor does before the guest
+    /// resumes.
+    fn resume(deadline: wasmtime::UpdateDeadline) {
+        let wasmtime::UpdateDeadline::YieldCustom(_, yielding) = deadline else {
+            panic!("expected a yield");
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(yielding);
+    }
+
+    /// Uses `cpu` of this thread's CPU time.
+    fn spin(cpu: Duration) {
+        let start = thread_cpu_nanos();
+        let nanos = u64::try_from(cpu.as_nanos()).expect("fits");
+        while thread_cpu_nanos() - start < nanos {
+            std::hint::spin_loop();
+        }
+    }
+
     #[test]
-    fn clock_excludes_host_time() {
+    fn clock_charges_guest_cpu_not_host_waits_nor_time_off_the_cpu() {
         let mut clock = CpuClock::new(Duration::from_millis(20), Duration::from_millis(1));
         // The first deadline is the first yield point.
         assert_eq!(clock.restart(), YIELD_EVERY_TICKS);
         let mut short = CpuClock::new(Duration::from_millis(2), Duration::from_millis(1));
         assert_eq!(short.restart(), 3);
         let started = Instant::now();
+        clock.host_call_starts();
         std::thread::sleep(Duration::from_millis(30));
         // All of that was spent in the host: nothing is charged.
         clock.exclude(started.elapsed());
         assert!(clock.used() < Duration::from_millis(20));
+        resume(clock.on_deadline());
+        assert!(!clock.expired);
+        // Off the CPU (another thread or process had it, as while a reload
+        // compiles a policy on a busy machine): not the guest's time.
+        std::thread::sleep(Duration::from_millis(40));
+        resume(clock.on_deadline());
+        assert!(!clock.expired, "time off the CPU was charged");
+        // On the CPU past the budget: stopped.
+        spin(Duration::from_millis(25));
         assert!(matches!(
             clock.on_deadline(),
-            wasmtime::UpdateDeadline::YieldCustom(..)
+            wasmtime::UpdateDeadline::Interrupt
         ));
-        assert!(!clock.expired);
-        std::thread::sleep(Duration::from_millis(25));
+        assert!(clock.expired);
+    }
+
+    #[test]
+    fn a_hook_whose_thread_cannot_run_is_stopped_at_the_wall_backstop() {
+        let budget = Duration::from_millis(2);
+        let mut clock = CpuClock::new(budget, Duration::from_millis(1));
+        clock.restart();
+        resume(clock.on_deadline());
+        std::thread::sleep(budget * WALL_BACKSTOP_FACTOR + Duration::from_millis(5));
         assert!(matches!(
             clock.on_deadline(),
             wasmtime::UpdateDeadline::Interrupt

@@ -78,6 +78,7 @@ impl Host for StoreState {
             Err(e) => return Ok(Err(e)),
         };
         let future = self.services().fetch(sub, &self.default_backend());
+        self.clock.host_call_starts();
         let started = Instant::now();
         let result = self.bounded(future.instrument(span)).await;
         // Waiting for the backend is not the guest's CPU time.
@@ -123,6 +124,7 @@ impl Host for StoreState {
         if !batch.is_empty() {
             let sent = batch.len();
             let future = self.services().fetch_many(batch, &self.default_backend());
+            self.clock.host_call_starts();
             let started = Instant::now();
             let answers = self
                 .bounded(future.instrument(span))

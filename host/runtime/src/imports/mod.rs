@@ -48,6 +48,7 @@ impl StoreState {
             Ok(f) => f,
             Err(e) => return Ok(Err(e)),
         };
+        self.clock.host_call_starts();
         let started = Instant::now();
         let result = self.bounded(future.instrument(span)).await;
         self.clock.exclude(started.elapsed());
