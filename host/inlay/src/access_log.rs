@@ -54,6 +54,8 @@ pub struct AccessRecord {
     /// For an ESI page: its includes left out after failing, counted while
     /// the body streams and read when the line is written.
     pub esi_omitted: Option<Arc<AtomicU32>>,
+    /// The request's id (`server.request_id_header`), when ids are on.
+    pub request_id: Option<String>,
 }
 
 impl AccessRecord {
@@ -217,7 +219,7 @@ fn write_lines(queue: &Receiver<Message>, out: Box<dyn Write + Send>) {
 fn combined(r: &AccessRecord) -> String {
     let now = httpdate_ncsa();
     format!(
-        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"{}\n",
+        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"{}{}\n",
         r.client
             .map(|c| c.to_string())
             .unwrap_or_else(|| "-".into()),
@@ -237,6 +239,11 @@ fn combined(r: &AccessRecord) -> String {
         match r.esi_omitted() {
             Some(n) if n > 0 => format!(" esi_omitted={n}"),
             _ => String::new(),
+        },
+        // A request id is one token without spaces or quotes (`request_id::is_sane`).
+        match &r.request_id {
+            Some(id) => format!(" request_id={id}"),
+            None => String::new(),
         },
     )
 }
@@ -258,6 +265,7 @@ fn json(r: &AccessRecord) -> String {
         "duration_ms": r.duration.as_secs_f64() * 1000.0,
         "error": r.error,
         "esi_omitted": r.esi_omitted(),
+        "request_id": r.request_id,
     });
     format!("{v}\n")
 }

@@ -17,4 +17,6 @@ pub mod codec;
 pub mod config;
 pub mod pipeline;
 pub mod policy_services;
+pub mod request_id;
 pub mod server;
+pub mod server_timing;
