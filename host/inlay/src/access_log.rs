@@ -331,6 +331,25 @@ mod tests {
         assert!(j["esi_omitted"].is_null());
     }
 
+    #[test]
+    fn the_request_id_ends_the_line_in_both_formats() {
+        let r = AccessRecord {
+            method: "GET".into(),
+            url: "/page".into(),
+            status: 200,
+            esi_omitted: Some(Arc::new(AtomicU32::new(1))),
+            request_id: Some("abc-1".into()),
+            ..Default::default()
+        };
+        assert!(
+            combined(&r).ends_with("\"-\" \"-\" esi_omitted=1 request_id=abc-1\n"),
+            "{}",
+            combined(&r)
+        );
+        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        assert_eq!(j["request_id"], "abc-1");
+    }
+
     /// A sink the test can read, and optionally hold shut.
     #[derive(Clone, Default)]
     struct Sink {

@@ -112,7 +112,9 @@ impl Pipeline {
         let fetched = fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await;
         let took = sent.elapsed();
         match fetch.on_response(fetched).await? {
-            Fetched::Cached { object, status } => Ok(self.hit(object, status).with_fetch_time(took)),
+            Fetched::Cached { object, status } => {
+                Ok(self.hit(object, status).with_fetch_time(took))
+            }
             Fetched::New(mut new) => {
                 let defaults = new.defaults().clone();
                 let settings =

@@ -354,7 +354,10 @@ impl Pipeline {
                     timing.includes = Some(Arc::default());
                 }
                 let includes = timing.includes.clone();
-                esi::process(self, &head, out.resp, template, &esi_vars, omitted, includes).await?
+                esi::process(
+                    self, &head, out.resp, template, &esi_vars, omitted, includes,
+                )
+                .await?
             }
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
