@@ -1327,6 +1327,34 @@ mod tests {
     }
 
     #[test]
+    fn request_id_and_server_timing_settings() {
+        let d = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(
+            d.server.request_id_header.as_ref().map(|h| h.as_str()),
+            Some("x-request-id")
+        );
+        assert!(d.server.trust_request_id);
+        assert!(!d.server.server_timing);
+        let backend = "[backends.default]\naddress = \"http://127.0.0.1:8080\"";
+        let c = Config::from_toml(&format!(
+            "[server]\nrequest_id_header = \"\"\ntrust_request_id = false\nserver_timing = true\n{backend}"
+        ))
+        .unwrap();
+        assert!(c.server.request_id_header.is_none());
+        assert!(!c.server.trust_request_id);
+        assert!(c.server.server_timing);
+        for bad in ["Host", "bad name", "Content-Length"] {
+            let err =
+                Config::from_toml(&format!("[server]\nrequest_id_header = {bad:?}\n{backend}"))
+                    .unwrap_err();
+            let ConfigError::Invalid(issues) = err else {
+                panic!("expected Invalid, got {err:?}")
+            };
+            assert_eq!(issues[0].path, "server.request_id_header", "{issues:#?}");
+        }
+    }
+
+    #[test]
     fn absurd_durations_are_rejected_with_their_path() {
         let text = r#"
             [server]

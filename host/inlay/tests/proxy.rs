@@ -591,7 +591,7 @@ async fn hostile_request_ids_are_replaced_and_never_logged() {
             .collect();
         assert_eq!(
             sent,
-            [id.clone()],
+            [id.as_str()],
             "{url}: the backend gets only the new id"
         );
         let line = logged(&inlay, url).await;
