@@ -49,7 +49,8 @@ pub fn is_sane(v: &[u8]) -> bool {
 pub struct RequestIds {
     header: Option<HeaderName>,
     trust: bool,
-    prefix: u64,
+    /// `<16 hex digits>-`, random per process.
+    prefix: String,
     counter: AtomicU64,
 }
 
@@ -59,7 +60,7 @@ impl RequestIds {
         Self {
             header: cfg.request_id_header.clone(),
             trust: cfg.trust_request_id,
-            prefix: rand::random(),
+            prefix: format!("{:016x}-", rand::random::<u64>()),
             counter: AtomicU64::new(0),
         }
     }
@@ -100,9 +101,14 @@ impl RequestIds {
 
     /// A new id: `<16 hex digits of this process>-<counter in hex>`.
     pub fn mint(&self) -> HeaderValue {
+        use std::fmt::Write as _;
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{:016x}-{n:x}", self.prefix);
-        HeaderValue::from_str(&id).expect("hex digits and '-' are a valid field value")
+        let mut id = String::with_capacity(self.prefix.len() + 16);
+        id.push_str(&self.prefix);
+        let _ = write!(id, "{n:x}");
+        // Taken without a copy; hex digits and '-' are a valid field value.
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(id))
+            .expect("hex digits and '-' are a valid field value")
     }
 }
 
@@ -114,7 +120,7 @@ mod tests {
         RequestIds {
             header: Some(HeaderName::from_static("x-request-id")),
             trust,
-            prefix: 0xabc,
+            prefix: "0000000000000abc-".into(),
             counter: AtomicU64::new(0),
         }
     }
