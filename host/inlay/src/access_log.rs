@@ -54,6 +54,8 @@ pub struct AccessRecord {
     /// For an ESI page: its includes left out after failing, counted while
     /// the body streams and read when the line is written.
     pub esi_omitted: Option<Arc<AtomicU32>>,
+    /// The request's id (`server.request_id_header`), when ids are on.
+    pub request_id: Option<String>,
 }
 
 impl AccessRecord {
@@ -226,7 +228,7 @@ fn write_lines(queue: &Receiver<Message>, out: Box<dyn Write + Send>) {
 fn combined(r: &AccessRecord) -> String {
     let now = httpdate_ncsa();
     format!(
-        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"{}\n",
+        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"{}{}\n",
         r.client
             .map(|c| c.to_string())
             .unwrap_or_else(|| "-".into()),
@@ -246,6 +248,11 @@ fn combined(r: &AccessRecord) -> String {
         match r.esi_omitted() {
             Some(n) if n > 0 => format!(" esi_omitted={n}"),
             _ => String::new(),
+        },
+        // A request id is one token without spaces or quotes (`request_id::is_sane`).
+        match &r.request_id {
+            Some(id) => format!(" request_id={id}"),
+            None => String::new(),
         },
     )
 }
@@ -267,6 +274,7 @@ fn json(r: &AccessRecord) -> String {
         "duration_ms": r.duration.as_secs_f64() * 1000.0,
         "error": r.error,
         "esi_omitted": r.esi_omitted(),
+        "request_id": r.request_id,
     });
     format!("{v}\n")
 }
@@ -330,6 +338,25 @@ mod tests {
         let plain = AccessRecord::default();
         let j: serde_json::Value = serde_json::from_str(&json(&plain)).unwrap();
         assert!(j["esi_omitted"].is_null());
+    }
+
+    #[test]
+    fn the_request_id_ends_the_line_in_both_formats() {
+        let r = AccessRecord {
+            method: "GET".into(),
+            url: "/page".into(),
+            status: 200,
+            esi_omitted: Some(Arc::new(AtomicU32::new(1))),
+            request_id: Some("abc-1".into()),
+            ..Default::default()
+        };
+        assert!(
+            combined(&r).ends_with("\"-\" \"-\" esi_omitted=1 request_id=abc-1\n"),
+            "{}",
+            combined(&r)
+        );
+        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        assert_eq!(j["request_id"], "abc-1");
     }
 
     /// A sink the test can read, and optionally hold shut.

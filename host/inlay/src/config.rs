@@ -86,6 +86,14 @@ pub struct ServerConfig {
     pub max_request_body: u64,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     pub shutdown_timeout: Duration,
+    /// The request-id field (`X-Request-Id`): accepted or minted, sent to
+    /// backends and ESI includes, logged and returned. `None`: off.
+    pub request_id_header: Option<http::HeaderName>,
+    /// Keep a sane request id the client sent; false: always mint one.
+    pub trust_request_id: bool,
+    /// Add `Server-Timing` to every response (a policy can also turn it on
+    /// for one request).
+    pub server_timing: bool,
 }
 
 /// `[backends.NAME]`.
@@ -919,6 +927,9 @@ impl Reader {
                 "max_header_size",
                 "max_request_body",
                 "shutdown_timeout",
+                "request_id_header",
+                "trust_request_id",
+                "server_timing",
             ],
         );
         let mut listen = Vec::new();
@@ -974,6 +985,37 @@ impl Reader {
             max_header_size: max_header_size as usize,
             max_request_body: self.size(t, p, "max_request_body", 64 << 20),
             shutdown_timeout: self.duration(t, p, "shutdown_timeout", Duration::from_secs(30)),
+            request_id_header: self.request_id_header(t),
+            trust_request_id: self.boolean(t, p, "trust_request_id", true),
+            server_timing: self.boolean(t, p, "server_timing", false),
+        }
+    }
+
+    /// `server.request_id_header`: a field name (default `X-Request-Id`),
+    /// or `""` for off. Fields that frame or route the message are refused.
+    fn request_id_header(&mut self, t: &Table) -> Option<http::HeaderName> {
+        let name = self
+            .string(t, "server", "request_id_header")
+            .unwrap_or_else(|| "x-request-id".into());
+        if name.is_empty() {
+            return None;
+        }
+        match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(n) if !crate::request_id::RESERVED.contains(&n.as_str()) => Some(n),
+            Ok(n) => {
+                self.err(
+                    "server.request_id_header",
+                    format!("{n} is a field Inlay or HTTP itself gives meaning to"),
+                );
+                None
+            }
+            Err(_) => {
+                self.err(
+                    "server.request_id_header",
+                    format!("{name:?} is not a header field name"),
+                );
+                None
+            }
         }
     }
 
@@ -1344,6 +1386,34 @@ mod tests {
         );
         let d = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(d.server.max_request_body, 64 << 20);
+    }
+
+    #[test]
+    fn request_id_and_server_timing_settings() {
+        let d = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(
+            d.server.request_id_header.as_ref().map(|h| h.as_str()),
+            Some("x-request-id")
+        );
+        assert!(d.server.trust_request_id);
+        assert!(!d.server.server_timing);
+        let backend = "[backends.default]\naddress = \"http://127.0.0.1:8080\"";
+        let c = Config::from_toml(&format!(
+            "[server]\nrequest_id_header = \"\"\ntrust_request_id = false\nserver_timing = true\n{backend}"
+        ))
+        .unwrap();
+        assert!(c.server.request_id_header.is_none());
+        assert!(!c.server.trust_request_id);
+        assert!(c.server.server_timing);
+        for bad in ["Host", "bad name", "Content-Length"] {
+            let err =
+                Config::from_toml(&format!("[server]\nrequest_id_header = {bad:?}\n{backend}"))
+                    .unwrap_err();
+            let ConfigError::Invalid(issues) = err else {
+                panic!("expected Invalid, got {err:?}")
+            };
+            assert_eq!(issues[0].path, "server.request_id_header", "{issues:#?}");
+        }
     }
 
     #[test]

@@ -22,4 +22,6 @@ pub mod metrics;
 pub mod pipeline;
 pub mod policy_services;
 pub mod reload;
+pub mod request_id;
 pub mod server;
+pub mod server_timing;

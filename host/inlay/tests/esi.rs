@@ -382,3 +382,127 @@ async fn a_small_buffer_budget_still_assembles_the_whole_page() {
     );
     assert!(!text.contains("<esi:"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_include_carries_the_page_request_id() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let markup = "[<esi:include src=\"/echo?a\"/>][<esi:include src=\"/echo?b\"/>]";
+    let r = request(
+        "GET",
+        &inlay.url(&page(markup, true)),
+        &[("x-request-id", "page-7")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.header("x-request-id"), Some("page-7"));
+    let text = r.text();
+    assert_eq!(
+        text.matches("[\"x-request-id\",\"page-7\"]").count(),
+        2,
+        "{text}"
+    );
+    // A minted id goes to the includes the same way (new URLs: the first
+    // ones may be cached).
+    let markup = "[<esi:include src=\"/echo?c\"/>][<esi:include src=\"/echo?d\"/>]";
+    let r = get(&inlay.url(&page(markup, true))).await;
+    let id = r.header("x-request-id").unwrap();
+    let text = r.text();
+    assert_eq!(
+        text.matches(&format!("[\"x-request-id\",\"{id}\"]"))
+            .count(),
+        2,
+        "{text}"
+    );
+}
+
+/// A page with one include that is served, one that fails and is left out.
+const TIMED_PAGE: &str =
+    "a<esi:include src=\"/bytes/3?secret=1\"/>b<esi:include src=\"/resp?status=404\"/>c";
+
+fn check_include_entries(trailer: &str) {
+    assert!(
+        trailer.contains("esi-inc;dur=") && trailer.contains("desc=\"/bytes/3 miss\""),
+        "{trailer}"
+    );
+    assert!(
+        !trailer.contains("secret"),
+        "queries are not shown: {trailer}"
+    );
+    assert!(
+        trailer.contains("esi-omit;desc=\"/resp status 404\""),
+        "{trailer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_timing_puts_each_include_in_a_trailer_over_h2() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("server_timing = true")
+        .start_in_process()
+        .await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = http::Request::get(inlay.url(&page(TIMED_PAGE, true)))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let head = resp.headers()["server-timing"].to_str().unwrap().to_owned();
+    assert!(head.contains("recv;dur="), "{head}");
+    assert_eq!(resp.headers()["trailer"], "server-timing");
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
+    let trailer = body
+        .trailers()
+        .expect("a trailer")
+        .get("server-timing")
+        .expect("Server-Timing in the trailer")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(body.to_bytes(), "aabcbc");
+    check_include_entries(&trailer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_timing_trailer_over_http1_only_with_te_trailers() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("server_timing = true")
+        .start_in_process()
+        .await;
+    let path = page(TIMED_PAGE, true);
+    let ask = |te: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{te}Connection: close\r\n\r\n").into_bytes()
+    };
+    let (with_te, _) = common::raw(
+        inlay.addr,
+        &ask("TE: trailers\r\n"),
+        Duration::from_secs(10),
+    )
+    .await;
+    let (head, body) = with_te.split_once("\r\n\r\n").unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\ntrailer: server-timing"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    let trailer = body
+        .split("\r\n0\r\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no last chunk: {body:?}"));
+    assert!(trailer.starts_with("server-timing: "), "{trailer:?}");
+    check_include_entries(trailer);
+
+    // Without TE: trailers the head keeps its phases and declares no trailer.
+    let (without, _) = common::raw(inlay.addr, &ask(""), Duration::from_secs(10)).await;
+    let (head, body) = without.split_once("\r\n\r\n").unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("server-timing: recv;dur="), "{head}");
+    assert!(!head.contains("\r\ntrailer:"), "{head}");
+    assert!(body.ends_with("\r\n0\r\n\r\n"), "{body:?}");
+}

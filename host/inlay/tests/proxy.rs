@@ -517,3 +517,237 @@ async fn one_client_address_cannot_take_every_connection() {
     }
     assert!(served, "the address got no slot back");
 }
+
+/// The access log's JSON line for `url`, from a harness logging JSON.
+async fn logged(inlay: &Harness, url: &str) -> serde_json::Value {
+    inlay.access.json_for(url, Duration::from_secs(5)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_is_kept_when_sane_and_reaches_the_backend_the_log_and_the_client() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[log]\naccess_log_format = \"json\"")
+        .start_in_process()
+        .await;
+    let r = request(
+        "GET",
+        &inlay.url("/echo?kept"),
+        &[("x-request-id", "edge-42:abc")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.header("x-request-id"), Some("edge-42:abc"));
+    assert_eq!(
+        common::echoed(&r, "x-request-id").as_deref(),
+        Some("edge-42:abc")
+    );
+    assert_eq!(
+        logged(&inlay, "/echo?kept").await["request_id"],
+        "edge-42:abc"
+    );
+
+    // None sent: one is minted, and it is the same everywhere.
+    let r = get(&inlay.url("/echo?minted")).await;
+    let id = r.header("x-request-id").expect("a minted id").to_owned();
+    assert!(id.len() > 16, "{id}");
+    assert_eq!(common::echoed(&r, "x-request-id"), Some(id.clone()));
+    assert_eq!(logged(&inlay, "/echo?minted").await["request_id"], id);
+    let next = get(&inlay.url("/echo?next")).await;
+    assert_ne!(
+        next.header("x-request-id"),
+        Some(id.as_str()),
+        "ids are unique"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_request_ids_are_replaced_and_never_logged() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml("[log]\naccess_log_format = \"json\"")
+        .start_in_process()
+        .await;
+    let huge = "h".repeat(300);
+    let cases: [(&str, &[(&str, &str)]); 4] = [
+        ("/echo?space", &[("x-request-id", "evil id")]),
+        ("/echo?quote", &[("x-request-id", "evil\"id")]),
+        ("/echo?huge", &[("x-request-id", &huge)]),
+        ("/echo?comma", &[("x-request-id", "evil,id")]),
+    ];
+    for (url, headers) in cases {
+        let r = request("GET", &inlay.url(url), headers, Bytes::new()).await;
+        let id = r.header("x-request-id").unwrap().to_owned();
+        assert!(
+            !id.contains("evil") && !id.contains("hhh"),
+            "{url}: kept {id}"
+        );
+        let sent: Vec<_> = common::echo_headers(&r)
+            .into_iter()
+            .filter(|(k, _)| k == "x-request-id")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(
+            sent,
+            [id.as_str()],
+            "{url}: the backend gets only the new id"
+        );
+        let line = logged(&inlay, url).await;
+        assert_eq!(line["request_id"], id.as_str());
+        assert!(!line.to_string().contains("evil"), "{line}");
+    }
+    // Several: the first sane one wins, and only it goes on.
+    let r = request(
+        "GET",
+        &inlay.url("/echo?several"),
+        &[
+            ("x-request-id", "bad one"),
+            ("x-request-id", "good-1"),
+            ("x-request-id", "good-2"),
+        ],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.header("x-request-id"), Some("good-1"));
+    assert_eq!(
+        common::echo_headers(&r)
+            .into_iter()
+            .filter(|(k, _)| k == "x-request-id")
+            .count(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_can_be_untrusted_renamed_or_off() {
+    let origin = Origin::start();
+    let untrusted = Harness::builder()
+        .backend(&origin)
+        .server("trust_request_id = false")
+        .start_in_process()
+        .await;
+    let r = request(
+        "GET",
+        &untrusted.url("/echo"),
+        &[("x-request-id", "mine")],
+        Bytes::new(),
+    )
+    .await;
+    let id = r.header("x-request-id").unwrap();
+    assert_ne!(id, "mine");
+    assert_eq!(common::echoed(&r, "x-request-id").as_deref(), Some(id));
+
+    let renamed = Harness::builder()
+        .backend(&origin)
+        .server("request_id_header = \"X-Trace-Id\"")
+        .start_in_process()
+        .await;
+    let r = request(
+        "GET",
+        &renamed.url("/echo"),
+        &[("x-trace-id", "t-1")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.header("x-trace-id"), Some("t-1"));
+    assert_eq!(r.header("x-request-id"), None);
+    assert_eq!(common::echoed(&r, "x-trace-id").as_deref(), Some("t-1"));
+
+    let off = Harness::builder()
+        .backend(&origin)
+        .server("request_id_header = \"\"")
+        .start_in_process()
+        .await;
+    let r = get(&off.url("/echo")).await;
+    assert_eq!(r.header("x-request-id"), None);
+    assert_eq!(common::echoed(&r, "x-request-id"), None);
+}
+
+/// The `Server-Timing` entries of a response head, by name.
+fn timing_names(r: &common::Reply) -> Vec<String> {
+    r.headers
+        .get_all("server-timing")
+        .iter()
+        .flat_map(|v| v.to_str().unwrap().split(", "))
+        .map(|e| e.to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_timing_is_off_by_default_and_a_client_cannot_turn_it_on() {
+    let origin = Origin::start();
+    let plain = Harness::builder().backend(&origin).start_in_process().await;
+    // With a policy too: the client's flag is gone before the policy runs.
+    let with_policy = Harness::builder()
+        .backend(&origin)
+        .arg("--policy")
+        .arg(common::policy("headers").display().to_string())
+        .start_in_process()
+        .await;
+    for inlay in [&plain, &with_policy] {
+        let r = request(
+            "GET",
+            &inlay.url("/echo"),
+            &[("inlay-server-timing", "1")],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("server-timing"), None);
+        assert_eq!(
+            common::echoed(&r, "inlay-server-timing"),
+            None,
+            "never forwarded"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_timing_from_the_config_names_the_phases_and_the_cache_status() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("server_timing = true")
+        .start_in_process()
+        .await;
+    let miss = get(&inlay.url("/static/10")).await;
+    let entries = timing_names(&miss);
+    for phase in ["recv;dur=", "lookup;dur=", "fetch;dur=", "deliver;dur="] {
+        assert!(
+            entries.iter().any(|e| e.starts_with(phase)),
+            "{phase} missing: {entries:?}"
+        );
+    }
+    assert!(
+        entries.contains(&"cache;desc=\"miss\"".to_owned()),
+        "{entries:?}"
+    );
+    let hit = get(&inlay.url("/static/10")).await;
+    let entries = timing_names(&hit);
+    assert!(
+        entries.contains(&"cache;desc=\"hit\"".to_owned()),
+        "{entries:?}"
+    );
+    assert!(
+        !entries.iter().any(|e| e.starts_with("fetch;")),
+        "a hit fetched nothing: {entries:?}"
+    );
+    let pass = request(
+        "GET",
+        &inlay.url("/echo"),
+        &[("cookie", "a=1")],
+        Bytes::new(),
+    )
+    .await;
+    let entries = timing_names(&pass);
+    assert!(
+        entries.contains(&"cache;desc=\"pass\"".to_owned()),
+        "{entries:?}"
+    );
+    assert!(
+        entries.iter().any(|e| e.starts_with("fetch;dur=")),
+        "{entries:?}"
+    );
+}

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::stream::{BoxStream, StreamExt};
@@ -35,6 +36,7 @@ use tracing::{debug, warn};
 use super::Pipeline;
 use crate::codec;
 use crate::config::EsiConfig;
+use crate::server_timing::IncludeTimings;
 
 /// The limits of the config, in the assembler's terms.
 pub fn limits(cfg: &EsiConfig) -> EsiLimits {
@@ -99,7 +101,8 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 /// is not text, or in an encoding other than gzip, is passed through untouched.
 /// `template` is the whole body when it came from the cache: it is then
 /// parsed once for every request that assembles it. `omitted` counts the
-/// includes left out of this page. An error only with
+/// includes left out of this page; `timings`, when given, gets each
+/// include's time and outcome (for `Server-Timing`). An error only with
 /// `esi.on_include_error = "fail"`, when the page fails before its first byte.
 pub async fn process(
     pipeline: &Arc<Pipeline>,
@@ -108,6 +111,7 @@ pub async fn process(
     template: Option<&Bytes>,
     custom_vars: &[(String, String)],
     omitted: Arc<AtomicU32>,
+    timings: Option<Arc<IncludeTimings>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if !decodable(resp.headers()) {
         debug!("ESI requested for a non-text or undecodable body; passed through");
@@ -134,8 +138,9 @@ pub async fn process(
     }
     let fetcher = Arc::new(IncludeFetcher {
         pipeline: pipeline.clone(),
-        page: include_head(head, &pipeline.config().esi),
+        page: include_head(head, &pipeline.config().esi, pipeline.request_ids.header()),
         omitted,
+        timings,
     });
     let (vars, limits) = (Arc::new(vars), limits(&pipeline.config().esi));
     let fail = limits.on_include_error == OnIncludeError::Fail;
@@ -206,8 +211,14 @@ pub fn decodable(headers: &HeaderMap) -> bool {
     ) && is_text(headers)
 }
 
-/// The request head every include of a page starts from.
-fn include_head(page: &RequestHead, cfg: &EsiConfig) -> RequestHead {
+/// The request head every include of a page starts from; it carries the
+/// page's request id (`request_id`, the configured field) as the page's
+/// backend request does.
+fn include_head(
+    page: &RequestHead,
+    cfg: &EsiConfig,
+    request_id: Option<&http::HeaderName>,
+) -> RequestHead {
     let mut headers = HeaderMap::new();
     for name in &cfg.forward_headers {
         for v in page.headers.get_all(name.as_str()) {
@@ -218,6 +229,11 @@ fn include_head(page: &RequestHead, cfg: &EsiConfig) -> RequestHead {
     }
     if let Some(h) = page.headers.get(header::HOST) {
         headers.insert(header::HOST, h.clone());
+    }
+    if let Some(name) = request_id
+        && let Some(id) = page.headers.get(name)
+    {
+        headers.insert(name.clone(), id.clone());
     }
     RequestHead {
         method: Method::GET,
@@ -235,6 +251,8 @@ struct IncludeFetcher {
     page: RequestHead,
     /// Includes of this page left out.
     omitted: Arc<AtomicU32>,
+    /// Each include's time and outcome, when `Server-Timing` wants them.
+    timings: Option<Arc<IncludeTimings>>,
 }
 
 impl IncludeFetcher {
@@ -320,24 +338,45 @@ impl FragmentFetcher for IncludeFetcher {
     fn fetch(&self, src: &str) -> Fetch {
         let metrics = &self.pipeline.metrics;
         let started = metrics.esi_include();
+        let timed = self.timings.as_ref().map(|_| Instant::now());
         let head = match self.resolve(src) {
             Ok(h) => h,
             Err(e) => {
                 warn!(src = %src, "ESI include refused: {e}");
                 metrics.esi_include_done(started);
+                if let (Some(t), Some(timed)) = (&self.timings, timed) {
+                    t.failed(src, timed.elapsed(), "refused");
+                }
                 return Fetch::failed(e);
             }
         };
         if let Some(body) = self.at_hand(&head) {
             metrics.esi_include_done(started);
+            if let (Some(t), Some(timed)) = (&self.timings, timed) {
+                t.fetched(src, timed.elapsed(), "hit");
+            }
             return Fetch::Ready(body);
         }
         let pipeline = self.pipeline.clone();
         let src = src.to_owned();
+        let timings = self.timings.clone();
         Fetch::Pending(Box::pin(async move {
             let out = pipeline.fetch_for_include(&head).await;
             // The time to the include's response head, as for a backend.
             pipeline.metrics.esi_include_done(started);
+            if let (Some(t), Some(timed)) = (&timings, timed) {
+                match &out {
+                    Ok(o) if o.resp.status().is_success() => {
+                        t.fetched(&src, timed.elapsed(), o.status.log_name())
+                    }
+                    Ok(o) => t.fetched(
+                        &src,
+                        timed.elapsed(),
+                        &format!("{} {}", o.status.log_name(), o.resp.status().as_u16()),
+                    ),
+                    Err(e) => t.failed(&src, timed.elapsed(), &e.to_string()),
+                }
+            }
             let out = out.map_err(|e| FragmentError::Fetch(Box::new(e)))?;
             let status = out.resp.status().as_u16();
             let esi = out.esi && decodable(out.resp.headers());
@@ -349,9 +388,12 @@ impl FragmentFetcher for IncludeFetcher {
         }))
     }
 
-    fn omitted(&self, _src: &str, _reason: &FailureReason) {
+    fn omitted(&self, src: &str, reason: &FailureReason) {
         // The assembler has logged the src and the reason.
         self.omitted.fetch_add(1, Ordering::Relaxed);
         self.pipeline.metrics.esi_include_omitted();
+        if let Some(t) = &self.timings {
+            t.omitted(src, &reason.to_string());
+        }
     }
 }

@@ -94,6 +94,7 @@ impl Pipeline {
             status,
             object: Some(object),
             esi,
+            fetched: None,
         }
     }
 
@@ -108,9 +109,13 @@ impl Pipeline {
     ) -> Result<Outcome, ProxyError> {
         let backend = self.backend(head)?;
         let fill = for_cache(&self.cache, &self.config, fetch.validators());
+        let sent = std::time::Instant::now();
         let fetched = fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await;
+        let took = sent.elapsed();
         match fetch.on_response(fetched).await? {
-            Fetched::Cached { object, status } => Ok(self.hit(object, status)),
+            Fetched::Cached { object, status } => {
+                Ok(self.hit(object, status).with_fetch_time(took))
+            }
             Fetched::New(mut new) => {
                 let defaults = new.defaults().clone();
                 let settings = backend_response::run_policy(
@@ -122,7 +127,9 @@ impl Pipeline {
                 )
                 .await?;
                 let (resp, status) = new.store(&settings);
-                Ok(Outcome::new(resp, status).with_esi(settings.esi))
+                Ok(Outcome::new(resp, status)
+                    .with_esi(settings.esi)
+                    .with_fetch_time(took))
             }
         }
     }

@@ -28,7 +28,7 @@ pub mod recv;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::{Method, Request, Response, header};
 use hyper::body::Incoming;
@@ -45,6 +45,8 @@ use crate::backend::{Backend, Backends};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
+use crate::request_id::RequestIds;
+use crate::server_timing::{self, IncludeTimings};
 
 /// Gives the request's policy instance back to the pool before the
 /// request waits on I/O (the backend, another request's fill), so that
@@ -82,6 +84,8 @@ pub struct Pipeline {
     templates: ParsedTemplates,
     /// The process's counters, shared with later generations.
     metrics: Arc<Metrics>,
+    /// Accepts or mints each request's id.
+    request_ids: RequestIds,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -103,6 +107,8 @@ pub struct Outcome {
     object: Option<StoredObject>,
     /// The body is an ESI template to assemble.
     esi: bool,
+    /// The backend's time to the response head, when this request fetched.
+    fetched: Option<Duration>,
 }
 
 impl Outcome {
@@ -112,12 +118,44 @@ impl Outcome {
             status,
             object: None,
             esi: false,
+            fetched: None,
         }
     }
 
     fn with_esi(mut self, esi: bool) -> Self {
         self.esi = esi;
         self
+    }
+
+    fn with_fetch_time(mut self, took: Duration) -> Self {
+        self.fetched = Some(took);
+        self
+    }
+}
+
+/// `Server-Timing` for one request: whether it is on (config, or the
+/// policy's request flag), the head's entries, and an ESI page's include
+/// entries for the trailer.
+#[derive(Debug, Default)]
+struct RequestTiming {
+    on: bool,
+    /// The client can take a trailer (HTTP/2, or HTTP/1.1 with `TE: trailers`).
+    trailers: bool,
+    head: server_timing::Timing,
+    includes: Option<Arc<IncludeTimings>>,
+}
+
+impl RequestTiming {
+    /// `Some(now)` when timing is on, so that requests without it do not
+    /// read the clock.
+    fn now(&self) -> Option<Instant> {
+        self.on.then(Instant::now)
+    }
+
+    fn phase(&mut self, name: &str, since: Option<Instant>) {
+        if let Some(since) = since {
+            self.head.phase(name, since.elapsed());
+        }
     }
 }
 
@@ -178,6 +216,7 @@ impl Pipeline {
         backends: Backends,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let request_ids = RequestIds::new(&config.server);
         let services: Arc<dyn PolicyServices> =
             Arc::new(HostServices::new(cache.clone(), backends.clone()));
         Self {
@@ -190,6 +229,7 @@ impl Pipeline {
             services,
             templates: ParsedTemplates::default(),
             metrics,
+            request_ids,
         }
     }
 
@@ -266,19 +306,31 @@ impl Pipeline {
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        let request_id = self.request_ids.assign(&mut parts.headers);
+        // Only the policy may turn Server-Timing on for one request.
+        parts.headers.remove(server_timing::REQUEST_FLAG);
+        let mut timing = RequestTiming {
+            on: self.config.server.server_timing,
+            trailers: server_timing::trailers_allowed(parts.version, &parts.headers),
+            ..RequestTiming::default()
+        };
         let http1 = parts.version < http::Version::HTTP_2;
         let mut record = log::start(&parts, peer);
         self.metrics.client_request(parts.version);
         // How it was served, for the counters; set with `record.cache`.
         let mut served = CacheStatus::Error;
+        record.request_id = request_id
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
         let limit = self.config.server.max_request_body;
         let over = Arc::new(AtomicBool::new(false));
         let result = match recv::check_declared_length(&parts.headers, limit) {
             Ok(()) => {
                 let body = recv::capped_body(body::boxed(body), limit, over.clone());
-                self.process(parts, body, peer, &mut record, &mut served)
+                self.process(parts, body, peer, &mut record, &mut served, &mut timing, started)
                     .instrument(span)
                     .await
             }
@@ -309,6 +361,23 @@ impl Pipeline {
                 resp
             }
         };
+        let mut resp = resp;
+        if let (Some(name), Some(id)) = (self.request_ids.header(), request_id) {
+            resp.headers_mut().insert(name.clone(), id);
+        }
+        if timing.on {
+            timing.head.cache(record.cache);
+            if let Some(v) = timing.head.header_value() {
+                resp.headers_mut().append(server_timing::SERVER_TIMING, v);
+            }
+            if let Some(includes) = timing.includes.take() {
+                resp.headers_mut().insert(
+                    header::TRAILER,
+                    http::HeaderValue::from_static("server-timing"),
+                );
+                resp = resp.map(|b| server_timing::with_trailer(b, includes));
+            }
+        }
         log::finish(
             resp,
             record,
@@ -325,6 +394,8 @@ impl Pipeline {
         peer: SocketAddr,
         record: &mut AccessRecord,
         served: &mut CacheStatus,
+        timing: &mut RequestTiming,
+        started: Instant,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
         if head.method.as_str() == "PURGE" {
@@ -338,6 +409,10 @@ impl Pipeline {
         }
         let mut policy = self.start_policy().await?;
         let route = recv::route(&mut head, policy.as_mut(), &self.metrics).await?;
+        // Whatever the policy set, the flag goes no further.
+        timing.on |= server_timing::take_request_flag(&mut head.headers);
+        timing.phase("recv", Some(started));
+        let routed = timing.now();
         record.backend = Some(head.backend.clone());
         let mut out = match route {
             Route::Synthetic(resp) => Outcome::new(resp, CacheStatus::Synthetic),
@@ -346,6 +421,7 @@ impl Pipeline {
                 let backend = self.backend(&head)?;
                 let body = recv::counted_body(body, &self.metrics);
                 let mut resp = fetch::send(backend, &head, head.method.clone(), body, None).await?;
+                timing.phase("fetch", routed);
                 invalidate::after_unsafe(&self.cache, &head, resp.status(), resp.headers()).await;
                 let defaults =
                     backend_response::default_settings(&resp, &self.cache.rules().defaults);
@@ -361,9 +437,15 @@ impl Pipeline {
             }
             Route::Lookup => {
                 drop(body);
-                self.lookup_and_fetch(&mut head, policy.as_mut()).await?
+                let out = self.lookup_and_fetch(&mut head, policy.as_mut()).await?;
+                timing.phase("lookup", routed);
+                if let (true, Some(took)) = (timing.on, out.fetched) {
+                    timing.head.phase("fetch", took);
+                }
+                out
             }
         };
+        let delivering = timing.now();
         let mut esi_vars = Vec::new();
         if let Some(call) = &policy {
             let o = call.esi_overrides();
@@ -385,12 +467,21 @@ impl Pipeline {
                 let template = obj.as_ref().map(|o| &o.body);
                 let omitted = Arc::new(AtomicU32::new(0));
                 record.esi_omitted = Some(Arc::clone(&omitted));
-                esi::process(self, &head, out.resp, template, &esi_vars, omitted).await?
+                if timing.on && timing.trailers {
+                    timing.includes = Some(Arc::default());
+                }
+                let includes = timing.includes.clone();
+                esi::process(
+                    self, &head, out.resp, template, &esi_vars, omitted, includes,
+                )
+                .await?
             }
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
         };
         let resp = deliver::finish(resp, out.status);
-        deliver::run_policy(policy.as_mut(), &mut head, resp, &self.metrics).await
+        let resp = deliver::run_policy(policy.as_mut(), &mut head, resp, &self.metrics).await;
+        timing.phase("deliver", delivering);
+        resp
     }
 }
