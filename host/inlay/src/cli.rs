@@ -38,6 +38,12 @@ pub enum Command {
     },
     /// Print the embedded default configuration.
     DefaultConfig,
+    /// Write the man pages into DIR (the Debian package's build step).
+    #[command(hide = true)]
+    Manpages {
+        /// An existing directory.
+        dir: PathBuf,
+    },
 }
 
 /// Flags of `inlay serve`.
@@ -119,6 +125,16 @@ pub fn main() -> std::process::ExitCode {
             print!("{}", crate::config::EMBEDDED_DEFAULT);
             std::process::ExitCode::SUCCESS
         }
+        Command::Manpages { dir } => match crate::manpage::write_manpages(&dir) {
+            Ok(_) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!(
+                    "inlay: cannot write the man pages into {}: {e}",
+                    dir.display()
+                );
+                std::process::ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             let cfg = match args.load_config() {
                 Ok(c) => c,

@@ -15,6 +15,7 @@ pub mod body;
 pub mod cli;
 pub mod codec;
 pub mod config;
+pub mod manpage;
 pub mod pipeline;
 pub mod policy_services;
 pub mod server;
