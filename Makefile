@@ -21,7 +21,7 @@ DEMO_PROFILE := --profile demo --config 'profile.demo.inherits="release"' \
 	--config 'profile.demo.lto="off"' --config profile.demo.opt-level=1 \
 	--config profile.demo.codegen-units=16 --config profile.demo.debug=false
 
-.PHONY: demo test build deps bench bench-quick vendor-check conformance hostile scale
+.PHONY: demo test build deps bench bench-quick vendor-check conformance hostile scale package
 
 include Makefile.policies
 
@@ -57,6 +57,22 @@ test: deps vendor-check
 	bash policies/build.sh --test
 	bash policies/build-lang.sh --test
 	$(CARGO) test --workspace
+	bash loadtests/scripts/package-test.sh
+
+# The Debian package, target/debian/inlay_<version>-1_amd64.deb, from the
+# release build (README, "Debian package"); the man pages come from the
+# binary's clap definitions. `make test` checks the same layout built from
+# the debug binary (loadtests/scripts/package-test.sh).
+package: deps
+	@bash loadtests/scripts/ensure-deps.sh package
+	$(CARGO) build --release -p inlay
+	rm -rf target/release/man && mkdir -p target/release/man
+	target/release/inlay manpages target/release/man
+	gzip -9n target/release/man/*.1
+	# The line tables move to /usr/lib/debug/.build-id/ (zlib, which Rust's
+	# backtraces read): /usr/bin/inlay is 26 MB instead of 140.
+	$(CARGO) deb -p inlay --no-build --locked -o target/debian/ \
+		--separate-debug-symbols --compress-debug-symbols=zlib
 
 # vendor/wasmtime must be its crates.io release plus the patches in
 # vendor/wasmtime-patches (README.md there); about a second, and needs

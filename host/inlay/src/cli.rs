@@ -43,6 +43,12 @@ pub enum Command {
     DefaultConfig,
     /// Ask a running inlay's admin API (stats, purge, ban, reload, ...).
     Admin(crate::admin::client::AdminArgs),
+    /// Write the man pages into DIR (the Debian package's build step).
+    #[command(hide = true)]
+    Manpages {
+        /// An existing directory.
+        dir: PathBuf,
+    },
 }
 
 /// Flags of `inlay serve`.
@@ -136,6 +142,16 @@ pub fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Command::Admin(args) => crate::admin::client::main(args),
+        Command::Manpages { dir } => match crate::manpage::write_manpages(&dir) {
+            Ok(_) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!(
+                    "inlay: cannot write the man pages into {}: {e}",
+                    dir.display()
+                );
+                std::process::ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             let cfg = match args.load_config() {
                 Ok(c) => c,

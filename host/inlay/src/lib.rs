@@ -18,6 +18,7 @@ pub mod body;
 pub mod cli;
 pub mod codec;
 pub mod config;
+pub mod manpage;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy_services;

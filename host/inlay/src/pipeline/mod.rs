@@ -143,6 +143,8 @@ struct RequestTiming {
     trailers: bool,
     head: server_timing::Timing,
     includes: Option<Arc<IncludeTimings>>,
+    /// When the request came (always set; `Option` for `Default`).
+    started: Option<Instant>,
 }
 
 impl RequestTiming {
@@ -313,6 +315,7 @@ impl Pipeline {
         let mut timing = RequestTiming {
             on: self.config.server.server_timing,
             trailers: server_timing::trailers_allowed(parts.version, &parts.headers),
+            started: Some(started),
             ..RequestTiming::default()
         };
         let http1 = parts.version < http::Version::HTTP_2;
@@ -330,7 +333,7 @@ impl Pipeline {
         let result = match recv::check_declared_length(&parts.headers, limit) {
             Ok(()) => {
                 let body = recv::capped_body(body::boxed(body), limit, over.clone());
-                self.process(parts, body, peer, &mut record, &mut served, &mut timing, started)
+                self.process(parts, body, peer, &mut record, &mut served, &mut timing)
                     .instrument(span)
                     .await
             }
@@ -395,7 +398,6 @@ impl Pipeline {
         record: &mut AccessRecord,
         served: &mut CacheStatus,
         timing: &mut RequestTiming,
-        started: Instant,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
         if head.method.as_str() == "PURGE" {
@@ -411,7 +413,8 @@ impl Pipeline {
         let route = recv::route(&mut head, policy.as_mut(), &self.metrics).await?;
         // Whatever the policy set, the flag goes no further.
         timing.on |= server_timing::take_request_flag(&mut head.headers);
-        timing.phase("recv", Some(started));
+        let started = timing.started;
+        timing.phase("recv", started);
         let routed = timing.now();
         record.backend = Some(head.backend.clone());
         let mut out = match route {
