@@ -918,7 +918,10 @@ mod tests {
             );
             assert_eq!(sample(&text, "inlay_cache_hits_total"), n);
             assert_eq!(sample(&text, "inlay_cache_grace_hits_total"), n);
-            assert_eq!(sample(&text, "inlay_bans_added_total"), n);
+            assert_eq!(
+                sample(&text, "inlay_bans_added_total"),
+                if enabled { "3" } else { "0" }
+            );
             assert_eq!(
                 sample(&text, "inlay_purged_objects_total"),
                 if enabled { "5" } else { "0" }

@@ -1,6 +1,6 @@
 //! Test fixture: one route per host capability, so the host's tests can
 //! check `kv`, `cache`, `fetch` and `esi` end to end. Other requests follow
-//! the built-in rules.
+//! the built-in rules. `/cap/timing` turns Server-Timing on for itself.
 //!
 //! `/cap/state` answers with every URL this instance has seen before, one
 //! per line: the host's tests use it to prove that no request can see
@@ -91,6 +91,15 @@ impl Policy for Capabilities {
                     Err(e) => text(500, format!("set_url: {e}")),
                 }
             }
+            // Server-Timing for this one request (the host's request flag);
+            // the request goes on to the origin's /echo under the built-in rules.
+            "/cap/timing" => match req
+                .set_header("inlay-server-timing", "1")
+                .and_then(|()| req.set_url("/echo"))
+            {
+                Ok(()) => builtin::recv(req),
+                Err(e) => text(500, format!("set_header: {e}")),
+            },
             _ => builtin::recv(req),
         }
     }
