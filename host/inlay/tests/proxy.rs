@@ -705,6 +705,33 @@ async fn server_timing_is_off_by_default_and_a_client_cannot_turn_it_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_turns_server_timing_on_for_one_request() {
+    let origin = Origin::start();
+    // The fixture's /cap/timing sets the flag, then goes to the origin's /echo.
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .arg("--policy")
+        .arg(common::policy("capabilities").display().to_string())
+        .start_in_process()
+        .await;
+    let r = get(&inlay.url("/cap/timing")).await;
+    assert_eq!(r.status, 200);
+    let entries = timing_names(&r);
+    assert!(
+        entries.iter().any(|e| e.starts_with("recv;dur=")),
+        "{entries:?}"
+    );
+    assert_eq!(
+        common::echoed(&r, "inlay-server-timing"),
+        None,
+        "the flag is the host's, never the backend's"
+    );
+    // Other requests of the same policy: off (the config leaves it off).
+    let r = get(&inlay.url("/echo")).await;
+    assert_eq!(r.header("server-timing"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_timing_from_the_config_names_the_phases_and_the_cache_status() {
     let origin = Origin::start();
     let inlay = Harness::builder()
