@@ -25,12 +25,26 @@ pub const MAX_SUBREQUEST_BODY: usize = 8 << 20;
 pub struct HostServices {
     cache: HttpCache,
     backends: Backends,
+    /// The request-id header carried from a request onto its policy's
+    /// subrequests (`server.request_id_header`), if ids are on.
+    request_id: Option<http::HeaderName>,
 }
 
 impl HostServices {
     /// Services over the host's cache and backends.
     pub fn new(cache: HttpCache, backends: Backends) -> Self {
-        Self { cache, backends }
+        Self {
+            cache,
+            backends,
+            request_id: None,
+        }
+    }
+
+    /// Subrequests carry the request's id in `header` unless the policy
+    /// set one itself.
+    pub fn with_request_id(mut self, header: Option<http::HeaderName>) -> Self {
+        self.request_id = header;
+        self
     }
 }
 
@@ -174,9 +188,15 @@ impl PolicyServices for HostServices {
 
     fn fetch(
         &self,
-        req: SubRequest,
+        mut req: SubRequest,
         default_backend: &str,
     ) -> BoxFuture<'static, Result<SubResponse, FetchError>> {
+        if let Some(name) = &self.request_id
+            && !req.headers.contains_key(name)
+            && let Some(id) = req.parent_headers.get(name)
+        {
+            req.headers.insert(name.clone(), id.clone());
+        }
         let name = req
             .backend
             .clone()

@@ -657,3 +657,31 @@ async fn requests_waiting_on_another_requests_fetch_hold_no_policy_instance() {
         s.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_subrequest_carries_the_request_id() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .arg("--policy")
+        .arg(policy("capabilities").display().to_string())
+        .start_in_process()
+        .await;
+    // The fixture answers with what its subrequest to /echo carried.
+    let r = request(
+        "GET",
+        &inlay.url("/cap/fetch-echo"),
+        &[("x-request-id", "trace-42")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        common::echoed(&r, "x-request-id").as_deref(),
+        Some("trace-42")
+    );
+    // A minted id, too: the one the client gets back.
+    let r = get(&inlay.url("/cap/fetch-echo")).await;
+    let id = r.header("x-request-id").expect("minted").to_owned();
+    assert_eq!(common::echoed(&r, "x-request-id"), Some(id));
+}

@@ -85,6 +85,9 @@ pub struct SubRequest {
     pub body: Bytes,
     /// What the request's subrequests may still buffer of response bodies.
     pub body_budget: BodyBudget,
+    /// The header fields of the request the policy is handling, from which
+    /// the host may carry some onto the subrequest (its request id).
+    pub parent_headers: HeaderMap,
 }
 
 /// A subrequest's response.

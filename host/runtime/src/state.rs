@@ -276,6 +276,15 @@ impl StoreState {
         granted
     }
 
+    /// The header fields of the request being handled (none between hooks).
+    pub(crate) fn current_headers(&self) -> http::HeaderMap {
+        self.current_request
+            .as_ref()
+            .and_then(|r| self.table.get(r).ok())
+            .map(|r| r.headers.clone())
+            .unwrap_or_default()
+    }
+
     /// The backend of the request being handled, for subrequests without one.
     pub(crate) fn default_backend(&self) -> String {
         self.current_request

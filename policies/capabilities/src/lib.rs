@@ -77,6 +77,11 @@ impl Policy for Capabilities {
                 }
                 text(200, out)
             }
+            // What a subrequest carries: the origin's /echo, answered as is.
+            "/cap/fetch-echo" => match fetch::send(&fetch::FetchRequest::get("/echo")) {
+                Ok(resp) => text(resp.status, String::from_utf8_lossy(&resp.body).into_owned()),
+                Err(e) => text(502, format!("fetch: {e}")),
+            },
             // Turn ESI on for a response that did not opt in, with a variable.
             // The page itself comes from the origin's /resp with the same query.
             "/cap/esi" => {

@@ -219,8 +219,10 @@ impl Pipeline {
         metrics: Arc<Metrics>,
     ) -> Self {
         let request_ids = RequestIds::new(&config.server);
-        let services: Arc<dyn PolicyServices> =
-            Arc::new(HostServices::new(cache.clone(), backends.clone()));
+        let services: Arc<dyn PolicyServices> = Arc::new(
+            HostServices::new(cache.clone(), backends.clone())
+                .with_request_id(request_ids.header().cloned()),
+        );
         Self {
             config,
             backends,

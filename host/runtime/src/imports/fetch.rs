@@ -19,6 +19,7 @@ fn to_sub_request(
     req: FetchRequest,
     backend_exists: impl Fn(&str) -> bool,
     body_budget: &BodyBudget,
+    parent_headers: &http::HeaderMap,
 ) -> Result<SubRequest, FetchError> {
     if let Some(backend) = &req.backend
         && !backend_exists(backend)
@@ -40,6 +41,7 @@ fn to_sub_request(
         headers,
         body: Bytes::from(req.body),
         body_budget: body_budget.clone(),
+        parent_headers: parent_headers.clone(),
     })
 }
 
@@ -72,8 +74,13 @@ impl Host for StoreState {
             return Ok(Err(FetchError::LimitExceeded));
         }
         let services = self.services();
-        let sub = match to_sub_request(req, |b| services.backend_exists(b), &self.subrequest_bytes)
-        {
+        let parent = self.current_headers();
+        let sub = match to_sub_request(
+            req,
+            |b| services.backend_exists(b),
+            &self.subrequest_bytes,
+            &parent,
+        ) {
             Ok(sub) => sub,
             Err(e) => return Ok(Err(e)),
         };
@@ -107,12 +114,18 @@ impl Host for StoreState {
         let mut batch = Vec::new();
         let mut slots = Vec::new();
         let services = self.services();
+        let parent = self.current_headers();
         for (i, req) in reqs.into_iter().enumerate() {
             if i >= granted {
                 results.push(Some(Err(FetchError::LimitExceeded)));
                 continue;
             }
-            match to_sub_request(req, |b| services.backend_exists(b), &self.subrequest_bytes) {
+            match to_sub_request(
+                req,
+                |b| services.backend_exists(b),
+                &self.subrequest_bytes,
+                &parent,
+            ) {
                 Ok(sub) => {
                     batch.push(sub);
                     slots.push(i);
