@@ -79,7 +79,11 @@ memory_size = "256MiB"
 level = "warn"
 access_log = "off"
 TOML
-"$BIN/inlay" serve --config "$work/inlay.toml" >"$OUT/inlay.log" 2>&1 &
+# INLAY_CPUS=0 runs Inlay on CPU 0 only (taskset), e.g. beside
+# `--attack-cpu 1 --client-cpu 0`: the attackers then do not take Inlay's CPU.
+pin=()
+[ -n "${INLAY_CPUS:-}" ] && pin=(taskset -c "$INLAY_CPUS")
+"${pin[@]}" "$BIN/inlay" serve --config "$work/inlay.toml" >"$OUT/inlay.log" 2>&1 &
 inlay_pid=$!
 for _ in $(seq 100); do
     if python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.2)" 2>/dev/null; then

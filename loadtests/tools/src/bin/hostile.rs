@@ -107,6 +107,37 @@ struct Args {
     /// Write the figures as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run the attackers' thread on this CPU only (with `taskset` on
+    /// Inlay and `--client-cpu`: the attack does not take Inlay's CPU).
+    #[arg(long)]
+    attack_cpu: Option<usize>,
+    /// Run the normal client's thread on this CPU only.
+    #[arg(long)]
+    client_cpu: Option<usize>,
+}
+
+/// Pins the calling thread to `cpu` with `taskset` (no unsafe code here).
+fn pin_this_thread(cpu: Option<usize>) -> anyhow::Result<()> {
+    let Some(cpu) = cpu else {
+        return Ok(());
+    };
+    let me = std::fs::read_link("/proc/thread-self").context("reading /proc/thread-self")?;
+    let tid = me
+        .file_name()
+        .and_then(|t| t.to_str())
+        .context("no thread id in /proc/thread-self")?
+        .to_owned();
+    let out = std::process::Command::new("taskset")
+        .args(["-p", "-c", &cpu.to_string(), &tid])
+        .output()
+        .context("running taskset")?;
+    if !out.status.success() {
+        bail!(
+            "taskset -p -c {cpu} {tid}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 const WARM: u8 = 0;
@@ -233,6 +264,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             started.clone(),
         );
         std::thread::spawn(move || -> anyhow::Result<()> {
+            pin_this_thread(args.attack_cpu)?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -527,6 +559,10 @@ async fn get(sender: &mut H1, target: SocketAddr, path: &str) -> anyhow::Result<
 /// The normal client: paced keep-alive requests and a request on a fresh
 /// connection every `fresh_every_ms`, each timed; runs until `stop`.
 fn normal_client(args: Args, phase: Arc<AtomicU8>, stop: CancellationToken) -> Vec<Sample> {
+    if let Err(e) = pin_this_thread(args.client_cpu) {
+        eprintln!("normal client: {e:#}");
+        return Vec::new();
+    }
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
