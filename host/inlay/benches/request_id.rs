@@ -13,7 +13,6 @@
 #![allow(missing_docs)]
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Version, header};
@@ -22,22 +21,10 @@ use inlay::request_id::RequestIds;
 use inlay::server_timing;
 
 fn server_config() -> ServerConfig {
-    ServerConfig {
-        listen: Vec::new(),
-        max_connections: 1,
-        max_connections_per_client: 0,
-        header_read_timeout: Duration::from_secs(1),
-        idle_timeout: Duration::from_secs(1),
-        busy_idle_timeout: Duration::from_secs(1),
-        send_timeout: Duration::from_secs(1),
-        idle_send_timeout: Duration::from_secs(1),
-        max_header_size: 1 << 16,
-        max_request_body: 0,
-        shutdown_timeout: Duration::from_secs(1),
-        request_id_header: Some(header::HeaderName::from_static("x-request-id")),
-        trust_request_id: true,
-        server_timing: false,
-    }
+    let mut server = inlay::config::Config::embedded_default().server;
+    server.request_id_header = Some(header::HeaderName::from_static("x-request-id"));
+    server.trust_request_id = true;
+    server
 }
 
 fn request_headers() -> HeaderMap {

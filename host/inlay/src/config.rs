@@ -73,6 +73,9 @@ pub struct ServerConfig {
     /// The idle timeout while fewer than a tenth of `max_connections` are
     /// free, so that idle clients cannot hold every slot.
     pub busy_idle_timeout: Duration,
+    /// `defer_accept`: a connection reaches Inlay once its first bytes have
+    /// come (TCP_DEFER_ACCEPT), or after this; zero turns it off.
+    pub defer_accept: Duration,
     /// Longest time to send one response (head and body); the connection
     /// (HTTP/1) or the stream (HTTP/2) is then cut.
     pub send_timeout: Duration,
@@ -922,6 +925,7 @@ impl Reader {
                 "header_read_timeout",
                 "idle_timeout",
                 "busy_idle_timeout",
+                "defer_accept",
                 "send_timeout",
                 "idle_send_timeout",
                 "max_header_size",
@@ -975,6 +979,7 @@ impl Reader {
                 "busy_idle_timeout",
                 Duration::from_secs(1),
             ),
+            defer_accept: self.duration(t, p, "defer_accept", Duration::from_secs(5)),
             send_timeout: self.positive_duration(t, p, "send_timeout", Duration::from_secs(600)),
             idle_send_timeout: self.positive_duration(
                 t,

@@ -45,6 +45,9 @@ pub async fn run(
     let connections = TaskTracker::new();
     let first = Arc::clone(current.load().shared_config());
     let slots = Arc::new(Semaphore::new(first.server.max_connections));
+    for l in &listeners {
+        defer_accept(l, first.server.defer_accept);
+    }
     let accept_tasks: Vec<_> = listeners
         .into_iter()
         .map(|listener| {
@@ -870,5 +873,38 @@ mod tests {
             waited >= Duration::from_millis(300),
             "returned after {waited:?}"
         );
+    }
+}
+
+/// `server.defer_accept`: the kernel hands a connection to the accept loop
+/// once its first bytes have come (or after `wait`), so connections that
+/// open and send nothing (an idle flood) cost Inlay no accept, no slot and
+/// no close; an attacker that reconnects whatever Inlay closes gets
+/// `wait` between its tries instead of a loop as fast as both CPUs go.
+/// HTTP and TLS clients speak first, so they see no difference (nginx's
+/// `deferred`, HAProxy's `defer-accept`). Zero leaves the listener as is.
+fn defer_accept(listener: &TcpListener, wait: Duration) {
+    if wait.is_zero() {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd as _;
+        let secs = libc::c_int::try_from(wait.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: setsockopt reads one c_int from our stack for a socket
+        // this listener owns for the duration of the call.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::setsockopt(
+                listener.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_DEFER_ACCEPT,
+                std::ptr::from_ref(&secs).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            warn!(error = %io::Error::last_os_error(), "cannot set TCP_DEFER_ACCEPT; idle connections are accepted at once");
+        }
     }
 }

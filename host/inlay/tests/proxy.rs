@@ -433,7 +433,8 @@ async fn idle_clients_cannot_hold_every_connection_slot() {
     let inlay = Harness::builder()
         .backend(&origin)
         .server(&format!(
-            "max_connections = {SLOTS}\nidle_timeout = \"60s\"\nbusy_idle_timeout = \"200ms\""
+            "max_connections = {SLOTS}\nidle_timeout = \"60s\"\nbusy_idle_timeout = \"200ms\"\n\
+             defer_accept = \"0s\""
         ))
         .start_in_process()
         .await;
@@ -463,12 +464,54 @@ async fn idle_clients_cannot_hold_every_connection_slot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_send_nothing_do_not_take_the_slots_of_requests() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin = Origin::start();
+    // defer_accept on (the default): the kernel hands Inlay a connection
+    // once it has sent something, so an idle flood from one address does
+    // not take that address's share, nor cost an accept and a close each.
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("max_connections_per_client = 5")
+        .start_in_process()
+        .await;
+    let mut idle = Vec::new();
+    for _ in 0..50 {
+        idle.push(tokio::net::TcpStream::connect(inlay.addr).await.unwrap());
+    }
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+        s.write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut answer))
+            .await
+            .expect("answered")
+            .unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    // None of the idle ones was accepted and closed for being over the share.
+    let mut buf = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_millis(300), idle[40].read(&mut buf)).await;
+    assert!(
+        closed.is_err(),
+        "an idle connection was accepted and closed: {closed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_address_cannot_take_every_connection() {
     use tokio::io::AsyncReadExt;
     let origin = Origin::start();
     let inlay = Harness::builder()
         .backend(&origin)
-        .server("max_connections_per_client = 5")
+        // Connections that send nothing reach Inlay only without defer_accept.
+        .server("max_connections_per_client = 5\ndefer_accept = \"0s\"")
         .start_in_process()
         .await;
     let mut held = Vec::new();
