@@ -34,6 +34,18 @@ impl Lines {
         self.all().join("\n")
     }
 
+    /// Wait until at least `n` lines have come; whether they did.
+    pub fn wait_for_count(&self, n: usize, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if self.0.lock().unwrap().len() >= n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// Wait until a line containing `needle` appears. Blocks the calling
     /// thread: the test's own thread, not a runtime worker (the test origin
     /// runs on those).

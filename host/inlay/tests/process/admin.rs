@@ -320,3 +320,89 @@ async fn bans_and_reloads_through_inlay_admin() {
         "a banned object must not come back"
     );
 }
+
+/// The value of one sample (`name` with its labels, as printed) in an
+/// OpenMetrics text, 0 when absent.
+fn sample(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// A Prometheus scrape of the real binary after a load run agrees with the
+/// access log it wrote for the same requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_after_a_load_run_agrees_with_the_access_log() {
+    use crate::common::request;
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml("[log]\naccess_log_format = \"json\"")
+        .arg("--admin")
+        .arg("127.0.0.1:0")
+        .spawn_process();
+    let admin = admin_addr(&inlay);
+    // 8 clients, 40 requests each: 20 cacheable URLs (misses, then hits),
+    // passes (POST) and uncacheable answers.
+    let mut tasks = Vec::new();
+    for c in 0..8 {
+        let base = inlay.url("");
+        tasks.push(tokio::spawn(async move {
+            for i in 0..40 {
+                let r = match i % 4 {
+                    3 => request("POST", &format!("{base}/resp?c={c}"), &[], "body".into()).await,
+                    2 => get(&format!("{base}/resp?cc=no-store&i={i}")).await,
+                    _ => get(&format!("{base}/resp?cc=max-age%3D600&u={}", i % 20)).await,
+                };
+                assert_eq!(r.status, 200);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let total = 8 * 40;
+    assert!(
+        inlay.access.wait_for_count(total, Duration::from_secs(10)),
+        "{} access-log lines of {total}",
+        inlay.access.all().len()
+    );
+    let lines: Vec<serde_json::Value> = inlay
+        .access
+        .all()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |cache: &str| lines.iter().filter(|l| l["cache"] == cache).count() as u64;
+
+    // The scrape, over HTTP as Prometheus does it.
+    let scrape = get(&format!("http://{admin}/metrics")).await;
+    assert_eq!(scrape.status, 200);
+    assert!(
+        scrape
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/openmetrics-text")),
+        "{:?}",
+        scrape.headers
+    );
+    let text = scrape.text();
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    assert_eq!(
+        sample(&text, "inlay_client_requests_total{protocol=\"http/1.1\"}"),
+        total as u64
+    );
+    for (series, cache) in [
+        ("inlay_cache_hits_total", "hit"),
+        ("inlay_cache_misses_total", "miss"),
+        ("inlay_cache_passes_total", "pass"),
+    ] {
+        assert_eq!(sample(&text, series), count(cache), "{series}\n{text}");
+    }
+    assert!(count("hit") > 0 && count("miss") > 0 && count("pass") > 0);
+    let bytes: u64 = lines.iter().map(|l| l["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(
+        sample(&text, "inlay_client_response_body_bytes_total"),
+        bytes
+    );
+}
