@@ -144,6 +144,17 @@ impl ObjectMeta {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(self.approx_size() + 64);
         w.u8(META_VERSION);
+        self.write_v1_fields(&mut w);
+        // Version 2 appends these.
+        w.u64(self.created_ms);
+        w.opt_str(self.full_key.as_deref());
+        let crc = crc32fast::hash(&w.buf);
+        w.u32(crc);
+        w.buf
+    }
+
+    /// The fields every version has, in their order.
+    fn write_v1_fields(&self, w: &mut Writer) {
         w.u16(self.status);
         w.u64(self.stored_at_ms);
         w.u64(self.ttl_ms);
@@ -166,11 +177,6 @@ impl ObjectMeta {
         }
         w.opt_str(self.etag.as_deref());
         w.opt_str(self.last_modified.as_deref());
-        w.u64(self.created_ms);
-        w.opt_str(self.full_key.as_deref());
-        let crc = crc32fast::hash(&w.buf);
-        w.u32(crc);
-        w.buf
     }
 
     /// Decodes what [`ObjectMeta::encode`] produced, verifying its checksum.
@@ -290,28 +296,7 @@ mod tests {
     fn encode_v1(m: &ObjectMeta) -> Vec<u8> {
         let mut w = Writer::with_capacity(256);
         w.u8(META_VERSION_1);
-        w.u16(m.status);
-        w.u64(m.stored_at_ms);
-        w.u64(m.ttl_ms);
-        w.u64(m.grace_ms);
-        w.u64(m.keep_ms);
-        w.u64(m.body_len);
-        w.u32(m.checksum);
-        w.u32(len_u32(m.headers.len()));
-        for (name, value) in &m.headers {
-            w.str(name);
-            w.bytes(value);
-        }
-        w.u32(len_u32(m.surrogate_keys.len()));
-        for k in &m.surrogate_keys {
-            w.str(k);
-        }
-        w.u32(len_u32(m.vary.len()));
-        for v in &m.vary {
-            w.str(v);
-        }
-        w.opt_str(m.etag.as_deref());
-        w.opt_str(m.last_modified.as_deref());
+        m.write_v1_fields(&mut w);
         let crc = crc32fast::hash(&w.buf);
         w.u32(crc);
         w.buf

@@ -3,8 +3,9 @@
 
 use std::fmt::Write as _;
 
-/// How a response was served. Every response has exactly one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a response was served. Every response has exactly one; until the
+/// host knows better, it is [`CacheStatus::Error`] (the default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CacheStatus {
     /// A fresh object from the cache, with its freshness left in seconds.
     Hit {
@@ -38,6 +39,7 @@ pub enum CacheStatus {
     /// A PURGE request.
     Purge,
     /// The request failed; the response is an error page.
+    #[default]
     Error,
 }
 

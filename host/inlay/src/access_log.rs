@@ -43,8 +43,9 @@ pub struct AccessRecord {
     pub user_agent: Option<String>,
     /// Host header.
     pub host: Option<String>,
-    /// Cache outcome: hit, miss, pass, stale, synth, error.
-    pub cache: &'static str,
+    /// How it was served (logged by its log name: hit, miss, pass...); the
+    /// metrics count the same value.
+    pub cache: inlay_core::CacheStatus,
     /// Backend that served it, if any.
     pub backend: Option<String>,
     /// Time from request head to last body byte.
@@ -269,7 +270,7 @@ fn json(r: &AccessRecord) -> String {
         "bytes": r.bytes,
         "referer": r.referer,
         "user_agent": r.user_agent,
-        "cache": r.cache,
+        "cache": r.cache.log_name(),
         "backend": r.backend,
         "duration_ms": r.duration.as_secs_f64() * 1000.0,
         "error": r.error,

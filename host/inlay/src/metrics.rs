@@ -459,7 +459,7 @@ impl Metrics {
             ),
             (
                 "purge_requests",
-                "PURGE requests accepted",
+                "PURGE and BAN requests accepted",
                 &self.purge_requests,
             ),
             (

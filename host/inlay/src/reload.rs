@@ -248,44 +248,48 @@ fn keep_restart_only(
     slot: Option<&Arc<PolicySlot>>,
 ) -> Vec<String> {
     let mut warnings = Vec::new();
-    let mut keep = |key: &str, differs: bool| {
-        if differs {
+    let mut note = |key: &str, changed: bool| {
+        if changed {
             warnings.push(format!("{key} changed: {RESTART_ONLY}"));
         }
     };
-    keep("server.listen", old.server.listen != new.server.listen);
-    new.server.listen.clone_from(&old.server.listen);
-    keep(
+    let (o, n) = (&old.server, &mut new.server);
+    note("server.listen", restore(&o.listen, &mut n.listen));
+    note(
         "server.max_connections",
-        old.server.max_connections != new.server.max_connections,
+        restore(&o.max_connections, &mut n.max_connections),
     );
-    new.server.max_connections = old.server.max_connections;
-    keep(
+    note(
         "server.max_connections_per_client",
-        old.server.max_connections_per_client != new.server.max_connections_per_client,
+        restore(
+            &o.max_connections_per_client,
+            &mut n.max_connections_per_client,
+        ),
     );
-    new.server.max_connections_per_client = old.server.max_connections_per_client;
-    keep("cache.dir", old.cache.dir != new.cache.dir);
-    new.cache.dir.clone_from(&old.cache.dir);
-    keep(
+    let (o, n) = (&old.cache, &mut new.cache);
+    note("cache.dir", restore(&o.dir, &mut n.dir));
+    note(
         "cache.memory_size",
-        old.cache.memory_size != new.cache.memory_size,
+        restore(&o.memory_size, &mut n.memory_size),
     );
-    new.cache.memory_size = old.cache.memory_size;
-    keep(
-        "cache.disk_size",
-        old.cache.disk_size != new.cache.disk_size,
-    );
-    new.cache.disk_size = old.cache.disk_size;
-    keep("admin.listen", old.admin != new.admin);
-    new.admin = old.admin;
+    note("cache.disk_size", restore(&o.disk_size, &mut n.disk_size));
+    note("admin.listen", restore(&old.admin, &mut new.admin));
     // The instance pool is the engine's, made with the first policy.
     if let (Some(slot), Some(pc)) = (slot, &mut new.policy) {
         let running = slot.current().engine().max_instances();
-        keep("policy.max_instances", running != pc.max_instances);
-        pc.max_instances = running;
+        note(
+            "policy.max_instances",
+            restore(&running, &mut pc.max_instances),
+        );
     }
     warnings
+}
+
+/// Puts `running` back in `new`; whether the file had changed it.
+fn restore<T: PartialEq + Clone>(running: &T, new: &mut T) -> bool {
+    let changed = running != new;
+    new.clone_from(running);
+    changed
 }
 
 /// The sections of `new` that differ from `old`.

@@ -38,7 +38,8 @@ pub fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
         referer: get(http::header::REFERER),
         user_agent: get(http::header::USER_AGENT),
         host: get(http::header::HOST).or_else(|| parts.uri.authority().map(|a| a.to_string())),
-        cache: "",
+        // Until the pipeline says otherwise, the request failed.
+        cache: inlay_core::CacheStatus::Error,
         ..Default::default()
     }
 }
@@ -67,6 +68,7 @@ pub fn finish(
     metrics: &Arc<Metrics>,
 ) -> Response<ProxyBody> {
     record.status = resp.status().as_u16();
+    metrics.served(&record.cache);
     // Only when counting: an Arc clone per request otherwise saved.
     let metrics = metrics.enabled().then(|| Arc::clone(metrics));
     resp.map(|b| {

@@ -143,8 +143,6 @@ struct RequestTiming {
     trailers: bool,
     head: server_timing::Timing,
     includes: Option<Arc<IncludeTimings>>,
-    /// When the request came (always set; `Option` for `Default`).
-    started: Option<Instant>,
 }
 
 impl RequestTiming {
@@ -317,14 +315,11 @@ impl Pipeline {
         let mut timing = RequestTiming {
             on: self.config.server.server_timing,
             trailers: server_timing::trailers_allowed(parts.version, &parts.headers),
-            started: Some(started),
             ..RequestTiming::default()
         };
         let http1 = parts.version < http::Version::HTTP_2;
         let mut record = log::start(&parts, peer);
         self.metrics.client_request(parts.version);
-        // How it was served, for the counters; set with `record.cache`.
-        let mut served = CacheStatus::Error;
         record.request_id = request_id
             .as_ref()
             .and_then(|v| v.to_str().ok())
@@ -335,7 +330,7 @@ impl Pipeline {
         let result = match recv::check_declared_length(&parts.headers, limit) {
             Ok(()) => {
                 let body = recv::capped_body(body::boxed(body), limit, over.clone());
-                self.process(parts, body, peer, &mut record, &mut served, &mut timing)
+                self.process(parts, body, peer, &mut record, &mut timing, started)
                     .instrument(span)
                     .await
             }
@@ -347,15 +342,11 @@ impl Pipeline {
             false => e,
         });
         let resp = match result {
-            Ok(resp) => {
-                self.metrics.served(&served);
-                resp
-            }
+            Ok(resp) => resp,
             Err(e) => {
-                self.metrics.served(&CacheStatus::Error);
                 log::failure(&e, &record);
                 record.error = Some(e.to_string());
-                record.cache = CacheStatus::Error.log_name();
+                record.cache = CacheStatus::Error;
                 let mut resp = deliver::finish(e.to_response(), CacheStatus::Error);
                 // After a malformed request nothing on the connection can be
                 // trusted (Varnish and nginx close too); HTTP/2 has no such field.
@@ -371,7 +362,7 @@ impl Pipeline {
             resp.headers_mut().insert(name.clone(), id);
         }
         if timing.on {
-            timing.head.cache(record.cache);
+            timing.head.cache(record.cache.log_name());
             if let Some(v) = timing.head.header_value() {
                 resp.headers_mut().append(server_timing::SERVER_TIMING, v);
             }
@@ -398,25 +389,23 @@ impl Pipeline {
         body: ProxyBody,
         peer: SocketAddr,
         record: &mut AccessRecord,
-        served: &mut CacheStatus,
         timing: &mut RequestTiming,
+        started: Instant,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
         if head.method.as_str() == "PURGE" {
-            record.cache = CacheStatus::Purge.log_name();
-            *served = CacheStatus::Purge;
+            record.cache = CacheStatus::Purge;
             return purge::purge(&self.cache, &self.config.cache, &head, &self.metrics).await;
         }
         if head.method.as_str() == "BAN" {
-            record.cache = CacheStatus::Purge.log_name();
+            record.cache = CacheStatus::Purge;
             return purge::ban(&self.cache, &self.config.cache, &head).await;
         }
         let mut policy = self.start_policy().await?;
         let route = recv::route(&mut head, policy.as_mut(), &self.metrics).await?;
         // Whatever the policy set, the flag goes no further.
         timing.on |= server_timing::take_request_flag(&mut head.headers);
-        let started = timing.started;
-        timing.phase("recv", started);
+        timing.phase("recv", Some(started));
         let routed = timing.now();
         record.backend = Some(head.backend.clone());
         let mut out = match route {
@@ -459,8 +448,7 @@ impl Pipeline {
             }
             esi_vars = o.vars.clone();
         }
-        record.cache = out.status.log_name();
-        *served = out.status;
+        record.cache = out.status;
         let resp = match (&out.object, out.esi) {
             (_, true) if head.method == Method::HEAD => {
                 // The assembled length is unknown without assembling.
