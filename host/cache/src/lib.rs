@@ -170,18 +170,17 @@ mod long_keys {
     }
 }
 
+/// The cache's state, shared by every cache made [`HttpCache::with_rules`]
+/// from this one, so that a reload neither forgets nor doubles the fetches
+/// in flight, the hit-for-miss marks or the bans.
 struct Inner {
     store: CacheStore,
-    rules: CacheRules,
-    /// The rest is shared by every cache made [`HttpCache::with_rules`]
-    /// from this one, so that a reload neither forgets nor doubles the
-    /// fetches in flight, the hit-for-miss marks or the bans.
-    flights: Arc<Flights>,
-    hit_for_miss: Arc<HitForMiss>,
-    bans: Arc<BanList>,
-    tickets: Arc<FillTickets>,
-    lurker: Arc<parking_lot::Mutex<BanLurker>>,
-    lurker_running: Arc<AtomicBool>,
+    flights: Flights,
+    hit_for_miss: HitForMiss,
+    bans: BanList,
+    tickets: FillTickets,
+    lurker: parking_lot::Mutex<BanLurker>,
+    lurker_running: AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -194,12 +193,13 @@ impl std::fmt::Debug for Inner {
 #[derive(Clone)]
 pub struct HttpCache {
     inner: Arc<Inner>,
+    rules: Arc<CacheRules>,
 }
 
 impl std::fmt::Debug for HttpCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpCache")
-            .field("rules", &self.inner.rules)
+            .field("rules", &self.rules)
             .finish_non_exhaustive()
     }
 }
@@ -222,14 +222,14 @@ impl HttpCache {
         let cache = Self {
             inner: Arc::new(Inner {
                 store,
-                rules,
-                flights: Arc::default(),
-                hit_for_miss: Arc::default(),
-                tickets: Arc::new(FillTickets::after(bans.newest_ms())),
-                bans: Arc::new(bans),
-                lurker: Arc::default(),
-                lurker_running: Arc::default(),
+                flights: Flights::default(),
+                hit_for_miss: HitForMiss::default(),
+                tickets: FillTickets::after(bans.newest_ms()),
+                bans,
+                lurker: parking_lot::Mutex::default(),
+                lurker_running: AtomicBool::new(false),
             }),
+            rules: Arc::new(rules),
         };
         cache.wake_lurker();
         cache
@@ -240,18 +240,9 @@ impl HttpCache {
     /// that requests on the old rules and on the new still coalesce with
     /// each other and every generation honours every ban.
     pub fn with_rules(&self, rules: CacheRules) -> Self {
-        let i = &self.inner;
         Self {
-            inner: Arc::new(Inner {
-                store: i.store.clone(),
-                rules,
-                flights: Arc::clone(&i.flights),
-                hit_for_miss: Arc::clone(&i.hit_for_miss),
-                bans: Arc::clone(&i.bans),
-                tickets: Arc::clone(&i.tickets),
-                lurker: Arc::clone(&i.lurker),
-                lurker_running: Arc::clone(&i.lurker_running),
-            }),
+            inner: Arc::clone(&self.inner),
+            rules: Arc::new(rules),
         }
     }
 
@@ -339,11 +330,11 @@ impl HttpCache {
 
     /// What the cache is configured with.
     pub fn rules(&self) -> &CacheRules {
-        &self.inner.rules
+        &self.rules
     }
 
     pub(crate) fn max_object_size(&self) -> u64 {
-        self.inner.rules.max_object_size
+        self.rules.max_object_size
     }
 
     /// What the base key of `primary` holds: the response itself, or the
@@ -360,7 +351,7 @@ impl HttpCache {
         vary: &[String],
         req_headers: &HeaderMap,
     ) -> String {
-        let codings = &self.inner.rules.accept_encoding;
+        let codings = &self.rules.accept_encoding;
         long_keys::variant(primary, &primary.storage_key(vary, req_headers, codings))
     }
 
@@ -443,7 +434,7 @@ impl HttpCache {
                 return fetch(None);
             }
             if !waited {
-                let codings = &self.inner.rules.accept_encoding;
+                let codings = &self.rules.accept_encoding;
                 let selects = |f: &fill::Filling| f.serves(primary, req_headers, codings);
                 match self.inner.flights.wait(primary, selects).await {
                     Waited::Joined(filling) => return Lookup::Joined(JoinedFill { filling }),
