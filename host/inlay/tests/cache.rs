@@ -253,7 +253,6 @@ async fn a_coalesced_request_streams_the_body_while_it_is_being_fetched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_body_that_fails_midway_cuts_every_reader_and_is_not_stored() {
-    use http_body_util::BodyExt;
     let origin = Origin::start();
     let inlay = Harness::builder()
         .backend(&origin)
@@ -262,18 +261,7 @@ async fn a_backend_body_that_fails_midway_cuts_every_reader_and_is_not_stored() 
         .await;
     // 1000 bytes, then a stall longer than between_bytes_timeout.
     let url = inlay.url("/slow-body?n=20000&first=1000&after_ms=3000&cc=max-age%3D60");
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let fetch = |url: String| {
-        let client = client.clone();
-        async move {
-            let req = http::Request::get(url)
-                .body(http_body_util::Full::new(Bytes::new()))
-                .unwrap();
-            let resp = client.request(req).await.unwrap();
-            resp.into_body().collect().await.map(|b| b.to_bytes().len())
-        }
-    };
+    let fetch = |url: String| async move { whole_body(&url).await.map(|b| b.len()) };
     let first = tokio::spawn(fetch(url.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let joined = fetch(url.clone()).await;
@@ -294,7 +282,6 @@ async fn a_backend_body_that_fails_midway_cuts_every_reader_and_is_not_stored() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_without_length_that_outgrows_max_object_size_reaches_every_joined_request_whole() {
-    use http_body_util::BodyExt;
     let origin = Origin::start();
     let inlay = Harness::builder()
         .backend(&origin)
@@ -304,18 +291,7 @@ async fn a_body_without_length_that_outgrows_max_object_size_reaches_every_joine
     // No Content-Length: 1000 bytes, a stall, then 19000 more, past the
     // 10000 an object may have; the joined requests join during the stall.
     let url = inlay.url("/slow-body?n=20000&first=1000&after_ms=1500&cl=0&cc=max-age%3D60");
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http();
-    let fetch = |url: String| {
-        let client = client.clone();
-        async move {
-            let req = http::Request::get(url)
-                .body(http_body_util::Full::new(Bytes::new()))
-                .unwrap();
-            let resp = client.request(req).await.unwrap();
-            resp.into_body().collect().await.map(|b| b.to_bytes())
-        }
-    };
+    let fetch = |url: String| async move { whole_body(&url).await };
     let first = tokio::spawn(fetch(url.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let joined: Vec<_> = (0..3).map(|_| tokio::spawn(fetch(url.clone()))).collect();
@@ -567,6 +543,19 @@ async fn range_requests_that_join_a_fetch_get_their_part_as_the_body_comes() {
     .await;
     assert_eq!((r.status, r.body.len()), (200, 3000));
     assert_eq!(first.await.unwrap().body, r.body);
+}
+
+/// The body of a GET of `url`, or the error that cut it (where `get`
+/// would panic).
+async fn whole_body(url: &str) -> Result<Bytes, hyper::Error> {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::get(url)
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    resp.into_body().collect().await.map(|b| b.to_bytes())
 }
 
 async fn get_url(url: String) -> common::Reply {
