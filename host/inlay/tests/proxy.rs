@@ -475,6 +475,9 @@ async fn connections_that_send_nothing_do_not_take_the_slots_of_requests() {
         .server("max_connections_per_client = 5")
         .start_in_process()
         .await;
+    // The listener gets the option when the server starts serving, which
+    // may come after `start_in_process` returns: one request first.
+    assert_eq!(get(&inlay.url("/resp")).await.status, 200);
     let mut idle = Vec::new();
     for _ in 0..50 {
         idle.push(tokio::net::TcpStream::connect(inlay.addr).await.unwrap());
