@@ -383,7 +383,7 @@ impl Proxy {
         let cache = pipeline.cache().clone();
         admin.cache_opened(cache.clone());
         let (source, hup) = reload_source.unzip();
-        let reloader = Arc::new(Reloader::new(pipeline, policy, source));
+        let reloader = Arc::new(Reloader::new(pipeline, policy, source).with_admin(admin.clone()));
         wire_admin(&admin, &reloader, &cache);
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));
         // Not ready from the signal on, before the drain: load balancers stop sending.

@@ -13,7 +13,7 @@
 //! The names follow Varnish's counters so that a varnish_exporter
 //! dashboard can be mapped over; README `### Metrics` has the table.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -189,7 +189,7 @@ fn hook_timing() -> Timing {
 /// [`Metrics::backend`]) so a fetch never looks its labels up.
 #[derive(Clone, Debug)]
 pub struct BackendMetrics {
-    enabled: bool,
+    enabled: Arc<AtomicBool>,
     requests: Counter,
     failures: Counter,
     connect_errors: Counter,
@@ -200,12 +200,12 @@ pub struct BackendMetrics {
 impl BackendMetrics {
     /// Whether anything is counted.
     pub fn enabled(&self) -> bool {
-        self.enabled
+        self.enabled.load(Ordering::Relaxed)
     }
 
     /// The start of a fetch, when counting is on.
     pub fn start(&self) -> Option<Instant> {
-        self.enabled.then(Instant::now)
+        self.enabled().then(Instant::now)
     }
 
     /// A fetch's outcome: `started` is [`BackendMetrics::start`]'s, and
@@ -236,7 +236,7 @@ impl BackendMetrics {
 
     /// A response body that stalled past `between_bytes_timeout`.
     pub fn body_timeout(&self) {
-        if self.enabled {
+        if self.enabled() {
             self.timeouts.inc();
             self.failures.inc();
         }
@@ -248,7 +248,8 @@ impl BackendMetrics {
 /// (`Pipeline::with_metrics`), so counts survive a reload.
 #[derive(Debug)]
 pub struct Metrics {
-    enabled: bool,
+    /// `[metrics] enabled` of the current generation (a reload sets it).
+    enabled: Arc<AtomicBool>,
     registry: Registry,
     /// The pipeline generation `render` reads the store and policy of.
     source: Mutex<Weak<Pipeline>>,
@@ -323,7 +324,7 @@ impl Metrics {
         let esi_include_errors: Family<KindLabel, Counter> = Family::default();
         let hook_time: TimingFamily<HookLabel> = Family::new_with_constructor(hook_timing);
         let mut m = Self {
-            enabled,
+            enabled: Arc::new(AtomicBool::new(enabled)),
             registry: Registry::with_prefix("inlay"),
             source: Mutex::new(Weak::new()),
             requests: PROTOCOLS
@@ -597,7 +598,13 @@ impl Metrics {
 impl Metrics {
     /// Whether anything is counted (`[metrics] enabled`).
     pub fn enabled(&self) -> bool {
-        self.enabled
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Turn counting on or off (a reload applies `[metrics] enabled`):
+    /// counts so far stay; nothing is counted while it is off.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
     }
 
     /// The pipeline whose store and policy [`Metrics::render`] reads: the
@@ -612,7 +619,7 @@ impl Metrics {
     /// read now from the pipeline of [`Metrics::serve_from`].
     pub async fn render(&self) -> String {
         let source = self.source.lock().upgrade();
-        if let Some(pipeline) = source.filter(|_| self.enabled) {
+        if let Some(pipeline) = source.filter(|_| self.enabled()) {
             pipeline.observe_for_metrics().await;
         }
         self.encode()
@@ -629,7 +636,7 @@ impl Metrics {
 
     /// A client request, by the protocol it came in.
     pub fn client_request(&self, version: http::Version) {
-        if !self.enabled {
+        if !self.enabled() {
             return;
         }
         let i = match version {
@@ -642,30 +649,30 @@ impl Metrics {
 
     /// A client connection accepted; it counts as open until the guard drops.
     pub fn connection_opened(self: &Arc<Self>) -> OpenConnection {
-        if self.enabled {
+        if self.enabled() {
             self.connections_accepted.inc();
             self.connections_open.inc();
         }
-        OpenConnection(self.enabled.then(|| Arc::clone(self)))
+        OpenConnection(self.enabled().then(|| Arc::clone(self)))
     }
 
     /// Request body bytes read from a client.
     pub fn request_body_bytes(&self, n: u64) {
-        if self.enabled {
+        if self.enabled() {
             self.request_bytes.inc_by(n);
         }
     }
 
     /// Response body bytes written to a client.
     pub fn response_body_bytes(&self, n: u64) {
-        if self.enabled {
+        if self.enabled() {
             self.response_bytes.inc_by(n);
         }
     }
 
     /// How a client request was served: the status of its access-log line.
     pub fn served(&self, status: &CacheStatus) {
-        if !self.enabled {
+        if !self.enabled() {
             return;
         }
         match status {
@@ -689,14 +696,14 @@ impl Metrics {
 
     /// Objects removed or marked stale by a purge (PURGE or the admin API).
     pub fn purged(&self, objects: u64) {
-        if self.enabled {
+        if self.enabled() {
             self.purged_objects.inc_by(objects);
         }
     }
 
     /// The ban list's counts, read from the cache at scrape time.
     pub fn observe_bans(&self, added: u64, active: u64) {
-        if self.enabled {
+        if self.enabled() {
             self.bans_added.set(added);
             self.bans_active
                 .set(i64::try_from(active).unwrap_or(i64::MAX));
@@ -710,7 +717,7 @@ impl Metrics {
             backend: name.to_owned(),
         };
         BackendMetrics {
-            enabled: self.enabled,
+            enabled: Arc::clone(&self.enabled),
             requests: self.backend_requests.get_or_create(&label).clone(),
             failures: self.backend_failures.get_or_create(&label).clone(),
             connect_errors: self.backend_connect_errors.get_or_create(&label).clone(),
@@ -721,7 +728,7 @@ impl Metrics {
 
     /// A page whose assembly starts.
     pub fn esi_page(&self) {
-        if self.enabled {
+        if self.enabled() {
             self.esi_pages.inc();
         }
     }
@@ -729,7 +736,7 @@ impl Metrics {
     /// An include whose fetch starts; give the instant to
     /// [`Metrics::esi_include_done`].
     pub fn esi_include(&self) -> Option<Instant> {
-        self.enabled.then(|| {
+        self.enabled().then(|| {
             self.esi_includes.inc();
             Instant::now()
         })
@@ -744,21 +751,21 @@ impl Metrics {
 
     /// An include left out of its page (`on_include_error = "omit"`).
     pub fn esi_include_omitted(&self) {
-        if self.enabled {
+        if self.enabled() {
             self.esi_omitted.inc();
         }
     }
 
     /// A page ended by a failed include (`on_include_error = "fail"`).
     pub fn esi_include_failed(&self) {
-        if self.enabled {
+        if self.enabled() {
             self.esi_failed.inc();
         }
     }
 
     /// The start of a policy hook, when counting is on.
     pub fn hook_start(&self) -> Option<Instant> {
-        self.enabled.then(Instant::now)
+        self.enabled().then(Instant::now)
     }
 
     /// A policy hook ended: its time, and whether it trapped, timed out or
@@ -787,7 +794,7 @@ impl Metrics {
 
     /// Copies the store's sizes and counters (from `CacheStore::stats`).
     pub fn observe_store(&self, s: &StoreStats) {
-        if !self.enabled {
+        if !self.enabled() {
             return;
         }
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -826,7 +833,7 @@ impl Metrics {
     /// Copies the policy runtime's counts: replayed and live hooks of the
     /// current generation, and the instance pool.
     pub fn observe_policy(&self, slot: &PolicySlot) {
-        if !self.enabled {
+        if !self.enabled() {
             return;
         }
         let policy = slot.current();

@@ -16,6 +16,7 @@ use inlay_runtime::{LoadedPolicy, PolicySlot};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
+use crate::admin::{Admin, AdminToken};
 use crate::cli::ServeArgs;
 use crate::config::{AccessLogTarget, Config, ConfigError};
 use crate::pipeline::Pipeline;
@@ -44,6 +45,8 @@ pub struct Reloader {
     /// The command line the process started with; `None`: the config it
     /// was given is applied again (the policy file is still reloaded).
     source: Option<ServeArgs>,
+    /// The admin API, whose token a reload reads again.
+    admin: Option<Admin>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -72,11 +75,19 @@ impl Reloader {
         Self {
             current: Arc::new(Generations::new(first)),
             source,
+            admin: None,
             state: tokio::sync::Mutex::new(State {
                 generation: 1,
                 slot,
             }),
         }
+    }
+
+    /// Reloads read `admin.token_file` again for `admin`.
+    #[must_use]
+    pub fn with_admin(mut self, admin: Admin) -> Self {
+        self.admin = Some(admin);
+        self
     }
 
     /// The generations, for the accept loop to read per request.
@@ -140,6 +151,7 @@ impl Reloader {
         let changed = changed_sections(old.config(), &cfg);
         // Everything that can fail comes before the policy is swapped in the
         // slot: after that, nothing may refuse the generation.
+        let token = admin_token(&cfg)?;
         let access_log = if needs_new_access_log(old.config(), &cfg) {
             AccessLog::open(&cfg.log)
                 .map_err(|e| vec![format!("log.access_log: cannot open it: {e}")])?
@@ -177,6 +189,10 @@ impl Reloader {
         {
             warnings.push(w);
         }
+        if let Some(admin) = &self.admin {
+            admin.set_token(token);
+        }
+        old.metrics().set_enabled(cfg.metrics.enabled);
         let cfg = Arc::new(cfg);
         let next = Arc::new(old.next_generation(cfg, slot, access_log.clone()));
         state.generation += 1;
@@ -211,6 +227,25 @@ impl Reloader {
         cfg.apply_overrides(&args.overrides())
             .map_err(|e| config_errors(&e))?;
         Ok(cfg)
+    }
+}
+
+/// The admin API's token as `cfg` has it, read from `admin.token_file`
+/// now (so that a rotated token takes effect). The admin listener is the
+/// running one (a reload does not move it): a token file removed while it
+/// listens beyond loopback refuses the reload, as it would refuse a start.
+fn admin_token(cfg: &Config) -> Result<Option<AdminToken>, Vec<String>> {
+    let Some(listen) = cfg.admin else {
+        return Ok(None);
+    };
+    match &cfg.admin_token_file {
+        Some(path) => AdminToken::read(path)
+            .map(Some)
+            .map_err(|e| vec![format!("{e:#}")]),
+        None if !listen.ip().is_loopback() => Err(vec![format!(
+            "admin.token_file: the admin API listens on {listen}, not a loopback address, and a reload does not move it: it must keep asking for a token"
+        )]),
+        None => Ok(None),
     }
 }
 
@@ -253,18 +288,9 @@ fn keep_restart_only(
             warnings.push(format!("{key} changed: {RESTART_ONLY}"));
         }
     };
-    let (o, n) = (&old.server, &mut new.server);
-    note("server.listen", restore(&o.listen, &mut n.listen));
     note(
-        "server.max_connections",
-        restore(&o.max_connections, &mut n.max_connections),
-    );
-    note(
-        "server.max_connections_per_client",
-        restore(
-            &o.max_connections_per_client,
-            &mut n.max_connections_per_client,
-        ),
+        "server.listen",
+        restore(&old.server.listen, &mut new.server.listen),
     );
     let (o, n) = (&old.cache, &mut new.cache);
     note("cache.dir", restore(&o.dir, &mut n.dir));

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::config::ServerConfig;
+use crate::config::{Config, ServerConfig};
 use crate::pipeline::Pipeline;
 
 /// The pipeline generation new requests get; a config reload swaps it.
@@ -34,8 +34,10 @@ pub type Generations = arc_swap::ArcSwap<Pipeline>;
 ///
 /// Each request runs on the generation current when it starts, to its end.
 /// A connection takes its limits (`[server]` timeouts and sizes) from the
-/// generation current when it is accepted; `max_connections` and
-/// `max_connections_per_client` are the first generation's.
+/// generation current when it is accepted. `max_connections`,
+/// `max_connections_per_client` and `defer_accept` follow the current
+/// generation too ([`Admission`]): a reload changes them for the listeners
+/// already open; connections open beyond a lowered limit finish.
 pub async fn run(
     listeners: Vec<TcpListener>,
     current: Arc<Generations>,
@@ -43,19 +45,14 @@ pub async fn run(
 ) {
     let stop = CancellationToken::new();
     let connections = TaskTracker::new();
-    let first = Arc::clone(current.load().shared_config());
-    let slots = Arc::new(Semaphore::new(first.server.max_connections));
-    for l in &listeners {
-        defer_accept(l, first.server.defer_accept);
-    }
+    let admission = Arc::new(Admission::new(&current.load().config().server));
     let accept_tasks: Vec<_> = listeners
         .into_iter()
         .map(|listener| {
             tokio::spawn(accept_loop(
                 listener,
                 current.clone(),
-                first.server.max_connections_per_client,
-                slots.clone(),
+                admission.clone(),
                 connections.clone(),
                 stop.clone(),
             ))
@@ -83,21 +80,48 @@ pub async fn run(
     }
 }
 
+/// How often an accept loop that waits for a free connection slot looks
+/// whether a reload raised `max_connections`.
+const FULL_RECHECK: Duration = Duration::from_millis(250);
+
+/// A free connection slot, taking the current limits while it waits.
+async fn free_slot(
+    admission: &Admission,
+    follow: &mut impl FnMut() -> Arc<Config>,
+) -> ConnectionSlot {
+    loop {
+        follow();
+        tokio::select! {
+            biased;
+            permit = admission.slot() => return permit,
+            () = tokio::time::sleep(FULL_RECHECK) => {}
+        }
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     current: Arc<Generations>,
-    max_connections_per_client: usize,
-    slots: Arc<Semaphore>,
+    admission: Arc<Admission>,
     connections: TaskTracker,
     stop: CancellationToken,
 ) {
-    let per_client = PerClient::new(max_connections_per_client);
+    let mut deferred = None;
+    // The limits are read again after each wait: a reload may come while
+    // this loop waits for a slot or for a client.
+    let mut follow = || {
+        let config = Arc::clone(current.load().shared_config());
+        admission.follow(&config.server);
+        if deferred != Some(config.server.defer_accept) {
+            deferred = Some(config.server.defer_accept);
+            defer_accept(&listener, config.server.defer_accept);
+        }
+        config
+    };
     loop {
         // Wait for a free slot before accepting: excess clients wait in the
         // kernel's backlog instead of costing us memory.
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
+        let permit = free_slot(&admission, &mut follow).await;
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
@@ -107,7 +131,15 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Some(client_slot) = per_client.take(peer.ip()) else {
+        let config = follow();
+        let mut permit = permit;
+        let permit = loop {
+            match permit.unless_owed() {
+                Some(p) => break p,
+                None => permit = free_slot(&admission, &mut follow).await,
+            }
+        };
+        let Some(client_slot) = admission.per_client.take(peer.ip()) else {
             // One address holding its share already: closed at once, so
             // that one client cannot take every slot.
             if let Some(more) = CLIENT_WARNINGS.admit() {
@@ -117,12 +149,11 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let current = current.clone();
-        let config = Arc::clone(current.load().shared_config());
         let stop = stop.clone();
-        let slots = slots.clone();
+        let admission = admission.clone();
         connections.spawn(async move {
             let _open = current.load().metrics().connection_opened();
-            serve_connection(stream, peer, current, &config.server, &slots, stop).await;
+            serve_connection(stream, peer, current, &config.server, &admission, stop).await;
             drop(client_slot);
             drop(permit);
         });
@@ -134,7 +165,7 @@ async fn serve_connection(
     peer: SocketAddr,
     current: Arc<Generations>,
     limits: &ServerConfig,
-    slots: &Semaphore,
+    admission: &Admission,
     stop: CancellationToken,
 ) {
     let activity = Arc::new(Activity::default());
@@ -208,7 +239,7 @@ async fn serve_connection(
                     info!(%peer, "client read nothing for idle_send_timeout; connection closed");
                     return;
                 }
-                let idle = if slots.available_permits() < reserve {
+                let idle = if admission.free() < reserve {
                     busy_idle
                 } else {
                     idle
@@ -396,48 +427,165 @@ fn log_connection_error(peer: SocketAddr, e: &(dyn std::error::Error + 'static))
     }
 }
 
-/// Connections open per client address, for `max_connections_per_client`.
+/// Who may open a connection now: `max_connections` slots shared by every
+/// listener, and `max_connections_per_client` per client address. Both
+/// follow the current generation's `[server]` ([`Admission::follow`]): a
+/// raised limit admits more at once; a lowered one admits no one new until
+/// enough connections have closed (open ones are never cut).
+struct Admission {
+    slots: Arc<Semaphore>,
+    /// The `max_connections` the slots are sized to; the lock serializes
+    /// resizes.
+    size: std::sync::Mutex<usize>,
+    /// Slots a shrink could not take back at once (they were in use):
+    /// the connections holding them give them up when they close.
+    owed: Arc<AtomicUsize>,
+    per_client: PerClient,
+}
+
+impl Admission {
+    fn new(server: &ServerConfig) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(server.max_connections)),
+            size: std::sync::Mutex::new(server.max_connections),
+            owed: Arc::default(),
+            per_client: PerClient::new(server.max_connections_per_client),
+        }
+    }
+
+    /// Take `server`'s limits, if they changed.
+    fn follow(&self, server: &ServerConfig) {
+        self.per_client
+            .limit
+            .store(server.max_connections_per_client, Ordering::Relaxed);
+        let mut size = self.size.lock().unwrap_or_else(|e| e.into_inner());
+        let want = server.max_connections;
+        if want == *size {
+            return;
+        }
+        if want > *size {
+            let more = want - *size;
+            // Slots still owed from an earlier shrink are forgiven first.
+            let owed = self
+                .owed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                    Some(o.saturating_sub(more))
+                })
+                .unwrap_or(0);
+            self.slots.add_permits(more - owed.min(more));
+        } else {
+            let fewer = *size - want;
+            let taken = self.slots.forget_permits(fewer);
+            self.owed.fetch_add(fewer - taken, Ordering::AcqRel);
+        }
+        info!(
+            from = *size,
+            to = want,
+            "server.max_connections applied to the open listeners"
+        );
+        *size = want;
+    }
+
+    /// A connection slot, when one is free.
+    async fn slot(&self) -> ConnectionSlot {
+        match Arc::clone(&self.slots).acquire_owned().await {
+            Ok(permit) => ConnectionSlot {
+                permit: Some(permit),
+                owed: Arc::clone(&self.owed),
+            },
+            // The semaphore is never closed.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Slots free now.
+    fn free(&self) -> usize {
+        self.slots.available_permits()
+    }
+}
+
+/// One of the `max_connections` slots, held for a connection's life.
+struct ConnectionSlot {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    owed: Arc<AtomicUsize>,
+}
+
+impl ConnectionSlot {
+    /// Give the slot up to what a lowered limit owes, if it owes any:
+    /// `None` when it was taken. The accept loop holds a slot while it
+    /// waits for a client; one that a reload lowered the limit under must
+    /// not admit the next client.
+    fn unless_owed(mut self) -> Option<Self> {
+        let owed = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| o.checked_sub(1))
+            .is_ok();
+        if !owed {
+            return Some(self);
+        }
+        if let Some(permit) = self.permit.take() {
+            permit.forget();
+        }
+        None
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let pays = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| o.checked_sub(1))
+            .is_ok();
+        if pays {
+            // The slot goes away with the limit a reload lowered.
+            permit.forget();
+        }
+    }
+}
+
+/// Connections open per client address, for `max_connections_per_client`
+/// (0: no limit; connections are counted anyway, so that a limit a reload
+/// sets counts the ones already open).
 #[derive(Clone)]
 struct PerClient {
-    limit: usize,
+    limit: Arc<AtomicUsize>,
     open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
 }
 
 impl PerClient {
     fn new(limit: usize) -> Self {
         Self {
-            limit,
+            limit: Arc::new(AtomicUsize::new(limit)),
             open: Arc::default(),
         }
     }
 
-    /// A connection slot for `ip`, or `None` when it holds `limit` already.
+    /// A connection slot for `ip`, or `None` when it holds the limit already.
     fn take(&self, ip: std::net::IpAddr) -> Option<ClientSlot> {
-        if self.limit == 0 {
-            return Some(ClientSlot(None));
-        }
+        let limit = self.limit.load(Ordering::Relaxed);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let n = open.entry(ip).or_insert(0);
-        if *n >= self.limit {
+        if limit != 0 && *n >= limit {
             return None;
         }
         *n += 1;
-        Some(ClientSlot(Some((self.clone(), ip))))
+        Some(ClientSlot(self.clone(), ip))
     }
 }
 
 /// One connection counted against its address until dropped.
-struct ClientSlot(Option<(PerClient, std::net::IpAddr)>);
+struct ClientSlot(PerClient, std::net::IpAddr);
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        if let Some((per, ip)) = self.0.take() {
-            let mut open = per.open.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = open.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    open.remove(&ip);
-                }
+        let mut open = self.0.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.1);
             }
         }
     }
@@ -745,6 +893,94 @@ mod tests {
 
     use super::*;
 
+    fn server(total: usize, per_client: usize) -> ServerConfig {
+        let mut c = crate::config::Config::embedded_default().server;
+        c.max_connections = total;
+        c.max_connections_per_client = per_client;
+        c
+    }
+
+    /// `n` slots, taken now (each must be free).
+    async fn take(a: &Admission, n: usize) -> Vec<ConnectionSlot> {
+        let mut slots = Vec::new();
+        for _ in 0..n {
+            let slot = tokio::time::timeout(Duration::from_secs(5), a.slot());
+            slots.push(slot.await.expect("a free slot"));
+        }
+        slots
+    }
+
+    #[tokio::test]
+    async fn a_raised_connection_limit_frees_slots_at_once() {
+        let a = Admission::new(&server(2, 0));
+        let held = take(&a, 2).await;
+        assert_eq!(a.free(), 0);
+        a.follow(&server(5, 0));
+        assert_eq!(a.free(), 3);
+        drop(held);
+        assert_eq!(a.free(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_lowered_connection_limit_is_paid_by_the_connections_that_close() {
+        let a = Admission::new(&server(4, 0));
+        let mut held = take(&a, 3).await;
+        // One free slot goes at once; two more are owed by open connections.
+        a.follow(&server(1, 0));
+        assert_eq!(a.free(), 0);
+        held.pop();
+        held.pop();
+        assert_eq!(a.free(), 0, "the first two closes pay what is owed");
+        held.pop();
+        assert_eq!(a.free(), 1);
+        // Raised while slots are owed: the debt is forgiven first.
+        let mut held = take(&a, 1).await;
+        a.follow(&server(3, 0));
+        held.extend(take(&a, 2).await);
+        a.follow(&server(1, 0));
+        assert_eq!(a.owed.load(Ordering::Relaxed), 2);
+        a.follow(&server(2, 0));
+        assert_eq!(a.owed.load(Ordering::Relaxed), 1);
+        assert_eq!(a.free(), 0);
+        held.pop();
+        assert_eq!(a.free(), 0);
+        held.pop();
+        assert_eq!(a.free(), 1);
+        held.pop();
+        assert_eq!(a.free(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_slot_the_accept_loop_holds_goes_to_a_lowered_limit_first() {
+        let a = Admission::new(&server(3, 0));
+        let mut open = take(&a, 2).await;
+        let waiting = take(&a, 1).await.pop().unwrap();
+        a.follow(&server(2, 0));
+        assert!(waiting.unless_owed().is_none(), "two are open: no third");
+        assert_eq!(a.free(), 0);
+        open.pop();
+        let next = take(&a, 1).await.pop().unwrap();
+        assert!(next.unless_owed().is_some());
+    }
+
+    #[test]
+    fn a_changed_share_per_address_counts_the_connections_already_open() {
+        let a = Admission::new(&server(10, 0));
+        let ip: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        // No limit: counted anyway.
+        let first = a.per_client.take(ip).expect("no limit");
+        let second = a.per_client.take(ip).expect("no limit");
+        a.follow(&server(10, 2));
+        assert!(a.per_client.take(ip).is_none(), "two are open already");
+        drop(first);
+        let third = a.per_client.take(ip).expect("one closed");
+        a.follow(&server(10, 3));
+        let fourth = a.per_client.take(ip).expect("raised");
+        assert!(a.per_client.take(ip).is_none());
+        drop((second, third, fourth));
+        assert!(a.per_client.open.lock().unwrap().is_empty());
+    }
+
     /// A page whose body fails right after its first bytes (an ESI include
     /// that fails at once) must reach the client as a 200 head and those
     /// bytes, then a cut connection: never as nothing, never as a complete
@@ -882,15 +1118,16 @@ mod tests {
 /// no close; an attacker that reconnects whatever Inlay closes gets
 /// `wait` between its tries instead of a loop as fast as both CPUs go.
 /// HTTP and TLS clients speak first, so they see no difference (nginx's
-/// `deferred`, HAProxy's `defer-accept`). Zero leaves the listener as is.
+/// `deferred`, HAProxy's `defer-accept`). Zero turns it off.
 fn defer_accept(listener: &TcpListener, wait: Duration) {
-    if wait.is_zero() {
-        return;
-    }
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd as _;
-        let secs = libc::c_int::try_from(wait.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
+        let secs = if wait.is_zero() {
+            0
+        } else {
+            libc::c_int::try_from(wait.as_secs().max(1)).unwrap_or(libc::c_int::MAX)
+        };
         // SAFETY: setsockopt reads one c_int from our stack for a socket
         // this listener owns for the duration of the call.
         #[allow(unsafe_code)]

@@ -224,7 +224,7 @@ struct AdminState {
     readiness: Readiness,
     cache: RwLock<Option<HttpCache>>,
     hooks: RwLock<AdminHooks>,
-    token: Option<AdminToken>,
+    token: RwLock<Option<AdminToken>>,
     started: Instant,
 }
 
@@ -236,7 +236,7 @@ impl Admin {
             readiness: Readiness::new(),
             cache: RwLock::new(None),
             hooks: RwLock::new(hooks),
-            token,
+            token: RwLock::new(token),
             started: Instant::now(),
         }))
     }
@@ -251,6 +251,12 @@ impl Admin {
     pub fn cache_opened(&self, cache: HttpCache) {
         *self.0.cache.write() = Some(cache);
         self.0.readiness.set_ready();
+    }
+
+    /// Ask for `token` from the next request on (a reload read
+    /// `admin.token_file` again); `None`: ask for none.
+    pub fn set_token(&self, token: Option<AdminToken>) {
+        *self.0.token.write() = token;
     }
 
     /// Change the hooks (the routes see the change at their next request).
@@ -299,7 +305,7 @@ impl Admin {
             return resp;
         }
         if !route.is_probe()
-            && let Some(token) = &self.0.token
+            && let Some(token) = &*self.0.token.read()
             && !token.admits(&parts.headers)
         {
             let mut resp = error(StatusCode::UNAUTHORIZED, "a bearer token is required");

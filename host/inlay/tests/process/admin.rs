@@ -406,3 +406,72 @@ async fn a_scrape_after_a_load_run_agrees_with_the_access_log() {
         bytes
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_rotates_the_admin_token_and_switches_metrics() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old.token"), dir.path().join("new.token"));
+    std::fs::write(&old, "old-token\n").unwrap();
+    std::fs::write(&new, "new-token\n").unwrap();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!("[admin]\ntoken_file = \"{}\"", old.display()))
+        .arg("--admin")
+        .arg("127.0.0.1:0")
+        .spawn_process();
+    let addr = admin_addr(&inlay);
+    let stats_with = |token: &std::path::Path| {
+        admin_cli(
+            addr,
+            &["--token-file", &token.display().to_string(), "stats"],
+        )
+        .status
+        .success()
+    };
+    assert!(stats_with(&old) && !stats_with(&new));
+    let requests = || {
+        let out = admin_cli(
+            addr,
+            &["--token-file", &new.display().to_string(), "metrics"],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        sample(
+            &text(&out.stdout),
+            "inlay_client_requests_total{protocol=\"http/1.1\"}",
+        )
+    };
+    let first = std::fs::read_to_string(&inlay.config).unwrap();
+    let rotated = first.replace("old.token", "new.token");
+    let reload = |text: &str, n: u64| {
+        std::fs::write(&inlay.config, text).unwrap();
+        inlay.signal("HUP");
+        inlay.expect_log(
+            &format!("config reloaded: generation {n} serves"),
+            Duration::from_secs(60),
+        );
+    };
+    // The token file the config names is read again: the old token is refused.
+    tokio::task::block_in_place(|| reload(&rotated, 2));
+    assert!(stats_with(&new) && !stats_with(&old));
+    // Metrics off: requests are no longer counted; on again: they are.
+    get(&inlay.url("/resp")).await;
+    let counted = requests();
+    assert!(counted >= 1);
+    tokio::task::block_in_place(|| reload(&format!("{rotated}\n[metrics]\nenabled = false\n"), 3));
+    get(&inlay.url("/resp")).await;
+    assert_eq!(requests(), counted, "counted while off");
+    tokio::task::block_in_place(|| reload(&rotated, 4));
+    get(&inlay.url("/resp")).await;
+    assert_eq!(requests(), counted + 1);
+    // A token file that cannot be read refuses the reload: the token stays.
+    std::fs::remove_file(&new).unwrap();
+    std::fs::write(&inlay.config, &rotated).unwrap();
+    inlay.signal("HUP");
+    inlay.expect_log(
+        "config reload refused: admin.token_file",
+        Duration::from_secs(60),
+    );
+    std::fs::write(&new, "new-token\n").unwrap();
+    assert!(stats_with(&new));
+}

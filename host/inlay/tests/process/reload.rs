@@ -350,3 +350,90 @@ async fn a_reload_reopens_a_rotated_access_log() {
         "{old}"
     );
 }
+
+/// A keep-alive connection that has had one answer.
+async fn open_connection(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert_eq!(ask(&mut s, Duration::from_secs(10)).await, Some(200));
+    s
+}
+
+/// One GET on `s`: the status of the whole answer, or `None` when the
+/// server closed the connection or did not answer within `within`.
+async fn ask(s: &mut tokio::net::TcpStream, within: Duration) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"GET /bytes/10 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = async {
+        loop {
+            // The answer's head, then its 10 bytes of body.
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n")
+                && got.len() >= end + 4 + 10
+            {
+                let status = std::str::from_utf8(&got[9..12]).ok()?.parse().ok();
+                return status;
+            }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(within, read).await.ok().flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limits_apply_to_the_open_listeners() {
+    let origin = Origin::start();
+    let limits = |total: usize, per_client: usize| {
+        config(&origin, "1h", "default", "").replace(
+            "shutdown_timeout = \"10s\"\n",
+            &format!(
+                "shutdown_timeout = \"10s\"\nmax_connections = {total}\n\
+                 max_connections_per_client = {per_client}\n\
+                 idle_timeout = \"60s\"\nbusy_idle_timeout = \"60s\"\n"
+            ),
+        )
+    };
+    let inlay = tokio::task::block_in_place(|| spawn(&origin, &limits(100, 100)));
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(open_connection(inlay.addr).await);
+    }
+    // A lower share per address: the three open ones go on, a fourth is
+    // closed at once.
+    tokio::task::block_in_place(|| reload(&inlay, &limits(100, 2), 3));
+    assert!(
+        !inlay.log.text().contains("needs a restart"),
+        "{}",
+        inlay.log.text()
+    );
+    let mut fourth = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    assert_eq!(ask(&mut fourth, Duration::from_secs(10)).await, None);
+    assert_eq!(ask(&mut held[0], Duration::from_secs(10)).await, Some(200));
+    // Raised again: a fourth is served.
+    tokio::task::block_in_place(|| reload(&inlay, &limits(100, 4), 4));
+    held.push(open_connection(inlay.addr).await);
+    // Two slots in all while four are open: the next connection waits in
+    // the backlog until three of the four have closed (the first two slots
+    // given back go with the limit lowered below what was open).
+    tokio::task::block_in_place(|| reload(&inlay, &limits(2, 100), 5));
+    inlay.expect_log("server.max_connections applied", Duration::from_secs(10));
+    held.truncate(2);
+    let mut waiting = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    assert_eq!(ask(&mut waiting, Duration::from_secs(1)).await, None);
+    held.truncate(1);
+    // Answered once a third one has closed (the request waits in the socket).
+    let mut answer = [0u8; 12];
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_exact(&mut waiting, &mut answer),
+    )
+    .await
+    .expect("answered once three connections closed")
+    .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+}
