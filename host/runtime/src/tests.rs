@@ -1129,6 +1129,7 @@ mod example_policies {
     }
 }
 
+mod pool;
 mod release;
 mod replay;
 mod spare;
