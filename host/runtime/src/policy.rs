@@ -676,6 +676,9 @@ impl PolicySlot {
                 return h;
             }
             let policy = policy();
+            // A reload between reading `generation` and `policy()` may have
+            // given a newer policy: key the handle by the one it has.
+            let generation = policy.generation();
             let handle = {
                 let mut current = self.handles.lock();
                 if current.generation == generation {
