@@ -5,14 +5,15 @@
 //! A request reads the current generation once ([`crate::server::run`])
 //! and finishes on it: its policy, backends, cache rules, ESI settings and
 //! access log. What is shared across generations is the cache itself
-//! (store, fetches in flight, hit-for-miss marks), the policy engine, and
-//! the connection pools of backends whose settings did not change. A file
-//! that does not parse, does not validate, or names a policy that does not
-//! load changes nothing: the errors are logged and returned.
+//! (store, fetches in flight, hit-for-miss marks), the policy engine
+//! (unless `policy.max_instances` changed), and the connection pools of
+//! backends whose settings did not change. A file that does not parse,
+//! does not validate, or names a policy that does not load changes nothing:
+//! the errors are logged and returned.
 
 use std::sync::Arc;
 
-use inlay_runtime::{LoadedPolicy, PolicySlot};
+use inlay_runtime::{LoadedPolicy, PolicyError, PolicySlot};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
@@ -62,7 +63,8 @@ impl std::fmt::Debug for Reloader {
 struct State {
     generation: u64,
     /// The policy slot, kept across generations (and across a generation
-    /// without a policy) so that its engine and instance pool are made once.
+    /// without a policy) so that its engine and instance pool are made
+    /// again only when `policy.max_instances` changes.
     slot: Option<Arc<PolicySlot>>,
 }
 
@@ -147,7 +149,7 @@ impl Reloader {
     async fn reload_locked(&self, state: &mut State) -> Result<ReloadReport, Vec<String>> {
         let old = self.current.load_full();
         let mut cfg = self.read_config(old.config())?;
-        let warnings = keep_restart_only(old.config(), &mut cfg, state.slot.as_ref());
+        let warnings = keep_restart_only(old.config(), &mut cfg);
         let changed = changed_sections(old.config(), &cfg);
         // Everything that can fail comes before the policy is swapped in the
         // slot: after that, nothing may refuse the generation.
@@ -165,18 +167,25 @@ impl Reloader {
                 let source = crate::cli::policy_source(pc);
                 match &state.slot {
                     Some(slot) => {
-                        slot.reload(source).await.map_err(|e| {
-                            vec![format!(
+                        slot.reload(source).await.map_err(|e| match e {
+                            PolicyError::Engine { .. } => {
+                                vec![format!("policy.max_instances: {e}")]
+                            }
+                            e => vec![format!(
                                 "policy.path: cannot load {}: {e}",
                                 pc.path.display()
-                            )]
+                            )],
                         })?;
                         Some(Arc::clone(slot))
                     }
                     None => {
-                        let slot = crate::cli::load_policy(&cfg)
-                            .await
-                            .map_err(|e| vec![format!("policy.path: {e:#}")])?;
+                        let slot = crate::cli::load_policy(&cfg).await.map_err(|e| {
+                            let key = match e.root_cause().downcast_ref::<PolicyError>() {
+                                Some(PolicyError::Engine { .. }) => "policy.max_instances",
+                                _ => "policy.path",
+                            };
+                            vec![format!("{key}: {e:#}")]
+                        })?;
                         state.slot.clone_from(&slot);
                         slot
                     }
@@ -277,11 +286,7 @@ fn config_errors(e: &ConfigError) -> Vec<String> {
 
 /// Put back the running values of the settings a reload cannot change,
 /// and say which of them the file changed.
-fn keep_restart_only(
-    old: &Config,
-    new: &mut Config,
-    slot: Option<&Arc<PolicySlot>>,
-) -> Vec<String> {
+fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
     let mut warnings = Vec::new();
     let mut note = |key: &str, changed: bool| {
         if changed {
@@ -300,14 +305,6 @@ fn keep_restart_only(
     );
     note("cache.disk_size", restore(&o.disk_size, &mut n.disk_size));
     note("admin.listen", restore(&old.admin, &mut new.admin));
-    // The instance pool is the engine's, made with the first policy.
-    if let (Some(slot), Some(pc)) = (slot, &mut new.policy) {
-        let running = slot.current().engine().max_instances();
-        note(
-            "policy.max_instances",
-            restore(&running, &mut pc.max_instances),
-        );
-    }
     warnings
 }
 
@@ -372,7 +369,7 @@ mod tests {
     fn a_listener_change_is_kept_back_and_named() {
         let old = config(BASE);
         let mut new = config(&BASE.replace("6081", "6082").replace("2m", "5m"));
-        let warnings = keep_restart_only(&old, &mut new, None);
+        let warnings = keep_restart_only(&old, &mut new);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].starts_with("server.listen changed"));
         assert_eq!(new.server.listen, old.server.listen);

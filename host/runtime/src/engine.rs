@@ -1,6 +1,7 @@
-//! The one wasmtime engine shared by every policy and reload: pooling
-//! allocator, copy-on-write memory images, epoch interruption, and the
-//! thread that ticks the epoch.
+//! The wasmtime engine shared by every policy generation of one pool size:
+//! pooling allocator, copy-on-write memory images, epoch interruption, and
+//! the thread that ticks the epoch. A reload to another `max_instances`
+//! makes a new engine; the old one goes with its last policy.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,9 @@ struct EngineInner {
     slots: Arc<Semaphore>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
+    /// The compiled-code cache, kept to read its hit count in tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    cache: Option<wasmtime::Cache>,
 }
 
 impl Drop for EngineInner {
@@ -68,6 +72,10 @@ impl PolicyEngine {
     pub fn new(limits: &PolicyLimits) -> Result<Self, PolicyError> {
         limits.validate().map_err(PolicyError::InvalidLimits)?;
         let n = limits.max_instances;
+        let engine_err = |message: String| PolicyError::Engine {
+            max_instances: n,
+            message,
+        };
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(n)
             .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
@@ -102,21 +110,22 @@ impl PolicyEngine {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
         // Compiled code is cached on disk (~/.cache/wasmtime), keyed by the
-        // wasm's hash: a restart or a reload of an unchanged 15 MB JS or
-        // Python component skips the seconds-long compile.
-        match wasmtime::Cache::new(wasmtime::CacheConfig::new()) {
-            Ok(cache) => {
-                config.cache(Some(cache));
-            }
+        // wasm's hash and the compiler's settings (not the pool's size): a
+        // restart or a reload of an unchanged 15 MB JS or Python component
+        // skips the seconds-long compile, on a resized engine too.
+        let cache = match wasmtime::Cache::new(wasmtime::CacheConfig::new()) {
+            Ok(cache) => Some(cache),
             Err(e) => {
-                tracing::warn!(error = %e, "compiled-code cache unavailable; policies compile at every load")
+                tracing::warn!(error = %e, "compiled-code cache unavailable; policies compile at every load");
+                None
             }
-        }
-        let engine = Engine::new(&config).map_err(|e| PolicyError::Instantiate {
-            message: format!("cannot create the wasm engine: {e:#}"),
-        })?;
+        };
+        config.cache(cache.clone());
+        let engine = Engine::new(&config)
+            .map_err(|e| engine_err(format!("cannot create the wasm engine: {e:#}")))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let ticker = spawn_ticker(engine.weak(), Arc::clone(&stop))?;
+        let ticker = spawn_ticker(engine.weak(), Arc::clone(&stop))
+            .map_err(|e| engine_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
             inner: Arc::new(EngineInner {
                 engine,
@@ -124,6 +133,7 @@ impl PolicyEngine {
                 slots: Arc::new(Semaphore::new(usize::try_from(n).unwrap_or(usize::MAX))),
                 stop,
                 ticker: Some(ticker),
+                cache,
             }),
         })
     }
@@ -136,6 +146,30 @@ impl PolicyEngine {
     /// The size of the instance pool.
     pub fn max_instances(&self) -> u32 {
         self.inner.max_instances
+    }
+
+    /// Whether `self` and `other` are the same engine (and pool).
+    pub fn same(&self, other: &PolicyEngine) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A reference that does not keep the engine alive, to see when its
+    /// pool and ticker are gone.
+    #[cfg(test)]
+    pub(crate) fn downgrade(&self) -> WeakEngine {
+        WeakEngine {
+            inner: Arc::downgrade(&self.inner),
+            engine: self.inner.engine.weak(),
+        }
+    }
+
+    /// Compiled components this engine found in the on-disk cache.
+    #[cfg(test)]
+    pub(crate) fn cache_hits(&self) -> usize {
+        self.inner
+            .cache
+            .as_ref()
+            .map_or(0, wasmtime::Cache::cache_hits)
     }
 
     /// Instances that could be created now without waiting.
@@ -177,11 +211,27 @@ impl PolicyEngine {
     }
 }
 
+/// A [`PolicyEngine`] that may be gone (see [`PolicyEngine::downgrade`]).
+#[cfg(test)]
+pub(crate) struct WeakEngine {
+    inner: std::sync::Weak<EngineInner>,
+    engine: wasmtime::EngineWeak,
+}
+
+#[cfg(test)]
+impl WeakEngine {
+    /// Whether anything still holds the engine: a policy, a store, an
+    /// instance or a compiled component (its pool and ticker live on).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.inner.strong_count() > 0 || self.engine.upgrade().is_some()
+    }
+}
+
 /// Advances the engine's epoch every [`EPOCH_TICK`] until told to stop.
 fn spawn_ticker(
     engine: wasmtime::EngineWeak,
     stop: Arc<AtomicBool>,
-) -> Result<JoinHandle<()>, PolicyError> {
+) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("inlay-epoch".into())
         .spawn(move || {
@@ -192,9 +242,6 @@ fn spawn_ticker(
                     None => break,
                 }
             }
-        })
-        .map_err(|e| PolicyError::Instantiate {
-            message: format!("cannot start the epoch thread: {e}"),
         })
 }
 

@@ -70,6 +70,16 @@ pub enum PolicyError {
     /// The limits in the config are invalid.
     #[error("invalid policy limits: {0}")]
     InvalidLimits(String),
+    /// The engine and its pool of `max_instances` could not be made (the
+    /// address space the pool reserves is not available, or a thread could
+    /// not start).
+    #[error("cannot make a pool of {max_instances} policy instances: {message}")]
+    Engine {
+        /// The pool size asked for.
+        max_instances: u32,
+        /// What the engine or the system said.
+        message: String,
+    },
     /// A store or instance could not be created (for example the pool of
     /// concurrent instances is exhausted), or the guest's start code failed.
     #[error("cannot instantiate policy: {message}")]
@@ -175,6 +185,7 @@ impl PolicyError {
             | PolicyError::Compile { .. }
             | PolicyError::WorldMismatch { .. }
             | PolicyError::InvalidLimits(_)
+            | PolicyError::Engine { .. }
             | PolicyError::Trap { .. }
             | PolicyError::OutOfMemory { .. }
             | PolicyError::LimitExceeded { .. }
@@ -198,7 +209,8 @@ impl PolicyError {
             PolicyError::Io { .. }
             | PolicyError::Compile { .. }
             | PolicyError::WorldMismatch { .. }
-            | PolicyError::InvalidLimits(_) => None,
+            | PolicyError::InvalidLimits(_)
+            | PolicyError::Engine { .. } => None,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! implement `inlay:policy@0.1.0` and running their hooks for a request.
 //!
 //! ```text
-//! PolicyEngine (one per process: pooling allocator, epoch ticker)
+//! PolicyEngine (one per pool size: pooling allocator, epoch ticker)
 //!   └─ PolicySlot (the current policy, swapped by reload)
 //!        └─ LoadedPolicy (compiled + pre-instantiated; cheap to clone)
 //!             └─ PolicyCall (one request: a fresh store and instance)

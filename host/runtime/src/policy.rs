@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
@@ -402,14 +402,25 @@ impl LoadedPolicy {
 /// A request takes [`PolicySlot::current`] once and uses that policy for
 /// all its hooks; [`PolicySlot::reload`] swaps in a new one only after it
 /// compiled and instantiated, so a bad file never replaces a good policy
-/// and no request is dropped.
+/// and no request is dropped. The engine (and its instance pool) is the
+/// current policy's: a reload to another `max_instances` brings a new one.
 pub struct PolicySlot {
-    engine: PolicyEngine,
     current: RwLock<LoadedPolicy>,
     /// `current`'s generation, read without the lock by [`PolicySlot::handle`].
     generation: AtomicU64,
     /// Tells this slot's handles from other slots' in a thread's cache.
     id: u64,
+    /// The worker threads' handles of the current generation. Threads
+    /// cache them weakly, so that a replaced generation (its spares, and
+    /// its engine when the pool was resized) goes when its last request
+    /// ends, not at each thread's next request.
+    handles: Mutex<CurrentHandles>,
+}
+
+/// The handles [`PolicySlot::handle`] made for one generation.
+struct CurrentHandles {
+    generation: u64,
+    held: Vec<Arc<PolicyHandle>>,
 }
 
 /// A policy generation with the host services its requests call: what a
@@ -534,11 +545,11 @@ impl PolicyHandle {
     }
 }
 
-// Per worker thread: the handles of the slots it served, one per slot.
-// A handle of a replaced generation is dropped at the thread's next
-// request on that slot (a thread that never serves again keeps it).
+// Per worker thread: the handles of the slots it served (slot id,
+// generation, handle), held by the slot while their generation is current
+// and by their requests.
 thread_local! {
-    static HANDLES: std::cell::RefCell<Vec<(u64, Arc<PolicyHandle>)>> =
+    static HANDLES: std::cell::RefCell<Vec<(u64, u64, Weak<PolicyHandle>)>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -556,8 +567,11 @@ impl PolicySlot {
         static SLOTS: AtomicU64 = AtomicU64::new(0);
         let policy = LoadedPolicy::load(engine, source).await?;
         Ok(Self {
-            engine: engine.clone(),
             generation: AtomicU64::new(policy.generation()),
+            handles: Mutex::new(CurrentHandles {
+                generation: policy.generation(),
+                held: Vec::new(),
+            }),
             current: RwLock::new(policy),
             id: SLOTS.fetch_add(1, Ordering::Relaxed),
         })
@@ -565,8 +579,22 @@ impl PolicySlot {
 
     /// Loads `source` and, if it compiles and instantiates, makes it the
     /// current policy. On error the old policy stays and the error says why.
+    ///
+    /// When `source.limits.max_instances` differs from the running pool's
+    /// size, the policy is loaded on a new engine of that size
+    /// ([`PolicyError::Engine`] if it cannot be made); requests in flight
+    /// finish on the old engine, which is freed when the last of them ends.
     pub async fn reload(&self, source: PolicySource) -> Result<LoadedPolicy, PolicyError> {
-        let policy = match LoadedPolicy::load(&self.engine, source).await {
+        let running = self.current().engine().clone();
+        let loaded = match source.limits.max_instances {
+            n if n == running.max_instances() => LoadedPolicy::load(&running, source).await,
+            _ => match PolicyEngine::new(&source.limits) {
+                Ok(resized) => LoadedPolicy::load(&resized, source).await,
+                Err(e) => Err(e),
+            },
+        };
+        drop(running);
+        let policy = match loaded {
             Ok(policy) => policy,
             Err(e) => {
                 tracing::warn!(error = %e, "policy reload refused; keeping the current policy");
@@ -579,6 +607,23 @@ impl PolicySlot {
                 .store(policy.generation(), Ordering::Relaxed);
             std::mem::replace(&mut *current, policy.clone())
         };
+        // Let the replaced generation's handles go with their requests.
+        let replaced = std::mem::replace(
+            &mut *self.handles.lock(),
+            CurrentHandles {
+                generation: policy.generation(),
+                held: Vec::new(),
+            },
+        );
+        drop(replaced);
+        if !old.engine().same(policy.engine()) {
+            tracing::info!(
+                policy = %policy.name(),
+                max_instances = policy.engine().max_instances(),
+                replaced = old.engine().max_instances(),
+                "policy instance pool resized; the old pool is freed when its last request ends"
+            );
+        }
         tracing::info!(
             policy = %policy.name(),
             generation = policy.generation(),
@@ -622,17 +667,33 @@ impl PolicySlot {
     ) -> Arc<PolicyHandle> {
         HANDLES.with(|handles| {
             let mut handles = handles.borrow_mut();
-            let found = handles.iter().find(|(slot, h)| {
-                *slot == self.id
-                    && h.policy.generation() == generation
-                    && Arc::ptr_eq(&h.services, services)
-            });
-            if let Some((_, h)) = found {
-                return Arc::clone(h);
+            let found = handles
+                .iter()
+                .filter(|(slot, g, _)| *slot == self.id && *g == generation)
+                .filter_map(|(_, _, h)| h.upgrade())
+                .find(|h| Arc::ptr_eq(&h.services, services));
+            if let Some(h) = found {
+                return h;
             }
-            let handle = PolicyHandle::keeping_spare(policy(), Arc::clone(services));
-            handles.retain(|(slot, _)| *slot != self.id);
-            handles.push((self.id, Arc::clone(&handle)));
+            let policy = policy();
+            // A reload between reading `generation` and `policy()` may have
+            // given a newer policy: key the handle by the one it has.
+            let generation = policy.generation();
+            let handle = {
+                let mut current = self.handles.lock();
+                if current.generation == generation {
+                    let handle = PolicyHandle::keeping_spare(policy, Arc::clone(services));
+                    current.held.push(Arc::clone(&handle));
+                    handle
+                } else {
+                    // A replaced generation, pinned by requests in flight:
+                    // it lives as long as they do, with no spare made for
+                    // requests that will not come.
+                    PolicyHandle::new(policy, Arc::clone(services))
+                }
+            };
+            handles.retain(|(_, _, h)| h.strong_count() > 0);
+            handles.push((self.id, generation, Arc::downgrade(&handle)));
             handle
         })
     }

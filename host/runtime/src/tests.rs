@@ -172,21 +172,18 @@ impl PolicyServices for FakeServices {
 /// space reservation modest when tests run in parallel.
 fn engine() -> &'static PolicyEngine {
     static ENGINE: OnceLock<PolicyEngine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        PolicyEngine::new(&PolicyLimits {
-            max_instances: 100,
-            ..PolicyLimits::default()
-        })
-        .expect("engine")
-    })
+    ENGINE.get_or_init(|| PolicyEngine::new(&test_limits()).expect("engine"))
 }
 
 /// Limits for tests that are not about time: the CPU budget is measured
 /// in wall time while the guest runs, and parallel tests on a small machine
-/// deschedule each other, so give them room.
+/// deschedule each other, so give them room. The pool is [`engine`]'s, so
+/// that a slot reloaded with these limits keeps it (another size would
+/// make a pool of its own, 8 GiB of address space per instance).
 fn test_limits() -> PolicyLimits {
     PolicyLimits {
         cpu_time_ms: 2000,
+        max_instances: 100,
         ..PolicyLimits::default()
     }
 }
@@ -1129,6 +1126,7 @@ mod example_policies {
     }
 }
 
+mod pool;
 mod release;
 mod replay;
 mod spare;

@@ -437,3 +437,105 @@ async fn connection_limits_apply_to_the_open_listeners() {
     .unwrap();
     assert_eq!(&answer, b"HTTP/1.1 200");
 }
+
+/// Threads of `inlay` named `name` (each policy engine has one epoch
+/// ticker, `inlay-epoch`, that stops when the engine is dropped).
+fn threads_named(inlay: &Inlay, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", inlay.pid()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Waits (a bounded while) until `inlay` has `n` engines.
+fn engines_become(inlay: &Inlay, n: usize) -> bool {
+    for _ in 0..250 {
+        if threads_named(inlay, "inlay-epoch") == n {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// `inlay_policy_pool_size` in a scrape of the admin listener's `/metrics`.
+async fn pool_size(admin: &str) -> u64 {
+    let text = get(&format!("http://{admin}/metrics")).await.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("inlay_policy_pool_size ")?.parse().ok())
+        .unwrap_or_else(|| panic!("no inlay_policy_pool_size in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_instances_applies_on_reload_and_the_old_pool_goes() {
+    let origin = Origin::start();
+    let sized = |n: u32| config(&origin, "1h", "headers", &format!("max_instances = {n}\n"));
+    let inlay = tokio::task::block_in_place(|| {
+        let inlay = Inlay::builder()
+            .backend(&origin)
+            .arg("--admin")
+            .arg("127.0.0.1:0")
+            .spawn_process();
+        std::fs::write(&inlay.config, sized(3)).unwrap();
+        reload(&inlay, &sized(3), 2);
+        inlay
+    });
+    let admin = {
+        const LINE: &str = "admin API listening on http://";
+        let log = inlay.log.text();
+        let rest = log.split(LINE).nth(1).expect("an admin listener");
+        rest.split_whitespace().next().unwrap().to_owned()
+    };
+    assert_eq!(pool_size(&admin).await, 3);
+    // Twenty resizes, each with requests on the new pool.
+    for n in 0..20u64 {
+        let size = if n.is_multiple_of(2) { 5 } else { 3 };
+        tokio::task::block_in_place(|| reload(&inlay, &sized(size), n + 3));
+        assert_eq!(pool_size(&admin).await, u64::from(size));
+        for i in 0..4 {
+            let r = get(&inlay.url(&format!("/resp?n={n}&i={i}"))).await;
+            assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+        }
+    }
+    // One more, with no request after it: the worker threads that served
+    // the last generation must not keep its pool.
+    tokio::task::block_in_place(|| reload(&inlay, &sized(5), 23));
+    assert!(
+        !inlay.log.text().contains("policy.max_instances changed"),
+        "{}",
+        inlay.log.text()
+    );
+    // Only the last pool is left: the others went with their requests.
+    assert!(
+        tokio::task::block_in_place(|| engines_become(&inlay, 1)),
+        "{} epoch threads after 21 resizes",
+        threads_named(&inlay, "inlay-epoch")
+    );
+
+    // A pool the address space cannot hold is refused; nothing changes.
+    std::fs::write(&inlay.config, sized(100_000)).unwrap();
+    inlay.signal("HUP");
+    inlay.expect_log(
+        "config reload refused: policy.max_instances: cannot make a pool of 100000",
+        Duration::from_secs(60),
+    );
+    assert_eq!(pool_size(&admin).await, 5);
+    let r = get(&inlay.url("/resp?after")).await;
+    assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+    assert_eq!(threads_named(&inlay, "inlay-epoch"), 1);
+
+    // No policy, then a policy again with another pool size.
+    let none = sized(5);
+    let none = &none[..none.find("[policy]").unwrap()];
+    tokio::task::block_in_place(|| reload(&inlay, none, 24));
+    assert_eq!(
+        get(&inlay.url("/resp?none")).await.header("x-inlay-policy"),
+        None
+    );
+    tokio::task::block_in_place(|| reload(&inlay, &sized(4), 25));
+    let r = get(&inlay.url("/resp?again")).await;
+    assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+    assert_eq!(pool_size(&admin).await, 4);
+    assert!(tokio::task::block_in_place(|| engines_become(&inlay, 1)));
+}
