@@ -562,7 +562,7 @@ fn open_store(cfg: &Config) -> anyhow::Result<CacheStore> {
         Some(d) => info!(dir = %d.display(), "persistent cache open"),
         None => info!("memory-only cache (no cache.dir / --cache-dir)"),
     }
-    Ok(CacheStore::from_store(Arc::new(store)))
+    Ok(CacheStore::from_tiered(Arc::new(store)))
 }
 
 async fn shutdown_signal() {
