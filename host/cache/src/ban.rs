@@ -97,6 +97,22 @@ impl BanStats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds `other`'s counts to these (a cache that takes over another's
+    /// bans counts on from its figures).
+    fn carry_from(&self, other: &BanStats) {
+        let pairs = [
+            (&self.added, &other.added),
+            (&self.dropped, &other.dropped),
+            (&self.tests, &other.tests),
+            (&self.removed_at_lookup, &other.removed_at_lookup),
+            (&self.removed_by_lurker, &other.removed_by_lurker),
+            (&self.lurker_walks, &other.lurker_walks),
+        ];
+        for (mine, theirs) in pairs {
+            Self::bump(mine, theirs.load(Ordering::Relaxed));
+        }
+    }
+
     /// The counters now, with `active` bans in effect.
     pub fn snapshot(&self, active: u64) -> BanCounts {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -146,6 +162,11 @@ impl Ban {
             expression: self.expr.as_str().to_owned(),
             created_ms: self.created_ms,
         }
+    }
+
+    /// Whether `other` is the same ban (time and expression), whatever its id.
+    fn same_as(&self, other: &Ban) -> bool {
+        self.created_ms == other.created_ms && self.expr.as_str() == other.expr.as_str()
     }
 
     /// The persisted form: creation time, then the expression.
@@ -200,6 +221,17 @@ pub(crate) struct BanList {
     pub(crate) stats: BanStats,
 }
 
+/// The bans of a cache moving to another store
+/// ([`BanList::carried_to`]), and the records that store must get.
+pub(crate) struct CarriedBans {
+    /// The bans in effect on the new store.
+    pub(crate) list: BanList,
+    /// Records to write (id, data), before `remove`.
+    pub(crate) write: Vec<(u64, Vec<u8>)>,
+    /// Records of the new store replaced by renumbered ones.
+    pub(crate) remove: Vec<u64>,
+}
+
 impl BanList {
     /// The list persisted records describe.
     pub(crate) fn from_records(records: &[BanRecord], now_ms: u64) -> BanList {
@@ -220,6 +252,59 @@ impl BanList {
                 });
             }
         }
+        BanList::from_bans(bans)
+    }
+
+    /// This list's bans, with their times, on a store that holds
+    /// `records`: a store without bans gets ours with their ids; one with
+    /// bans of its own keeps them, and the union (a ban in both counted
+    /// once) is numbered anew after every id either side used, so that no
+    /// record overwrites another and ids still grow with time. The
+    /// counters go on from ours.
+    pub(crate) fn carried_to(&self, records: &[BanRecord], now_ms: u64) -> CarriedBans {
+        let held = BanList::from_records(records, now_ms).bans.into_inner();
+        let ours = self.bans.read().clone();
+        let extra: Vec<Arc<Ban>> = ours
+            .iter()
+            .filter(|b| !held.iter().any(|h| h.same_as(b)))
+            .cloned()
+            .collect();
+        let (bans, write, remove) = if held.is_empty() {
+            let write = ours.iter().map(|b| (b.id, b.record())).collect();
+            (ours, write, Vec::new())
+        } else if extra.is_empty() {
+            (held, Vec::new(), Vec::new())
+        } else {
+            let first_id = held.iter().chain(&ours).map(|b| b.id).max().unwrap_or(0) + 1;
+            let remove = held.iter().map(|b| b.id).collect();
+            let mut merged: Vec<Arc<Ban>> = held.into_iter().chain(extra).collect();
+            // Stable: at one time, the store's own ban comes first.
+            merged.sort_by_key(|b| b.created_ms);
+            let merged: Vec<Arc<Ban>> = merged
+                .iter()
+                .zip(first_id..)
+                .map(|(b, id)| {
+                    Arc::new(Ban {
+                        id,
+                        created_ms: b.created_ms,
+                        expr: b.expr.clone(),
+                    })
+                })
+                .collect();
+            let write = merged.iter().map(|b| (b.id, b.record())).collect();
+            (merged, write, remove)
+        };
+        let list = BanList::from_bans(bans);
+        list.stats.carry_from(&self.stats);
+        CarriedBans {
+            list,
+            write,
+            remove,
+        }
+    }
+
+    /// A list of `bans`, in id order with non-decreasing times.
+    fn from_bans(bans: Vec<Arc<Ban>>) -> BanList {
         let list = BanList::default();
         list.next_id
             .store(bans.last().map_or(1, |b| b.id + 1), Ordering::Relaxed);

@@ -246,6 +246,45 @@ impl HttpCache {
         }
     }
 
+    /// A cache over another store (a reload that changed the cache's
+    /// directory) with `rules`: its own fetches in flight and hit-for-miss
+    /// marks, the ban lurker's settings of this one, and the bans of both
+    /// in effect with their times (so that an object the new store holds
+    /// from before a ban made here stays banned); the ban records are
+    /// written to the new store. A store without bans takes ours with
+    /// their ids; when it has bans of its own, every ban is numbered anew
+    /// after the ids either side used. Blocks on the new store's
+    /// disk tier: call it on a blocking thread. Fails when the store's bans
+    /// cannot be read or written; the new store should then not be used.
+    pub fn with_store(&self, store: CacheStore, rules: CacheRules) -> Result<Self, StoreError> {
+        let records = store.ban_records_blocking()?;
+        let carried = self
+            .inner
+            .bans
+            .carried_to(&records, inlay_storage::now_ms());
+        for (id, data) in &carried.write {
+            store.ban_put_blocking(*id, data)?;
+        }
+        if !carried.remove.is_empty() {
+            store.ban_remove_blocking(&carried.remove)?;
+        }
+        let bans = carried.list;
+        let cache = Self {
+            inner: Arc::new(Inner {
+                store,
+                flights: Flights::default(),
+                hit_for_miss: HitForMiss::default(),
+                tickets: FillTickets::after(bans.newest_ms()),
+                bans,
+                lurker: parking_lot::Mutex::new(self.inner.lurker.lock().clone()),
+                lurker_running: AtomicBool::new(false),
+            }),
+            rules: Arc::new(rules),
+        };
+        cache.wake_lurker();
+        Ok(cache)
+    }
+
     /// Adds a ban (see [`ban`]): every object cached before it that
     /// matches `expression` is removed at its next lookup or by the
     /// lurker. With a disk tier the ban is written and flushed before this

@@ -69,6 +69,14 @@ impl CacheStore {
         }
     }
 
+    /// The tiered store under this one, when it was made
+    /// [`from_tiered`](Self::from_tiered): whoever drops its last handle
+    /// closes it (flushes the disk tier and joins its maintenance thread),
+    /// which must not happen on a reactor thread.
+    pub fn tiered(&self) -> Option<&Arc<TieredStore>> {
+        self.tiered.as_ref()
+    }
+
     /// Changes the memory budget and the disk bound in place
     /// ([`TieredStore::set_bounds`]: a smaller bound evicts down to it now,
     /// on a blocking thread). Bounds the store refuses change nothing; a
@@ -164,6 +172,16 @@ impl CacheStore {
     /// the cache is built.
     pub(crate) fn ban_records_blocking(&self) -> Result<Vec<BanRecord>, StoreError> {
         self.objects.ban_records()
+    }
+
+    /// Persists a ban record, durably, on this thread.
+    pub(crate) fn ban_put_blocking(&self, id: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.objects.ban_put(id, data)
+    }
+
+    /// Deletes ban records, on this thread.
+    pub(crate) fn ban_remove_blocking(&self, ids: &[u64]) -> Result<(), StoreError> {
+        self.objects.ban_remove(ids)
     }
 
     /// Persists a ban record, durably.
