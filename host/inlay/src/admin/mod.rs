@@ -181,6 +181,8 @@ pub type ReloadHook = Arc<dyn Fn() -> BoxFuture<'static, Result<Value, Vec<Strin
 pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
 /// `GET /stats`: the policy of the current generation, if any.
 pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
+/// `POST /purge` and `GET /stats`: the cache new requests use.
+pub type CacheHook = Arc<dyn Fn() -> HttpCache + Send + Sync>;
 
 /// What the admin API asks of other parts of the process. A route whose
 /// hook is missing answers 501 `{"error": "... not available"}`.
@@ -199,6 +201,10 @@ pub struct AdminHooks {
     pub config: Option<ConfigHook>,
     /// The policy named in `GET /stats`.
     pub policy: Option<PolicyHook>,
+    /// The cache purges and `GET /stats` reach, asked at each request (it
+    /// follows a reload that moves `cache.dir`, and holds no old store
+    /// open); without it, the one given to [`Admin::cache_opened`].
+    pub cache: Option<CacheHook>,
 }
 
 impl std::fmt::Debug for AdminHooks {
@@ -210,6 +216,7 @@ impl std::fmt::Debug for AdminHooks {
             .field("reload", &self.reload.is_some())
             .field("config", &self.config.is_some())
             .field("policy", &self.policy.is_some())
+            .field("cache", &self.cache.is_some())
             .finish()
     }
 }
@@ -263,6 +270,9 @@ impl Admin {
     }
 
     fn cache(&self) -> Option<HttpCache> {
+        if let Some(current) = &self.0.hooks.read().cache {
+            return Some(current());
+        }
         self.0.cache.read().clone()
     }
 
