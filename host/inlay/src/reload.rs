@@ -516,6 +516,35 @@ mod tests {
     }
 
     #[test]
+    fn the_cache_store_settings_are_not_kept_back() {
+        let old = config(BASE);
+        let text = BASE.replace(
+            "[cache]\n",
+            "[cache]\ndir = \"/var/cache/x\"\nmemory_size = \"8MiB\"\ndisk_size = \"2MiB\"\n",
+        );
+        let mut new = config(&text);
+        assert!(keep_restart_only(&old, &mut new, None).is_empty());
+        assert_eq!(new.cache.memory_size, 8 << 20);
+        assert_eq!(new.cache.disk_size, 2 << 20);
+        assert!(new.cache.dir.is_some());
+    }
+
+    #[test]
+    fn cache_bounds_the_store_refuses_are_errors_naming_their_key() {
+        let mut cfg = config(&BASE.replace("[cache]\n", "[cache]\ndir = \"/x\"\n"));
+        cfg.cache.disk_size = 1000;
+        cfg.cache.memory_size = 1000;
+        let errors = check_bounds(&crate::cli::store_config(&cfg)).expect_err("refused");
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("cache.memory_size: "), "{errors:?}");
+        assert!(errors[1].starts_with("cache.disk_size: "), "{errors:?}");
+        // Without a directory the disk bound is not used.
+        cfg.cache.dir = None;
+        cfg.cache.memory_size = 1 << 20;
+        assert!(check_bounds(&crate::cli::store_config(&cfg)).is_ok());
+    }
+
+    #[test]
     fn changed_sections_names_each_section_that_differs() {
         let old = config(BASE);
         assert!(changed_sections(&old, &config(BASE)).is_empty());
