@@ -204,7 +204,39 @@ impl std::fmt::Debug for HttpCache {
     }
 }
 
+/// A handle on an [`HttpCache`] that does not keep it (nor its store)
+/// open: for what may outlive the generation that uses the cache.
+#[derive(Clone)]
+pub struct WeakHttpCache {
+    inner: std::sync::Weak<Inner>,
+    rules: Arc<CacheRules>,
+}
+
+impl std::fmt::Debug for WeakHttpCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeakHttpCache").finish_non_exhaustive()
+    }
+}
+
+impl WeakHttpCache {
+    /// The cache, while something else still holds it.
+    pub fn upgrade(&self) -> Option<HttpCache> {
+        Some(HttpCache {
+            inner: self.inner.upgrade()?,
+            rules: Arc::clone(&self.rules),
+        })
+    }
+}
+
 impl HttpCache {
+    /// A handle that does not keep this cache open.
+    pub fn downgrade(&self) -> WeakHttpCache {
+        WeakHttpCache {
+            inner: Arc::downgrade(&self.inner),
+            rules: Arc::clone(&self.rules),
+        }
+    }
+
     /// A cache over `store` with `rules`, with the bans persisted in the
     /// store in effect (reading them blocks on the disk tier once). Bans
     /// that cannot be read at all are logged at `error` and the cache starts

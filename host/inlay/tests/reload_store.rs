@@ -435,3 +435,30 @@ async fn a_reload_to_a_dir_that_cannot_be_opened_changes_nothing() {
     );
     inlay.stop().await;
 }
+
+/// With a policy, the runtime keeps a policy handle (and the host services
+/// it was made with) per worker thread until that thread serves the next
+/// generation: those must not keep the old store open, even when no
+/// request comes after the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_policy_the_old_store_closes_though_no_request_follows() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("inlay.toml");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let on = |d: &Path| {
+        format!(
+            "{}[policy]\npath = \"{}\"\n",
+            config(&origin, dir.path(), &dir_line(d)),
+            common::policy("default").display()
+        )
+    };
+    let inlay = Reloadable::start(&file, &on(&a)).await;
+    for i in 0..20 {
+        assert!(fetched(&inlay, &origin, &object(i)).await);
+    }
+    inlay.reload(&on(&b)).await.expect("reloaded");
+    inlay.reload_once_free(&on(&a)).await;
+    assert!(!fetched(&inlay, &origin, &object(0)).await);
+    inlay.stop().await;
+}
