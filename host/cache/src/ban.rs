@@ -588,6 +588,47 @@ mod tests {
         assert_eq!(next.id, 10);
     }
 
+    fn records_of(list: &BanList) -> Vec<BanRecord> {
+        list.bans
+            .read()
+            .iter()
+            .map(|b| BanRecord {
+                id: b.id,
+                data: Some(b.record().into()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn carried_bans_a_store_already_holds_are_not_written_again() {
+        // Moved to a store and back: it holds the same bans, same ids.
+        let list = BanList::default();
+        ban(&list, "req.url == /a", 1_000);
+        ban(&list, "req.url == /b", 2_000);
+        let carried = list.carried_to(&records_of(&list), 9_000);
+        assert!(carried.write.is_empty() && carried.remove.is_empty());
+        assert_eq!(carried.list.infos(), list.infos());
+        assert_eq!(carried.list.stats.added.load(Ordering::Relaxed), 2);
+        // One more here: every ban is numbered after the ids used, the
+        // store's records are replaced, and times stay in order.
+        ban(&list, "req.url == /c", 3_000);
+        let older = BanList::default();
+        ban(&older, "req.url == /a", 1_000);
+        let carried = list.carried_to(&records_of(&older), 9_000);
+        let infos = carried.list.infos();
+        let ids: Vec<u64> = infos.iter().map(|b| b.id).collect();
+        let times: Vec<u64> = infos.iter().map(|b| b.created_ms).collect();
+        assert_eq!((ids, times), (vec![4, 5, 6], vec![1_000, 2_000, 3_000]));
+        assert_eq!(carried.remove, vec![1]);
+        assert_eq!(carried.write.len(), 3);
+        // New bans follow on.
+        let next = carried
+            .list
+            .next(BanExpression::parse("req.url == /d").unwrap(), 4_000)
+            .unwrap();
+        assert_eq!(next.id, 7);
+    }
+
     #[test]
     fn the_list_is_bounded() {
         let list = BanList::default();
