@@ -320,6 +320,10 @@ async fn a_new_cache_dir_on_reload_serves_from_the_new_dir() {
     inlay.reload_once_free(&on(&a)).await;
     assert!(!fetched(&inlay, &origin, &object(1)).await);
     assert!(fetched(&inlay, &origin, &object(2)).await);
+    assert_eq!(
+        metric(&inlay, "inlay_store_capacity_bytes{tier=\"disk\"}").await,
+        1 << 30
+    );
     // And to none: a memory-only cache.
     inlay
         .reload(&config(&origin, dir.path(), ""))
@@ -327,6 +331,13 @@ async fn a_new_cache_dir_on_reload_serves_from_the_new_dir() {
         .expect("reloaded");
     assert!(fetched(&inlay, &origin, &object(1)).await);
     assert_eq!(inlay.store_stats().await["disk"]["enabled"], false);
+    let (_, metrics) = inlay.admin("GET", "/metrics", Value::Null).await;
+    let metrics = metrics.as_str().unwrap().to_owned();
+    assert!(metrics.contains("inlay_store_capacity_bytes{tier=\"memory\"}"));
+    assert!(
+        !metrics.contains("tier=\"disk\""),
+        "the disk figures of the store it left: {metrics}"
+    );
     // A restart on the second directory finds what was cached there
     // after the switch: the last generation's store was flushed too.
     inlay.reload_once_free(&on(&b)).await;
