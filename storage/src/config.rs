@@ -84,16 +84,7 @@ impl StoreConfig {
 
     /// Checks the values; every problem is reported, not only the first.
     pub fn validate(&self) -> Result<(), StoreError> {
-        let mut problems = Vec::new();
-        if self.memory_bytes < 64 * KIB {
-            problems.push(format!(
-                "memory_bytes {} is below 64 KiB",
-                self.memory_bytes
-            ));
-        }
-        if self.dir.is_some() && self.disk_bytes < MIB {
-            problems.push(format!("disk_bytes {} is below 1 MiB", self.disk_bytes));
-        }
+        let mut problems = bound_problems(self.memory_bytes, self.disk_bytes, self.dir.is_some());
         if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&self.chunk_size) {
             problems.push(format!(
                 "chunk_size {} is outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE}",
@@ -112,6 +103,19 @@ impl StoreConfig {
             Err(StoreError::Config(problems.join("; ")))
         }
     }
+}
+
+/// What is wrong with the memory and disk bounds (the disk bound only
+/// counts with a disk tier); empty when both are acceptable.
+pub(crate) fn bound_problems(memory_bytes: u64, disk_bytes: u64, on_disk: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    if memory_bytes < 64 * KIB {
+        problems.push(format!("memory_bytes {memory_bytes} is below 64 KiB"));
+    }
+    if on_disk && disk_bytes < MIB {
+        problems.push(format!("disk_bytes {disk_bytes} is below 1 MiB"));
+    }
+    problems
 }
 
 #[cfg(test)]

@@ -337,7 +337,8 @@ pub trait KvStore: Send + Sync {
 pub struct StoreStats {
     /// Bytes held by the memory tier (its weight).
     pub memory_bytes: u64,
-    /// The memory tier's budget.
+    /// The memory tier's budget (`memory_bytes` of the config, or of the
+    /// last [`TieredStore::set_bounds`]).
     pub memory_capacity: u64,
     /// Objects held by the memory tier.
     pub memory_objects: u64,
@@ -346,7 +347,8 @@ pub struct StoreStats {
     /// Logical bytes on disk (keys, records, bodies); approximate until
     /// `disk_counted` is true.
     pub disk_bytes: u64,
-    /// The disk bound (`disk_bytes` of the config).
+    /// The disk bound (`disk_bytes` of the config, or of the last
+    /// [`TieredStore::set_bounds`]).
     pub disk_capacity: u64,
     /// Objects on disk; approximate until `disk_counted` is true.
     pub disk_objects: u64,

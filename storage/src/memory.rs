@@ -101,8 +101,10 @@ impl MemIndex {
 pub(crate) struct MemTier {
     cache: Cache<Arc<str>, MemEntry, EntryWeighter, DefaultHashBuilder, EvictionLog>,
     index: Mutex<MemIndex>,
-    capacity: u64,
-    max_entry_weight: u64,
+    /// Changed by [`MemTier::set_capacity`] (a reload); the shard count stays.
+    capacity: AtomicU64,
+    max_entry_weight: AtomicU64,
+    shards: u64,
     evicted: AtomicU64,
 }
 
@@ -113,7 +115,6 @@ impl MemTier {
         while shards > 1 && capacity / shards < MIN_SHARD_BYTES {
             shards /= 2;
         }
-        let shard_bytes = capacity / shards;
         let estimated_items = usize::try_from((capacity / 8192).clamp(64, 1 << 20)).unwrap_or(64);
         let options = OptionsBuilder::new()
             .shards(usize::try_from(shards).unwrap_or(1))
@@ -136,16 +137,60 @@ impl MemTier {
         MemTier {
             cache,
             index: Mutex::new(MemIndex::default()),
-            capacity,
-            // A quarter shard: one object must not flush a whole shard.
-            max_entry_weight: (shard_bytes / 4).max(ENTRY_OVERHEAD + 1),
+            capacity: AtomicU64::new(capacity),
+            max_entry_weight: AtomicU64::new(Self::entry_limit(capacity, shards)),
+            shards,
             evicted: AtomicU64::new(0),
         }
     }
 
+    /// A quarter shard: one object must not flush a whole shard.
+    fn entry_limit(capacity: u64, shards: u64) -> u64 {
+        (capacity / shards / 4).max(ENTRY_OVERHEAD + 1)
+    }
+
+    fn max_entry_weight(&self) -> u64 {
+        self.max_entry_weight.load(Ordering::Relaxed)
+    }
+
     /// Largest body that fits in the memory tier (roughly: metadata counts).
     pub(crate) fn max_body(&self) -> u64 {
-        self.max_entry_weight - ENTRY_OVERHEAD
+        self.max_entry_weight() - ENTRY_OVERHEAD
+    }
+
+    /// Changes the budget in place; a smaller one evicts at once, down to
+    /// it. Objects held stay unless evicted, even above the new largest
+    /// size; the shard count stays what `new` chose.
+    pub(crate) fn set_capacity(&self, capacity: u64) {
+        let mut index = self.index.lock();
+        self.capacity.store(capacity, Ordering::Relaxed);
+        self.max_entry_weight
+            .store(Self::entry_limit(capacity, self.shards), Ordering::Relaxed);
+        self.cache.set_capacity(capacity);
+        // quick_cache drops the evictions of `set_capacity` without handing
+        // them back (unlike an insert's): drop what the index names and the
+        // cache no longer holds. Writers hold `index`, so nothing else moved.
+        let gone: HashSet<Arc<str>> = index
+            .keys
+            .iter()
+            .filter(|k| !self.cache.contains_key(&***k))
+            .cloned()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let MemIndex {
+            keys,
+            expiry,
+            surrogate,
+        } = &mut *index;
+        keys.retain(|k| !gone.contains(k));
+        expiry.retain(|(_, k)| !gone.contains(k));
+        surrogate.retain(|_, set| {
+            set.retain(|k| !gone.contains(k));
+            !set.is_empty()
+        });
+        self.evicted.fetch_add(gone.len() as u64, Ordering::Relaxed);
     }
 
     fn weigh(key: &str, obj: &StoredObject) -> u64 {
@@ -169,7 +214,7 @@ impl MemTier {
     pub(crate) fn insert(&self, key: &str, obj: StoredObject) -> bool {
         let weight = Self::weigh(key, &obj);
         let mut index = self.index.lock();
-        if weight > self.max_entry_weight {
+        if weight > self.max_entry_weight() {
             self.remove_locked(&mut index, key);
             return false;
         }
@@ -235,7 +280,7 @@ impl MemTier {
             body: old.obj.body.clone(),
         };
         let weight = Self::weigh(key, &obj);
-        if weight > self.max_entry_weight {
+        if weight > self.max_entry_weight() {
             self.remove_locked(&mut index, key);
             return Some(meta);
         }
@@ -306,7 +351,7 @@ impl MemTier {
     }
 
     pub(crate) fn capacity(&self) -> u64 {
-        self.capacity
+        self.capacity.load(Ordering::Relaxed)
     }
 
     pub(crate) fn evicted(&self) -> u64 {

@@ -116,6 +116,26 @@ impl TieredStore {
         }
     }
 
+    /// Changes the memory budget and the disk bound in place, as
+    /// [`StoreConfig`]'s `memory_bytes` and `disk_bytes` (the disk bound is
+    /// ignored without a disk tier). A smaller bound evicts at once, down
+    /// to it; nothing else is lost. Bounds that [`StoreConfig::validate`]
+    /// would refuse change nothing ([`StoreError::Config`]). Blocks while
+    /// the disk tier evicts. Returns how many objects the disk tier evicted.
+    pub fn set_bounds(&self, memory_bytes: u64, disk_bytes: u64) -> Result<u64, StoreError> {
+        let disk = self.inner.disk.as_ref();
+        let problems = crate::config::bound_problems(memory_bytes, disk_bytes, disk.is_some());
+        if !problems.is_empty() {
+            return Err(StoreError::Config(problems.join("; ")));
+        }
+        tracing::debug!(memory_bytes, disk_bytes, "changing the store's bounds");
+        self.inner.memory.tier.set_capacity(memory_bytes);
+        match disk {
+            Some(d) => d.set_capacity(disk_bytes),
+            None => Ok(0),
+        }
+    }
+
     /// Whether the background count of the disk tier has finished (stats are
     /// exact from then on). Always true without a disk tier.
     pub fn disk_counted(&self) -> bool {

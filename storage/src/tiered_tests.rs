@@ -1094,3 +1094,109 @@ fn a_memory_only_store_persists_no_bans() {
     s.ban_put(1, b"x").unwrap();
     assert!(s.ban_records().unwrap().is_empty());
 }
+
+#[test]
+fn a_smaller_memory_budget_evicts_and_the_indexes_follow() {
+    let s = TieredStore::open(StoreConfig::memory_only(4 << 20)).unwrap();
+    for i in 0..200 {
+        let tag = if i % 2 == 0 { "even" } else { "odd" };
+        s.put(
+            &format!("p{i:03}\u{1}"),
+            meta(60_000, &[tag]),
+            body(i, 10_000),
+        )
+        .unwrap();
+    }
+    let before = s.stats();
+    assert_eq!(before.memory_objects, 200, "{before:?}");
+    s.set_bounds(1 << 20, 1 << 30).unwrap();
+    let st = s.stats();
+    assert_eq!(st.memory_capacity, 1 << 20);
+    assert!(st.memory_bytes <= 1 << 20, "{st:?}");
+    assert!(st.memory_objects < 110, "{st:?}");
+    assert_eq!(st.evicted_memory, 200 - st.memory_objects, "{st:?}");
+    // The indexes name only what the cache still holds: purges count the
+    // survivors, and every key they name is a hit.
+    let tagged = s.keys_for_surrogate("even").unwrap().len() as u64
+        + s.keys_for_surrogate("odd").unwrap().len() as u64;
+    assert_eq!(tagged, st.memory_objects);
+    let scanned = s.scan_meta(None, 1000).unwrap();
+    assert_eq!(scanned.len() as u64, st.memory_objects);
+    for (k, _) in &scanned {
+        assert!(s.get(k).unwrap().is_some(), "{k:?} indexed but evicted");
+    }
+    let odd = s.purge_surrogate("odd", false).unwrap();
+    assert_eq!(s.remove_prefix("p").unwrap(), st.memory_objects - odd);
+    assert_eq!(s.stats().memory_objects, 0);
+    // The largest object follows the budget; a larger budget takes more again.
+    assert!(s.max_object_bytes() < 1 << 20);
+    s.set_bounds(8 << 20, 1 << 30).unwrap();
+    for i in 0..200 {
+        s.put(&format!("q{i:03}"), meta(60_000, &[]), body(i, 10_000))
+            .unwrap();
+    }
+    assert_eq!(s.stats().memory_objects, 200);
+    assert_eq!(s.stats().memory_capacity, 8 << 20);
+}
+
+#[test]
+fn a_smaller_disk_bound_evicts_oldest_first_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_counted(StoreConfig {
+        disk_bytes: 8 << 20,
+        memory_bytes: 256 << 10,
+        ..config(dir.path())
+    });
+    for i in 0..100 {
+        s.put(&format!("k{i:03}"), meta(60_000, &["all"]), body(i, 60_000))
+            .unwrap();
+    }
+    assert_eq!(s.stats().disk_objects, 100);
+    let evicted = s.set_bounds(256 << 10, 2 << 20).unwrap();
+    let st = s.stats();
+    assert_eq!(st.disk_capacity, 2 << 20);
+    assert!(st.disk_bytes <= 2 << 20, "{st:?}");
+    assert_eq!(evicted, 100 - st.disk_objects, "{st:?}");
+    assert!(evicted >= 60, "{st:?}");
+    forget_memory(&s);
+    assert!(s.get("k000").unwrap().is_none(), "oldest survived");
+    assert_eq!(s.get("k099").unwrap().unwrap().body, body(99, 60_000));
+    assert_eq!(st.corrupt_dropped, 0);
+    // A body above a quarter of the new bound is refused; one below fits.
+    assert!(matches!(
+        s.put("big", meta(60_000, &[]), body(1, 600 << 10)),
+        Err(StoreError::TooLarge { .. })
+    ));
+    s.put("small", meta(60_000, &[]), body(1, 400 << 10))
+        .unwrap();
+    // Growing keeps everything, and takes larger bodies again.
+    s.set_bounds(256 << 10, 8 << 20).unwrap();
+    s.put("big", meta(60_000, &[]), body(1, 600 << 10)).unwrap();
+    assert_eq!(s.stats().disk_capacity, 8 << 20);
+    drop(s);
+    // The new bound is not persisted: a reopen takes its config's.
+    let s = open_counted(config(dir.path()));
+    assert_eq!(s.get("big").unwrap().unwrap().body, body(1, 600 << 10));
+}
+
+#[test]
+fn invalid_bounds_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_counted(config(dir.path()));
+    s.put("k", meta(60_000, &[]), body(1, 1000)).unwrap();
+    let Err(StoreError::Config(msg)) = s.set_bounds(1000, 1000) else {
+        panic!("tiny bounds accepted");
+    };
+    assert!(
+        msg.contains("memory_bytes") && msg.contains("disk_bytes"),
+        "{msg}"
+    );
+    let st = s.stats();
+    assert_eq!((st.memory_capacity, st.disk_capacity), (64 << 20, 64 << 20));
+    assert_eq!((st.memory_objects, st.disk_objects), (1, 1));
+    // Without a disk tier the disk bound is not looked at.
+    let m = TieredStore::open(StoreConfig::memory_only(1 << 20)).unwrap();
+    m.set_bounds(2 << 20, 0).unwrap();
+    assert!(matches!(m.set_bounds(0, 0), Err(StoreError::Config(_))));
+    assert_eq!(m.stats().memory_capacity, 2 << 20);
+}

@@ -97,6 +97,22 @@ impl BanStats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds `other`'s counts to these (a cache that takes over another's
+    /// bans counts on from its figures).
+    fn carry_from(&self, other: &BanStats) {
+        let pairs = [
+            (&self.added, &other.added),
+            (&self.dropped, &other.dropped),
+            (&self.tests, &other.tests),
+            (&self.removed_at_lookup, &other.removed_at_lookup),
+            (&self.removed_by_lurker, &other.removed_by_lurker),
+            (&self.lurker_walks, &other.lurker_walks),
+        ];
+        for (mine, theirs) in pairs {
+            Self::bump(mine, theirs.load(Ordering::Relaxed));
+        }
+    }
+
     /// The counters now, with `active` bans in effect.
     pub fn snapshot(&self, active: u64) -> BanCounts {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -146,6 +162,11 @@ impl Ban {
             expression: self.expr.as_str().to_owned(),
             created_ms: self.created_ms,
         }
+    }
+
+    /// Whether `other` is the same ban (time and expression), whatever its id.
+    fn same_as(&self, other: &Ban) -> bool {
+        self.created_ms == other.created_ms && self.expr.as_str() == other.expr.as_str()
     }
 
     /// The persisted form: creation time, then the expression.
@@ -200,6 +221,17 @@ pub(crate) struct BanList {
     pub(crate) stats: BanStats,
 }
 
+/// The bans of a cache moving to another store
+/// ([`BanList::carried_to`]), and the records that store must get.
+pub(crate) struct CarriedBans {
+    /// The bans in effect on the new store.
+    pub(crate) list: BanList,
+    /// Records to write (id, data), before `remove`.
+    pub(crate) write: Vec<(u64, Vec<u8>)>,
+    /// Records of the new store replaced by renumbered ones.
+    pub(crate) remove: Vec<u64>,
+}
+
 impl BanList {
     /// The list persisted records describe.
     pub(crate) fn from_records(records: &[BanRecord], now_ms: u64) -> BanList {
@@ -220,6 +252,59 @@ impl BanList {
                 });
             }
         }
+        BanList::from_bans(bans)
+    }
+
+    /// This list's bans, with their times, on a store that holds
+    /// `records`: a store without bans gets ours with their ids; one with
+    /// bans of its own keeps them, and the union (a ban in both counted
+    /// once) is numbered anew after every id either side used, so that no
+    /// record overwrites another and ids still grow with time. The
+    /// counters go on from ours.
+    pub(crate) fn carried_to(&self, records: &[BanRecord], now_ms: u64) -> CarriedBans {
+        let held = BanList::from_records(records, now_ms).bans.into_inner();
+        let ours = self.bans.read().clone();
+        let extra: Vec<Arc<Ban>> = ours
+            .iter()
+            .filter(|b| !held.iter().any(|h| h.same_as(b)))
+            .cloned()
+            .collect();
+        let (bans, write, remove) = if held.is_empty() {
+            let write = ours.iter().map(|b| (b.id, b.record())).collect();
+            (ours, write, Vec::new())
+        } else if extra.is_empty() {
+            (held, Vec::new(), Vec::new())
+        } else {
+            let first_id = held.iter().chain(&ours).map(|b| b.id).max().unwrap_or(0) + 1;
+            let remove = held.iter().map(|b| b.id).collect();
+            let mut merged: Vec<Arc<Ban>> = held.into_iter().chain(extra).collect();
+            // Stable: at one time, the store's own ban comes first.
+            merged.sort_by_key(|b| b.created_ms);
+            let merged: Vec<Arc<Ban>> = merged
+                .iter()
+                .zip(first_id..)
+                .map(|(b, id)| {
+                    Arc::new(Ban {
+                        id,
+                        created_ms: b.created_ms,
+                        expr: b.expr.clone(),
+                    })
+                })
+                .collect();
+            let write = merged.iter().map(|b| (b.id, b.record())).collect();
+            (merged, write, remove)
+        };
+        let list = BanList::from_bans(bans);
+        list.stats.carry_from(&self.stats);
+        CarriedBans {
+            list,
+            write,
+            remove,
+        }
+    }
+
+    /// A list of `bans`, in id order with non-decreasing times.
+    fn from_bans(bans: Vec<Arc<Ban>>) -> BanList {
         let list = BanList::default();
         list.next_id
             .store(bans.last().map_or(1, |b| b.id + 1), Ordering::Relaxed);
@@ -501,6 +586,47 @@ mod tests {
             .next(BanExpression::parse("obj.status == 1").unwrap(), 6_000)
             .unwrap();
         assert_eq!(next.id, 10);
+    }
+
+    fn records_of(list: &BanList) -> Vec<BanRecord> {
+        list.bans
+            .read()
+            .iter()
+            .map(|b| BanRecord {
+                id: b.id,
+                data: Some(b.record().into()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn carried_bans_a_store_already_holds_are_not_written_again() {
+        // Moved to a store and back: it holds the same bans, same ids.
+        let list = BanList::default();
+        ban(&list, "req.url == /a", 1_000);
+        ban(&list, "req.url == /b", 2_000);
+        let carried = list.carried_to(&records_of(&list), 9_000);
+        assert!(carried.write.is_empty() && carried.remove.is_empty());
+        assert_eq!(carried.list.infos(), list.infos());
+        assert_eq!(carried.list.stats.added.load(Ordering::Relaxed), 2);
+        // One more here: every ban is numbered after the ids used, the
+        // store's records are replaced, and times stay in order.
+        ban(&list, "req.url == /c", 3_000);
+        let older = BanList::default();
+        ban(&older, "req.url == /a", 1_000);
+        let carried = list.carried_to(&records_of(&older), 9_000);
+        let infos = carried.list.infos();
+        let ids: Vec<u64> = infos.iter().map(|b| b.id).collect();
+        let times: Vec<u64> = infos.iter().map(|b| b.created_ms).collect();
+        assert_eq!((ids, times), (vec![4, 5, 6], vec![1_000, 2_000, 3_000]));
+        assert_eq!(carried.remove, vec![1]);
+        assert_eq!(carried.write.len(), 3);
+        // New bans follow on.
+        let next = carried
+            .list
+            .next(BanExpression::parse("req.url == /d").unwrap(), 4_000)
+            .unwrap();
+        assert_eq!(next.id, 7);
     }
 
     #[test]

@@ -204,7 +204,39 @@ impl std::fmt::Debug for HttpCache {
     }
 }
 
+/// A handle on an [`HttpCache`] that does not keep it (nor its store)
+/// open: for what may outlive the generation that uses the cache.
+#[derive(Clone)]
+pub struct WeakHttpCache {
+    inner: std::sync::Weak<Inner>,
+    rules: Arc<CacheRules>,
+}
+
+impl std::fmt::Debug for WeakHttpCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeakHttpCache").finish_non_exhaustive()
+    }
+}
+
+impl WeakHttpCache {
+    /// The cache, while something else still holds it.
+    pub fn upgrade(&self) -> Option<HttpCache> {
+        Some(HttpCache {
+            inner: self.inner.upgrade()?,
+            rules: Arc::clone(&self.rules),
+        })
+    }
+}
+
 impl HttpCache {
+    /// A handle that does not keep this cache open.
+    pub fn downgrade(&self) -> WeakHttpCache {
+        WeakHttpCache {
+            inner: Arc::downgrade(&self.inner),
+            rules: Arc::clone(&self.rules),
+        }
+    }
+
     /// A cache over `store` with `rules`, with the bans persisted in the
     /// store in effect (reading them blocks on the disk tier once). Bans
     /// that cannot be read at all are logged at `error` and the cache starts
@@ -244,6 +276,45 @@ impl HttpCache {
             inner: Arc::clone(&self.inner),
             rules: Arc::new(rules),
         }
+    }
+
+    /// A cache over another store (a reload that changed the cache's
+    /// directory) with `rules`: its own fetches in flight and hit-for-miss
+    /// marks, the ban lurker's settings of this one, and the bans of both
+    /// in effect with their times (so that an object the new store holds
+    /// from before a ban made here stays banned); the ban records are
+    /// written to the new store. A store without bans takes ours with
+    /// their ids; when it has bans of its own, every ban is numbered anew
+    /// after the ids either side used. Blocks on the new store's
+    /// disk tier: call it on a blocking thread. Fails when the store's bans
+    /// cannot be read or written; the new store should then not be used.
+    pub fn with_store(&self, store: CacheStore, rules: CacheRules) -> Result<Self, StoreError> {
+        let records = store.ban_records_blocking()?;
+        let carried = self
+            .inner
+            .bans
+            .carried_to(&records, inlay_storage::now_ms());
+        for (id, data) in &carried.write {
+            store.ban_put_blocking(*id, data)?;
+        }
+        if !carried.remove.is_empty() {
+            store.ban_remove_blocking(&carried.remove)?;
+        }
+        let bans = carried.list;
+        let cache = Self {
+            inner: Arc::new(Inner {
+                store,
+                flights: Flights::default(),
+                hit_for_miss: HitForMiss::default(),
+                tickets: FillTickets::after(bans.newest_ms()),
+                bans,
+                lurker: parking_lot::Mutex::new(self.inner.lurker.lock().clone()),
+                lurker_running: AtomicBool::new(false),
+            }),
+            rules: Arc::new(rules),
+        };
+        cache.wake_lurker();
+        Ok(cache)
     }
 
     /// Adds a ban (see [`ban`]): every object cached before it that

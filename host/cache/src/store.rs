@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use inlay_storage::{
     BanRecord, KvStore, ObjectMeta, ObjectStore, Peek, StoreError, StoreStats, StoredObject,
+    TieredStore,
 };
 use tracing::debug;
 
@@ -18,6 +19,8 @@ use tracing::debug;
 pub struct CacheStore {
     objects: Arc<dyn ObjectStore>,
     kv: Arc<dyn KvStore>,
+    /// The tiered store, when built on one: its bounds can change.
+    tiered: Option<Arc<TieredStore>>,
 }
 
 impl std::fmt::Debug for CacheStore {
@@ -41,7 +44,11 @@ where
 impl CacheStore {
     /// Objects and kv records in two stores (often the same one).
     pub fn new(objects: Arc<dyn ObjectStore>, kv: Arc<dyn KvStore>) -> Self {
-        Self { objects, kv }
+        Self {
+            objects,
+            kv,
+            tiered: None,
+        }
     }
 
     /// A store that keeps both objects and kv records.
@@ -49,7 +56,38 @@ impl CacheStore {
         Self {
             objects: store.clone(),
             kv: store,
+            tiered: None,
         }
+    }
+
+    /// The tiered store, whose bounds [`set_bounds`](Self::set_bounds) can change.
+    pub fn from_tiered(store: Arc<TieredStore>) -> Self {
+        Self {
+            objects: store.clone(),
+            kv: store.clone(),
+            tiered: Some(store),
+        }
+    }
+
+    /// The tiered store under this one, when it was made
+    /// [`from_tiered`](Self::from_tiered): whoever drops its last handle
+    /// closes it (flushes the disk tier and joins its maintenance thread),
+    /// which must not happen on a reactor thread.
+    pub fn tiered(&self) -> Option<&Arc<TieredStore>> {
+        self.tiered.as_ref()
+    }
+
+    /// Changes the memory budget and the disk bound in place
+    /// ([`TieredStore::set_bounds`]: a smaller bound evicts down to it now,
+    /// on a blocking thread). Bounds the store refuses change nothing; a
+    /// store not made [`from_tiered`](Self::from_tiered) refuses every change.
+    pub async fn set_bounds(&self, memory_bytes: u64, disk_bytes: u64) -> Result<(), StoreError> {
+        let Some(store) = self.tiered.clone() else {
+            return Err(StoreError::Config(
+                "this store's bounds cannot change".into(),
+            ));
+        };
+        blocking(move || store.set_bounds(memory_bytes, disk_bytes).map(drop)).await
     }
 
     /// The object under `key` from memory only, without waiting: `None`
@@ -134,6 +172,16 @@ impl CacheStore {
     /// the cache is built.
     pub(crate) fn ban_records_blocking(&self) -> Result<Vec<BanRecord>, StoreError> {
         self.objects.ban_records()
+    }
+
+    /// Persists a ban record, durably, on this thread.
+    pub(crate) fn ban_put_blocking(&self, id: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.objects.ban_put(id, data)
+    }
+
+    /// Deletes ban records, on this thread.
+    pub(crate) fn ban_remove_blocking(&self, ids: &[u64]) -> Result<(), StoreError> {
+        self.objects.ban_remove(ids)
     }
 
     /// Persists a ban record, durably.

@@ -553,3 +553,77 @@ async fn a_ban_survives_kill_9() {
         assert_eq!(hit, !banned, "/item/{i}");
     }
 }
+
+/// A reload that moves the cache to another directory: the bans made on
+/// the old store stay in effect on the new one, with their times, so an
+/// object the new store held from before a ban stays banned, and a
+/// restart on the new directory still has them.
+#[tokio::test(flavor = "current_thread")]
+async fn bans_follow_the_cache_to_another_store() {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        // The second directory holds /old/a, /old/b and a ban of its own
+        // on /mine (made after both).
+        let there = disk_cache(two.path());
+        put(&there, &key("/old/a"), 200, &[]).await;
+        put(&there, &key("/old/b"), 200, &[]).await;
+        put(&there, &key("/mine"), 200, &[]).await;
+        there.ban("req.url == /mine").await.expect("ban");
+    }
+    let here = disk_cache(one.path());
+    here.ban("req.url == /old/a").await.expect("ban");
+    here.ban("req.url == /elsewhere").await.expect("ban");
+    let ours = here.bans();
+    let store = Arc::new(TieredStore::open(disk_config(two.path())).expect("open"));
+    let moved = quiet(
+        here.with_store(CacheStore::from_store(store), rules())
+            .expect("moved"),
+    );
+    // Both stores' bans, oldest first, numbered after every id used.
+    let bans = moved.bans();
+    let exprs: Vec<&str> = bans.iter().map(|b| b.expression.as_str()).collect();
+    assert_eq!(
+        exprs,
+        [
+            "req.url == /mine",
+            "req.url == /old/a",
+            "req.url == /elsewhere"
+        ]
+    );
+    assert_eq!(
+        bans.iter().map(|b| b.id).collect::<Vec<_>>(),
+        [3, 4, 5],
+        "{bans:?}"
+    );
+    assert_eq!(bans[1].created_ms, ours[0].created_ms, "the time is kept");
+    assert_eq!(moved.ban_counts().added, 2, "the counts go on");
+    assert!(
+        !is_hit(&moved, &key("/old/a")).await,
+        "banned before the move"
+    );
+    assert!(is_hit(&moved, &key("/old/b")).await);
+    assert!(!is_hit(&moved, &key("/mine")).await);
+    // Stored after the bans: not covered.
+    put(&moved, &key("/elsewhere"), 200, &[]).await;
+    assert!(is_hit(&moved, &key("/elsewhere")).await);
+    drop(moved);
+    // A restart on the new directory reads the same bans back.
+    let again = disk_cache(two.path());
+    assert_eq!(again.bans(), bans);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn bans_moved_to_a_store_without_bans_keep_their_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let here = memory_cache();
+    here.ban("req.url == /a").await.expect("ban");
+    here.ban("req.url == /b").await.expect("ban");
+    let store = Arc::new(TieredStore::open(disk_config(dir.path())).expect("open"));
+    let moved = quiet(
+        here.with_store(CacheStore::from_store(store), rules())
+            .expect("moved"),
+    );
+    assert_eq!(moved.bans(), here.bans());
+    drop(moved);
+    assert_eq!(disk_cache(dir.path()).bans(), here.bans());
+}

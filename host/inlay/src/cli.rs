@@ -380,11 +380,11 @@ impl Proxy {
             access_log,
             metrics,
         );
-        let cache = pipeline.cache().clone();
-        admin.cache_opened(cache.clone());
         let (source, hup) = reload_source.unzip();
         let reloader = Arc::new(Reloader::new(pipeline, policy, source).with_admin(admin.clone()));
-        wire_admin(&admin, &reloader, &cache);
+        wire_admin(&admin, &reloader);
+        // The cache is open (the admin API asks the reloader for it).
+        admin.readiness().set_ready();
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));
         // Not ready from the signal on, before the drain: load balancers stop sending.
         let shutdown = async {
@@ -401,7 +401,7 @@ impl Proxy {
             log_replay_stats(policy);
         }
         // sled fsyncs periodically: flush so a clean stop loses nothing.
-        match cache.store().flush().await {
+        match last.cache().store().flush().await {
             Ok(()) => info!("cache flushed"),
             Err(e) => error!(error = %e, "flushing the cache at shutdown failed"),
         }
@@ -429,14 +429,20 @@ fn admin_of(cfg: &Arc<Config>, policy: Option<&Arc<PolicySlot>>) -> anyhow::Resu
 }
 
 /// Point the admin API at the running proxy: the current generation's
-/// config and policy, reloads, and bans on the cache every generation shares.
-fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
+/// config, policy and cache (purges, stats and bans follow a reload that
+/// moves `cache.dir`), and reloads.
+fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>) {
     let config = Arc::clone(reloader);
     let policy = Arc::clone(reloader);
     let reload = Arc::clone(reloader);
     let metrics = Arc::clone(reloader);
-    let (ban, bans) = (cache.clone(), cache.clone());
+    let (ban, bans, cache) = (
+        Arc::clone(reloader),
+        Arc::clone(reloader),
+        Arc::clone(reloader),
+    );
     admin.set_hooks(|h| {
+        h.cache = Some(Arc::new(move || cache.current().cache().clone()));
         h.config = Some(Arc::new(move || config.current_config()));
         h.policy = Some(Arc::new(move || policy.current().policy().cloned()));
         h.reload = Some(Arc::new(move || {
@@ -447,15 +453,17 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
             })
         }));
         h.ban = Some(Arc::new(move |expression: String| {
-            let cache = ban.clone();
+            let reloader = Arc::clone(&ban);
             Box::pin(async move {
-                let info = cache.ban(&expression).await.map_err(|e| e.to_string())?;
+                let info = reloader.ban(&expression).await.map_err(|e| e.to_string())?;
                 Ok(serde_json::json!({ "ban": info }))
             })
         }));
-        h.bans = Some(Arc::new(
-            move || serde_json::json!({ "bans": bans.bans(), "counts": bans.ban_counts() }),
-        ));
+        h.bans = Some(Arc::new(move || {
+            let current = bans.current();
+            let cache = current.cache();
+            serde_json::json!({ "bans": cache.bans(), "counts": cache.ban_counts() })
+        }));
         h.metrics = Some(Arc::new(move || {
             // The generation serving now: its store and policy figures.
             let current = metrics.current();
@@ -532,15 +540,20 @@ async fn reload_on_sighup(reloader: Arc<Reloader>, mut hup: tokio::signal::unix:
     }
 }
 
-/// Open the object store: memory only, or memory in front of sled on disk.
-fn open_store(cfg: &Config) -> anyhow::Result<CacheStore> {
+/// The store `cfg.cache` describes (its directory and sizes).
+pub(crate) fn store_config(cfg: &Config) -> StoreConfig {
     let mut sc = match &cfg.cache.dir {
         Some(dir) => StoreConfig::on_disk(dir),
         None => StoreConfig::memory_only(cfg.cache.memory_size),
     };
     sc.memory_bytes = cfg.cache.memory_size;
     sc.disk_bytes = cfg.cache.disk_size;
-    let store = match TieredStore::open(sc) {
+    sc
+}
+
+/// Open the object store: memory only, or memory in front of sled on disk.
+fn open_store(cfg: &Config) -> anyhow::Result<CacheStore> {
+    let store = match TieredStore::open(store_config(cfg)) {
         Ok(store) => store,
         // The system refused the directory (permissions, file descriptors,
         // a file in the way): the operator must fix it; the store left the
@@ -562,7 +575,7 @@ fn open_store(cfg: &Config) -> anyhow::Result<CacheStore> {
         Some(d) => info!(dir = %d.display(), "persistent cache open"),
         None => info!("memory-only cache (no cache.dir / --cache-dir)"),
     }
-    Ok(CacheStore::from_store(Arc::new(store)))
+    Ok(CacheStore::from_tiered(Arc::new(store)))
 }
 
 async fn shutdown_signal() {

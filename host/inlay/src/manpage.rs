@@ -53,7 +53,7 @@ const MAIN_PAGE_SECTIONS: &str = r#".SH SIGNALS
 Stop accepting, let in\-flight requests finish (up to \fBserver.shutdown_timeout\fR), flush the cache and exit 0.
 .TP
 \fBSIGHUP\fR
-Read the configuration file again and apply it, policy included, as a new generation: requests in flight finish on the old one; a file with errors changes nothing and every error is logged. Listen addresses and cache sizes need a restart (\fBsystemctl reload inlay\fR sends it).
+Read the configuration file again and apply it, policy included, as a new generation: requests in flight finish on the old one; a file with errors changes nothing and every error is logged. Listen addresses need a restart; cache sizes apply in place; a new cache directory serves new requests from a store opened there (\fBsystemctl reload inlay\fR sends it).
 .SH FILES
 .TP
 \fI/etc/inlay/inlay.toml\fR

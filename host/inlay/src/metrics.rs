@@ -825,6 +825,13 @@ impl Metrics {
             self.store_evictions
                 .get_or_create(&disk)
                 .set(s.evicted_disk);
+        } else {
+            // A reload moved the cache to a memory-only store: no disk
+            // figures, rather than the last ones of the store it left.
+            self.store_objects.remove(&disk);
+            self.store_bytes.remove(&disk);
+            self.store_capacity.remove(&disk);
+            self.store_evictions.remove(&disk);
         }
         self.store_expired.set(s.expired_removed);
         self.store_write_errors.set(s.write_errors);

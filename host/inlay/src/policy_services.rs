@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use inlay_cache::{HttpCache, PrimaryKey, object_meta, stored_headers};
+use inlay_cache::{HttpCache, PrimaryKey, WeakHttpCache, object_meta, stored_headers};
 use inlay_core::{CacheSettings, ProxyError, body, headers};
 use inlay_runtime::{
     BodyBudget, CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse,
@@ -23,7 +23,11 @@ pub const MAX_SUBREQUEST_BODY: usize = 8 << 20;
 
 /// The host's services for policies.
 pub struct HostServices {
-    cache: HttpCache,
+    /// Weak: the runtime may keep these services (a thread's policy handle)
+    /// after their generation is gone, and must not keep its store open
+    /// (a reload that moved `cache.dir` closes the old one). The generation
+    /// holds the cache while its requests run.
+    cache: WeakHttpCache,
     backends: Backends,
     /// The request-id header carried from a request onto its policy's
     /// subrequests (`server.request_id_header`), if ids are on.
@@ -34,10 +38,17 @@ impl HostServices {
     /// Services over the host's cache and backends.
     pub fn new(cache: HttpCache, backends: Backends) -> Self {
         Self {
-            cache,
+            cache: cache.downgrade(),
             backends,
             request_id: None,
         }
+    }
+
+    /// The generation's cache; gone only once no request of it runs.
+    fn cache(&self) -> Result<HttpCache, String> {
+        self.cache
+            .upgrade()
+            .ok_or_else(|| "the cache of this generation is closed".to_owned())
     }
 
     /// Subrequests carry the request's id in `header` unless the policy
@@ -62,9 +73,10 @@ impl PolicyServices for HostServices {
         host: &str,
         url: &str,
     ) -> BoxFuture<'static, Result<Option<CachedObject>, String>> {
-        let cache = self.cache.clone();
+        let cache = self.cache();
         let primary = PrimaryKey::new(host, url, &[]);
         Box::pin(async move {
+            let cache = cache?;
             let Some(obj) = cache.get(&primary, &HeaderMap::new()).await else {
                 return Ok(None);
             };
@@ -89,9 +101,10 @@ impl PolicyServices for HostServices {
         url: &str,
         object: NewObject,
     ) -> BoxFuture<'static, Result<(), String>> {
-        let cache = self.cache.clone();
+        let cache = self.cache();
         let primary = PrimaryKey::new(host, url, &[]);
         Box::pin(async move {
+            let cache = cache?;
             let settings = CacheSettings {
                 cacheable: true,
                 ttl: object.ttl,
@@ -116,9 +129,10 @@ impl PolicyServices for HostServices {
         url: &str,
         soft: bool,
     ) -> BoxFuture<'static, Result<u32, String>> {
-        let cache = self.cache.clone();
+        let cache = self.cache();
         let primary = PrimaryKey::new(host, url, &[]);
         Box::pin(async move {
+            let cache = cache?;
             cache
                 .purge_url(&primary, soft)
                 .await
@@ -128,9 +142,10 @@ impl PolicyServices for HostServices {
     }
 
     fn cache_purge_key(&self, key: &str, soft: bool) -> BoxFuture<'static, Result<u32, String>> {
-        let cache = self.cache.clone();
+        let cache = self.cache();
         let key = key.to_owned();
         Box::pin(async move {
+            let cache = cache?;
             cache
                 .purge_key(&key, soft)
                 .await
@@ -145,12 +160,12 @@ impl PolicyServices for HostServices {
         key: &str,
     ) -> BoxFuture<'static, Result<Option<Vec<u8>>, String>> {
         let (store, ns, key) = (
-            self.cache.store().clone(),
+            self.cache().map(|c| c.store().clone()),
             kv_namespace(namespace),
             key.to_owned(),
         );
         Box::pin(async move {
-            store
+            store?
                 .kv_get(ns, key)
                 .await
                 .map(|v| v.map(|b| b.to_vec()))
@@ -165,12 +180,12 @@ impl PolicyServices for HostServices {
         value: Vec<u8>,
     ) -> BoxFuture<'static, Result<(), String>> {
         let (store, ns, key) = (
-            self.cache.store().clone(),
+            self.cache().map(|c| c.store().clone()),
             kv_namespace(namespace),
             key.to_owned(),
         );
         Box::pin(async move {
-            store
+            store?
                 .kv_set(ns, key, value)
                 .await
                 .map_err(|e| e.to_string())
@@ -179,11 +194,11 @@ impl PolicyServices for HostServices {
 
     fn kv_delete(&self, namespace: &str, key: &str) -> BoxFuture<'static, Result<bool, String>> {
         let (store, ns, key) = (
-            self.cache.store().clone(),
+            self.cache().map(|c| c.store().clone()),
             kv_namespace(namespace),
             key.to_owned(),
         );
-        Box::pin(async move { store.kv_delete(ns, key).await.map_err(|e| e.to_string()) })
+        Box::pin(async move { store?.kv_delete(ns, key).await.map_err(|e| e.to_string()) })
     }
 
     fn fetch(

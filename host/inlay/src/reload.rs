@@ -10,14 +10,21 @@
 //! backends whose settings did not change. A file that does not parse,
 //! does not validate, or names a policy that does not load changes nothing:
 //! the errors are logged and returned.
+//!
+//! New cache sizes apply to the running store in place (a smaller one
+//! evicts at once). A new `cache.dir` gives the new generation a cache of
+//! its own on a store opened there, carrying the bans in effect; the old
+//! store is closed once the old generation's last request is done.
 
 use std::sync::Arc;
 
+use inlay_cache::{BanError, BanInfo, CacheStore, HttpCache};
 use inlay_runtime::{LoadedPolicy, PolicyError, PolicySlot};
+use inlay_storage::{StoreConfig, TieredStore};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
-use crate::admin::{Admin, AdminToken};
+use crate::admin::{Admin, AdminToken, WeakAdmin};
 use crate::cli::ServeArgs;
 use crate::config::{AccessLogTarget, Config, ConfigError};
 use crate::pipeline::Pipeline;
@@ -46,8 +53,9 @@ pub struct Reloader {
     /// The command line the process started with; `None`: the config it
     /// was given is applied again (the policy file is still reloaded).
     source: Option<ServeArgs>,
-    /// The admin API, whose token a reload reads again.
-    admin: Option<Admin>,
+    /// The admin API, whose token a reload reads again (weakly: its
+    /// hooks hold this reloader).
+    admin: Option<WeakAdmin>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -88,8 +96,17 @@ impl Reloader {
     /// Reloads read `admin.token_file` again for `admin`.
     #[must_use]
     pub fn with_admin(mut self, admin: Admin) -> Self {
-        self.admin = Some(admin);
+        self.admin = Some(admin.downgrade());
         self
+    }
+
+    /// Add a ban on the current generation's cache (see [`HttpCache::ban`]),
+    /// one at a time with reloads, so that a reload that moves the cache
+    /// carries every ban made before it.
+    pub async fn ban(&self, expression: &str) -> Result<BanInfo, BanError> {
+        let _no_reload = self.state.lock().await;
+        let current = self.current();
+        current.cache().ban(expression).await
     }
 
     /// The generations, for the accept loop to read per request.
@@ -160,6 +177,16 @@ impl Reloader {
         } else {
             old.access_log().clone()
         };
+        // Dropped unused (a policy that does not load), it closes again.
+        let mut moved = MovedCache(None);
+        let bounds = match prepare_cache(old.cache(), old.config(), &cfg).await? {
+            CacheChange::Same => None,
+            CacheChange::Bounds { memory, disk } => Some((memory, disk)),
+            CacheChange::Moved(cache) => {
+                moved.0 = Some(cache);
+                None
+            }
+        };
         let outgoing_policy = old.policy().cloned();
         let slot = match &cfg.policy {
             None => None,
@@ -198,16 +225,32 @@ impl Reloader {
         {
             warnings.push(w);
         }
-        if let Some(admin) = &self.admin {
+        if let Some(admin) = self.admin.as_ref().and_then(WeakAdmin::upgrade) {
             admin.set_token(token);
         }
         old.metrics().set_enabled(cfg.metrics.enabled);
+        if let Some((memory, disk)) = bounds
+            && let Err(e) = old.cache().store().set_bounds(memory, disk).await
+        {
+            // Checked before: only the eviction down to a smaller bound can
+            // fail, and the maintenance thread evicts again on its round.
+            warnings.push(format!(
+                "cache.disk_size: the new bounds apply, but evicting down to them failed: {e}"
+            ));
+        }
         let cfg = Arc::new(cfg);
-        let next = Arc::new(old.next_generation(cfg, slot, access_log.clone()));
+        let moved = moved.0.take();
+        let next = Arc::new(match &moved {
+            Some(cache) => old.next_generation_on(cfg, slot, access_log.clone(), cache.clone()),
+            None => old.next_generation(cfg, slot, access_log.clone()),
+        });
         state.generation += 1;
         // `GET /metrics` reads the store and policy of the generation serving.
         next.metrics().serve_from(&next);
         self.current.store(next);
+        if moved.is_some() {
+            close_when_unused(old.cache().clone());
+        }
         if let Some(policy) = outgoing_policy {
             log_replay_stats(&policy);
         }
@@ -258,6 +301,131 @@ fn admin_token(cfg: &Config) -> Result<Option<AdminToken>, Vec<String>> {
     }
 }
 
+/// What a reload does to the cache.
+enum CacheChange {
+    /// Nothing (or only its rules, which every generation has its own of).
+    Same,
+    /// The running store takes these bounds.
+    Bounds {
+        /// `cache.memory_size`.
+        memory: u64,
+        /// `cache.disk_size`.
+        disk: u64,
+    },
+    /// A new cache on a store opened at the new `cache.dir`.
+    Moved(HttpCache),
+}
+
+/// A cache opened for a reload, closed again if the reload drops it unused.
+struct MovedCache(Option<HttpCache>);
+
+impl Drop for MovedCache {
+    fn drop(&mut self) {
+        if let Some(cache) = self.0.take() {
+            close_when_unused(cache);
+        }
+    }
+}
+
+/// What the cache settings of `new` need, checked, with the new store
+/// opened (on the blocking pool) if `cache.dir` changed; or why `new`
+/// cannot apply, one error per key.
+async fn prepare_cache(
+    current: &HttpCache,
+    old: &Config,
+    new: &Config,
+) -> Result<CacheChange, Vec<String>> {
+    let (o, n) = (&old.cache, &new.cache);
+    let moved = o.dir != n.dir;
+    if !moved && o.memory_size == n.memory_size && o.disk_size == n.disk_size {
+        return Ok(CacheChange::Same);
+    }
+    let sc = crate::cli::store_config(new);
+    check_bounds(&sc)?;
+    if !moved {
+        return Ok(CacheChange::Bounds {
+            memory: n.memory_size,
+            disk: n.disk_size,
+        });
+    }
+    let where_ = match &n.dir {
+        Some(dir) => format!("cannot open {}", dir.display()),
+        None => "cannot open a memory-only cache".to_owned(),
+    };
+    let (current, rules) = (current.clone(), n.rules());
+    let opened = tokio::task::spawn_blocking(move || {
+        let store = TieredStore::open(sc).map_err(|e| format!("{where_}: {e}"))?;
+        let store = CacheStore::from_tiered(Arc::new(store));
+        // On failure the store closes here, on this blocking thread.
+        current
+            .with_store(store, rules)
+            .map_err(|e| format!("{where_}: cannot carry the bans over: {e}"))
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("cannot open the cache: {e}")));
+    match opened {
+        Ok(cache) => Ok(CacheChange::Moved(cache)),
+        Err(e) => Err(vec![format!("cache.dir: {e}")]),
+    }
+}
+
+/// The store's own checks of the sizes in `sc`, one error per key.
+fn check_bounds(sc: &StoreConfig) -> Result<(), Vec<String>> {
+    let mut errors = Vec::new();
+    if let Err(e) = StoreConfig::memory_only(sc.memory_bytes).validate() {
+        errors.push(format!("cache.memory_size: {e}"));
+    }
+    let disk = StoreConfig {
+        memory_bytes: StoreConfig::default().memory_bytes,
+        ..sc.clone()
+    };
+    if let Err(e) = disk.validate() {
+        errors.push(format!("cache.disk_size: {e}"));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// How often a replaced cache's store checks whether it is still in use.
+const CLOSE_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Close `cache`'s store once nothing else holds it (the old generation's
+/// last request is done, the admin API has moved on): the store flushes
+/// and joins its maintenance thread as it drops, which must not run on a
+/// reactor thread, so the last handle is dropped on the blocking pool.
+fn close_when_unused(cache: HttpCache) {
+    let Some(store) = cache.store().tiered().cloned() else {
+        return;
+    };
+    drop(cache);
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        // Outside the runtime, blocking here is fine.
+        drop(store);
+        return;
+    };
+    rt.spawn(async move {
+        let mut store = store;
+        let store = loop {
+            match Arc::try_unwrap(store) {
+                Ok(last) => break last,
+                Err(shared) => {
+                    store = shared;
+                    tokio::time::sleep(CLOSE_POLL).await;
+                }
+            }
+        };
+        if tokio::task::spawn_blocking(move || drop(store))
+            .await
+            .is_ok()
+        {
+            info!("the previous cache store is closed");
+        }
+    });
+}
+
 /// Log how the outgoing policy generation's hooks were answered.
 pub(crate) fn log_replay_stats(policy: &LoadedPolicy) {
     if let Some(stats) = policy.memo_stats() {
@@ -297,13 +465,6 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
         "server.listen",
         restore(&old.server.listen, &mut new.server.listen),
     );
-    let (o, n) = (&old.cache, &mut new.cache);
-    note("cache.dir", restore(&o.dir, &mut n.dir));
-    note(
-        "cache.memory_size",
-        restore(&o.memory_size, &mut n.memory_size),
-    );
-    note("cache.disk_size", restore(&o.disk_size, &mut n.disk_size));
     note("admin.listen", restore(&old.admin, &mut new.admin));
     warnings
 }
@@ -376,6 +537,35 @@ mod tests {
         // The rest applies.
         assert_eq!(new.cache.default_ttl, std::time::Duration::from_secs(300));
         assert_eq!(changed_sections(&old, &new), ["cache"]);
+    }
+
+    #[test]
+    fn the_cache_store_settings_are_not_kept_back() {
+        let old = config(BASE);
+        let text = BASE.replace(
+            "[cache]\n",
+            "[cache]\ndir = \"/var/cache/x\"\nmemory_size = \"8MiB\"\ndisk_size = \"2MiB\"\n",
+        );
+        let mut new = config(&text);
+        assert!(keep_restart_only(&old, &mut new).is_empty());
+        assert_eq!(new.cache.memory_size, 8 << 20);
+        assert_eq!(new.cache.disk_size, 2 << 20);
+        assert!(new.cache.dir.is_some());
+    }
+
+    #[test]
+    fn cache_bounds_the_store_refuses_are_errors_naming_their_key() {
+        let mut cfg = config(&BASE.replace("[cache]\n", "[cache]\ndir = \"/x\"\n"));
+        cfg.cache.disk_size = 1000;
+        cfg.cache.memory_size = 1000;
+        let errors = check_bounds(&crate::cli::store_config(&cfg)).expect_err("refused");
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("cache.memory_size: "), "{errors:?}");
+        assert!(errors[1].starts_with("cache.disk_size: "), "{errors:?}");
+        // Without a directory the disk bound is not used.
+        cfg.cache.dir = None;
+        cfg.cache.memory_size = 1 << 20;
+        assert!(check_bounds(&crate::cli::store_config(&cfg)).is_ok());
     }
 
     #[test]

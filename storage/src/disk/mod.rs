@@ -34,7 +34,7 @@ mod write;
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -54,8 +54,13 @@ pub(crate) struct KeyGuard<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
 pub(crate) struct DiskTier {
     engine: Arc<dyn DiskEngine>,
     chunk_size: usize,
-    capacity: u64,
-    max_body: u64,
+    /// The bound, and the largest body accepted (a quarter of it); both
+    /// change with [`DiskTier::set_capacity`] (a reload).
+    capacity: AtomicU64,
+    max_body: AtomicU64,
+    /// The largest bound this tier has had: a body longer than that is
+    /// corrupt, not merely stored before a shrink.
+    largest_capacity: AtomicU64,
     kv_limit: u64,
     stripes: Box<[Mutex<()>]>,
     hasher: RandomState,
@@ -83,9 +88,9 @@ impl DiskTier {
         Ok(DiskTier {
             engine,
             chunk_size: config.chunk_size,
-            capacity: config.disk_bytes,
-            // A quarter of the bound: one object must not empty the tier.
-            max_body: config.disk_bytes / 4,
+            capacity: AtomicU64::new(config.disk_bytes),
+            max_body: AtomicU64::new(Self::body_limit(config.disk_bytes)),
+            largest_capacity: AtomicU64::new(config.disk_bytes),
             kv_limit: config.kv_bytes,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             hasher: RandomState::new(),
@@ -100,8 +105,29 @@ impl DiskTier {
         })
     }
 
+    /// A quarter of the bound: one object must not empty the tier.
+    fn body_limit(capacity: u64) -> u64 {
+        capacity / 4
+    }
+
     pub(crate) fn max_body(&self) -> u64 {
+        self.max_body.load(Ordering::Relaxed)
+    }
+
+    /// The longest body a record can plausibly describe.
+    pub(crate) fn plausible_body(&self) -> u64 {
+        self.largest_capacity.load(Ordering::Relaxed)
+    }
+
+    /// Changes the bound in place; a smaller one evicts down to it now
+    /// (waiting for an eviction in progress). Returns how many objects
+    /// were evicted.
+    pub(crate) fn set_capacity(&self, capacity: u64) -> Result<u64, StoreError> {
+        self.largest_capacity.fetch_max(capacity, Ordering::Relaxed);
+        self.capacity.store(capacity, Ordering::Relaxed);
         self.max_body
+            .store(Self::body_limit(capacity), Ordering::Relaxed);
+        self.evict_to_bound_waiting()
     }
 
     pub(crate) fn lock_key(&self, key: &str) -> KeyGuard<'_> {
@@ -119,6 +145,6 @@ impl DiskTier {
     }
 
     pub(crate) fn capacity(&self) -> u64 {
-        self.capacity
+        self.capacity.load(Ordering::Relaxed)
     }
 }

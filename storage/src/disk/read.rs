@@ -87,7 +87,7 @@ impl DiskTier {
 
     fn read_body(&self, key: &str, rec: &Record, wait: Wait) -> Result<Bytes, BodyError> {
         let body_len = rec.meta.body_len;
-        if body_len > self.max_body.max(self.capacity) {
+        if body_len > self.plausible_body() {
             return Err(BodyError::Corrupt(format!(
                 "body length {body_len} is implausible"
             )));

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::layout::{be_u64, utf8};
 use super::record::Record;
@@ -184,13 +184,27 @@ impl DiskTier {
     /// Evicts objects in FIFO order while the tier is over its bound, down to
     /// 90 % of it. Only one thread evicts at a time; others return at once.
     pub(crate) fn evict_to_bound(&self) -> Result<u64, StoreError> {
-        if unsigned(&self.usage.bytes) <= self.capacity {
+        if unsigned(&self.usage.bytes) <= self.capacity() {
             return Ok(0);
         }
-        let Some(_evicting) = self.evict_lock.try_lock() else {
+        let Some(evicting) = self.evict_lock.try_lock() else {
             return Ok(0);
         };
-        let target = self.capacity / 10 * 9;
+        self.evict_locked(&evicting)
+    }
+
+    /// [`evict_to_bound`](Self::evict_to_bound), waiting for an eviction
+    /// in progress (which may have aimed at an older, larger bound).
+    pub(crate) fn evict_to_bound_waiting(&self) -> Result<u64, StoreError> {
+        let evicting = self.evict_lock.lock();
+        if unsigned(&self.usage.bytes) <= self.capacity() {
+            return Ok(0);
+        }
+        self.evict_locked(&evicting)
+    }
+
+    fn evict_locked(&self, _evicting: &MutexGuard<'_, ()>) -> Result<u64, StoreError> {
+        let target = self.capacity() / 10 * 9;
         let mut evicted = 0;
         let mut start = Vec::new();
         while unsigned(&self.usage.bytes) > target {

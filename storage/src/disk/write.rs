@@ -72,11 +72,12 @@ impl DiskTier {
         body: &[u8],
     ) -> Result<(), StoreError> {
         self.check_writable()?;
-        if body.len() as u64 > self.max_body {
+        let max_body = self.max_body();
+        if body.len() as u64 > max_body {
             return Err(StoreError::TooLarge {
                 what: "body",
                 len: body.len() as u64,
-                limit: self.max_body,
+                limit: max_body,
             });
         }
         let result = self.put_inner(g, key, meta, body);
@@ -141,7 +142,7 @@ impl DiskTier {
             let index = u32::try_from(i).map_err(|_| StoreError::TooLarge {
                 what: "body",
                 len: body.len() as u64,
-                limit: self.max_body,
+                limit: self.max_body(),
             })?;
             self.engine
                 .insert(TreeId::Chunks, &chunk_key(key, id, index), chunk)?;

@@ -181,6 +181,8 @@ pub type ReloadHook = Arc<dyn Fn() -> BoxFuture<'static, Result<Value, Vec<Strin
 pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
 /// `GET /stats`: the policy of the current generation, if any.
 pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
+/// `POST /purge` and `GET /stats`: the cache new requests use.
+pub type CacheHook = Arc<dyn Fn() -> HttpCache + Send + Sync>;
 
 /// What the admin API asks of other parts of the process. A route whose
 /// hook is missing answers 501 `{"error": "... not available"}`.
@@ -199,6 +201,10 @@ pub struct AdminHooks {
     pub config: Option<ConfigHook>,
     /// The policy named in `GET /stats`.
     pub policy: Option<PolicyHook>,
+    /// The cache purges and `GET /stats` reach, asked at each request (it
+    /// follows a reload that moves `cache.dir`, and holds no old store
+    /// open); without it, the one given to [`Admin::cache_opened`].
+    pub cache: Option<CacheHook>,
 }
 
 impl std::fmt::Debug for AdminHooks {
@@ -210,7 +216,19 @@ impl std::fmt::Debug for AdminHooks {
             .field("reload", &self.reload.is_some())
             .field("config", &self.config.is_some())
             .field("policy", &self.policy.is_some())
+            .field("cache", &self.cache.is_some())
             .finish()
+    }
+}
+
+/// An [`Admin`] held without keeping it alive ([`Admin::downgrade`]).
+#[derive(Clone, Debug)]
+pub struct WeakAdmin(std::sync::Weak<AdminState>);
+
+impl WeakAdmin {
+    /// The admin API, while something else holds it.
+    pub fn upgrade(&self) -> Option<Admin> {
+        self.0.upgrade().map(Admin)
     }
 }
 
@@ -253,6 +271,12 @@ impl Admin {
         self.0.readiness.set_ready();
     }
 
+    /// A handle that does not keep the admin API's state alive (the
+    /// reloader holds one: the admin's hooks hold the reloader).
+    pub fn downgrade(&self) -> WeakAdmin {
+        WeakAdmin(Arc::downgrade(&self.0))
+    }
+
     /// Ask for `token` from the next request on (a reload read
     /// `admin.token_file` again); `None`: ask for none.
     pub fn set_token(&self, token: Option<AdminToken>) {
@@ -269,6 +293,9 @@ impl Admin {
     }
 
     fn cache(&self) -> Option<HttpCache> {
+        if let Some(current) = &self.0.hooks.read().cache {
+            return Some(current());
+        }
         self.0.cache.read().clone()
     }
 

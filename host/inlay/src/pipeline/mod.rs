@@ -196,8 +196,20 @@ impl Pipeline {
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
-        let backends = self.backends.renewed(&config, &self.metrics);
         let cache = self.cache.with_rules(config.cache.rules());
+        self.next_generation_on(config, policy, access_log, cache)
+    }
+
+    /// [`next_generation`](Self::next_generation) on another cache (a
+    /// reload that moved `cache.dir`): `cache` as given, rules included.
+    pub fn next_generation_on(
+        &self,
+        config: Arc<Config>,
+        policy: Option<Arc<PolicySlot>>,
+        access_log: AccessLog,
+        cache: HttpCache,
+    ) -> Self {
+        let backends = self.backends.renewed(&config, &self.metrics);
         Self::build(
             config,
             cache,

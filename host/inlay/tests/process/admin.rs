@@ -137,7 +137,12 @@ async fn readyz_turns_503_on_sigterm_while_a_slow_request_drains() {
         .spawn_process();
     let addr = admin_addr(&inlay);
     let readyz = format!("http://{addr}/readyz");
-    assert_eq!(get(&readyz).await.status, 200);
+    // The admin API listens before the cache has opened: ready soon after.
+    let start = Instant::now();
+    while get(&readyz).await.status != 200 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let url = inlay.url("/bytes/100?delay_ms=2000");
     let slow = tokio::spawn(async move { get(&url).await });
     tokio::time::sleep(Duration::from_millis(400)).await;
