@@ -26,7 +26,8 @@ pub struct PolicyLimits {
     /// Subrequests (`fetch.send` / `fetch.send-many` entries) per request.
     pub max_subrequests: u32,
     /// Concurrent policy instances (stores) in the pooling allocator. Read
-    /// once when the engine is created: changing it needs a restart.
+    /// when the engine is created: a reload to another value loads the
+    /// policy on a new engine ([`crate::PolicySlot::reload`]).
     pub max_instances: u32,
     /// How long a request waits, in milliseconds, for a free instance when
     /// all `max_instances` are in use before it fails with a 503; 0 fails
