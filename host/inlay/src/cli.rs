@@ -18,6 +18,8 @@ use crate::config::{Config, Overrides, PolicyConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, log_replay_stats};
+use crate::server::Listener;
+use crate::tls::Tls;
 
 /// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
 #[derive(Debug, Parser)]
@@ -54,7 +56,9 @@ pub enum Command {
 /// Flags of `inlay serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Listen address (repeatable), e.g. `-a 127.0.0.1:6081` or `-a :6081`.
+    /// Listen address (repeatable), e.g. `-a 127.0.0.1:6081` or `-a :6081`;
+    /// `-a https://:6443` listens for TLS (with `--tls-cert`/`--tls-key` or
+    /// `[[server.tls]]`).
     #[arg(short = 'a', long = "listen", value_name = "ADDR")]
     pub listen: Vec<String>,
     /// The default backend, e.g. `-b http://127.0.0.1:8080`.
@@ -72,6 +76,13 @@ pub struct ServeArgs {
     /// Admin API listen address.
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
+    /// The TLS listeners' certificate chain (PEM), for every name: replaces
+    /// `[[server.tls]]`. Needs `--tls-key`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -94,6 +105,8 @@ impl ServeArgs {
             no_policy: false,
             cache_dir: self.cache_dir.clone(),
             admin: self.admin.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
         }
     }
 }
@@ -272,7 +285,14 @@ pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         // Tests and scripts read this line to learn the port of `-a 127.0.0.1:0`.
         info!("listening on http://{}", l.local_addr()?);
-        listeners.push(l);
+        listeners.push(Listener::plain(l));
+    }
+    for addr in &proxy.config().server.listen_tls {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on https://{addr}"))?;
+        info!("listening on https://{}", l.local_addr()?);
+        listeners.push(Listener::tls(l, proxy.tls().clone()));
     }
     let admin = match proxy.config().admin {
         Some(addr) => Some(AdminServer::bind(addr, proxy.admin().clone()).await?),
@@ -290,7 +310,7 @@ pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
 /// `cfg.server.listen` is not read; the listeners are the caller's.
 pub async fn run(
     cfg: Config,
-    listeners: Vec<TcpListener>,
+    listeners: impl IntoIterator<Item = impl Into<Listener>>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     Proxy::load(cfg).await?.run(listeners, shutdown).await
@@ -308,6 +328,8 @@ pub struct Proxy {
     /// (installed before anything listens); `None`: no SIGHUP handler.
     reload_source: Option<(ServeArgs, tokio::signal::unix::Signal)>,
     metrics: Arc<Metrics>,
+    /// The TLS listeners' certificates (none without `[[server.tls]]`).
+    tls: Arc<Tls>,
 }
 
 impl Proxy {
@@ -318,6 +340,10 @@ impl Proxy {
         let policy = load_policy(&cfg).await?;
         let admin = admin_of(&cfg, policy.as_ref())?;
         let metrics = Metrics::new(cfg.metrics.enabled);
+        // A certificate or key that does not load stops start-up here.
+        let tls = Tls::new(&cfg.server.tls).map_err(|errors| {
+            anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
+        })?;
         Ok(Self {
             cfg,
             access_log,
@@ -325,6 +351,7 @@ impl Proxy {
             admin,
             reload_source: None,
             metrics,
+            tls: Arc::new(tls),
         })
     }
 
@@ -352,6 +379,12 @@ impl Proxy {
         &self.metrics
     }
 
+    /// The TLS side of the listeners, for [`Listener::tls`]; a reload
+    /// swaps its certificates.
+    pub fn tls(&self) -> &Arc<Tls> {
+        &self.tls
+    }
+
     /// The policy slot (reloaded in place by SIGHUP), if a policy is configured.
     pub fn policy(&self) -> Option<&Arc<PolicySlot>> {
         self.policy.as_ref()
@@ -361,7 +394,7 @@ impl Proxy {
     /// drain in-flight requests, write out the access log and flush the cache.
     pub async fn run(
         self,
-        listeners: Vec<TcpListener>,
+        listeners: impl IntoIterator<Item = impl Into<Listener>>,
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let Self {
@@ -371,6 +404,7 @@ impl Proxy {
             admin,
             reload_source,
             metrics,
+            tls,
         } = self;
         let store = open_store(&cfg)?;
         let pipeline = Pipeline::with_metrics(
@@ -383,7 +417,11 @@ impl Proxy {
         let cache = pipeline.cache().clone();
         admin.cache_opened(cache.clone());
         let (source, hup) = reload_source.unzip();
-        let reloader = Arc::new(Reloader::new(pipeline, policy, source).with_admin(admin.clone()));
+        let reloader = Arc::new(
+            Reloader::new(pipeline, policy, source)
+                .with_admin(admin.clone())
+                .with_tls(tls),
+        );
         wire_admin(&admin, &reloader, &cache);
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));
         // Not ready from the signal on, before the drain: load balancers stop sending.

@@ -2,7 +2,8 @@
 //!
 //! One `inlay` process sits in front of origin servers, as Varnish does.
 //! This crate is the process: the command line ([`cli`]), the config
-//! ([`config`]), the accept loop and connection limits ([`server`]), the
+//! ([`config`]), the accept loop and connection limits ([`server`]), TLS on the
+//! listeners ([`tls`]), the
 //! request's path through the host ([`pipeline`], one phase per file), the
 //! backends ([`backend`]), the access log ([`access_log`]), config
 //! reloads ([`reload`]), the admin API ([`admin`]) and the Prometheus
@@ -26,3 +27,4 @@ pub mod reload;
 pub mod request_id;
 pub mod server;
 pub mod server_timing;
+pub mod tls;

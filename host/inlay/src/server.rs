@@ -1,6 +1,6 @@
-//! The accept loop: client connections (HTTP/1.1 and h2c) with their limits,
-//! and graceful shutdown. The request itself is handled by
-//! [`crate::pipeline::Pipeline`].
+//! The accept loop: client connections (HTTP/1.1 and h2c, and both over
+//! TLS on the `https://` listeners) with their limits, and graceful
+//! shutdown. The request itself is handled by [`crate::pipeline::Pipeline`].
 
 use std::future::Future;
 use std::io;
@@ -25,9 +25,54 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Config, ServerConfig};
 use crate::pipeline::Pipeline;
+use crate::tls::Tls;
 
 /// The pipeline generation new requests get; a config reload swaps it.
 pub type Generations = arc_swap::ArcSwap<Pipeline>;
+
+/// A listening socket and what its clients speak: plain HTTP, or TLS
+/// (then HTTP/1.1 or h2, as ALPN chose).
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    tls: Option<Arc<Tls>>,
+}
+
+impl Listener {
+    /// A plain HTTP listener (HTTP/1.1 and h2c).
+    pub fn plain(tcp: TcpListener) -> Self {
+        Self { tcp, tls: None }
+    }
+
+    /// A TLS listener serving `tls`'s certificates.
+    pub fn tls(tcp: TcpListener, tls: Arc<Tls>) -> Self {
+        Self {
+            tcp,
+            tls: Some(tls),
+        }
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Whether its clients speak TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+}
+
+impl From<TcpListener> for Listener {
+    fn from(tcp: TcpListener) -> Self {
+        Self::plain(tcp)
+    }
+}
+
+/// Set on every request that came over TLS (a request extension): the
+/// access log and the pipeline read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverTls;
 
 /// Serve `listeners` until `shutdown` resolves, then stop accepting, let
 /// in-flight requests finish for up to `shutdown_timeout`, and return.
@@ -39,7 +84,7 @@ pub type Generations = arc_swap::ArcSwap<Pipeline>;
 /// generation too ([`Admission`]): a reload changes them for the listeners
 /// already open; connections open beyond a lowered limit finish.
 pub async fn run(
-    listeners: Vec<TcpListener>,
+    listeners: impl IntoIterator<Item = impl Into<Listener>>,
     current: Arc<Generations>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -50,7 +95,7 @@ pub async fn run(
         .into_iter()
         .map(|listener| {
             tokio::spawn(accept_loop(
-                listener,
+                listener.into(),
                 current.clone(),
                 admission.clone(),
                 connections.clone(),
@@ -100,12 +145,13 @@ async fn free_slot(
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    listener: Listener,
     current: Arc<Generations>,
     admission: Arc<Admission>,
     connections: TaskTracker,
     stop: CancellationToken,
 ) {
+    let Listener { tcp: listener, tls } = listener;
     let mut deferred = None;
     // The limits are read again after each wait: a reload may come while
     // this loop waits for a slot or for a client.
@@ -151,28 +197,104 @@ async fn accept_loop(
         let current = current.clone();
         let stop = stop.clone();
         let admission = admission.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
             let _open = current.load().metrics().connection_opened();
-            serve_connection(stream, peer, current, &config.server, &admission, stop).await;
+            let activity = Arc::new(Activity::default());
+            let tracked = TrackedIo {
+                inner: stream,
+                activity: activity.clone(),
+            };
+            let limits = &config.server;
+            match tls {
+                None => {
+                    let conn = Conn {
+                        io: TokioIo::new(tracked),
+                        activity,
+                        peer,
+                        tls: false,
+                    };
+                    serve_connection(conn, current, limits, &admission, stop).await;
+                }
+                Some(tls) => {
+                    let Some(io) = handshake(&tls, tracked, peer, limits, &stop).await else {
+                        return;
+                    };
+                    let conn = Conn {
+                        io: TokioIo::new(io),
+                        activity,
+                        peer,
+                        tls: true,
+                    };
+                    serve_connection(conn, current, limits, &admission, stop).await;
+                }
+            }
             drop(client_slot);
             drop(permit);
         });
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+/// The TLS handshake of a connection on a TLS listener, within
+/// `tls_handshake_timeout`; `None` (the connection closed, a rate-limited
+/// warning logged) when it fails, takes too long, or the server stops.
+async fn handshake(
+    tls: &Tls,
+    tcp: TrackedIo,
     peer: SocketAddr,
+    limits: &ServerConfig,
+    stop: &CancellationToken,
+) -> Option<tokio_rustls::server::TlsStream<TrackedIo>> {
+    let accept = tokio::time::timeout(limits.tls_handshake_timeout, tls.acceptor().accept(tcp));
+    let result = tokio::select! {
+        r = accept => r,
+        () = stop.cancelled() => return None,
+    };
+    match result {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            if e.kind() == io::ErrorKind::UnexpectedEof
+                || e.kind() == io::ErrorKind::ConnectionReset
+            {
+                debug!(%peer, error = %e, "client went away during the TLS handshake");
+            } else if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, error = %e, suppressed = more, "TLS handshake failed; connection closed");
+            }
+            None
+        }
+        Err(_) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "TLS handshake not complete within tls_handshake_timeout; connection closed");
+            }
+            None
+        }
+    }
+}
+
+/// An accepted connection, ready for HTTP: its (perhaps TLS) stream and
+/// what the accept loop knows about it.
+struct Conn<I> {
+    io: I,
+    activity: Arc<Activity>,
+    peer: SocketAddr,
+    tls: bool,
+}
+
+async fn serve_connection<I>(
+    conn: Conn<I>,
     current: Arc<Generations>,
     limits: &ServerConfig,
     admission: &Admission,
     stop: CancellationToken,
-) {
-    let activity = Arc::new(Activity::default());
-    let io = TokioIo::new(TrackedIo {
-        inner: stream,
-        activity: activity.clone(),
-    });
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let Conn {
+        io,
+        activity,
+        peer,
+        tls,
+    } = conn;
     let send_limits = SendLimits::of(limits);
     let mut builder = auto::Builder::new(StreamExecutor(send_limits));
     builder
@@ -196,6 +318,15 @@ async fn serve_connection(
         let pipeline = current.load_full();
         let act = act.clone();
         let h1_clock = clock.clone();
+        let mut req = req;
+        if tls {
+            req.extensions_mut().insert(OverTls);
+            // What the client claimed is replaced by what Inlay knows.
+            req.headers_mut().insert(
+                http::HeaderName::from_static("x-forwarded-proto"),
+                http::HeaderValue::from_static("https"),
+            );
+        }
         async move {
             let clock = STREAM_CLOCK.try_with(Arc::clone).unwrap_or(h1_clock);
             let guard = InFlight::new(act);

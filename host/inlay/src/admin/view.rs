@@ -18,7 +18,14 @@ pub const REDACTED: &str = "<redacted>";
 pub fn config_json(cfg: &Config) -> Value {
     let s = &cfg.server;
     let server = json!({
-        "listen": s.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "listen": s.listen.iter().map(|a| a.to_string())
+            .chain(s.listen_tls.iter().map(|a| format!("https://{a}")))
+            .collect::<Vec<_>>(),
+        "tls": s.tls.iter().map(|t| json!({
+            "cert": t.cert.display().to_string(),
+            "names": t.names,
+        })).collect::<Vec<_>>(),
+        "tls_handshake_timeout": duration(s.tls_handshake_timeout),
         "max_connections": s.max_connections,
         "max_connections_per_client": s.max_connections_per_client,
         "header_read_timeout": duration(s.header_read_timeout),

@@ -1,0 +1,146 @@
+//! TLS from the command line: `-a https://ADDR --tls-cert FILE --tls-key
+//! FILE`, SIGHUP reading the certificate again, and a key that does not load
+//! stopping the start.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::{Inlay, Origin};
+
+/// A CA (written to `ca.pem`) and a certificate for `site.test` whose
+/// subject is `CN=<cn>`, signed by it (`site.pem`, `site.key`).
+struct Files {
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Files {
+    fn new(dir: &Path) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        Self { ca, ca_key }
+    }
+
+    fn issue(&self, dir: &Path, cn: &str) {
+        let mut params = rcgen::CertificateParams::new(vec!["site.test".to_owned()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        std::fs::write(dir.join("site.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("site.key"), key.serialize_pem()).unwrap();
+    }
+}
+
+/// The port of the process's `listening on https://` line.
+fn https_port(inlay: &Inlay) -> u16 {
+    assert!(
+        inlay
+            .log
+            .wait_for("listening on https://", Duration::from_secs(30)),
+        "{}",
+        inlay.log.text()
+    );
+    let line = inlay
+        .log
+        .all()
+        .into_iter()
+        .find(|l| l.contains("listening on https://"))
+        .unwrap();
+    let rest = line.split("listening on https://").nth(1).unwrap();
+    let addr: std::net::SocketAddr = rest.split_whitespace().next().unwrap().parse().unwrap();
+    addr.port()
+}
+
+/// `curl -v` for `https://site.test:PORT/static/8`: the status line and
+/// the certificate subject it saw.
+fn curl(dir: &Path, port: u16) -> (String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-v", "--max-time", "10", "-o", "/dev/null"])
+        .args(["-w", "%{http_code} %{http_version}"])
+        .arg("--cacert")
+        .arg(dir.join("ca.pem"))
+        .arg("--resolve")
+        .arg(format!("site.test:{port}:127.0.0.1"))
+        .arg(format!("https://site.test:{port}/static/8"))
+        .output()
+        .expect("curl runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let subject = err
+        .lines()
+        .find_map(|l| l.split("subject: ").nth(1))
+        .unwrap_or_else(|| panic!("no subject in {err}"))
+        .to_owned();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), subject)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_quick_flags_serve_https_and_sighup_reads_the_certificate_again() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let files = Files::new(dir.path());
+    files.issue(dir.path(), "first");
+    let path = |f: &str| -> PathBuf { dir.path().join(f) };
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("-a")
+        .arg("127.0.0.1:0")
+        .arg("-a")
+        .arg("https://127.0.0.1:0")
+        .arg("--tls-cert")
+        .arg(path("site.pem").display().to_string())
+        .arg("--tls-key")
+        .arg(path("site.key").display().to_string())
+        .spawn_process();
+    let port = tokio::task::block_in_place(|| https_port(&inlay));
+    let d = dir.path().to_owned();
+    let (status, subject) = tokio::task::spawn_blocking(move || curl(&d, port))
+        .await
+        .unwrap();
+    assert_eq!(status, "200 2", "curl offers h2 over TLS");
+    assert!(subject.contains("CN=first"), "{subject}");
+
+    files.issue(dir.path(), "second");
+    inlay.signal("HUP");
+    tokio::task::block_in_place(|| {
+        inlay.expect_log("config reloaded: generation 2", Duration::from_secs(60));
+    });
+    let d = dir.path().to_owned();
+    let (status, subject) = tokio::task::spawn_blocking(move || curl(&d, port))
+        .await
+        .unwrap();
+    assert_eq!(status, "200 2");
+    assert!(subject.contains("CN=second"), "{subject}");
+}
+
+#[test]
+fn a_key_that_does_not_load_stops_the_start_with_its_key_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = Files::new(dir.path());
+    files.issue(dir.path(), "site");
+    std::fs::write(dir.path().join("bad.key"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_inlay"))
+        .args([
+            "serve",
+            "-a",
+            "https://127.0.0.1:0",
+            "-b",
+            "http://127.0.0.1:1",
+        ])
+        .arg("--tls-cert")
+        .arg(dir.path().join("site.pem"))
+        .arg("--tls-key")
+        .arg(dir.path().join("bad.key"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.tls[0].key: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("listening on"), "{err}");
+}
