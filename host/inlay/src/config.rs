@@ -67,6 +67,13 @@ pub struct ServerConfig {
     pub tls: Vec<TlsCertConfig>,
     /// A TLS client must complete its handshake within this time.
     pub tls_handshake_timeout: Duration,
+    /// Every connection starts with a PROXY protocol header (v1 or v2)
+    /// naming the real client; one without is closed.
+    pub proxy_protocol: bool,
+    /// With `proxy_protocol`: the peers (load balancers) allowed to send
+    /// the header; a connection from elsewhere is closed unread. Empty:
+    /// any peer (the port must then be reachable by the proxies only).
+    pub proxy_protocol_from: Vec<IpNet>,
     /// Maximum concurrent client connections; more wait in the accept queue.
     pub max_connections: usize,
     /// Maximum concurrent connections from one client IP address (`0`: no
@@ -1002,6 +1009,8 @@ impl Reader {
                 "listen",
                 "tls",
                 "tls_handshake_timeout",
+                "proxy_protocol",
+                "proxy_protocol_from",
                 "max_connections",
                 "max_connections_per_client",
                 "header_read_timeout",
@@ -1050,6 +1059,8 @@ impl Reader {
                 "tls_handshake_timeout",
                 Duration::from_secs(10),
             ),
+            proxy_protocol: self.boolean(t, p, "proxy_protocol", false),
+            proxy_protocol_from: self.networks(t, p, "proxy_protocol_from"),
             max_connections: self.uint(t, p, "max_connections", 10_000, 1, 1_000_000) as usize,
             max_connections_per_client: self.uint(
                 t,
@@ -1090,7 +1101,30 @@ impl Reader {
         if let Some(m) = tls_listeners_without_certificate(&server) {
             self.err("server.listen", m);
         }
+        if !server.proxy_protocol && !server.proxy_protocol_from.is_empty() {
+            self.err(
+                "server.proxy_protocol_from",
+                "set, but server.proxy_protocol is off: no header is read",
+            );
+        }
         server
+    }
+
+    /// A list of networks (`"10.0.0.0/8"`, `"2001:db8::1"`); none when absent.
+    fn networks(&mut self, t: &Table, prefix: &str, key: &str) -> Vec<IpNet> {
+        let mut out = Vec::new();
+        for (i, s) in self
+            .strings(t, prefix, key)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            match IpNet::parse(s) {
+                Ok(n) => out.push(n),
+                Err(m) => self.err(format!("{}[{i}]", join(prefix, key)), m),
+            }
+        }
+        out
     }
 
     /// `[[server.tls]]`: each entry's files and names; at most one entry
@@ -1823,6 +1857,35 @@ mod tests {
             panic!("an https listener without a certificate was accepted")
         };
         assert_eq!(issues[0].path, "server.listen");
+    }
+
+    #[test]
+    fn proxy_protocol_peers_parse_and_need_proxy_protocol() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        let c = Config::from_toml(&format!(
+            "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"10.0.0.0/8\", \"::1\"]\n{backend}"
+        ))
+        .unwrap();
+        assert!(c.server.proxy_protocol);
+        assert!(c.server.proxy_protocol_from[0].contains("10.1.2.3".parse().unwrap()));
+        assert!(!Config::embedded_default().server.proxy_protocol);
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\nproxy_protocol = \"yes\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["server.proxy_protocol", "server.proxy_protocol_from[0]"],
+            "{issues:?}"
+        );
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\nproxy_protocol_from = [\"10.0.0.0/8\"]\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        assert_eq!(issues[0].path, "server.proxy_protocol_from");
     }
 
     #[test]

@@ -185,13 +185,25 @@ async fn accept_loop(
                 None => permit = free_slot(&admission, &mut follow).await,
             }
         };
-        let Some(client_slot) = admission.per_client.take(peer.ip()) else {
-            // One address holding its share already: closed at once, so
-            // that one client cannot take every slot.
+        // Behind the PROXY protocol the client is known once its header
+        // is read (in the connection's task); the peer is the load balancer.
+        let proxied = config.server.proxy_protocol;
+        let from = &config.server.proxy_protocol_from;
+        if proxied && !from.is_empty() && !from.iter().any(|n| n.contains(peer.ip())) {
+            // Anyone else could claim any address (and pass purge_allow).
             if let Some(more) = CLIENT_WARNINGS.admit() {
-                warn!(%peer, suppressed = more, "client at max_connections_per_client; connection closed");
+                warn!(%peer, suppressed = more, "peer not in server.proxy_protocol_from; connection closed");
             }
             continue;
+        }
+        let client_slot = if proxied {
+            None
+        } else {
+            let Some(slot) = admission.per_client.take(peer.ip()) else {
+                over_client_share(peer);
+                continue;
+            };
+            Some(slot)
         };
         let _ = stream.set_nodelay(true);
         let current = current.clone();
@@ -200,12 +212,30 @@ async fn accept_loop(
         let tls = tls.clone();
         connections.spawn(async move {
             let _open = current.load().metrics().connection_opened();
+            let limits = &config.server;
+            let mut stream = stream;
+            let mut peer = peer;
+            let mut rest = bytes::Bytes::new();
+            if proxied {
+                let Some(header) = proxy_header(&mut stream, peer, limits, &stop).await else {
+                    return;
+                };
+                peer = header.source.unwrap_or(peer);
+                rest = header.rest;
+            }
+            let client_slot = match client_slot {
+                Some(slot) => slot,
+                None => match admission.per_client.take(peer.ip()) {
+                    Some(slot) => slot,
+                    None => return over_client_share(peer),
+                },
+            };
             let activity = Arc::new(Activity::default());
             let tracked = TrackedIo {
                 inner: stream,
                 activity: activity.clone(),
+                rest,
             };
-            let limits = &config.server;
             match tls {
                 None => {
                     let conn = Conn {
@@ -232,6 +262,53 @@ async fn accept_loop(
             drop(client_slot);
             drop(permit);
         });
+    }
+}
+
+fn over_client_share(peer: SocketAddr) {
+    // One address holding its share already: closed at once, so that one
+    // client cannot take every slot.
+    if let Some(more) = CLIENT_WARNINGS.admit() {
+        warn!(%peer, suppressed = more, "client at max_connections_per_client; connection closed");
+    }
+}
+
+/// The PROXY protocol header of a connection (`server.proxy_protocol`),
+/// within `header_read_timeout`; `None` (the connection closed, a
+/// rate-limited warning logged) when it is missing, malformed, too long,
+/// late, or the server stops.
+async fn proxy_header(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    limits: &ServerConfig,
+    stop: &CancellationToken,
+) -> Option<crate::proxy_protocol::ProxyHeader> {
+    let read = tokio::time::timeout(
+        limits.header_read_timeout,
+        crate::proxy_protocol::read_header(stream),
+    );
+    let result = tokio::select! {
+        r = read => r,
+        () = stop.cancelled() => return None,
+    };
+    match result {
+        Ok(Ok(header)) => Some(header),
+        Ok(Err(crate::proxy_protocol::HeaderError::Closed)) => {
+            debug!(%peer, "connection closed before its PROXY header");
+            None
+        }
+        Ok(Err(e)) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, error = %e, suppressed = more, "no valid PROXY protocol header (server.proxy_protocol); connection closed");
+            }
+            None
+        }
+        Err(_) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "no PROXY protocol header within header_read_timeout; connection closed");
+            }
+            None
+        }
     }
 }
 
@@ -956,6 +1033,8 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: TcpStream,
         activity: Arc<Activity>,
+        // Read past the PROXY header: served before the socket.
+        rest: bytes::Bytes,
     }
 }
 
@@ -966,6 +1045,12 @@ impl AsyncRead for TrackedIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.project();
+        if !this.rest.is_empty() {
+            let n = this.rest.len().min(buf.remaining());
+            buf.put_slice(&this.rest.split_to(n));
+            this.activity.touch();
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let r = this.inner.poll_read(cx, buf);
         if buf.filled().len() > before {

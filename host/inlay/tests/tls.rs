@@ -520,3 +520,46 @@ async fn openssl_negotiates_tls12_and_tls13_with_alpn() {
         "TLS 1.1 accepted: {old}"
     );
 }
+
+/// `server.proxy_protocol` on a TLS listener: the header comes first, then
+/// the handshake, and the request carries the proxied client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_header_comes_before_the_tls_handshake() {
+    use tokio::io::AsyncWriteExt;
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("proxy_protocol = true")
+        .arg("-a")
+        .arg("https://127.0.0.1:0")
+        .toml(&pki.entry("a", &["a.test"]))
+        .start_in_process()
+        .await;
+    let mut tcp = TcpStream::connect(inlay.tls_addr.unwrap()).await.unwrap();
+    tcp.write_all(b"PROXY TCP4 203.0.113.7 192.0.2.1 40000 443\r\n")
+        .await
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(pki.client(&[b"h2"]));
+    let tls = connector
+        .connect(ServerName::try_from("a.test").unwrap(), tcp)
+        .await
+        .unwrap();
+    let mut s = Session::open(tls).await;
+    let (parts, body) = s.send("POST", "a.test", "/echo", &[]).await;
+    assert_eq!(parts.status, 200);
+    let reply = common::Reply {
+        status: 200,
+        headers: parts.headers,
+        body,
+        version: parts.version,
+    };
+    assert_eq!(
+        common::echoed(&reply, "x-forwarded-for").as_deref(),
+        Some("203.0.113.7")
+    );
+    // Without the header, the TLS listener closes the connection.
+    let err = connect(inlay.tls_addr.unwrap(), &pki.client(&[b"h2"]), "a.test").await;
+    assert!(err.is_err(), "a handshake without a PROXY header succeeded");
+}

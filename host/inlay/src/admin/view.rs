@@ -26,6 +26,7 @@ pub fn config_json(cfg: &Config) -> Value {
             "names": t.names,
         })).collect::<Vec<_>>(),
         "tls_handshake_timeout": duration(s.tls_handshake_timeout),
+        "proxy_protocol": s.proxy_protocol,
         "max_connections": s.max_connections,
         "max_connections_per_client": s.max_connections_per_client,
         "header_read_timeout": duration(s.header_read_timeout),
