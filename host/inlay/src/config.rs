@@ -98,6 +98,20 @@ pub struct ServerConfig {
     pub idle_send_timeout: Duration,
     /// Largest request head accepted, in bytes.
     pub max_header_size: usize,
+    /// HTTP/2 (h2c and h2 over TLS): streams a client may have open at once.
+    pub h2_max_concurrent_streams: u32,
+    /// HTTP/2: largest header list (decoded) a client may send, in bytes.
+    pub h2_max_header_list_size: u32,
+    /// HTTP/2: streams a client may reset before the server took them up
+    /// (the rapid-reset attack) before the connection gets a GOAWAY.
+    pub h2_max_pending_accept_reset_streams: usize,
+    /// HTTP/2: streams the server may reset for the client's errors before
+    /// the connection gets a GOAWAY.
+    pub h2_max_local_error_reset_streams: usize,
+    /// HTTP/2: a PING is sent this often (zero: never) ...
+    pub h2_keep_alive_interval: Duration,
+    /// ... and the connection closed when its ACK is not back within this.
+    pub h2_keep_alive_timeout: Duration,
     /// Largest request body accepted, in bytes; larger ones get 413.
     pub max_request_body: u64,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
@@ -1020,6 +1034,12 @@ impl Reader {
                 "send_timeout",
                 "idle_send_timeout",
                 "max_header_size",
+                "h2_max_concurrent_streams",
+                "h2_max_header_list_size",
+                "h2_max_pending_accept_reset_streams",
+                "h2_max_local_error_reset_streams",
+                "h2_keep_alive_interval",
+                "h2_keep_alive_timeout",
                 "max_request_body",
                 "shutdown_timeout",
                 "request_id_header",
@@ -1047,6 +1067,18 @@ impl Reader {
             self.err(
                 "server.max_header_size",
                 format!("must be between 8KiB and 16MiB, got {max_header_size}"),
+            );
+        }
+        let h2_max_header_list_size = self.size(
+            t,
+            p,
+            "h2_max_header_list_size",
+            max_header_size.clamp(8192, 1 << 24),
+        );
+        if !(8192..=1 << 24).contains(&h2_max_header_list_size) {
+            self.err(
+                "server.h2_max_header_list_size",
+                format!("must be between 8KiB and 16MiB, got {h2_max_header_list_size}"),
             );
         }
         let server = ServerConfig {
@@ -1092,6 +1124,32 @@ impl Reader {
                 Duration::from_secs(60),
             ),
             max_header_size: max_header_size as usize,
+            h2_max_concurrent_streams: self.uint(t, p, "h2_max_concurrent_streams", 256, 1, 10_000)
+                as u32,
+            h2_max_header_list_size: h2_max_header_list_size.min(1 << 24) as u32,
+            h2_max_pending_accept_reset_streams: self.uint(
+                t,
+                p,
+                "h2_max_pending_accept_reset_streams",
+                20,
+                1,
+                10_000,
+            ) as usize,
+            h2_max_local_error_reset_streams: self.uint(
+                t,
+                p,
+                "h2_max_local_error_reset_streams",
+                1024,
+                1,
+                100_000,
+            ) as usize,
+            h2_keep_alive_interval: self.duration(t, p, "h2_keep_alive_interval", Duration::ZERO),
+            h2_keep_alive_timeout: self.positive_duration(
+                t,
+                p,
+                "h2_keep_alive_timeout",
+                Duration::from_secs(20),
+            ),
             max_request_body: self.size(t, p, "max_request_body", 64 << 20),
             shutdown_timeout: self.duration(t, p, "shutdown_timeout", Duration::from_secs(30)),
             request_id_header: self.request_id_header(t),
@@ -1857,6 +1915,49 @@ mod tests {
             panic!("an https listener without a certificate was accepted")
         };
         assert_eq!(issues[0].path, "server.listen");
+    }
+
+    #[test]
+    fn h2_limits_have_defaults_and_bounds() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        let s = Config::embedded_default().server;
+        assert_eq!(s.h2_max_concurrent_streams, 256);
+        assert_eq!(s.h2_max_header_list_size as usize, s.max_header_size);
+        assert_eq!(s.h2_max_pending_accept_reset_streams, 20);
+        assert_eq!(s.h2_max_local_error_reset_streams, 1024);
+        assert!(s.h2_keep_alive_interval.is_zero());
+        assert_eq!(s.h2_keep_alive_timeout, Duration::from_secs(20));
+        let s = Config::from_toml(&format!(
+            "[server]\nmax_header_size = \"32KiB\"\nh2_keep_alive_interval = \"30s\"\n{backend}"
+        ))
+        .unwrap()
+        .server;
+        assert_eq!(
+            s.h2_max_header_list_size,
+            32 << 10,
+            "follows max_header_size"
+        );
+        assert_eq!(s.h2_keep_alive_interval, Duration::from_secs(30));
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\nh2_max_concurrent_streams = 0\nh2_max_header_list_size = \"1KiB\"\n\
+             h2_max_pending_accept_reset_streams = -1\nh2_max_local_error_reset_streams = 0\n\
+             h2_keep_alive_timeout = \"0s\"\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        let mut paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        paths.sort_unstable();
+        assert_eq!(
+            paths,
+            [
+                "server.h2_keep_alive_timeout",
+                "server.h2_max_concurrent_streams",
+                "server.h2_max_header_list_size",
+                "server.h2_max_local_error_reset_streams",
+                "server.h2_max_pending_accept_reset_streams",
+            ],
+            "{issues:?}"
+        );
     }
 
     #[test]

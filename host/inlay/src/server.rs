@@ -235,6 +235,7 @@ async fn accept_loop(
                 inner: stream,
                 activity: activity.clone(),
                 rest,
+                sniffed: false,
             };
             match tls {
                 None => {
@@ -250,6 +251,9 @@ async fn accept_loop(
                     let Some(io) = handshake(&tls, tracked, peer, limits, &stop).await else {
                         return;
                     };
+                    if io.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        activity.set_h2();
+                    }
                     let conn = Conn {
                         io: TokioIo::new(io),
                         activity,
@@ -380,11 +384,16 @@ async fn serve_connection<I>(
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_size.max(8192))
         .keep_alive(true);
+    let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_size as u32)
-        .max_concurrent_streams(256);
+        .max_header_list_size(limits.h2_max_header_list_size)
+        .max_concurrent_streams(limits.h2_max_concurrent_streams)
+        .max_pending_accept_reset_streams(limits.h2_max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
+        .keep_alive_interval(keep_alive)
+        .keep_alive_timeout(limits.h2_keep_alive_timeout);
     // HTTP/1 sends one response at a time: its clock is the connection's.
     // An HTTP/2 stream gets its own from `StreamExecutor`.
     let h1_clock = Arc::new(SendClock::new(send_limits, false));
@@ -881,6 +890,8 @@ struct Activity {
     /// When a write found the socket full, in ms since `born` plus one;
     /// 0 when the last write went through.
     blocked_since: AtomicU64,
+    /// HTTP/2: idle means no stream for `idle_timeout`, whatever else moves.
+    h2: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Activity {
@@ -890,6 +901,7 @@ impl Default for Activity {
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             blocked_since: AtomicU64::new(0),
+            h2: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -900,10 +912,24 @@ impl Activity {
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Bytes moved on the socket. On an HTTP/2 connection they do not
+    /// count: PINGs (`h2_keep_alive_interval`), SETTINGS and WINDOW_UPDATEs
+    /// would keep it open forever; only its streams do ([`InFlight`]).
+    fn touch_io(&self) {
+        if !self.h2.load(Ordering::Relaxed) {
+            self.touch();
+        }
+    }
+
+    /// The connection speaks HTTP/2 (its preface, or ALPN `h2`).
+    fn set_h2(&self) {
+        self.h2.store(true, Ordering::Relaxed);
+    }
+
     /// A write went through (`written`) or found the socket full.
     fn wrote(&self, written: bool) {
         if written {
-            self.touch();
+            self.touch_io();
             self.blocked_since.store(0, Ordering::Relaxed);
         } else if self.blocked_since.load(Ordering::Relaxed) == 0 {
             let ms = self.born.elapsed().as_millis() as u64 + 1;
@@ -1035,6 +1061,8 @@ pin_project_lite::pin_project! {
         activity: Arc<Activity>,
         // Read past the PROXY header: served before the socket.
         rest: bytes::Bytes,
+        // Whether the first bytes were looked at for the h2c preface.
+        sniffed: bool,
     }
 }
 
@@ -1045,20 +1073,32 @@ impl AsyncRead for TrackedIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.project();
-        if !this.rest.is_empty() {
+        let before = buf.filled().len();
+        let r = if this.rest.is_empty() {
+            this.inner.poll_read(cx, buf)
+        } else {
             let n = this.rest.len().min(buf.remaining());
             buf.put_slice(&this.rest.split_to(n));
-            this.activity.touch();
-            return Poll::Ready(Ok(()));
+            Poll::Ready(Ok(()))
+        };
+        let read = &buf.filled()[before..];
+        if !*this.sniffed && read.len() >= H2C_PREFACE.len() {
+            // The first read of a connection: an h2c client starts with its preface.
+            *this.sniffed = true;
+            if read.starts_with(H2C_PREFACE) {
+                this.activity.set_h2();
+            }
         }
-        let before = buf.filled().len();
-        let r = this.inner.poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.activity.touch();
+        if !read.is_empty() {
+            this.activity.touch_io();
         }
         r
     }
 }
+
+/// How an HTTP/2 client's first bytes start (RFC 9113, 3.4), as far as
+/// it tells them from an HTTP/1 request.
+const H2C_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 fn note_write(activity: &Activity, r: &Poll<io::Result<usize>>) {
     match r {

@@ -563,3 +563,52 @@ async fn a_proxy_header_comes_before_the_tls_handshake() {
     let err = connect(inlay.tls_addr.unwrap(), &pki.client(&[b"h2"]), "a.test").await;
     assert!(err.is_err(), "a handshake without a PROXY header succeeded");
 }
+
+/// h2 over TLS gets the `server.h2_*` limits h2c has: the advertised
+/// stream limit, and a GOAWAY for a rapid-reset flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_over_tls_has_the_h2c_limits() {
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("h2_max_concurrent_streams = 3")
+        .server("h2_max_pending_accept_reset_streams = 20")
+        .arg("-a")
+        .arg("https://127.0.0.1:0")
+        .toml(&pki.entry("a", &["a.test"]))
+        .start_in_process()
+        .await;
+    let tls = connect(inlay.tls_addr.unwrap(), &pki.client(&[b"h2"]), "a.test")
+        .await
+        .unwrap();
+    let (send, conn) = h2::client::handshake(tls).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::get("https://a.test/static/1")
+        .body(())
+        .unwrap();
+    let (resp, _) = send.send_request(req, true).unwrap();
+    assert_eq!(resp.await.unwrap().status(), 200);
+    assert_eq!(send.current_max_send_streams(), 3);
+    for _ in 0..100 {
+        let Ok(ready) = send.clone().ready().await else {
+            break;
+        };
+        send = ready;
+        let req = http::Request::get("https://a.test/static/2")
+            .body(())
+            .unwrap();
+        let Ok((_, mut stream)) = send.send_request(req, false) else {
+            break;
+        };
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    let e = tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("the connection ended within 10 s")
+        .unwrap()
+        .expect_err("ended without an error");
+    assert_eq!(e.reason(), Some(h2::Reason::ENHANCE_YOUR_CALM), "{e:?}");
+}

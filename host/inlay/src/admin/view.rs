@@ -35,6 +35,12 @@ pub fn config_json(cfg: &Config) -> Value {
         "send_timeout": duration(s.send_timeout),
         "idle_send_timeout": duration(s.idle_send_timeout),
         "max_header_size": s.max_header_size,
+        "h2_max_concurrent_streams": s.h2_max_concurrent_streams,
+        "h2_max_header_list_size": s.h2_max_header_list_size,
+        "h2_max_pending_accept_reset_streams": s.h2_max_pending_accept_reset_streams,
+        "h2_max_local_error_reset_streams": s.h2_max_local_error_reset_streams,
+        "h2_keep_alive_interval": duration(s.h2_keep_alive_interval),
+        "h2_keep_alive_timeout": duration(s.h2_keep_alive_timeout),
         "max_request_body": s.max_request_body,
         "shutdown_timeout": duration(s.shutdown_timeout),
     });
