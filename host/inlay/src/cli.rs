@@ -140,10 +140,19 @@ pub fn main() -> std::process::ExitCode {
                     eprintln!("{}: {e:#}", config.display());
                     std::process::ExitCode::from(2)
                 }
-                _ => {
-                    println!("{}: ok", config.display());
-                    std::process::ExitCode::SUCCESS
-                }
+                // The TLS certificates and keys are read as a start would.
+                _ => match crate::tls::CertificateSet::load(&cfg.server.tls) {
+                    Err(errors) => {
+                        for e in errors {
+                            eprintln!("{}: {e}", config.display());
+                        }
+                        std::process::ExitCode::from(2)
+                    }
+                    Ok(_) => {
+                        println!("{}: ok", config.display());
+                        std::process::ExitCode::SUCCESS
+                    }
+                },
             },
             Err(e) => {
                 eprintln!("{}: {e}", config.display());

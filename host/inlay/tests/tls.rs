@@ -348,7 +348,14 @@ async fn a_reload_serves_new_certificates_to_new_connections_and_open_ones_go_on
     let renewed = pki.issue("a", &["a.test"]);
     let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    // A fresh client: a resumed session would carry the old certificate.
+    // A session from before the reload resumes (the ticket key is kept),
+    // carrying the certificate it was made with.
+    let resumed = connect(addr, &client, "a.test").await.unwrap();
+    assert_eq!(
+        resumed.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::Resumed)
+    );
+    // A fresh client gets the new certificate.
     let client = pki.client(&[b"http/1.1"]);
     let new = connect(addr, &client, "a.test").await.unwrap();
     assert_eq!(peer_certificate(&new), renewed);

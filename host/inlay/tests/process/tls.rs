@@ -144,3 +144,40 @@ fn a_key_that_does_not_load_stops_the_start_with_its_key_path() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(!err.contains("listening on"), "{err}");
 }
+
+#[test]
+fn check_reads_the_tls_files_and_names_the_entry_at_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = Files::new(dir.path());
+    files.issue(dir.path(), "site");
+    let config = dir.path().join("inlay.toml");
+    let write = |cert: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = [\"https://127.0.0.1:6443\"]\n\
+                 [[server.tls]]\ncert = {:?}\nkey = {:?}\n\
+                 [backends.default]\naddress = \"http://127.0.0.1:1\"\n",
+                dir.path().join(cert),
+                dir.path().join("site.key"),
+            ),
+        )
+        .unwrap();
+    };
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_inlay"))
+            .arg("check")
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    write("site.pem");
+    let out = check();
+    assert!(out.status.success(), "{out:?}");
+    write("missing.pem");
+    let out = check();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.tls[0].cert: cannot read"), "{err}");
+}
