@@ -1,6 +1,6 @@
 //! TLS from the command line: `-a https://ADDR --tls-cert FILE --tls-key
 //! FILE`, SIGHUP reading the certificate again, and a key that does not load
-//! stopping the start.
+//! stopping the start; the PROXY protocol turned on by SIGHUP.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -180,4 +180,76 @@ fn check_reads_the_tls_files_and_names_the_entry_at_fault() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("server.tls[0].cert: cannot read"), "{err}");
+}
+
+/// `server.proxy_protocol` turned on by SIGHUP: new connections must send
+/// the header; a connection open before the reload goes on without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_turns_the_proxy_protocol_on_for_new_connections() {
+    use http_body_util::{BodyExt, Empty};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin = Origin::start();
+    let inlay = Inlay::builder().backend(&origin).spawn_process();
+    let connect = |header: &'static [u8]| async move {
+        let mut tcp = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+        tcp.write_all(header).await.unwrap();
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        send
+    };
+    let forwarded_for =
+        |send: &mut hyper::client::conn::http1::SendRequest<Empty<bytes::Bytes>>| {
+            let req = http::Request::post("/echo")
+                .header("host", "x")
+                .body(Empty::new())
+                .unwrap();
+            let sent = send.send_request(req);
+            async move {
+                let body = sent.await.unwrap().into_body().collect().await.unwrap();
+                let reply = crate::common::Reply {
+                    status: 200,
+                    headers: http::HeaderMap::new(),
+                    body: body.to_bytes(),
+                    version: http::Version::HTTP_11,
+                };
+                crate::common::echoed(&reply, "x-forwarded-for")
+            }
+        };
+    let mut before = connect(b"").await;
+    assert_eq!(
+        forwarded_for(&mut before).await.as_deref(),
+        Some("127.0.0.1")
+    );
+
+    let text = std::fs::read_to_string(&inlay.config)
+        .unwrap()
+        .replace("[server]\n", "[server]\nproxy_protocol = true\n");
+    std::fs::write(&inlay.config, text).unwrap();
+    inlay.signal("HUP");
+    tokio::task::block_in_place(|| {
+        inlay.expect_log("config reloaded: generation 2", Duration::from_secs(60));
+    });
+    let mut proxied = connect(b"PROXY TCP4 203.0.113.7 192.0.2.1 40000 80\r\n").await;
+    assert_eq!(
+        forwarded_for(&mut proxied).await.as_deref(),
+        Some("203.0.113.7")
+    );
+    // Without a header a new connection is closed unanswered.
+    let mut bare = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    bare.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), bare.read(&mut buf))
+        .await
+        .expect("closed within 5 s");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // The connection from before the reload keeps its terms.
+    before.ready().await.unwrap();
+    assert_eq!(
+        forwarded_for(&mut before).await.as_deref(),
+        Some("127.0.0.1")
+    );
 }
