@@ -637,11 +637,39 @@ fn log_connection_error(peer: SocketAddr, e: &(dyn std::error::Error + 'static))
         return;
     }
     let text = e.to_string();
-    if text.contains("connection reset") || text.contains("broken pipe") {
+    if went_away(e) || text.contains("connection reset") || text.contains("broken pipe") {
         debug!(%peer, error = %text, "client went away");
     } else if let Some(more) = CLIENT_WARNINGS.admit() {
         warn!(%peer, error = %text, suppressed = more, "connection error");
     }
+}
+
+/// Whether `e` (or what caused it) is the client leaving: a reset, a write
+/// to a closed socket, or (over TLS) the end of the stream without a
+/// close_notify. A TLS client that resets after its handshake, before any
+/// HTTP byte, is as common as one that leaves a plain connection.
+fn went_away(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::UnexpectedEof
+            ) {
+                return true;
+            }
+            // An io::Error wrapping another error: its source is the
+            // inner one's source, so look at the inner one itself.
+            if let Some(inner) = io.get_ref() {
+                cause = Some(inner);
+                continue;
+            }
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Who may open a connection now: `max_connections` slots shared by every
@@ -863,6 +891,15 @@ impl RateLimit {
 #[cfg(test)]
 mod rate_limit_tests {
     use super::*;
+
+    #[test]
+    fn a_reset_or_an_unclosed_tls_stream_is_a_client_going_away() {
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert!(went_away(&reset));
+        let wrapped = io::Error::other(io::Error::from(io::ErrorKind::UnexpectedEof));
+        assert!(went_away(&wrapped), "found through the source chain");
+        assert!(!went_away(&io::Error::from(io::ErrorKind::InvalidData)));
+    }
 
     #[test]
     fn a_flood_of_client_warnings_is_cut_to_the_budget_and_counted() {
