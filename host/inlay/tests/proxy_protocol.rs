@@ -238,3 +238,49 @@ async fn only_the_peers_in_proxy_protocol_from_may_send_a_header() {
     let mut lb = connect(inlay.addr, &v1("203.0.113.7")).await;
     assert_eq!(send(&mut lb, "GET", "/static/3").await.0, 200);
 }
+
+/// The `ab-test` policy's bucket for a client without a cookie (its
+/// `assign_bucket`): FNV-1a of the client address and User-Agent.
+fn ab_bucket(client_ip: &str, user_agent: &str) -> &'static str {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in client_ip.bytes().chain([0]).chain(user_agent.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    if hash.is_multiple_of(2) { "a" } else { "b" }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_sees_the_proxied_client_address() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("proxy_protocol = true")
+        .arg("--policy")
+        .arg(common::policy("ab-test").display().to_string())
+        .start_in_process()
+        .await;
+    // Two proxied clients the policy puts in different buckets.
+    let ips: Vec<String> = (1..=40).map(|n| format!("203.0.113.{n}")).collect();
+    let a = ips.iter().find(|ip| ab_bucket(ip, "t") == "a").unwrap();
+    let b = ips.iter().find(|ip| ab_bucket(ip, "t") == "b").unwrap();
+    for ip in [a, b] {
+        let header = format!("PROXY TCP4 {ip} 192.0.2.1 40000 80\r\n");
+        let mut send = connect(inlay.addr, header.as_bytes()).await;
+        let req = http::Request::get(format!("/echo?from={ip}"))
+            .header("host", "www.example.com")
+            .header("user-agent", "t")
+            .body(Empty::new())
+            .unwrap();
+        send.ready().await.unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+            .await
+            .expect("answered within 10 s")
+            .unwrap();
+        let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
+        assert!(
+            cookie.starts_with(&format!("inlay_ab={};", ab_bucket(ip, "t"))),
+            "{ip}: {cookie}"
+        );
+    }
+}
