@@ -208,10 +208,12 @@ pub fn main() -> std::process::ExitCode {
 
 /// Libraries whose warnings a client triggers at will, kept at error level
 /// unless `log.level` names them: h2 warns once per connection that resets
-/// too many streams (rapid reset), and an attacker reconnects at will.
-/// The filter (`log.level` or `INLAY_LOG`) keeps them when it names them.
-/// Inlay's own line for such a connection is rate-limited (server.rs).
-const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error")];
+/// too many streams (rapid reset), and an attacker reconnects at will;
+/// rustls warns per handshake about what a client sent (an IP address as
+/// SNI, as wrk does). The filter (`log.level` or `INLAY_LOG`) keeps them
+/// when it names them. Inlay's own line for such a connection is
+/// rate-limited (server.rs).
+const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error"), ("rustls", "rustls=error")];
 
 /// `log.level` (or `INLAY_LOG`) with [`QUIET_LIBRARIES`] added where it does not set them.
 fn log_directives(level: &str) -> String {
@@ -634,15 +636,21 @@ mod tests {
 
     #[test]
     fn client_triggered_library_warnings_are_quiet_unless_the_level_names_the_library() {
-        assert_eq!(log_directives("info"), "info,h2=error");
+        assert_eq!(log_directives("info"), "info,h2=error,rustls=error");
         assert_eq!(
             log_directives("warn,inlay=debug"),
-            "warn,inlay=debug,h2=error"
+            "warn,inlay=debug,h2=error,rustls=error"
         );
         // An operator who asks for h2's lines gets them.
-        assert_eq!(log_directives("info,h2=debug"), "info,h2=debug");
-        assert_eq!(log_directives("h2[conn]=trace"), "h2[conn]=trace");
+        assert_eq!(
+            log_directives("info,h2=debug"),
+            "info,h2=debug,rustls=error"
+        );
+        assert_eq!(
+            log_directives("h2[conn]=trace,rustls=warn"),
+            "h2[conn]=trace,rustls=warn"
+        );
         // A target that only starts with "h2" does not count.
-        assert_eq!(log_directives("h2x=info"), "h2x=info,h2=error");
+        assert_eq!(log_directives("h2x=info"), "h2x=info,h2=error,rustls=error");
     }
 }
