@@ -33,6 +33,8 @@ pub struct AccessRecord {
     pub url: String,
     /// `HTTP/1.1`, `HTTP/2.0`.
     pub protocol: String,
+    /// Whether the request came over TLS (logged as `"scheme": "https"`).
+    pub tls: bool,
     /// Status sent.
     pub status: u16,
     /// Body bytes sent.
@@ -265,6 +267,7 @@ fn json(r: &AccessRecord) -> String {
         "method": r.method,
         "url": r.url,
         "protocol": r.protocol,
+        "scheme": if r.tls { "https" } else { "http" },
         "host": r.host,
         "status": r.status,
         "bytes": r.bytes,

@@ -18,6 +18,8 @@ use crate::config::{Config, Overrides, PolicyConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, log_replay_stats};
+use crate::server::Listener;
+use crate::tls::Tls;
 
 /// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
 #[derive(Debug, Parser)]
@@ -54,7 +56,9 @@ pub enum Command {
 /// Flags of `inlay serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Listen address (repeatable), e.g. `-a 127.0.0.1:6081` or `-a :6081`.
+    /// Listen address (repeatable), e.g. `-a 127.0.0.1:6081` or `-a :6081`;
+    /// `-a https://:6443` listens for TLS (with `--tls-cert`/`--tls-key` or
+    /// `[[server.tls]]`).
     #[arg(short = 'a', long = "listen", value_name = "ADDR")]
     pub listen: Vec<String>,
     /// The default backend, e.g. `-b http://127.0.0.1:8080`.
@@ -72,6 +76,13 @@ pub struct ServeArgs {
     /// Admin API listen address.
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
+    /// The TLS listeners' certificate chain (PEM), for every name: replaces
+    /// `[[server.tls]]`. Needs `--tls-key`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -94,6 +105,8 @@ impl ServeArgs {
             no_policy: false,
             cache_dir: self.cache_dir.clone(),
             admin: self.admin.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
         }
     }
 }
@@ -127,10 +140,19 @@ pub fn main() -> std::process::ExitCode {
                     eprintln!("{}: {e:#}", config.display());
                     std::process::ExitCode::from(2)
                 }
-                _ => {
-                    println!("{}: ok", config.display());
-                    std::process::ExitCode::SUCCESS
-                }
+                // The TLS certificates and keys are read as a start would.
+                _ => match crate::tls::CertificateSet::load(&cfg.server.tls) {
+                    Err(errors) => {
+                        for e in errors {
+                            eprintln!("{}: {e}", config.display());
+                        }
+                        std::process::ExitCode::from(2)
+                    }
+                    Ok(_) => {
+                        println!("{}: ok", config.display());
+                        std::process::ExitCode::SUCCESS
+                    }
+                },
             },
             Err(e) => {
                 eprintln!("{}: {e}", config.display());
@@ -186,10 +208,12 @@ pub fn main() -> std::process::ExitCode {
 
 /// Libraries whose warnings a client triggers at will, kept at error level
 /// unless `log.level` names them: h2 warns once per connection that resets
-/// too many streams (rapid reset), and an attacker reconnects at will.
-/// The filter (`log.level` or `INLAY_LOG`) keeps them when it names them.
-/// Inlay's own line for such a connection is rate-limited (server.rs).
-const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error")];
+/// too many streams (rapid reset), and an attacker reconnects at will;
+/// rustls warns per handshake about what a client sent (an IP address as
+/// SNI, as wrk does). The filter (`log.level` or `INLAY_LOG`) keeps them
+/// when it names them. Inlay's own line for such a connection is
+/// rate-limited (server.rs).
+const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error"), ("rustls", "rustls=error")];
 
 /// `log.level` (or `INLAY_LOG`) with [`QUIET_LIBRARIES`] added where it does not set them.
 fn log_directives(level: &str) -> String {
@@ -272,7 +296,14 @@ pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         // Tests and scripts read this line to learn the port of `-a 127.0.0.1:0`.
         info!("listening on http://{}", l.local_addr()?);
-        listeners.push(l);
+        listeners.push(Listener::plain(l));
+    }
+    for addr in &proxy.config().server.listen_tls {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on https://{addr}"))?;
+        info!("listening on https://{}", l.local_addr()?);
+        listeners.push(Listener::tls(l, proxy.tls().clone()));
     }
     let admin = match proxy.config().admin {
         Some(addr) => Some(AdminServer::bind(addr, proxy.admin().clone()).await?),
@@ -290,7 +321,7 @@ pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
 /// `cfg.server.listen` is not read; the listeners are the caller's.
 pub async fn run(
     cfg: Config,
-    listeners: Vec<TcpListener>,
+    listeners: impl IntoIterator<Item = impl Into<Listener>>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     Proxy::load(cfg).await?.run(listeners, shutdown).await
@@ -308,6 +339,8 @@ pub struct Proxy {
     /// (installed before anything listens); `None`: no SIGHUP handler.
     reload_source: Option<(ServeArgs, tokio::signal::unix::Signal)>,
     metrics: Arc<Metrics>,
+    /// The TLS listeners' certificates (none without `[[server.tls]]`).
+    tls: Arc<Tls>,
 }
 
 impl Proxy {
@@ -318,6 +351,10 @@ impl Proxy {
         let policy = load_policy(&cfg).await?;
         let admin = admin_of(&cfg, policy.as_ref())?;
         let metrics = Metrics::new(cfg.metrics.enabled);
+        // A certificate or key that does not load stops start-up here.
+        let tls = Tls::new(&cfg.server.tls).map_err(|errors| {
+            anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
+        })?;
         Ok(Self {
             cfg,
             access_log,
@@ -325,6 +362,7 @@ impl Proxy {
             admin,
             reload_source: None,
             metrics,
+            tls: Arc::new(tls),
         })
     }
 
@@ -352,6 +390,12 @@ impl Proxy {
         &self.metrics
     }
 
+    /// The TLS side of the listeners, for [`Listener::tls`]; a reload
+    /// swaps its certificates.
+    pub fn tls(&self) -> &Arc<Tls> {
+        &self.tls
+    }
+
     /// The policy slot (reloaded in place by SIGHUP), if a policy is configured.
     pub fn policy(&self) -> Option<&Arc<PolicySlot>> {
         self.policy.as_ref()
@@ -361,7 +405,7 @@ impl Proxy {
     /// drain in-flight requests, write out the access log and flush the cache.
     pub async fn run(
         self,
-        listeners: Vec<TcpListener>,
+        listeners: impl IntoIterator<Item = impl Into<Listener>>,
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let Self {
@@ -371,6 +415,7 @@ impl Proxy {
             admin,
             reload_source,
             metrics,
+            tls,
         } = self;
         let store = open_store(&cfg)?;
         let pipeline = Pipeline::with_metrics(
@@ -381,7 +426,11 @@ impl Proxy {
             metrics,
         );
         let (source, hup) = reload_source.unzip();
-        let reloader = Arc::new(Reloader::new(pipeline, policy, source).with_admin(admin.clone()));
+        let reloader = Arc::new(
+            Reloader::new(pipeline, policy, source)
+                .with_admin(admin.clone())
+                .with_tls(tls),
+        );
         wire_admin(&admin, &reloader);
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
@@ -600,15 +649,21 @@ mod tests {
 
     #[test]
     fn client_triggered_library_warnings_are_quiet_unless_the_level_names_the_library() {
-        assert_eq!(log_directives("info"), "info,h2=error");
+        assert_eq!(log_directives("info"), "info,h2=error,rustls=error");
         assert_eq!(
             log_directives("warn,inlay=debug"),
-            "warn,inlay=debug,h2=error"
+            "warn,inlay=debug,h2=error,rustls=error"
         );
         // An operator who asks for h2's lines gets them.
-        assert_eq!(log_directives("info,h2=debug"), "info,h2=debug");
-        assert_eq!(log_directives("h2[conn]=trace"), "h2[conn]=trace");
+        assert_eq!(
+            log_directives("info,h2=debug"),
+            "info,h2=debug,rustls=error"
+        );
+        assert_eq!(
+            log_directives("h2[conn]=trace,rustls=warn"),
+            "h2[conn]=trace,rustls=warn"
+        );
         // A target that only starts with "h2" does not count.
-        assert_eq!(log_directives("h2x=info"), "h2x=info,h2=error");
+        assert_eq!(log_directives("h2x=info"), "h2x=info,h2=error,rustls=error");
     }
 }

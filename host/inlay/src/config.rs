@@ -59,8 +59,21 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// `[server]`.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Addresses to listen on.
+    /// Addresses to listen on for plain HTTP (HTTP/1.1 and h2c).
     pub listen: Vec<SocketAddr>,
+    /// Addresses to listen on for TLS (`https://ADDR` in `server.listen`).
+    pub listen_tls: Vec<SocketAddr>,
+    /// `[[server.tls]]`: the certificates the TLS listeners serve.
+    pub tls: Vec<TlsCertConfig>,
+    /// A TLS client must complete its handshake within this time.
+    pub tls_handshake_timeout: Duration,
+    /// Every connection starts with a PROXY protocol header (v1 or v2)
+    /// naming the real client; one without is closed.
+    pub proxy_protocol: bool,
+    /// With `proxy_protocol`: the peers (load balancers) allowed to send
+    /// the header; a connection from elsewhere is closed unread. Empty:
+    /// any peer (the port must then be reachable by the proxies only).
+    pub proxy_protocol_from: Vec<IpNet>,
     /// Maximum concurrent client connections; more wait in the accept queue.
     pub max_connections: usize,
     /// Maximum concurrent connections from one client IP address (`0`: no
@@ -85,6 +98,20 @@ pub struct ServerConfig {
     pub idle_send_timeout: Duration,
     /// Largest request head accepted, in bytes.
     pub max_header_size: usize,
+    /// HTTP/2 (h2c and h2 over TLS): streams a client may have open at once.
+    pub h2_max_concurrent_streams: u32,
+    /// HTTP/2: largest header list (decoded) a client may send, in bytes.
+    pub h2_max_header_list_size: u32,
+    /// HTTP/2: streams a client may reset before the server took them up
+    /// (the rapid-reset attack) before the connection gets a GOAWAY.
+    pub h2_max_pending_accept_reset_streams: usize,
+    /// HTTP/2: streams the server may reset for the client's errors before
+    /// the connection gets a GOAWAY.
+    pub h2_max_local_error_reset_streams: usize,
+    /// HTTP/2: a PING is sent this often (zero: never) ...
+    pub h2_keep_alive_interval: Duration,
+    /// ... and the connection closed when its ACK is not back within this.
+    pub h2_keep_alive_timeout: Duration,
     /// Largest request body accepted, in bytes; larger ones get 413.
     pub max_request_body: u64,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
@@ -97,6 +124,19 @@ pub struct ServerConfig {
     /// Add `Server-Timing` to every response (a policy can also turn it on
     /// for one request).
     pub server_timing: bool,
+}
+
+/// One `[[server.tls]]` entry: a certificate chain and its key, for the
+/// SNI names it lists (none: the default, for clients that send no name or
+/// one no entry lists).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsCertConfig {
+    /// PEM file: the certificate, then its intermediates.
+    pub cert: PathBuf,
+    /// PEM file: the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// Lower-case host names (`*.example.com` covers one label).
+    pub names: Vec<String>,
 }
 
 /// `[backends.NAME]`.
@@ -397,12 +437,29 @@ impl Config {
         let mut issues = Vec::new();
         if !o.listen.is_empty() {
             self.server.listen.clear();
+            self.server.listen_tls.clear();
             for a in &o.listen {
-                match parse_listen(a) {
-                    Ok(addr) => self.server.listen.push(addr),
+                match parse_listener(a) {
+                    Ok((addr, false)) => self.server.listen.push(addr),
+                    Ok((addr, true)) => self.server.listen_tls.push(addr),
                     Err(m) => issues.push(issue("-a", m)),
                 }
             }
+        }
+        match (&o.tls_cert, &o.tls_key) {
+            (Some(cert), Some(key)) => {
+                self.server.tls = vec![TlsCertConfig {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    names: Vec::new(),
+                }];
+            }
+            (Some(_), None) => issues.push(issue("--tls-cert", "needs --tls-key too")),
+            (None, Some(_)) => issues.push(issue("--tls-key", "needs --tls-cert too")),
+            (None, None) => {}
+        }
+        if let Some(m) = tls_listeners_without_certificate(&self.server) {
+            issues.push(issue("-a", m));
         }
         if let Some(b) = &o.backend {
             match parse_backend_uri(b) {
@@ -467,6 +524,11 @@ pub struct Overrides {
     pub cache_dir: Option<PathBuf>,
     /// `--admin ADDR`.
     pub admin: Option<String>,
+    /// `--tls-cert FILE`: with `tls_key`, replaces `[[server.tls]]` by one
+    /// default certificate.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key FILE`.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl CacheConfig {
@@ -542,6 +604,45 @@ fn unguarded_admin(addr: SocketAddr, token_file: Option<&Path>) -> Option<String
             "{addr} is not a loopback address: set admin.token_file so that the admin API asks for a bearer token"
         )
     })
+}
+
+/// A `server.listen` entry: `ADDR` or `http://ADDR` (plain HTTP) or
+/// `https://ADDR` (TLS); whether it is TLS.
+fn parse_listener(s: &str) -> Result<(SocketAddr, bool), String> {
+    if let Some(addr) = s.strip_prefix("https://") {
+        return parse_listen(addr).map(|a| (a, true));
+    }
+    if s.contains("://") && !s.starts_with("http://") {
+        return Err(format!(
+            "unknown scheme in {s:?} (use ADDR, http://ADDR or https://ADDR)"
+        ));
+    }
+    parse_listen(s.strip_prefix("http://").unwrap_or(s)).map(|a| (a, false))
+}
+
+/// Why `server` cannot serve its TLS listeners: none of them has a certificate.
+fn tls_listeners_without_certificate(server: &ServerConfig) -> Option<String> {
+    let first = server.listen_tls.first()?;
+    server.tls.is_empty().then(|| {
+        format!(
+            "https://{first} needs a certificate: add a [[server.tls]] entry (or pass --tls-cert and --tls-key)"
+        )
+    })
+}
+
+/// A host name `[[server.tls]]` may list: lower-case letters, digits, `-`
+/// and dots, optionally `*.` in front.
+fn valid_sni_name(name: &str) -> bool {
+    let bare = name.strip_prefix("*.").unwrap_or(name);
+    !bare.is_empty()
+        && bare.len() <= 253
+        && bare.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
 }
 
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
@@ -920,6 +1021,10 @@ impl Reader {
             p,
             &[
                 "listen",
+                "tls",
+                "tls_handshake_timeout",
+                "proxy_protocol",
+                "proxy_protocol_from",
                 "max_connections",
                 "max_connections_per_client",
                 "header_read_timeout",
@@ -929,6 +1034,12 @@ impl Reader {
                 "send_timeout",
                 "idle_send_timeout",
                 "max_header_size",
+                "h2_max_concurrent_streams",
+                "h2_max_header_list_size",
+                "h2_max_pending_accept_reset_streams",
+                "h2_max_local_error_reset_streams",
+                "h2_keep_alive_interval",
+                "h2_keep_alive_timeout",
                 "max_request_body",
                 "shutdown_timeout",
                 "request_id_header",
@@ -937,17 +1048,20 @@ impl Reader {
             ],
         );
         let mut listen = Vec::new();
+        let mut listen_tls = Vec::new();
         for (i, a) in self
             .strings(t, p, "listen")
             .unwrap_or_else(|| vec!["127.0.0.1:6081".into()])
             .iter()
             .enumerate()
         {
-            match parse_listen(a) {
-                Ok(addr) => listen.push(addr),
+            match parse_listener(a) {
+                Ok((addr, false)) => listen.push(addr),
+                Ok((addr, true)) => listen_tls.push(addr),
                 Err(m) => self.err(format!("server.listen[{i}]"), m),
             }
         }
+        let tls = self.tls(t);
         let max_header_size = self.size(t, p, "max_header_size", 64 << 10);
         if !(8192..=1 << 24).contains(&max_header_size) {
             self.err(
@@ -955,8 +1069,30 @@ impl Reader {
                 format!("must be between 8KiB and 16MiB, got {max_header_size}"),
             );
         }
-        ServerConfig {
+        let h2_max_header_list_size = self.size(
+            t,
+            p,
+            "h2_max_header_list_size",
+            max_header_size.clamp(8192, 1 << 24),
+        );
+        if !(8192..=1 << 24).contains(&h2_max_header_list_size) {
+            self.err(
+                "server.h2_max_header_list_size",
+                format!("must be between 8KiB and 16MiB, got {h2_max_header_list_size}"),
+            );
+        }
+        let server = ServerConfig {
             listen,
+            listen_tls,
+            tls,
+            tls_handshake_timeout: self.positive_duration(
+                t,
+                p,
+                "tls_handshake_timeout",
+                Duration::from_secs(10),
+            ),
+            proxy_protocol: self.boolean(t, p, "proxy_protocol", false),
+            proxy_protocol_from: self.networks(t, p, "proxy_protocol_from"),
             max_connections: self.uint(t, p, "max_connections", 10_000, 1, 1_000_000) as usize,
             max_connections_per_client: self.uint(
                 t,
@@ -988,12 +1124,143 @@ impl Reader {
                 Duration::from_secs(60),
             ),
             max_header_size: max_header_size as usize,
+            h2_max_concurrent_streams: self.uint(t, p, "h2_max_concurrent_streams", 256, 1, 10_000)
+                as u32,
+            h2_max_header_list_size: h2_max_header_list_size.min(1 << 24) as u32,
+            h2_max_pending_accept_reset_streams: self.uint(
+                t,
+                p,
+                "h2_max_pending_accept_reset_streams",
+                20,
+                1,
+                10_000,
+            ) as usize,
+            h2_max_local_error_reset_streams: self.uint(
+                t,
+                p,
+                "h2_max_local_error_reset_streams",
+                1024,
+                1,
+                100_000,
+            ) as usize,
+            h2_keep_alive_interval: self.duration(t, p, "h2_keep_alive_interval", Duration::ZERO),
+            h2_keep_alive_timeout: self.positive_duration(
+                t,
+                p,
+                "h2_keep_alive_timeout",
+                Duration::from_secs(20),
+            ),
             max_request_body: self.size(t, p, "max_request_body", 64 << 20),
             shutdown_timeout: self.duration(t, p, "shutdown_timeout", Duration::from_secs(30)),
             request_id_header: self.request_id_header(t),
             trust_request_id: self.boolean(t, p, "trust_request_id", true),
             server_timing: self.boolean(t, p, "server_timing", false),
+        };
+        if let Some(m) = tls_listeners_without_certificate(&server) {
+            self.err("server.listen", m);
         }
+        if !server.proxy_protocol && !server.proxy_protocol_from.is_empty() {
+            self.err(
+                "server.proxy_protocol_from",
+                "set, but server.proxy_protocol is off: no header is read",
+            );
+        }
+        server
+    }
+
+    /// A list of networks (`"10.0.0.0/8"`, `"2001:db8::1"`); none when absent.
+    fn networks(&mut self, t: &Table, prefix: &str, key: &str) -> Vec<IpNet> {
+        let mut out = Vec::new();
+        for (i, s) in self
+            .strings(t, prefix, key)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            match IpNet::parse(s) {
+                Ok(n) => out.push(n),
+                Err(m) => self.err(format!("{}[{i}]", join(prefix, key)), m),
+            }
+        }
+        out
+    }
+
+    /// `[[server.tls]]`: each entry's files and names; at most one entry
+    /// without names (the default), no name in two entries.
+    fn tls(&mut self, t: &Table) -> Vec<TlsCertConfig> {
+        let items = match t.get("tls") {
+            None => return Vec::new(),
+            Some(Value::Array(items)) => items,
+            Some(v) => {
+                self.err(
+                    "server.tls",
+                    format!("expected [[server.tls]] entries (tables), got {v}"),
+                );
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut default_at = None;
+        for (i, item) in items.iter().enumerate() {
+            let p = format!("server.tls[{i}]");
+            let Value::Table(e) = item else {
+                self.err(&p, format!("expected a table, got {item}"));
+                continue;
+            };
+            self.known_keys(e, &p, &["cert", "key", "names"]);
+            let file = |r: &mut Self, key: &str| match r.string(e, &p, key) {
+                Some(f) if !f.is_empty() => Some(PathBuf::from(f)),
+                Some(_) => {
+                    r.err(join(&p, key), "must name a PEM file");
+                    None
+                }
+                None if !e.contains_key(key) => {
+                    r.err(join(&p, key), "missing: the PEM file is required");
+                    None
+                }
+                None => None,
+            };
+            let cert = file(self, "cert");
+            let key = file(self, "key");
+            let names = self.strings(e, &p, "names").unwrap_or_default();
+            for (j, n) in names.iter().enumerate() {
+                if !valid_sni_name(n) {
+                    self.err(
+                        format!("{p}.names[{j}]"),
+                        format!(
+                            "not a lower-case host name like \"www.example.com\" or \"*.example.com\": {n:?}"
+                        ),
+                    );
+                } else if !seen.insert(n.clone()) {
+                    self.err(
+                        format!("{p}.names[{j}]"),
+                        format!("{n:?} is listed by an earlier entry"),
+                    );
+                }
+            }
+            if names.is_empty() && e.contains_key("names") {
+                self.err(
+                    format!("{p}.names"),
+                    "empty: leave it out for the default entry",
+                );
+            }
+            if !e.contains_key("names") {
+                match default_at {
+                    Some(d) => self.err(
+                        format!("{p}.names"),
+                        format!(
+                            "missing: server.tls[{d}] is the default already (one entry may go without names)"
+                        ),
+                    ),
+                    None => default_at = Some(i),
+                }
+            }
+            if let (Some(cert), Some(key)) = (cert, key) {
+                out.push(TlsCertConfig { cert, key, names });
+            }
+        }
+        out
     }
 
     /// `server.request_id_header`: a field name (default `X-Request-Id`),
@@ -1600,6 +1867,150 @@ mod tests {
         .unwrap();
         assert_eq!(c.server.listen, vec!["0.0.0.0:7000".parse().unwrap()]);
         assert_eq!(c.default_backend().authority(), "127.0.0.1:9000");
+    }
+
+    #[test]
+    fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
+        let c = Config::from_toml(
+            "[server]\nlisten = [\"127.0.0.1:6081\", \"https://127.0.0.1:6443\", \"http://:80\"]\n\
+             [[server.tls]]\ncert = \"a.pem\"\nkey = \"a.key\"\nnames = [\"a.example\", \"*.b.example\"]\n\
+             [[server.tls]]\ncert = \"d.pem\"\nkey = \"d.key\"\n\
+             [backends.o]\naddress = \"http://127.0.0.1:8080\"\n",
+        )
+        .unwrap();
+        let s = &c.server;
+        assert_eq!(s.listen.len(), 2);
+        assert_eq!(s.listen_tls, vec!["127.0.0.1:6443".parse().unwrap()]);
+        assert_eq!(s.tls.len(), 2);
+        assert_eq!(s.tls[0].names, ["a.example", "*.b.example"]);
+        assert!(s.tls[1].names.is_empty());
+
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(
+            "[server]\nlisten = [\"https://127.0.0.1:6443\", \"ftp://:1\"]\n\
+             [[server.tls]]\ncert = \"a.pem\"\nnames = [\"A.example\"]\n\
+             [[server.tls]]\ncert = \"b.pem\"\nkey = \"\"\nnames = [\"a.example\", \"a.example\"]\n\
+             [[server.tls]]\ncert = \"c.pem\"\nkey = \"c.key\"\n\
+             [[server.tls]]\ncert = \"d.pem\"\nkey = \"d.key\"\n\
+             [backends.o]\naddress = \"http://127.0.0.1:8080\"\n",
+        ) else {
+            panic!("accepted")
+        };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "server.listen[1]",
+                "server.tls[0].key",
+                "server.tls[0].names[0]",
+                "server.tls[1].key",
+                "server.tls[1].names[1]",
+                "server.tls[3].names",
+            ],
+            "{issues:?}"
+        );
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(
+            "[server]\nlisten = [\"https://127.0.0.1:6443\"]\n\
+             [backends.o]\naddress = \"http://127.0.0.1:8080\"\n",
+        ) else {
+            panic!("an https listener without a certificate was accepted")
+        };
+        assert_eq!(issues[0].path, "server.listen");
+    }
+
+    #[test]
+    fn h2_limits_have_defaults_and_bounds() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        let s = Config::embedded_default().server;
+        assert_eq!(s.h2_max_concurrent_streams, 256);
+        assert_eq!(s.h2_max_header_list_size as usize, s.max_header_size);
+        assert_eq!(s.h2_max_pending_accept_reset_streams, 20);
+        assert_eq!(s.h2_max_local_error_reset_streams, 1024);
+        assert!(s.h2_keep_alive_interval.is_zero());
+        assert_eq!(s.h2_keep_alive_timeout, Duration::from_secs(20));
+        let s = Config::from_toml(&format!(
+            "[server]\nmax_header_size = \"32KiB\"\nh2_keep_alive_interval = \"30s\"\n{backend}"
+        ))
+        .unwrap()
+        .server;
+        assert_eq!(
+            s.h2_max_header_list_size,
+            32 << 10,
+            "follows max_header_size"
+        );
+        assert_eq!(s.h2_keep_alive_interval, Duration::from_secs(30));
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\nh2_max_concurrent_streams = 0\nh2_max_header_list_size = \"1KiB\"\n\
+             h2_max_pending_accept_reset_streams = -1\nh2_max_local_error_reset_streams = 0\n\
+             h2_keep_alive_timeout = \"0s\"\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        let mut paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        paths.sort_unstable();
+        assert_eq!(
+            paths,
+            [
+                "server.h2_keep_alive_timeout",
+                "server.h2_max_concurrent_streams",
+                "server.h2_max_header_list_size",
+                "server.h2_max_local_error_reset_streams",
+                "server.h2_max_pending_accept_reset_streams",
+            ],
+            "{issues:?}"
+        );
+    }
+
+    #[test]
+    fn proxy_protocol_peers_parse_and_need_proxy_protocol() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        let c = Config::from_toml(&format!(
+            "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"10.0.0.0/8\", \"::1\"]\n{backend}"
+        ))
+        .unwrap();
+        assert!(c.server.proxy_protocol);
+        assert!(c.server.proxy_protocol_from[0].contains("10.1.2.3".parse().unwrap()));
+        assert!(!Config::embedded_default().server.proxy_protocol);
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\nproxy_protocol = \"yes\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["server.proxy_protocol", "server.proxy_protocol_from[0]"],
+            "{issues:?}"
+        );
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\nproxy_protocol_from = [\"10.0.0.0/8\"]\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        assert_eq!(issues[0].path, "server.proxy_protocol_from");
+    }
+
+    #[test]
+    fn the_tls_quick_flags_make_one_default_certificate() {
+        let mut c = Config::embedded_default();
+        let mut o = Overrides {
+            listen: vec!["https://127.0.0.1:0".into()],
+            ..Default::default()
+        };
+        let Err(ConfigError::Invalid(issues)) = c.apply_overrides(&o) else {
+            panic!("https without a certificate")
+        };
+        assert_eq!(issues[0].path, "-a");
+        o.tls_cert = Some("c.pem".into());
+        let Err(ConfigError::Invalid(issues)) = c.apply_overrides(&o) else {
+            panic!("a certificate without a key")
+        };
+        assert_eq!(issues[0].path, "--tls-cert");
+        o.tls_key = Some("k.pem".into());
+        c.apply_overrides(&o).unwrap();
+        assert!(c.server.listen.is_empty());
+        assert_eq!(c.server.listen_tls, vec!["127.0.0.1:0".parse().unwrap()]);
+        assert_eq!(c.server.tls[0].cert, PathBuf::from("c.pem"));
+        assert!(c.server.tls[0].names.is_empty());
     }
 
     #[test]

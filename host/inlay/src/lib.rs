@@ -2,7 +2,9 @@
 //!
 //! One `inlay` process sits in front of origin servers, as Varnish does.
 //! This crate is the process: the command line ([`cli`]), the config
-//! ([`config`]), the accept loop and connection limits ([`server`]), the
+//! ([`config`]), the accept loop and connection limits ([`server`]), TLS on the
+//! listeners ([`tls`]) and the PROXY protocol in front of them
+//! ([`proxy_protocol`]), the
 //! request's path through the host ([`pipeline`], one phase per file), the
 //! backends ([`backend`]), the access log ([`access_log`]), config
 //! reloads ([`reload`]), the admin API ([`admin`]) and the Prometheus
@@ -22,7 +24,9 @@ pub mod manpage;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy_services;
+pub mod proxy_protocol;
 pub mod reload;
 pub mod request_id;
 pub mod server;
 pub mod server_timing;
+pub mod tls;

@@ -29,6 +29,7 @@ use crate::cli::ServeArgs;
 use crate::config::{AccessLogTarget, Config, ConfigError};
 use crate::pipeline::Pipeline;
 use crate::server::Generations;
+use crate::tls::{CertificateSet, Tls};
 
 /// What a successful reload did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -56,6 +57,8 @@ pub struct Reloader {
     /// The admin API, whose token a reload reads again (weakly: its
     /// hooks hold this reloader).
     admin: Option<WeakAdmin>,
+    /// The TLS listeners' certificates, read again at every reload.
+    tls: Option<Arc<Tls>>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -86,6 +89,7 @@ impl Reloader {
             current: Arc::new(Generations::new(first)),
             source,
             admin: None,
+            tls: None,
             state: tokio::sync::Mutex::new(State {
                 generation: 1,
                 slot,
@@ -107,6 +111,13 @@ impl Reloader {
         let _no_reload = self.state.lock().await;
         let current = self.current();
         current.cache().ban(expression).await
+    }
+
+    /// Reloads read `[[server.tls]]`'s files again for `tls`.
+    #[must_use]
+    pub fn with_tls(mut self, tls: Arc<Tls>) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// The generations, for the accept loop to read per request.
@@ -171,6 +182,10 @@ impl Reloader {
         // Everything that can fail comes before the policy is swapped in the
         // slot: after that, nothing may refuse the generation.
         let token = admin_token(&cfg)?;
+        let certificates = match &self.tls {
+            Some(_) => Some(tls_certificates(&cfg)?),
+            None => None,
+        };
         let access_log = if needs_new_access_log(old.config(), &cfg) {
             AccessLog::open(&cfg.log)
                 .map_err(|e| vec![format!("log.access_log: cannot open it: {e}")])?
@@ -227,6 +242,9 @@ impl Reloader {
         }
         if let Some(admin) = self.admin.as_ref().and_then(WeakAdmin::upgrade) {
             admin.set_token(token);
+        }
+        if let (Some(tls), Some(set)) = (&self.tls, certificates) {
+            tls.install(set);
         }
         old.metrics().set_enabled(cfg.metrics.enabled);
         if let Some((memory, disk)) = bounds
@@ -426,6 +444,21 @@ fn close_when_unused(cache: HttpCache) {
     });
 }
 
+/// The certificates of `cfg`'s `[[server.tls]]`, read from their files now
+/// (so that renewed certificates are served). The TLS listeners are the
+/// running ones (a reload does not move them): a config that leaves them
+/// without a certificate is refused.
+fn tls_certificates(cfg: &Config) -> Result<CertificateSet, Vec<String>> {
+    if let Some(first) = cfg.server.listen_tls.first()
+        && cfg.server.tls.is_empty()
+    {
+        return Err(vec![format!(
+            "server.tls: the running listener https://{first} needs a certificate, and a reload does not close it"
+        )]);
+    }
+    CertificateSet::load(&cfg.server.tls)
+}
+
 /// Log how the outgoing policy generation's hooks were answered.
 pub(crate) fn log_replay_stats(policy: &LoadedPolicy) {
     if let Some(stats) = policy.memo_stats() {
@@ -463,7 +496,8 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
     };
     note(
         "server.listen",
-        restore(&old.server.listen, &mut new.server.listen),
+        restore(&old.server.listen, &mut new.server.listen)
+            | restore(&old.server.listen_tls, &mut new.server.listen_tls),
     );
     note("admin.listen", restore(&old.admin, &mut new.admin));
     warnings

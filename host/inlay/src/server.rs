@@ -1,6 +1,6 @@
-//! The accept loop: client connections (HTTP/1.1 and h2c) with their limits,
-//! and graceful shutdown. The request itself is handled by
-//! [`crate::pipeline::Pipeline`].
+//! The accept loop: client connections (HTTP/1.1 and h2c, and both over
+//! TLS on the `https://` listeners) with their limits, and graceful
+//! shutdown. The request itself is handled by [`crate::pipeline::Pipeline`].
 
 use std::future::Future;
 use std::io;
@@ -25,9 +25,54 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Config, ServerConfig};
 use crate::pipeline::Pipeline;
+use crate::tls::Tls;
 
 /// The pipeline generation new requests get; a config reload swaps it.
 pub type Generations = arc_swap::ArcSwap<Pipeline>;
+
+/// A listening socket and what its clients speak: plain HTTP, or TLS
+/// (then HTTP/1.1 or h2, as ALPN chose).
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    tls: Option<Arc<Tls>>,
+}
+
+impl Listener {
+    /// A plain HTTP listener (HTTP/1.1 and h2c).
+    pub fn plain(tcp: TcpListener) -> Self {
+        Self { tcp, tls: None }
+    }
+
+    /// A TLS listener serving `tls`'s certificates.
+    pub fn tls(tcp: TcpListener, tls: Arc<Tls>) -> Self {
+        Self {
+            tcp,
+            tls: Some(tls),
+        }
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Whether its clients speak TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+}
+
+impl From<TcpListener> for Listener {
+    fn from(tcp: TcpListener) -> Self {
+        Self::plain(tcp)
+    }
+}
+
+/// Set on every request that came over TLS (a request extension): the
+/// access log and the pipeline read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverTls;
 
 /// Serve `listeners` until `shutdown` resolves, then stop accepting, let
 /// in-flight requests finish for up to `shutdown_timeout`, and return.
@@ -39,7 +84,7 @@ pub type Generations = arc_swap::ArcSwap<Pipeline>;
 /// generation too ([`Admission`]): a reload changes them for the listeners
 /// already open; connections open beyond a lowered limit finish.
 pub async fn run(
-    listeners: Vec<TcpListener>,
+    listeners: impl IntoIterator<Item = impl Into<Listener>>,
     current: Arc<Generations>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -50,7 +95,7 @@ pub async fn run(
         .into_iter()
         .map(|listener| {
             tokio::spawn(accept_loop(
-                listener,
+                listener.into(),
                 current.clone(),
                 admission.clone(),
                 connections.clone(),
@@ -100,12 +145,13 @@ async fn free_slot(
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    listener: Listener,
     current: Arc<Generations>,
     admission: Arc<Admission>,
     connections: TaskTracker,
     stop: CancellationToken,
 ) {
+    let Listener { tcp: listener, tls } = listener;
     let mut deferred = None;
     // The limits are read again after each wait: a reload may come while
     // this loop waits for a slot or for a client.
@@ -139,40 +185,197 @@ async fn accept_loop(
                 None => permit = free_slot(&admission, &mut follow).await,
             }
         };
-        let Some(client_slot) = admission.per_client.take(peer.ip()) else {
-            // One address holding its share already: closed at once, so
-            // that one client cannot take every slot.
+        // Behind the PROXY protocol the client is known once its header
+        // is read (in the connection's task); the peer is the load balancer.
+        let proxied = config.server.proxy_protocol;
+        let from = &config.server.proxy_protocol_from;
+        if proxied && !from.is_empty() && !from.iter().any(|n| n.contains(peer.ip())) {
+            // Anyone else could claim any address (and pass purge_allow).
             if let Some(more) = CLIENT_WARNINGS.admit() {
-                warn!(%peer, suppressed = more, "client at max_connections_per_client; connection closed");
+                warn!(%peer, suppressed = more, "peer not in server.proxy_protocol_from; connection closed");
             }
             continue;
+        }
+        let client_slot = if proxied {
+            None
+        } else {
+            let Some(slot) = admission.per_client.take(peer.ip()) else {
+                over_client_share(peer);
+                continue;
+            };
+            Some(slot)
         };
         let _ = stream.set_nodelay(true);
         let current = current.clone();
         let stop = stop.clone();
         let admission = admission.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
             let _open = current.load().metrics().connection_opened();
-            serve_connection(stream, peer, current, &config.server, &admission, stop).await;
+            let limits = &config.server;
+            let mut stream = stream;
+            let mut peer = peer;
+            let mut rest = bytes::Bytes::new();
+            if proxied {
+                let Some(header) = proxy_header(&mut stream, peer, limits, &stop).await else {
+                    return;
+                };
+                peer = header.source.unwrap_or(peer);
+                rest = header.rest;
+            }
+            let client_slot = match client_slot {
+                Some(slot) => slot,
+                None => match admission.per_client.take(peer.ip()) {
+                    Some(slot) => slot,
+                    None => return over_client_share(peer),
+                },
+            };
+            let activity = Arc::new(Activity::default());
+            let tracked = TrackedIo {
+                inner: stream,
+                activity: activity.clone(),
+                rest,
+                sniffed: false,
+            };
+            match tls {
+                None => {
+                    let conn = Conn {
+                        io: TokioIo::new(tracked),
+                        activity,
+                        peer,
+                        tls: false,
+                    };
+                    serve_connection(conn, current, limits, &admission, stop).await;
+                }
+                Some(tls) => {
+                    let Some(io) = handshake(&tls, tracked, peer, limits, &stop).await else {
+                        return;
+                    };
+                    if io.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        activity.set_h2();
+                    }
+                    let conn = Conn {
+                        io: TokioIo::new(io),
+                        activity,
+                        peer,
+                        tls: true,
+                    };
+                    serve_connection(conn, current, limits, &admission, stop).await;
+                }
+            }
             drop(client_slot);
             drop(permit);
         });
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+fn over_client_share(peer: SocketAddr) {
+    // One address holding its share already: closed at once, so that one
+    // client cannot take every slot.
+    if let Some(more) = CLIENT_WARNINGS.admit() {
+        warn!(%peer, suppressed = more, "client at max_connections_per_client; connection closed");
+    }
+}
+
+/// The PROXY protocol header of a connection (`server.proxy_protocol`),
+/// within `header_read_timeout`; `None` (the connection closed, a
+/// rate-limited warning logged) when it is missing, malformed, too long,
+/// late, or the server stops.
+async fn proxy_header(
+    stream: &mut TcpStream,
     peer: SocketAddr,
+    limits: &ServerConfig,
+    stop: &CancellationToken,
+) -> Option<crate::proxy_protocol::ProxyHeader> {
+    let read = tokio::time::timeout(
+        limits.header_read_timeout,
+        crate::proxy_protocol::read_header(stream),
+    );
+    let result = tokio::select! {
+        r = read => r,
+        () = stop.cancelled() => return None,
+    };
+    match result {
+        Ok(Ok(header)) => Some(header),
+        Ok(Err(crate::proxy_protocol::HeaderError::Closed)) => {
+            debug!(%peer, "connection closed before its PROXY header");
+            None
+        }
+        Ok(Err(e)) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, error = %e, suppressed = more, "no valid PROXY protocol header (server.proxy_protocol); connection closed");
+            }
+            None
+        }
+        Err(_) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "no PROXY protocol header within header_read_timeout; connection closed");
+            }
+            None
+        }
+    }
+}
+
+/// The TLS handshake of a connection on a TLS listener, within
+/// `tls_handshake_timeout`; `None` (the connection closed, a rate-limited
+/// warning logged) when it fails, takes too long, or the server stops.
+async fn handshake(
+    tls: &Tls,
+    tcp: TrackedIo,
+    peer: SocketAddr,
+    limits: &ServerConfig,
+    stop: &CancellationToken,
+) -> Option<tokio_rustls::server::TlsStream<TrackedIo>> {
+    let accept = tokio::time::timeout(limits.tls_handshake_timeout, tls.acceptor().accept(tcp));
+    let result = tokio::select! {
+        r = accept => r,
+        () = stop.cancelled() => return None,
+    };
+    match result {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            if e.kind() == io::ErrorKind::UnexpectedEof
+                || e.kind() == io::ErrorKind::ConnectionReset
+            {
+                debug!(%peer, error = %e, "client went away during the TLS handshake");
+            } else if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, error = %e, suppressed = more, "TLS handshake failed; connection closed");
+            }
+            None
+        }
+        Err(_) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "TLS handshake not complete within tls_handshake_timeout; connection closed");
+            }
+            None
+        }
+    }
+}
+
+/// An accepted connection, ready for HTTP: its (perhaps TLS) stream and
+/// what the accept loop knows about it.
+struct Conn<I> {
+    io: I,
+    activity: Arc<Activity>,
+    peer: SocketAddr,
+    tls: bool,
+}
+
+async fn serve_connection<I>(
+    conn: Conn<I>,
     current: Arc<Generations>,
     limits: &ServerConfig,
     admission: &Admission,
     stop: CancellationToken,
-) {
-    let activity = Arc::new(Activity::default());
-    let io = TokioIo::new(TrackedIo {
-        inner: stream,
-        activity: activity.clone(),
-    });
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let Conn {
+        io,
+        activity,
+        peer,
+        tls,
+    } = conn;
     let send_limits = SendLimits::of(limits);
     let mut builder = auto::Builder::new(StreamExecutor(send_limits));
     builder
@@ -181,11 +384,16 @@ async fn serve_connection(
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_size.max(8192))
         .keep_alive(true);
+    let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_size as u32)
-        .max_concurrent_streams(256);
+        .max_header_list_size(limits.h2_max_header_list_size)
+        .max_concurrent_streams(limits.h2_max_concurrent_streams)
+        .max_pending_accept_reset_streams(limits.h2_max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
+        .keep_alive_interval(keep_alive)
+        .keep_alive_timeout(limits.h2_keep_alive_timeout);
     // HTTP/1 sends one response at a time: its clock is the connection's.
     // An HTTP/2 stream gets its own from `StreamExecutor`.
     let h1_clock = Arc::new(SendClock::new(send_limits, false));
@@ -196,6 +404,15 @@ async fn serve_connection(
         let pipeline = current.load_full();
         let act = act.clone();
         let h1_clock = clock.clone();
+        let mut req = req;
+        if tls {
+            req.extensions_mut().insert(OverTls);
+            // What the client claimed is replaced by what Inlay knows.
+            req.headers_mut().insert(
+                http::HeaderName::from_static("x-forwarded-proto"),
+                http::HeaderValue::from_static("https"),
+            );
+        }
         async move {
             let clock = STREAM_CLOCK.try_with(Arc::clone).unwrap_or(h1_clock);
             let guard = InFlight::new(act);
@@ -420,11 +637,39 @@ fn log_connection_error(peer: SocketAddr, e: &(dyn std::error::Error + 'static))
         return;
     }
     let text = e.to_string();
-    if text.contains("connection reset") || text.contains("broken pipe") {
+    if went_away(e) || text.contains("connection reset") || text.contains("broken pipe") {
         debug!(%peer, error = %text, "client went away");
     } else if let Some(more) = CLIENT_WARNINGS.admit() {
         warn!(%peer, error = %text, suppressed = more, "connection error");
     }
+}
+
+/// Whether `e` (or what caused it) is the client leaving: a reset, a write
+/// to a closed socket, or (over TLS) the end of the stream without a
+/// close_notify. A TLS client that resets after its handshake, before any
+/// HTTP byte, is as common as one that leaves a plain connection.
+fn went_away(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::UnexpectedEof
+            ) {
+                return true;
+            }
+            // An io::Error wrapping another error: its source is the
+            // inner one's source, so look at the inner one itself.
+            if let Some(inner) = io.get_ref() {
+                cause = Some(inner);
+                continue;
+            }
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Who may open a connection now: `max_connections` slots shared by every
@@ -648,6 +893,15 @@ mod rate_limit_tests {
     use super::*;
 
     #[test]
+    fn a_reset_or_an_unclosed_tls_stream_is_a_client_going_away() {
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert!(went_away(&reset));
+        let wrapped = io::Error::other(io::Error::from(io::ErrorKind::UnexpectedEof));
+        assert!(went_away(&wrapped), "found through the source chain");
+        assert!(!went_away(&io::Error::from(io::ErrorKind::InvalidData)));
+    }
+
+    #[test]
     fn a_flood_of_client_warnings_is_cut_to_the_budget_and_counted() {
         let limit = RateLimit::new();
         let written: Vec<u64> = (0..1000).filter_map(|_| limit.admit()).collect();
@@ -673,6 +927,8 @@ struct Activity {
     /// When a write found the socket full, in ms since `born` plus one;
     /// 0 when the last write went through.
     blocked_since: AtomicU64,
+    /// HTTP/2: idle means no stream for `idle_timeout`, whatever else moves.
+    h2: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Activity {
@@ -682,6 +938,7 @@ impl Default for Activity {
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             blocked_since: AtomicU64::new(0),
+            h2: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -692,10 +949,24 @@ impl Activity {
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Bytes moved on the socket. On an HTTP/2 connection they do not
+    /// count: PINGs (`h2_keep_alive_interval`), SETTINGS and WINDOW_UPDATEs
+    /// would keep it open forever; only its streams do ([`InFlight`]).
+    fn touch_io(&self) {
+        if !self.h2.load(Ordering::Relaxed) {
+            self.touch();
+        }
+    }
+
+    /// The connection speaks HTTP/2 (its preface, or ALPN `h2`).
+    fn set_h2(&self) {
+        self.h2.store(true, Ordering::Relaxed);
+    }
+
     /// A write went through (`written`) or found the socket full.
     fn wrote(&self, written: bool) {
         if written {
-            self.touch();
+            self.touch_io();
             self.blocked_since.store(0, Ordering::Relaxed);
         } else if self.blocked_since.load(Ordering::Relaxed) == 0 {
             let ms = self.born.elapsed().as_millis() as u64 + 1;
@@ -825,6 +1096,10 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: TcpStream,
         activity: Arc<Activity>,
+        // Read past the PROXY header: served before the socket.
+        rest: bytes::Bytes,
+        // Whether the first bytes were looked at for the h2c preface.
+        sniffed: bool,
     }
 }
 
@@ -836,13 +1111,31 @@ impl AsyncRead for TrackedIo {
     ) -> Poll<io::Result<()>> {
         let this = self.project();
         let before = buf.filled().len();
-        let r = this.inner.poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.activity.touch();
+        let r = if this.rest.is_empty() {
+            this.inner.poll_read(cx, buf)
+        } else {
+            let n = this.rest.len().min(buf.remaining());
+            buf.put_slice(&this.rest.split_to(n));
+            Poll::Ready(Ok(()))
+        };
+        let read = &buf.filled()[before..];
+        if !*this.sniffed && read.len() >= H2C_PREFACE.len() {
+            // The first read of a connection: an h2c client starts with its preface.
+            *this.sniffed = true;
+            if read.starts_with(H2C_PREFACE) {
+                this.activity.set_h2();
+            }
+        }
+        if !read.is_empty() {
+            this.activity.touch_io();
         }
         r
     }
 }
+
+/// How an HTTP/2 client's first bytes start (RFC 9113, 3.4), as far as
+/// it tells them from an HTTP/1 request.
+const H2C_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 fn note_write(activity: &Activity, r: &Poll<io::Result<usize>>) {
     match r {

@@ -18,7 +18,15 @@ pub const REDACTED: &str = "<redacted>";
 pub fn config_json(cfg: &Config) -> Value {
     let s = &cfg.server;
     let server = json!({
-        "listen": s.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "listen": s.listen.iter().map(|a| a.to_string())
+            .chain(s.listen_tls.iter().map(|a| format!("https://{a}")))
+            .collect::<Vec<_>>(),
+        "tls": s.tls.iter().map(|t| json!({
+            "cert": t.cert.display().to_string(),
+            "names": t.names,
+        })).collect::<Vec<_>>(),
+        "tls_handshake_timeout": duration(s.tls_handshake_timeout),
+        "proxy_protocol": s.proxy_protocol,
         "max_connections": s.max_connections,
         "max_connections_per_client": s.max_connections_per_client,
         "header_read_timeout": duration(s.header_read_timeout),
@@ -27,6 +35,12 @@ pub fn config_json(cfg: &Config) -> Value {
         "send_timeout": duration(s.send_timeout),
         "idle_send_timeout": duration(s.idle_send_timeout),
         "max_header_size": s.max_header_size,
+        "h2_max_concurrent_streams": s.h2_max_concurrent_streams,
+        "h2_max_header_list_size": s.h2_max_header_list_size,
+        "h2_max_pending_accept_reset_streams": s.h2_max_pending_accept_reset_streams,
+        "h2_max_local_error_reset_streams": s.h2_max_local_error_reset_streams,
+        "h2_keep_alive_interval": duration(s.h2_keep_alive_interval),
+        "h2_keep_alive_timeout": duration(s.h2_keep_alive_timeout),
         "max_request_body": s.max_request_body,
         "shutdown_timeout": duration(s.shutdown_timeout),
     });

@@ -18,6 +18,7 @@ use inlay::admin::AdminServer;
 use inlay::cli::{Cli, Command, Proxy};
 use inlay::config::AccessLogTarget;
 use inlay::metrics::Metrics;
+use inlay::server::Listener;
 use inlay_runtime::{LoadedPolicy, PolicySlot};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -67,12 +68,21 @@ impl InlayBuilder {
         let metrics = proxy.metrics().clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let mut listeners = vec![Listener::plain(listener)];
+        // With `https://` listeners, one TLS listener on a port of its own.
+        let mut tls_addr = None;
+        if !proxy.config().server.listen_tls.is_empty() {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tls_addr = Some(l.local_addr().unwrap());
+            listeners.push(Listener::tls(l, proxy.tls().clone()));
+        }
         let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(proxy.run(vec![listener], async {
+        let served = tokio::spawn(proxy.run(listeners, async {
             let _ = stopped.await;
         }));
         Harness {
             addr,
+            tls_addr,
             admin_addr: admin.as_ref().map(AdminServer::local_addr),
             admin,
             access: AccessLog(access),
@@ -101,6 +111,8 @@ fn show_diagnostics_if_asked() {
 /// [`stop`](Self::stop) or on drop.
 pub struct Harness {
     pub addr: SocketAddr,
+    /// The TLS listener's address, when the config has `https://` listeners.
+    pub tls_addr: Option<SocketAddr>,
     /// The admin API's address, when the config has `[admin] listen`.
     pub admin_addr: Option<SocketAddr>,
     admin: Option<AdminServer>,

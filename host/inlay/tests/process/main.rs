@@ -15,3 +15,4 @@ mod memory;
 mod persistence;
 mod reload;
 mod signals;
+mod tls;
