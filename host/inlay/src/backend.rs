@@ -1,5 +1,8 @@
-//! Named backends: a pooled HTTP/1.1 client per origin, with the connect,
-//! first-byte and between-bytes timeouts and the connection cap of its config.
+//! Named backends: a pooled HTTP/1.1 (or HTTP/2) client per origin, over
+//! TCP or TLS ([`tls`]), with the connect, first-byte and between-bytes
+//! timeouts and the connection cap of its config.
+
+pub mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +23,7 @@ use crate::metrics::{BackendMetrics, Metrics};
 #[derive(Debug)]
 pub struct Backend {
     config: BackendConfig,
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<tls::Connector, ProxyBody>,
     slots: Option<Arc<Semaphore>>,
     metrics: Arc<BackendMetrics>,
 }
@@ -94,8 +97,16 @@ impl Backend {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        connector.enforce_http(true);
+        // The scheme is checked by the HTTPS connector around it.
+        connector.enforce_http(false);
+        let connector = match &config.tls {
+            Some(t) => t.connector(connector, config.connect_timeout),
+            None => tls::BackendTls::plain_connector(connector, config.connect_timeout),
+        };
         let client = Client::builder(TokioExecutor::new())
+            // `http2` on an `http://` backend: h2c with prior knowledge
+            // (over TLS, ALPN decides).
+            .http2_only(config.http2 && config.tls.is_none())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(std::time::Duration::from_secs(30))
             .pool_max_idle_per_host(if config.max_connections > 0 {
@@ -225,5 +236,45 @@ impl Backend {
         } else {
             ProxyError::BackendProtocol { backend, reason }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca_pem(name: &str) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn a_reload_renews_a_tls_backend_whose_files_or_settings_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_pem("one")).unwrap();
+        let text = format!(
+            "[backends.default]\naddress = \"https://127.0.0.1:8443\"\nca_file = {:?}\n",
+            ca.display().to_string()
+        );
+        let config = |t: &str| Config::from_toml(t).expect("valid");
+        let metrics = Metrics::new(true);
+        let old = Backends::new(&config(&text), &metrics);
+        let same =
+            |new: &Backends| Arc::ptr_eq(old.get("default").unwrap(), new.get("default").unwrap());
+        assert!(
+            same(&old.renewed(&config(&text), &metrics)),
+            "nothing changed: pool kept"
+        );
+        let http2 = format!("{text}http2 = true\n");
+        assert!(!same(&old.renewed(&config(&http2), &metrics)));
+        // Same path, new contents: the file is read again and the client renewed.
+        std::fs::write(&ca, ca_pem("two")).unwrap();
+        assert!(!same(&old.renewed(&config(&text), &metrics)));
     }
 }

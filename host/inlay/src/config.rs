@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use http::Uri;
 
+use crate::backend::tls::{BackendTls, TlsSettings};
+
 /// The configuration embedded in the binary, used when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
 
@@ -116,6 +118,12 @@ pub struct BackendConfig {
     pub between_bytes_timeout: Duration,
     /// Maximum concurrent requests to this backend (0 = unlimited).
     pub max_connections: usize,
+    /// `https://` backends: roots, SNI name, client certificate (`ca_file`,
+    /// `client_cert`, `client_key`), read and checked with the config.
+    pub tls: Option<crate::backend::tls::BackendTls>,
+    /// `http2`: HTTP/2 to the origin (offered in ALPN over TLS; prior
+    /// knowledge over `http://`).
+    pub http2: bool,
 }
 
 /// Access-log line format.
@@ -413,6 +421,10 @@ impl Config {
                         .entry(name.clone())
                         .or_insert_with(|| BackendConfig::with_defaults(name, address.clone()));
                     entry.address = address;
+                    if let Err(m) = entry.load_tls(entry.tls.as_ref().map(|t| t.settings().clone()))
+                    {
+                        issues.push(issue("-b", m));
+                    }
                 }
                 Err(m) => issues.push(issue("-b", m)),
             }
@@ -494,6 +506,32 @@ impl BackendConfig {
             first_byte_timeout: Duration::from_secs(60),
             between_bytes_timeout: Duration::from_secs(60),
             max_connections: 0,
+            tls: None,
+            http2: false,
+        }
+    }
+
+    /// Read the TLS files of an `https://` address (with `settings`, or
+    /// the system roots and no client certificate); none for `http://`.
+    fn load_tls(&mut self, settings: Option<TlsSettings>) -> Result<(), String> {
+        self.tls = None;
+        if self.address.scheme_str() != Some("https") {
+            return Ok(());
+        }
+        let settings = settings.unwrap_or(TlsSettings {
+            http2: self.http2,
+            ..TlsSettings::default()
+        });
+        match BackendTls::load(&self.address, self.host_header.as_deref(), settings) {
+            Ok(t) => {
+                self.tls = Some(t);
+                Ok(())
+            }
+            Err(issues) => Err(issues
+                .into_iter()
+                .map(|(k, m)| format!("{k}: {m}"))
+                .collect::<Vec<_>>()
+                .join("; ")),
         }
     }
 
@@ -564,9 +602,9 @@ fn parse_backend_uri(s: &str) -> Result<Uri, String> {
     let uri: Uri = with_scheme
         .parse()
         .map_err(|_| format!("not a URL like http://127.0.0.1:8080: {s:?}"))?;
-    if uri.scheme_str() != Some("http") {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(format!(
-            "only http:// backends are supported (TLS to origins is not built yet): {s:?}"
+            "a backend URL is http:// or https:// (TLS), got {s:?}"
         ));
     }
     if uri.host().is_none() {
@@ -1035,6 +1073,10 @@ impl Reader {
                 "first_byte_timeout",
                 "between_bytes_timeout",
                 "max_connections",
+                "http2",
+                "ca_file",
+                "client_cert",
+                "client_key",
             ],
         );
         let address = match self.string(t, p, "address") {
@@ -1067,8 +1109,44 @@ impl Reader {
                 d.between_bytes_timeout,
             ),
             max_connections: self.uint(t, p, "max_connections", 0, 0, 1_000_000) as usize,
+            tls: None,
+            http2: self.boolean(t, p, "http2", false),
         };
-        address.map(|_| b)
+        let tls = self.backend_tls(t, p, &b);
+        address.map(|_| BackendConfig { tls, ..b })
+    }
+
+    /// The TLS files of an `https://` backend, read and checked; on an
+    /// `http://` one, the TLS keys are a mistake.
+    fn backend_tls(&mut self, t: &Table, p: &str, b: &BackendConfig) -> Option<BackendTls> {
+        let path = |r: &mut Self, key| r.string(t, p, key).map(PathBuf::from);
+        let settings = TlsSettings {
+            ca_file: path(self, "ca_file"),
+            client_cert: path(self, "client_cert"),
+            client_key: path(self, "client_key"),
+            http2: b.http2,
+        };
+        if b.address.scheme_str() != Some("https") {
+            for (key, set) in [
+                ("ca_file", &settings.ca_file),
+                ("client_cert", &settings.client_cert),
+                ("client_key", &settings.client_key),
+            ] {
+                if set.is_some() {
+                    self.err(join(p, key), "only for https:// backends");
+                }
+            }
+            return None;
+        }
+        match BackendTls::load(&b.address, b.host_header.as_deref(), settings) {
+            Ok(tls) => Some(tls),
+            Err(issues) => {
+                for (key, m) in issues {
+                    self.err(join(p, key), m);
+                }
+                None
+            }
+        }
     }
 
     fn log(&mut self, t: &Table) -> LogConfig {

@@ -8,6 +8,17 @@ use serde_json::{Map, Value, json};
 
 use crate::config::{AccessLogFormat, AccessLogTarget, Config};
 
+/// A TLS file of a backend, as configured.
+fn tls_path(
+    b: &crate::config::BackendConfig,
+    field: impl Fn(&crate::backend::tls::TlsSettings) -> &Option<std::path::PathBuf>,
+) -> Option<String> {
+    let tls = b.tls.as_ref()?;
+    field(tls.settings())
+        .as_ref()
+        .map(|p| p.display().to_string())
+}
+
 /// What a redacted value reads.
 pub const REDACTED: &str = "<redacted>";
 
@@ -43,6 +54,10 @@ pub fn config_json(cfg: &Config) -> Value {
                     "first_byte_timeout": duration(b.first_byte_timeout),
                     "between_bytes_timeout": duration(b.between_bytes_timeout),
                     "max_connections": b.max_connections,
+                    "http2": b.http2,
+                    "ca_file": tls_path(b, |t| &t.ca_file),
+                    "client_cert": tls_path(b, |t| &t.client_cert),
+                    "client_key": tls_path(b, |t| &t.client_key),
                 }),
             )
         })

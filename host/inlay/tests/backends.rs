@@ -1,0 +1,251 @@
+//! Backends, in process against real origins: `https://` origins made by
+//! the test (its own CA, rcgen; tokio-rustls), verification, SNI, client
+//! certificates and HTTP/2 to the origin.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Harness, Origin, TestCa, TlsOrigin, get};
+use inlay::config::Config;
+
+/// `[backends.default]` at `address` with extra `lines`.
+fn backend(address: &str, lines: &str) -> String {
+    format!(
+        "[backends.default]\naddress = \"{address}\"\nconnect_timeout = \"2s\"\nfirst_byte_timeout = \"3s\"\n{lines}\n"
+    )
+}
+
+fn toml_path(p: &Path) -> String {
+    format!("{:?}", p.display().to_string())
+}
+
+async fn inlay_with(address: &str, lines: &str) -> Harness {
+    Harness::builder()
+        .toml(&backend(address, lines))
+        .start_in_process()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_backend_trusted_through_ca_file_is_fetched_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test origin CA");
+    let origin = TlsOrigin::start(&ca.issue(&["127.0.0.1"]), None).await;
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let inlay = inlay_with(&origin.url(), &format!("ca_file = {}", toml_path(&ca_file))).await;
+    let r = get(&inlay.url("/page")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), "hello over tls\n");
+    assert_eq!(
+        r.header("x-version"),
+        Some("HTTP/1.1"),
+        "no http2: HTTP/1.1"
+    );
+    assert_eq!(r.header("x-client-cert"), Some("no"));
+    // A second request reuses the pooled TLS connection: still fine.
+    assert_eq!(get(&inlay.url("/again")).await.status, 200);
+    assert_eq!(origin.requests(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_whose_certificate_does_not_verify_gets_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("unknown CA");
+    let origin = TlsOrigin::start(&ca.issue(&["127.0.0.1"]), None).await;
+    // The system's roots do not know the test's CA.
+    let system = inlay_with(&origin.url(), "").await;
+    let r = get(&system.url("/page")).await;
+    assert_eq!(r.status, 503, "a verification failure is a down backend");
+    // Nor does another CA given as ca_file.
+    let other = TestCa::new("another CA").write(dir.path(), "other.pem");
+    let wrong = inlay_with(&origin.url(), &format!("ca_file = {}", toml_path(&other))).await;
+    assert_eq!(get(&wrong.url("/page")).await.status, 503);
+    assert_eq!(
+        origin.requests(),
+        0,
+        "no request went over an unverified connection"
+    );
+    assert!(
+        origin
+            .failed_handshakes
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2,
+        "the client aborted the handshakes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_and_verification_follow_the_host_header_override() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test origin CA");
+    // Valid for the site's name only, not for the address connected to.
+    let origin = TlsOrigin::start(&ca.issue(&["origin.test"]), None).await;
+    let ca_file = toml_path(&ca.write(dir.path(), "ca.pem"));
+    let named = inlay_with(
+        &origin.url(),
+        &format!("ca_file = {ca_file}\nhost_header = \"origin.test:443\""),
+    )
+    .await;
+    let r = get(&named.url("/page")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-sni"),
+        Some("origin.test"),
+        "SNI is host_header's host"
+    );
+    assert_eq!(r.header("x-host"), Some("origin.test:443"));
+    // Without the override the certificate is checked against 127.0.0.1.
+    let by_address = inlay_with(&origin.url(), &format!("ca_file = {ca_file}")).await;
+    assert_eq!(get(&by_address.url("/page")).await.status, 503);
+    assert_eq!(origin.requests(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_shown_to_an_origin_that_requires_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test origin CA");
+    let clients = TestCa::new("client CA");
+    let origin = TlsOrigin::start(&ca.issue(&["127.0.0.1"]), Some(&clients)).await;
+    let ca_file = toml_path(&ca.write(dir.path(), "ca.pem"));
+    let (cert, key) = clients.issue(&["inlay.test"]).write(dir.path(), "client");
+    let with_cert = inlay_with(
+        &origin.url(),
+        &format!(
+            "ca_file = {ca_file}\nclient_cert = {}\nclient_key = {}",
+            toml_path(&cert),
+            toml_path(&key)
+        ),
+    )
+    .await;
+    let r = get(&with_cert.url("/page")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-client-cert"), Some("yes"));
+    let without = inlay_with(&origin.url(), &format!("ca_file = {ca_file}")).await;
+    let r = get(&without.url("/page")).await;
+    assert!(
+        r.status == 502 || r.status == 503,
+        "the origin refused the handshake: {}",
+        r.status
+    );
+    assert_eq!(
+        origin.requests(),
+        1,
+        "only the request with a certificate was served"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_is_spoken_to_an_origin_that_offers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test origin CA");
+    let origin = TlsOrigin::start(&ca.issue(&["127.0.0.1"]), None).await;
+    let ca_file = toml_path(&ca.write(dir.path(), "ca.pem"));
+    let inlay = inlay_with(&origin.url(), &format!("ca_file = {ca_file}\nhttp2 = true")).await;
+    for path in ["/a", "/b"] {
+        let r = get(&inlay.url(path)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-version"), Some("HTTP/2.0"));
+        assert_eq!(r.header("x-sni"), Some("none"), "no SNI for an IP address");
+    }
+    // A plain origin with http2: h2c with prior knowledge.
+    let plain = Origin::start();
+    let h2c = inlay_with(&plain.url(), "http2 = true").await;
+    let r = get(&h2c.url("/echo")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let echo: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(echo["version"], "HTTP/2.0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_that_stalls_or_garbles_the_handshake_is_down_within_connect_timeout() {
+    // One accepts and says nothing; the other answers the ClientHello with junk.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let garbling = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let garbling_addr = garbling.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut s, _)) = garbling.accept().await {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\nnot tls at all").await;
+        }
+    });
+    let stalled = Harness::builder()
+        .toml(&format!(
+            "[backends.default]\naddress = \"https://{silent_addr}\"\nconnect_timeout = \"300ms\"\nfirst_byte_timeout = \"20s\"\n"
+        ))
+        .start_in_process()
+        .await;
+    let started = std::time::Instant::now();
+    let r = get(&stalled.url("/page")).await;
+    assert_eq!(
+        r.status, 503,
+        "a stalled handshake is a down backend, not a 504"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "connect_timeout bounds the handshake, not first_byte_timeout"
+    );
+    let garbled = inlay_with(&format!("https://{garbling_addr}"), "").await;
+    assert_eq!(get(&garbled.url("/page")).await.status, 503);
+}
+
+#[test]
+fn tls_settings_are_checked_with_their_key_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n").unwrap();
+    let text = format!(
+        "[backends.plain]\naddress = \"http://127.0.0.1:1\"\nca_file = \"ca.pem\"\n\
+         [backends.tls]\naddress = \"https://127.0.0.1:1\"\nca_file = {junk}\nclient_cert = {junk}\nhttp2 = \"yes\"\n\
+         [backends.missing]\naddress = \"https://127.0.0.1:1\"\nca_file = {missing}\n\
+         [backends.ftp]\naddress = \"ftp://127.0.0.1:1\"\n",
+        junk = toml_path(&junk),
+        missing = toml_path(&dir.path().join("missing.pem")),
+    );
+    let err = Config::from_toml(&format!("default_backend = \"plain\"\n{text}")).unwrap_err();
+    let msg = err.to_string();
+    for (path, says) in [
+        ("backends.plain.ca_file", "only for https:// backends"),
+        ("backends.tls.ca_file", "bad PEM"),
+        ("backends.tls.client_key", "missing"),
+        ("backends.tls.http2", "expected true or false"),
+        ("backends.missing.ca_file", "cannot read"),
+        ("backends.ftp.address", "http:// or https://"),
+    ] {
+        let line = msg
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{path}:")))
+            .unwrap_or_else(|| panic!("no error for {path} in:\n{msg}"));
+        assert!(line.contains(says), "{path}: {line}");
+    }
+    // An https:// backend without ca_file trusts the system's roots.
+    let ok = Config::from_toml("[backends.default]\naddress = \"https://example.com\"\n").unwrap();
+    let tls = ok.default_backend().tls.as_ref().expect("TLS settings");
+    assert_eq!(tls.server_name().to_str(), "example.com");
+    // `-b https://...` makes the default backend a TLS one, and back.
+    let mut c =
+        Config::from_toml("[backends.default]\naddress = \"http://127.0.0.1:1\"\n").unwrap();
+    let flag = |url: &str| inlay::config::Overrides {
+        backend: Some(url.into()),
+        ..Default::default()
+    };
+    c.apply_overrides(&flag("https://origin.test:8443"))
+        .unwrap();
+    assert_eq!(
+        c.default_backend()
+            .tls
+            .as_ref()
+            .map(|t| t.server_name().to_str().into_owned()),
+        Some("origin.test".to_owned())
+    );
+    c.apply_overrides(&flag("http://127.0.0.1:2")).unwrap();
+    assert!(c.default_backend().tls.is_none());
+}
