@@ -2,6 +2,7 @@
 //! TCP or TLS ([`tls`]), with the connect, first-byte and between-bytes
 //! timeouts and the connection cap of its config.
 
+pub mod probe;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -26,6 +27,9 @@ pub struct Backend {
     client: Client<tls::Connector, ProxyBody>,
     slots: Option<Arc<Semaphore>>,
     metrics: Arc<BackendMetrics>,
+    health: Arc<probe::Health>,
+    /// Stops the health probe when the backend goes.
+    _probe: Option<probe::ProbeTask>,
 }
 
 /// Every configured backend, by name.
@@ -43,7 +47,10 @@ impl Backends {
             .iter()
             .map(|(name, b)| {
                 let counted = metrics.backend(name);
-                (name.clone(), Arc::new(Backend::new(b.clone(), counted)))
+                (
+                    name.clone(),
+                    Arc::new(Backend::new(b.clone(), counted, None)),
+                )
             })
             .collect();
         Self {
@@ -53,7 +60,9 @@ impl Backends {
     }
 
     /// The backends of `config`, keeping the clients (connection pools and
-    /// connection caps) of those whose settings are the same as here.
+    /// connection caps) and probes of those whose settings are the same as
+    /// here; a changed backend at the same address starts with the health
+    /// its probe had seen.
     pub fn renewed(&self, config: &Config, metrics: &Metrics) -> Self {
         let by_name = config
             .backends
@@ -65,7 +74,14 @@ impl Backends {
                     .filter(|old| format!("{:?}", old.config) == format!("{b:?}"));
                 let backend = match kept {
                     Some(old) => Arc::clone(old),
-                    None => Arc::new(Backend::new(b.clone(), metrics.backend(name))),
+                    None => {
+                        let seen = self
+                            .by_name
+                            .get(name)
+                            .filter(|old| old.config.address == b.address)
+                            .map(|old| old.health.as_ref());
+                        Arc::new(Backend::new(b.clone(), metrics.backend(name), seen))
+                    }
                 };
                 (name.clone(), backend)
             })
@@ -90,10 +106,22 @@ impl Backends {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Backend>> {
         self.by_name.values()
     }
+
+    /// Each backend's health, by name (the admin API's `GET /stats`).
+    pub fn health_json(&self) -> serde_json::Value {
+        let mut names: Vec<_> = self.by_name.keys().collect();
+        names.sort();
+        serde_json::Value::Object(
+            names
+                .into_iter()
+                .map(|n| (n.clone(), self.by_name[n].health.json()))
+                .collect(),
+        )
+    }
 }
 
 impl Backend {
-    fn new(config: BackendConfig, metrics: BackendMetrics) -> Self {
+    fn new(config: BackendConfig, metrics: BackendMetrics, seen: Option<&probe::Health>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
@@ -117,12 +145,39 @@ impl Backend {
             .build(connector);
         let slots =
             (config.max_connections > 0).then(|| Arc::new(Semaphore::new(config.max_connections)));
+        let health = Arc::new(match &config.probe {
+            Some(p) => probe::Health::probed(p, seen),
+            None => probe::Health::unprobed(),
+        });
+        metrics.set_healthy(health.is_healthy());
+        let probe = config.probe.as_ref().and_then(|p| {
+            probe::start(
+                &config,
+                p,
+                client.clone(),
+                Arc::clone(&health),
+                metrics.clone(),
+            )
+        });
         Self {
             config,
             client,
             slots,
             metrics: Arc::new(metrics),
+            health,
+            _probe: probe,
         }
+    }
+
+    /// Whether the backend may get requests: always, without a probe;
+    /// with one, while enough of its latest probes were good.
+    pub fn is_healthy(&self) -> bool {
+        self.health.is_healthy()
+    }
+
+    /// The backend's health, shared with its probe.
+    pub fn health(&self) -> &Arc<probe::Health> {
+        &self.health
     }
 
     /// The backend's name.
@@ -149,8 +204,15 @@ impl Backend {
     /// Send a request whose URI is a path and query. The `Host` header is the
     /// caller's, replaced by the backend's `host_header` when configured; set
     /// to the backend's address when absent. The response body fails if it
-    /// stalls longer than `between_bytes_timeout`.
+    /// stalls longer than `between_bytes_timeout`. A sick backend gets
+    /// nothing: the request fails as one to a down backend does (503).
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        if !self.is_healthy() {
+            return Err(ProxyError::BackendDown {
+                backend: self.config.name.clone(),
+                reason: "sick (its health probe fails)".into(),
+            });
+        }
         let started = self.metrics.start();
         let result = self.send_counted(req).await;
         self.metrics.finished(started, &result);
@@ -276,5 +338,51 @@ mod tests {
         // Same path, new contents: the file is read again and the client renewed.
         std::fs::write(&ca, ca_pem("two")).unwrap();
         assert!(!same(&old.renewed(&config(&text), &metrics)));
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    /// A config whose backend `default` is probed at `/health` on a port
+    /// nobody listens on (`port` varies it, so each is a changed backend).
+    fn probed(port: u16) -> Config {
+        Config::from_toml(&format!(
+            "[backends.default]\naddress = \"http://127.0.0.1:{port}\"\n\
+             [backends.default.probe]\nurl = \"/health\"\ninterval = \"50ms\"\n"
+        ))
+        .expect("valid")
+    }
+
+    #[tokio::test]
+    async fn a_probe_stops_when_its_backend_is_dropped_after_twenty_reloads() {
+        let metrics = Metrics::new(true);
+        let mut current = Backends::new(&probed(1), &metrics);
+        let mut gone = Vec::new();
+        for i in 0..20 {
+            let next = current.renewed(&probed(2 + i), &metrics);
+            // The probe task holds the health; nothing else does once the
+            // generation's backends are dropped.
+            gone.push(Arc::downgrade(current.get("default").unwrap().health()));
+            current = next;
+        }
+        let kept = current.renewed(&probed(21), &metrics);
+        assert!(
+            Arc::ptr_eq(
+                kept.get("default").unwrap(),
+                current.get("default").unwrap()
+            ),
+            "an unchanged probed backend keeps its probe"
+        );
+        for _ in 0..200 {
+            if gone.iter().all(|w| w.upgrade().is_none()) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let alive = gone.iter().filter(|w| w.upgrade().is_some()).count();
+        assert_eq!(alive, 0, "probe tasks of dropped backends still run");
+        assert!(current.get("default").unwrap().health().json()["probe"] == true);
     }
 }

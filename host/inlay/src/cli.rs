@@ -435,10 +435,14 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>, cache: &HttpCache) {
     let policy = Arc::clone(reloader);
     let reload = Arc::clone(reloader);
     let metrics = Arc::clone(reloader);
+    let backends = Arc::clone(reloader);
     let (ban, bans) = (cache.clone(), cache.clone());
     admin.set_hooks(|h| {
         h.config = Some(Arc::new(move || config.current_config()));
         h.policy = Some(Arc::new(move || policy.current().policy().cloned()));
+        h.backends = Some(Arc::new(move || {
+            backends.current().backends().health_json()
+        }));
         h.reload = Some(Arc::new(move || {
             let reload = Arc::clone(&reload);
             Box::pin(async move {

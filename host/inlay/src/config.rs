@@ -124,6 +124,28 @@ pub struct BackendConfig {
     /// `http2`: HTTP/2 to the origin (offered in ALPN over TLS; prior
     /// knowledge over `http://`).
     pub http2: bool,
+    /// `[backends.NAME.probe]`: the health probe, if any.
+    pub probe: Option<ProbeConfig>,
+}
+
+/// `[backends.NAME.probe]`: a health probe, as Varnish's `.probe`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeConfig {
+    /// Path and query requested (`GET`), e.g. `/health`.
+    pub url: http::uri::PathAndQuery,
+    /// Time between the starts of two probes.
+    pub interval: Duration,
+    /// A probe without a response head within this is bad.
+    pub timeout: Duration,
+    /// How many of the latest probes count.
+    pub window: u32,
+    /// Good probes in the window for the backend to be healthy.
+    pub threshold: u32,
+    /// Probes counted good at start (`threshold - 1`: sick until the
+    /// first probe answers).
+    pub initial: u32,
+    /// The status a good probe answers with.
+    pub expected_status: u16,
 }
 
 /// Access-log line format.
@@ -508,6 +530,7 @@ impl BackendConfig {
             max_connections: 0,
             tls: None,
             http2: false,
+            probe: None,
         }
     }
 
@@ -1077,6 +1100,7 @@ impl Reader {
                 "ca_file",
                 "client_cert",
                 "client_key",
+                "probe",
             ],
         );
         let address = match self.string(t, p, "address") {
@@ -1111,9 +1135,67 @@ impl Reader {
             max_connections: self.uint(t, p, "max_connections", 0, 0, 1_000_000) as usize,
             tls: None,
             http2: self.boolean(t, p, "http2", false),
+            probe: self
+                .table(t, p, "probe")
+                .and_then(|pt| self.probe(pt, &join(p, "probe"))),
         };
         let tls = self.backend_tls(t, p, &b);
         address.map(|_| BackendConfig { tls, ..b })
+    }
+
+    /// `[backends.NAME.probe]`, with Varnish's defaults.
+    fn probe(&mut self, t: &Table, p: &str) -> Option<ProbeConfig> {
+        self.known_keys(
+            t,
+            p,
+            &[
+                "url",
+                "interval",
+                "timeout",
+                "window",
+                "threshold",
+                "initial",
+                "expected_status",
+            ],
+        );
+        let url = self.string(t, p, "url").unwrap_or_else(|| "/".into());
+        let url = match url.parse::<http::uri::PathAndQuery>() {
+            Ok(u) if url.starts_with('/') => Some(u),
+            _ => {
+                self.err(
+                    join(p, "url"),
+                    format!("expected a path like \"/health\", got {url:?}"),
+                );
+                None
+            }
+        };
+        let window = self.uint(t, p, "window", 8, 1, 64) as u32;
+        let threshold = self.uint(t, p, "threshold", 3.min(window as u64), 1, 64) as u32;
+        if threshold > window {
+            self.err(
+                join(p, "threshold"),
+                format!("at most window ({window}), got {threshold}"),
+            );
+        }
+        let initial = self.uint(t, p, "initial", threshold.saturating_sub(1) as u64, 0, 64) as u32;
+        if initial > window {
+            self.err(
+                join(p, "initial"),
+                format!("at most window ({window}), got {initial}"),
+            );
+        }
+        let interval = self.positive_duration(t, p, "interval", Duration::from_secs(5));
+        let timeout = self.positive_duration(t, p, "timeout", Duration::from_secs(2));
+        let expected_status = self.uint(t, p, "expected_status", 200, 100, 599) as u16;
+        Some(ProbeConfig {
+            url: url?,
+            interval,
+            timeout,
+            window,
+            threshold: threshold.min(window),
+            initial: initial.min(window),
+            expected_status,
+        })
     }
 
     /// The TLS files of an `https://` backend, read and checked; on an

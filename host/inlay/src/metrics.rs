@@ -195,6 +195,7 @@ pub struct BackendMetrics {
     connect_errors: Counter,
     timeouts: Counter,
     response_time: Timing,
+    healthy: Gauge,
 }
 
 impl BackendMetrics {
@@ -232,6 +233,12 @@ impl BackendMetrics {
                 }
             }
         }
+    }
+
+    /// The backend's health (probes; a backend without one is healthy):
+    /// the gauge is set whether or not counting is on, as it is a state.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.set(i64::from(healthy));
     }
 
     /// A response body that stalled past `between_bytes_timeout`.
@@ -286,6 +293,7 @@ pub struct Metrics {
     backend_connect_errors: Family<BackendLabel, Counter>,
     backend_timeouts: Family<BackendLabel, Counter>,
     backend_response_time: TimingFamily<BackendLabel>,
+    backend_healthy: Family<BackendLabel, Gauge>,
 
     esi_pages: Counter,
     esi_includes: Counter,
@@ -357,6 +365,7 @@ impl Metrics {
             backend_connect_errors: Family::default(),
             backend_timeouts: Family::default(),
             backend_response_time: Family::new_with_constructor(network_timing),
+            backend_healthy: Family::default(),
             esi_pages: c(),
             esi_includes: c(),
             esi_omitted: esi_include_errors.get_or_create_owned(&KindLabel { kind: "omitted" }),
@@ -558,6 +567,11 @@ impl Metrics {
             self.backend_response_time.clone(),
         );
         r.register(
+            "backend_healthy",
+            "1 while the backend is healthy (its probe's window; always 1 without a probe), 0 while sick (VBE.*.happy)",
+            self.backend_healthy.clone(),
+        );
+        r.register(
             "policy_replayed_calls",
             "Policy hooks answered from recorded paths, without an instance (this policy generation)",
             self.policy_replayed.clone(),
@@ -723,6 +737,7 @@ impl Metrics {
             connect_errors: self.backend_connect_errors.get_or_create(&label).clone(),
             timeouts: self.backend_timeouts.get_or_create(&label).clone(),
             response_time: self.backend_response_time.get_or_create(&label).clone(),
+            healthy: self.backend_healthy.get_or_create(&label).clone(),
         }
     }
 

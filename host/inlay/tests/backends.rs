@@ -249,3 +249,192 @@ fn tls_settings_are_checked_with_their_key_paths() {
     c.apply_overrides(&flag("http://127.0.0.1:2")).unwrap();
     assert!(c.default_backend().tls.is_none());
 }
+
+/// An origin whose health check the test turns on and off: `/health`
+/// answers 200 or 503; `/obj` is `v1`, `v2`, ... with no freshness and
+/// five minutes of grace (every hit is stale in grace); `/pass` is not
+/// cacheable. It counts requests per path.
+struct SwitchedOrigin {
+    addr: std::net::SocketAddr,
+    well: Arc<AtomicBool>,
+    counts: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl SwitchedOrigin {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let well = Arc::new(AtomicBool::new(true));
+        let counts = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
+        let (w, c) = (well.clone(), counts.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (w, c) = (w.clone(), c.clone());
+                let service = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let path = req.uri().path().to_owned();
+                    let n = {
+                        let mut counts = c.lock().unwrap();
+                        let n = counts.entry(path.clone()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    let (status, cc, body) = match path.as_str() {
+                        "/health" if w.load(Ordering::SeqCst) => (200, "no-store", "ok".into()),
+                        "/health" => (503, "no-store", "down".into()),
+                        "/obj" => (
+                            200,
+                            "max-age=0, stale-while-revalidate=300",
+                            format!("v{n}"),
+                        ),
+                        _ => (200, "no-store", "passed".to_owned()),
+                    };
+                    let resp = http::Response::builder()
+                        .status(status)
+                        .header("cache-control", cc)
+                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                        .unwrap();
+                    std::future::ready(Ok::<_, std::convert::Infallible>(resp))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+                );
+            }
+        });
+        Self { addr, well, counts }
+    }
+
+    fn count(&self, path: &str) -> u64 {
+        self.counts.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+}
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// `inlay_backend_healthy{backend="default"}` as the metrics say.
+async fn healthy_gauge(inlay: &Harness) -> Option<bool> {
+    let text = inlay.metrics.render().await;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("inlay_backend_healthy{backend=\"default\"}"))?;
+    Some(line.ends_with(" 1"))
+}
+
+/// Waits (at most 10 s) for the default backend's health to be `want`.
+async fn wait_health(inlay: &Harness, want: bool) {
+    for _ in 0..1000 {
+        if healthy_gauge(inlay).await == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the backend did not become healthy={want}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sick_backend_gets_no_requests_and_its_objects_are_served_in_grace() {
+    let origin = SwitchedOrigin::start().await;
+    let window = 3;
+    let inlay = Harness::builder()
+        .toml(&format!(
+            "[backends.default]\naddress = \"http://{}\"\n\
+             [backends.default.probe]\nurl = \"/health\"\ninterval = \"50ms\"\ntimeout = \"1s\"\n\
+             window = {window}\nthreshold = 2\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            origin.addr
+        ))
+        .start_in_process()
+        .await;
+    wait_health(&inlay, true).await;
+    let r = get(&inlay.url("/obj")).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "v1"));
+
+    origin.well.store(false, Ordering::SeqCst);
+    let before = origin.count("/health");
+    wait_health(&inlay, false).await;
+    let probes = origin.count("/health") - before;
+    assert!(
+        probes <= window + 1,
+        "sick within the window: {probes} probes (one may have been in flight)"
+    );
+    let stats: serde_json::Value =
+        serde_json::from_slice(&get(&inlay.admin_url("/stats")).await.body).unwrap();
+    let health = &stats["backends"]["default"];
+    assert_eq!(health["healthy"], false, "{stats}");
+    assert_eq!(health["last"], "status 503", "{stats}");
+
+    // In grace: served stale, and no refresh goes to the sick backend.
+    let r = get(&inlay.url("/obj")).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "v1"));
+    // Nothing to serve stale: the error a down backend gives, not sent.
+    assert_eq!(get(&inlay.url("/pass")).await.status, 503);
+    assert_eq!(get(&inlay.url("/obj?other")).await.status, 503);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(origin.count("/obj"), 1, "the sick backend got a refresh");
+    assert_eq!(origin.count("/pass"), 0, "the sick backend got a pass");
+
+    origin.well.store(true, Ordering::SeqCst);
+    wait_health(&inlay, true).await;
+    assert_eq!(get(&inlay.url("/pass")).await.status, 200);
+    // The stale object is refreshed again.
+    let r = get(&inlay.url("/obj")).await;
+    assert_eq!(r.status, 200);
+    for _ in 0..500 {
+        if origin.count("/obj") >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(origin.count("/obj") >= 2, "no refresh once healthy");
+}
+
+#[test]
+fn probe_settings_are_checked_with_their_key_paths() {
+    let text = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n\
+        [backends.default.probe]\nurl = \"health\"\ninterval = \"0s\"\nwindow = 65\nthreshold = 9\n\
+        initial = 10\nexpected_status = 99\ncolour = 1\n";
+    let msg = Config::from_toml(text).unwrap_err().to_string();
+    for path in [
+        "url",
+        "interval",
+        "window",
+        "threshold",
+        "initial",
+        "expected_status",
+        "colour",
+    ] {
+        let key = format!("backends.default.probe.{path}:");
+        assert!(
+            msg.lines().any(|l| l.trim_start().starts_with(&key)),
+            "no error for {key} in:\n{msg}"
+        );
+    }
+    let ok = Config::from_toml(
+        "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[backends.default.probe]\n",
+    )
+    .unwrap();
+    let p = ok.default_backend().probe.clone().expect("a probe");
+    // Varnish's defaults.
+    assert_eq!(
+        (
+            p.url.as_str(),
+            p.interval,
+            p.timeout,
+            p.window,
+            p.threshold,
+            p.initial,
+            p.expected_status
+        ),
+        (
+            "/",
+            Duration::from_secs(5),
+            Duration::from_secs(2),
+            8,
+            3,
+            2,
+            200
+        )
+    );
+}

@@ -6,7 +6,7 @@
 //! |----------------|----------------------------------------------------------|
 //! | `GET /healthz` | 200 while the process lives (no token asked)             |
 //! | `GET /readyz`  | 200 once the cache is open and the policy loaded; 503 before, and from the shutdown signal on (no token asked) |
-//! | `GET /stats`   | store stats per tier, policy, uptime, version            |
+//! | `GET /stats`   | store stats per tier, policy, backends' health, uptime, version |
 //! | `POST /purge`  | `{"url": …}` or `{"surrogate_keys": […]}`, `"soft"`      |
 //! | `GET /config`  | the running config, secrets redacted                     |
 //! | `GET /metrics` | Prometheus text ([`AdminHooks::metrics`])                |
@@ -181,6 +181,8 @@ pub type ReloadHook = Arc<dyn Fn() -> BoxFuture<'static, Result<Value, Vec<Strin
 pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
 /// `GET /stats`: the policy of the current generation, if any.
 pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
+/// `GET /stats`: each backend's health in the current generation.
+pub type BackendsHook = Arc<dyn Fn() -> Value + Send + Sync>;
 
 /// What the admin API asks of other parts of the process. A route whose
 /// hook is missing answers 501 `{"error": "... not available"}`.
@@ -199,6 +201,8 @@ pub struct AdminHooks {
     pub config: Option<ConfigHook>,
     /// The policy named in `GET /stats`.
     pub policy: Option<PolicyHook>,
+    /// The backends' health in `GET /stats`.
+    pub backends: Option<BackendsHook>,
 }
 
 impl std::fmt::Debug for AdminHooks {
@@ -210,6 +214,7 @@ impl std::fmt::Debug for AdminHooks {
             .field("reload", &self.reload.is_some())
             .field("config", &self.config.is_some())
             .field("policy", &self.policy.is_some())
+            .field("backends", &self.backends.is_some())
             .finish()
     }
 }
@@ -389,12 +394,14 @@ impl Admin {
             self.hooks().policy.and_then(|p| p()).map(
                 |p| json!({ "name": p.name(), "generation": p.generation(), "path": p.path() }),
             );
+        let backends = self.hooks().backends.map(|b| b());
         ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_seconds": self.0.started.elapsed().as_secs(),
             "state": self.0.readiness.state(),
             "policy": policy,
             "store": store,
+            "backends": backends,
         }))
     }
 

@@ -58,6 +58,15 @@ pub fn config_json(cfg: &Config) -> Value {
                     "ca_file": tls_path(b, |t| &t.ca_file),
                     "client_cert": tls_path(b, |t| &t.client_cert),
                     "client_key": tls_path(b, |t| &t.client_key),
+                    "probe": b.probe.as_ref().map(|p| json!({
+                        "url": p.url.as_str(),
+                        "interval": duration(p.interval),
+                        "timeout": duration(p.timeout),
+                        "window": p.window,
+                        "threshold": p.threshold,
+                        "initial": p.initial,
+                        "expected_status": p.expected_status,
+                    })),
                 }),
             )
         })

@@ -141,6 +141,11 @@ impl Pipeline {
         let Some(backend) = self.backends.get(&head.backend).cloned() else {
             return;
         };
+        // A sick backend is not asked: the stale object is served in its
+        // grace (dropping the fetch lets a later request try again).
+        if !backend.is_healthy() {
+            return;
+        }
         let head = head.clone();
         let config = self.config.clone();
         let cache = self.cache.clone();
