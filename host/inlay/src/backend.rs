@@ -1,7 +1,9 @@
 //! Named backends: a pooled HTTP/1.1 (or HTTP/2) client per origin, over
 //! TCP or TLS ([`tls`]), with the connect, first-byte and between-bytes
-//! timeouts and the connection cap of its config.
+//! timeouts and the connection cap of its config; directors over them
+//! ([`director`]), picked by name as a backend is ([`Backends::pick`]).
 
+pub mod director;
 pub mod probe;
 pub mod tls;
 
@@ -32,11 +34,20 @@ pub struct Backend {
     _probe: Option<probe::ProbeTask>,
 }
 
-/// Every configured backend, by name.
+/// Every configured backend and director, by name.
 #[derive(Debug, Clone)]
 pub struct Backends {
     by_name: Arc<HashMap<String, Arc<Backend>>>,
+    directors: Arc<HashMap<String, Arc<director::Director>>>,
     default: String,
+}
+
+/// Where a request goes: the backend picked for it, and when it was
+/// picked through a director, the director (for one retry elsewhere).
+#[derive(Debug, Clone)]
+pub struct Picked {
+    backend: Arc<Backend>,
+    director: Option<(Arc<director::Director>, u64)>,
 }
 
 impl Backends {
@@ -53,10 +64,7 @@ impl Backends {
                 )
             })
             .collect();
-        Self {
-            by_name: Arc::new(by_name),
-            default: config.default_backend.clone(),
-        }
+        Self::with_directors(by_name, config)
     }
 
     /// The backends of `config`, keeping the clients (connection pools and
@@ -86,10 +94,59 @@ impl Backends {
                 (name.clone(), backend)
             })
             .collect();
+        Self::with_directors(by_name, config)
+    }
+
+    /// `by_name` and `config`'s directors over them.
+    fn with_directors(by_name: HashMap<String, Arc<Backend>>, config: &Config) -> Self {
+        let directors = config
+            .directors
+            .iter()
+            .map(|(name, d)| {
+                // Validation guarantees every member is a configured backend.
+                let members = d
+                    .backends
+                    .iter()
+                    .filter_map(|m| Some((Arc::clone(by_name.get(&m.backend)?), m.weight)))
+                    .collect();
+                (
+                    name.clone(),
+                    Arc::new(director::Director::new(d.clone(), members)),
+                )
+            })
+            .collect();
         Self {
             by_name: Arc::new(by_name),
+            directors: Arc::new(directors),
             default: config.default_backend.clone(),
         }
+    }
+
+    /// Whether `name` is a backend or a director (what a policy's
+    /// `set-backend` may name).
+    pub fn exists(&self, name: &str) -> bool {
+        self.by_name.contains_key(name) || self.directors.contains_key(name)
+    }
+
+    /// Where a request for backend or director `name` goes; `key` gives
+    /// the hash of its cache key ([`director::key_hash`]), asked for only
+    /// by a `shard` director.
+    pub fn pick(&self, name: &str, key: impl FnOnce() -> u64) -> Option<Picked> {
+        if let Some(backend) = self.by_name.get(name) {
+            return Some(Picked {
+                backend: Arc::clone(backend),
+                director: None,
+            });
+        }
+        let director = self.directors.get(name)?;
+        let key = match director.config().kind {
+            crate::config::DirectorKind::Shard => key(),
+            _ => 0,
+        };
+        Some(Picked {
+            backend: director.pick(key, None)?,
+            director: Some((Arc::clone(director), key)),
+        })
     }
 
     /// A backend by name.
@@ -201,38 +258,52 @@ impl Backend {
                 .is_some_and(|h| h.eq_ignore_ascii_case(authority))
     }
 
+    /// Send a request whose URI is a path and query (see [`Backend::send`]);
+    /// the error says whether the request is known not to have reached the
+    /// origin's application (a connection that failed, or was reset before
+    /// any byte of a response), so that it may be sent elsewhere.
+    async fn send_once(
+        &self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, (ProxyError, bool)> {
+        if !self.is_healthy() {
+            return Err((self.sick(), true));
+        }
+        let started = self.metrics.start();
+        let result = self.send_counted(req).await;
+        let retryable = matches!(&result, Err(e) if e.retryable);
+        let result = result.map_err(|e| e.error);
+        self.metrics.finished(started, &result);
+        result.map_err(|e| (e, retryable))
+    }
+
+    fn sick(&self) -> ProxyError {
+        ProxyError::BackendDown {
+            backend: self.config.name.clone(),
+            reason: "sick (its health probe fails)".into(),
+        }
+    }
+
     /// Send a request whose URI is a path and query. The `Host` header is the
     /// caller's, replaced by the backend's `host_header` when configured; set
     /// to the backend's address when absent. The response body fails if it
     /// stalls longer than `between_bytes_timeout`. A sick backend gets
     /// nothing: the request fails as one to a down backend does (503).
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
-        if !self.is_healthy() {
-            return Err(ProxyError::BackendDown {
-                backend: self.config.name.clone(),
-                reason: "sick (its health probe fails)".into(),
-            });
-        }
-        let started = self.metrics.start();
-        let result = self.send_counted(req).await;
-        self.metrics.finished(started, &result);
-        result
+        self.send_once(req).await.map_err(|(e, _)| e)
     }
 
     async fn send_counted(
         &self,
         mut req: Request<ProxyBody>,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Response<ProxyBody>, Failed> {
         let permit: Option<OwnedSemaphorePermit> = match &self.slots {
-            Some(s) => {
-                Some(
-                    s.clone()
-                        .try_acquire_owned()
-                        .map_err(|_| ProxyError::BackendBusy {
-                            backend: self.config.name.clone(),
-                        })?,
-                )
-            }
+            Some(s) => Some(s.clone().try_acquire_owned().map_err(|_| Failed {
+                error: ProxyError::BackendBusy {
+                    backend: self.config.name.clone(),
+                },
+                retryable: true,
+            })?),
             None => None,
         };
         let pq = req
@@ -242,11 +313,12 @@ impl Backend {
             .unwrap_or("/")
             .to_owned();
         let mut parts = self.config.address.clone().into_parts();
-        parts.path_and_query = Some(
-            pq.parse()
-                .map_err(|_| ProxyError::BadRequest(format!("bad path {pq:?}")))?,
-        );
-        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        parts.path_and_query =
+            Some(pq.parse().map_err(|_| {
+                Failed::not_sent(ProxyError::BadRequest(format!("bad path {pq:?}")))
+            })?);
+        *req.uri_mut() = Uri::from_parts(parts)
+            .map_err(|e| Failed::not_sent(ProxyError::Internal(e.to_string())))?;
         // Backends get HTTP/1.1 whatever the client spoke.
         *req.version_mut() = http::Version::HTTP_11;
         let headers = req.headers_mut();
@@ -262,9 +334,13 @@ impl Backend {
         let timeout = self.config.first_byte_timeout;
         let resp = match tokio::time::timeout(timeout, self.client.request(req)).await {
             Err(_) => {
-                return Err(ProxyError::BackendTimeout {
-                    backend: self.config.name.clone(),
-                    timeout,
+                // The origin may be working on it: not sent again.
+                return Err(Failed {
+                    error: ProxyError::BackendTimeout {
+                        backend: self.config.name.clone(),
+                        timeout,
+                    },
+                    retryable: false,
                 });
             }
             Ok(Err(e)) => return Err(self.classify(e)),
@@ -281,7 +357,7 @@ impl Backend {
         Ok(Response::from_parts(parts, body::boxed(body)))
     }
 
-    fn classify(&self, e: hyper_util::client::legacy::Error) -> ProxyError {
+    fn classify(&self, e: hyper_util::client::legacy::Error) -> Failed {
         let backend = self.config.name.clone();
         // The source chain says more than the top-level message.
         let mut reason = e.to_string();
@@ -293,12 +369,109 @@ impl Backend {
         }
         // A connect timeout is a down backend (503), as in Varnish; only a
         // backend that accepted the request and then stalled is a 504.
-        if e.is_connect() {
+        let retryable = e.is_connect() || reset_before_response(&e);
+        let error = if e.is_connect() {
             ProxyError::BackendDown { backend, reason }
         } else {
             ProxyError::BackendProtocol { backend, reason }
+        };
+        Failed { error, retryable }
+    }
+}
+
+/// Why a send failed, and whether the request may go to another backend.
+struct Failed {
+    error: ProxyError,
+    retryable: bool,
+}
+
+impl Failed {
+    /// A request that cannot be sent anywhere.
+    fn not_sent(error: ProxyError) -> Self {
+        Self {
+            error,
+            retryable: false,
         }
     }
+}
+
+/// A connection closed or reset before any byte of the response head: the
+/// request was not answered, and an idempotent one may be sent again.
+fn reset_before_response(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(h) = s.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
+impl Picked {
+    /// The backend picked.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+
+    /// The backend's name.
+    pub fn name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// Send `req` to the backend picked ([`Backend::send`]). Through a
+    /// director, an idempotent request without a body whose connection
+    /// failed, or was reset before any response byte, is sent once more,
+    /// to another backend of the director.
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        let again = match &self.director {
+            Some(_) if replayable(&req) => {
+                let mut copy = Request::new(body::empty());
+                *copy.method_mut() = req.method().clone();
+                *copy.uri_mut() = req.uri().clone();
+                *copy.version_mut() = req.version();
+                *copy.headers_mut() = req.headers().clone();
+                Some(copy)
+            }
+            _ => None,
+        };
+        match self.backend.send_once(req).await {
+            Err((error, true)) => {
+                let (Some(again), Some((director, key))) = (again, &self.director) else {
+                    return Err(error);
+                };
+                let Some(other) = director.pick(*key, Some(&self.backend)) else {
+                    return Err(error);
+                };
+                tracing::warn!(
+                    director = director.name(),
+                    failed = self.backend.name(),
+                    retry = other.name(),
+                    "{error}; sending the request once more, to another backend"
+                );
+                other.send(again).await
+            }
+            result => result.map_err(|(e, _)| e),
+        }
+    }
+}
+
+/// An idempotent request (RFC 9110) with no body: it can be sent again.
+fn replayable(req: &Request<ProxyBody>) -> bool {
+    use http_body::Body as _;
+    req.method().is_idempotent() && req.body().size_hint().exact() == Some(0)
 }
 
 #[cfg(test)]
@@ -313,6 +486,26 @@ mod tests {
             .distinguished_name
             .push(rcgen::DnType::CommonName, name);
         params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn a_director_is_a_name_set_backend_and_default_backend_may_use() {
+        let config = Config::from_toml(
+            "default_backend = \"pool\"\n\
+             [backends.a]\naddress = \"http://127.0.0.1:1\"\n\
+             [backends.b]\naddress = \"http://127.0.0.1:2\"\n\
+             [directors.pool]\ntype = \"fallback\"\nbackends = [\"b\", \"a\"]\n",
+        )
+        .expect("valid");
+        let backends = Backends::new(&config, &Metrics::new(true));
+        // What the policy's set-backend checks, and what the pipeline picks.
+        assert!(backends.exists("pool") && backends.exists("a"));
+        assert!(!backends.exists("nope"));
+        assert_eq!(backends.default_name(), "pool");
+        let picked = backends.pick("pool", || unreachable!("only shard hashes"));
+        assert_eq!(picked.expect("picked").name(), "b");
+        assert_eq!(backends.pick("a", || 0).expect("a backend").name(), "a");
+        assert!(backends.pick("nope", || 0).is_none());
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct Config {
     pub backends: BTreeMap<String, BackendConfig>,
     /// Name of the backend used when the policy does not choose one.
     pub default_backend: String,
+    /// `[directors.NAME]`: groups of backends, picked by name as a backend is.
+    pub directors: BTreeMap<String, DirectorConfig>,
     /// `[log]`: logging and the access log.
     pub log: LogConfig,
     /// `[cache]`: the object store and caching defaults.
@@ -126,6 +128,51 @@ pub struct BackendConfig {
     pub http2: bool,
     /// `[backends.NAME.probe]`: the health probe, if any.
     pub probe: Option<ProbeConfig>,
+}
+
+/// `[directors.NAME]`: a group of backends, as Varnish's directors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectorConfig {
+    /// The director's name (the table key).
+    pub name: String,
+    /// How it picks.
+    pub kind: DirectorKind,
+    /// Its backends, in order.
+    pub backends: Vec<DirectorMember>,
+}
+
+/// `directors.NAME.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectorKind {
+    /// `round_robin`: each healthy backend in turn.
+    RoundRobin,
+    /// `random`: a healthy backend at random, by weight.
+    Random,
+    /// `fallback`: the first healthy backend in order.
+    Fallback,
+    /// `shard`: consistent hashing on the cache key.
+    Shard,
+}
+
+impl DirectorKind {
+    /// The `type` that names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round_robin",
+            Self::Random => "random",
+            Self::Fallback => "fallback",
+            Self::Shard => "shard",
+        }
+    }
+}
+
+/// One backend of a director.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectorMember {
+    /// The backend's name.
+    pub backend: String,
+    /// Its weight (`random` only; 1 otherwise).
+    pub weight: u32,
 }
 
 /// `[backends.NAME.probe]`: a health probe, as Varnish's `.probe`.
@@ -434,7 +481,15 @@ impl Config {
                 }
             }
         }
-        if let Some(b) = &o.backend {
+        if o.backend.is_some() && self.directors.contains_key(&self.default_backend) {
+            issues.push(issue(
+                "-b",
+                format!(
+                    "default_backend {:?} is a director: set its backends' addresses in the file",
+                    self.default_backend
+                ),
+            ));
+        } else if let Some(b) = &o.backend {
             match parse_backend_uri(b) {
                 Ok(address) => {
                     let name = self.default_backend.clone();
@@ -479,10 +534,15 @@ impl Config {
         }
     }
 
-    /// The backend a request goes to when the policy chose none.
+    /// The backend a request goes to when the policy chose none (when
+    /// `default_backend` names a director, its first backend).
     pub fn default_backend(&self) -> &BackendConfig {
-        // Validation guarantees the default backend exists.
-        &self.backends[&self.default_backend]
+        // Validation guarantees the default backend (or director) exists.
+        let name = match self.directors.get(&self.default_backend) {
+            Some(d) => &d.backends[0].backend,
+            None => &self.default_backend,
+        };
+        &self.backends[name]
     }
 }
 
@@ -872,6 +932,7 @@ impl Reader {
                 "server",
                 "backends",
                 "default_backend",
+                "directors",
                 "log",
                 "cache",
                 "esi",
@@ -908,7 +969,8 @@ impl Reader {
                     .flatten()
             })
             .unwrap_or_else(|| "default".to_owned());
-        if !backends.contains_key(&default_backend) {
+        let directors = self.directors(root, &backends);
+        if !backends.contains_key(&default_backend) && !directors.contains_key(&default_backend) {
             if backends.is_empty() {
                 self.err(
                     "backends",
@@ -918,8 +980,13 @@ impl Reader {
                 self.err(
                     "default_backend",
                     format!(
-                        "{default_backend:?} is not a configured backend (have: {})",
-                        backends.keys().cloned().collect::<Vec<_>>().join(", ")
+                        "{default_backend:?} is not a configured backend or director (have: {})",
+                        backends
+                            .keys()
+                            .chain(directors.keys())
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 );
             }
@@ -964,6 +1031,7 @@ impl Reader {
             server,
             backends,
             default_backend,
+            directors,
             log,
             cache,
             esi,
@@ -1141,6 +1209,140 @@ impl Reader {
         };
         let tls = self.backend_tls(t, p, &b);
         address.map(|_| BackendConfig { tls, ..b })
+    }
+
+    /// `[directors.NAME]`: each names existing backends (not directors),
+    /// and no director is named as a backend is.
+    fn directors(
+        &mut self,
+        root: &Table,
+        backends: &BTreeMap<String, BackendConfig>,
+    ) -> BTreeMap<String, DirectorConfig> {
+        let mut directors = BTreeMap::new();
+        let Some(dt) = self.table(root, "", "directors") else {
+            return directors;
+        };
+        for (name, v) in dt {
+            let p = format!("directors.{name}");
+            if !valid_name(name) {
+                self.err(&p, "director names use letters, digits, '-' and '_'");
+            }
+            if backends.contains_key(name) {
+                self.err(
+                    &p,
+                    format!("{name:?} is also a backend: a name is one or the other"),
+                );
+            }
+            let Value::Table(t) = v else {
+                self.err(&p, format!("expected a table, got {v}"));
+                continue;
+            };
+            self.known_keys(t, &p, &["type", "backends"]);
+            let kind = match self.string(t, &p, "type").as_deref() {
+                Some("round_robin") => Some(DirectorKind::RoundRobin),
+                Some("random") => Some(DirectorKind::Random),
+                Some("fallback") => Some(DirectorKind::Fallback),
+                Some("shard") => Some(DirectorKind::Shard),
+                other => {
+                    self.err(
+                        join(&p, "type"),
+                        format!(
+                            "expected \"round_robin\", \"random\", \"fallback\" or \"shard\", got {}",
+                            other.map_or("nothing".into(), |o| format!("{o:?}"))
+                        ),
+                    );
+                    None
+                }
+            };
+            let members = self.director_members(t, &p, kind, backends);
+            if let (Some(kind), Some(backends)) = (kind, members) {
+                directors.insert(
+                    name.clone(),
+                    DirectorConfig {
+                        name: name.clone(),
+                        kind,
+                        backends,
+                    },
+                );
+            }
+        }
+        directors
+    }
+
+    /// `directors.NAME.backends`: names, or `{ backend = "a", weight = 3 }`
+    /// tables (weights for `random`).
+    fn director_members(
+        &mut self,
+        t: &Table,
+        p: &str,
+        kind: Option<DirectorKind>,
+        backends: &BTreeMap<String, BackendConfig>,
+    ) -> Option<Vec<DirectorMember>> {
+        let key = join(p, "backends");
+        let items = match t.get("backends") {
+            Some(Value::Array(items)) if !items.is_empty() => items,
+            other => {
+                self.err(
+                    &key,
+                    format!(
+                        "expected a list of backend names like [\"a\", \"b\"], got {}",
+                        other.map_or("nothing".into(), |v| v.to_string())
+                    ),
+                );
+                return None;
+            }
+        };
+        let mut out: Vec<DirectorMember> = Vec::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("{key}[{i}]");
+            let member = match item {
+                Value::String(s) => Some(DirectorMember {
+                    backend: s.clone(),
+                    weight: 1,
+                }),
+                Value::Table(m) => {
+                    self.known_keys(m, &at, &["backend", "weight"]);
+                    let weight = self.uint(m, &at, "weight", 1, 1, 1_000_000) as u32;
+                    if m.contains_key("weight") && kind != Some(DirectorKind::Random) {
+                        self.err(
+                            join(&at, "weight"),
+                            "weights are for type = \"random\" only",
+                        );
+                    }
+                    match self.string(m, &at, "backend") {
+                        Some(b) => Some(DirectorMember { backend: b, weight }),
+                        None => {
+                            self.err(join(&at, "backend"), "missing: the backend's name");
+                            None
+                        }
+                    }
+                }
+                v => {
+                    self.err(&at, format!("expected a backend name, got {v}"));
+                    None
+                }
+            };
+            let Some(member) = member else {
+                ok = false;
+                continue;
+            };
+            if !backends.contains_key(&member.backend) {
+                self.err(
+                    &at,
+                    format!(
+                        "{:?} is not a configured backend (directors group backends, not directors)",
+                        member.backend
+                    ),
+                );
+                ok = false;
+            } else if out.iter().any(|m| m.backend == member.backend) {
+                self.err(&at, format!("{:?} is listed twice", member.backend));
+                ok = false;
+            }
+            out.push(member);
+        }
+        ok.then_some(out)
     }
 
     /// `[backends.NAME.probe]`, with Varnish's defaults.

@@ -438,3 +438,292 @@ fn probe_settings_are_checked_with_their_key_paths() {
         )
     );
 }
+
+/// `[backends.NAME]` for each (name, address) and `[directors.NAME]`.
+fn directed(backends: &[(&str, String)], director: &str) -> String {
+    let mut t = String::new();
+    for (name, address) in backends {
+        t.push_str(&format!(
+            "[backends.{name}]\naddress = \"{address}\"\nconnect_timeout = \"2s\"\nfirst_byte_timeout = \"3s\"\n"
+        ));
+    }
+    t.push_str(director);
+    t
+}
+
+/// A backend that is sick from the start (its probe counts nothing good)
+/// and stays sick: its one probe during the test gets the test origin's
+/// 404 for a path it does not serve.
+fn sick_from_start(name: &str) -> String {
+    format!(
+        "[backends.{name}.probe]\nurl = \"/probe-fails\"\ninterval = \"1h\"\nwindow = 1\nthreshold = 1\ninitial = 0\n"
+    )
+}
+
+/// How many times `origin` saw `path` (the test origin's own count).
+async fn seen(origin: &Origin, path: &str) -> u64 {
+    origin.count(path).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_takes_turns_and_skips_a_sick_backend() {
+    let (a, b, c) = (Origin::start(), Origin::start(), Origin::start());
+    let inlay = Harness::builder()
+        .toml(&directed(
+            &[("a", a.url()), ("b", b.url()), ("c", c.url())],
+            "[directors.default]\ntype = \"round_robin\"\nbackends = [\"a\", \"b\", \"c\"]\n",
+        ))
+        .toml(&sick_from_start("c"))
+        .start_in_process()
+        .await;
+    for i in 0..6 {
+        let r = get(&inlay.url(&format!("/static/{i}?cc=no-store"))).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let mut per = Vec::new();
+    for o in [&a, &b, &c] {
+        let mut n = 0;
+        for i in 0..6 {
+            n += seen(o, &format!("/static/{i}")).await;
+        }
+        per.push(n);
+    }
+    assert_eq!(per, [3, 3, 0], "turns between the healthy ones only");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_spreads_by_weight() {
+    let (a, b) = (Origin::start(), Origin::start());
+    let even = Harness::builder()
+        .toml(&directed(
+            &[("a", a.url()), ("b", b.url())],
+            "[directors.default]\ntype = \"random\"\nbackends = [\"a\", \"b\"]\n",
+        ))
+        .start_in_process()
+        .await;
+    for i in 0..64 {
+        assert_eq!(
+            get(&even.url(&format!("/resp?i={i}&cc=no-store")))
+                .await
+                .status,
+            200
+        );
+    }
+    let (na, nb) = (seen(&a, "/resp").await, seen(&b, "/resp").await);
+    assert_eq!(na + nb, 64);
+    // Each is missed with probability 2^-64.
+    assert!(na > 0 && nb > 0, "a {na}, b {nb}");
+
+    let (c, d) = (Origin::start(), Origin::start());
+    let weighted = Harness::builder()
+        .toml(&directed(
+            &[("c", c.url()), ("d", d.url())],
+            "[directors.default]\ntype = \"random\"\n\
+             backends = [{ backend = \"c\", weight = 1 }, { backend = \"d\", weight = 1000000 }]\n",
+        ))
+        .start_in_process()
+        .await;
+    for i in 0..20 {
+        assert_eq!(
+            get(&weighted.url(&format!("/resp?i={i}&cc=no-store")))
+                .await
+                .status,
+            200
+        );
+    }
+    // c is picked with probability 1e-6 each time.
+    assert_eq!((seen(&c, "/resp").await, seen(&d, "/resp").await), (0, 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_takes_the_first_healthy_backend() {
+    let (a, b, c) = (Origin::start(), Origin::start(), Origin::start());
+    let inlay = Harness::builder()
+        .toml(&directed(
+            &[("a", a.url()), ("b", b.url()), ("c", c.url())],
+            "[directors.default]\ntype = \"fallback\"\nbackends = [\"a\", \"b\", \"c\"]\n",
+        ))
+        .toml(&sick_from_start("a"))
+        .start_in_process()
+        .await;
+    for i in 0..5 {
+        assert_eq!(
+            get(&inlay.url(&format!("/resp?i={i}&cc=no-store")))
+                .await
+                .status,
+            200
+        );
+    }
+    let counts = (
+        seen(&a, "/resp").await,
+        seen(&b, "/resp").await,
+        seen(&c, "/resp").await,
+    );
+    assert_eq!(
+        counts,
+        (0, 5, 0),
+        "a is sick: b, the next in order, gets all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_sends_each_key_to_one_backend_and_skips_a_sick_one() {
+    let (a, b, c) = (Origin::start(), Origin::start(), Origin::start());
+    let dead = format!("http://127.0.0.1:{}", common::unused_port());
+    let inlay = Harness::builder()
+        .toml(&directed(
+            &[
+                ("a", a.url()),
+                ("b", b.url()),
+                ("c", c.url()),
+                ("gone", dead),
+            ],
+            "[directors.default]\ntype = \"shard\"\nbackends = [\"a\", \"b\", \"c\", \"gone\"]\n",
+        ))
+        .toml(&sick_from_start("gone"))
+        .start_in_process()
+        .await;
+    // Not cacheable: every request goes to the backend its key shards to.
+    for round in 0..3 {
+        for i in 0..24 {
+            let r = get(&inlay.url(&format!("/static/{i}?cc=no-store"))).await;
+            assert_eq!(r.status, 200, "round {round}, key {i}: {}", r.text());
+        }
+    }
+    let mut used = [0; 3];
+    for i in 0..24 {
+        let path = format!("/static/{i}");
+        let counts = [
+            seen(&a, &path).await,
+            seen(&b, &path).await,
+            seen(&c, &path).await,
+        ];
+        let owners: Vec<usize> = (0..3).filter(|&o| counts[o] > 0).collect();
+        assert_eq!(
+            owners.len(),
+            1,
+            "key {i} went to several backends: {counts:?}"
+        );
+        assert_eq!(counts[owners[0]], 3, "key {i}: {counts:?}");
+        used[owners[0]] += 1;
+    }
+    assert!(
+        used.iter().all(|&n| n > 0),
+        "24 keys spread over three: {used:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_request_is_retried_once_on_another_backend() {
+    let live = Origin::start();
+    // Refuses connections.
+    let refused = format!("http://127.0.0.1:{}", common::unused_port());
+    // Accepts, reads the request, and closes without a byte of response.
+    let resetting = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let resetting_addr = resetting.local_addr().unwrap();
+    let resets = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = resets.clone();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        while let Ok((mut s, _)) = resetting.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    let inlay = Harness::builder()
+        .toml(&directed(
+            &[
+                ("refused", refused),
+                ("resetting", format!("http://{resetting_addr}")),
+                ("live", live.url()),
+            ],
+            "[directors.default]\ntype = \"round_robin\"\nbackends = [\"refused\", \"live\"]\n\
+",
+        ))
+        .start_in_process()
+        .await;
+    // Every other GET goes to the refusing backend first, then to live.
+    for i in 0..4 {
+        let r = get(&inlay.url(&format!("/echo?i={i}"))).await;
+        assert_eq!(r.status, 200, "GET {i}: {}", r.text());
+    }
+    assert_eq!(seen(&live, "/echo").await, 4);
+    // A POST is not sent twice: the one whose turn is the refusing backend fails.
+    let mut statuses = Vec::new();
+    for i in 0..2 {
+        let r = common::request(
+            "POST",
+            &inlay.url(&format!("/echo?post={i}")),
+            &[],
+            bytes::Bytes::from_static(b"x"),
+        )
+        .await;
+        statuses.push(r.status);
+    }
+    assert_eq!(statuses, [503, 200]);
+    assert_eq!(seen(&live, "/echo").await, 5);
+
+    drop(inlay);
+    // A reset before any response byte: retried too, but a POST is not.
+    let inlay = Harness::builder()
+        .toml(&directed(
+            &[
+                ("resetting", format!("http://{resetting_addr}")),
+                ("live", live.url()),
+            ],
+            "[directors.default]\ntype = \"fallback\"\nbackends = [\"resetting\", \"live\"]\n",
+        ))
+        .start_in_process()
+        .await;
+    let r = get(&inlay.url("/echo?after-reset")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(resets.load(Ordering::SeqCst), 1);
+    assert_eq!(seen(&live, "/echo").await, 6);
+    let r = common::request(
+        "POST",
+        &inlay.url("/echo?post-reset"),
+        &[],
+        bytes::Bytes::from_static(b"x"),
+    )
+    .await;
+    assert_eq!(r.status, 502, "a POST is not sent again");
+    assert_eq!(seen(&live, "/echo").await, 6);
+}
+
+#[test]
+fn director_settings_are_checked_with_their_key_paths() {
+    let base = "[backends.a]\naddress = \"http://127.0.0.1:1\"\n[backends.b]\naddress = \"http://127.0.0.1:2\"\n";
+    let text = format!(
+        "default_backend = \"nowhere\"\n{base}\
+         [directors.odd]\ntype = \"hash\"\nbackends = [\"a\"]\n\
+         [directors.empty]\ntype = \"fallback\"\nbackends = []\n\
+         [directors.unknown]\ntype = \"fallback\"\nbackends = [\"a\", \"c\", \"a\"]\n\
+         [directors.weights]\ntype = \"shard\"\nbackends = [{{ backend = \"a\", weight = 2 }}]\n\
+         [directors.zero]\ntype = \"random\"\nbackends = [{{ backend = \"a\", weight = 0 }}]\n\
+         [directors.a]\ntype = \"fallback\"\nbackends = [\"b\"]\n"
+    );
+    let msg = Config::from_toml(&text).unwrap_err().to_string();
+    for (path, says) in [
+        ("directors.odd.type", "round_robin"),
+        ("directors.empty.backends", "expected a list"),
+        ("directors.unknown.backends[1]", "not a configured backend"),
+        ("directors.unknown.backends[2]", "listed twice"),
+        ("directors.weights.backends[0].weight", "random"),
+        ("directors.zero.backends[0].weight", "1..="),
+        ("directors.a", "also a backend"),
+        ("default_backend", "backend or director"),
+    ] {
+        let line = msg
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{path}:")))
+            .unwrap_or_else(|| panic!("no error for {path} in:\n{msg}"));
+        assert!(line.contains(says), "{path}: {line}");
+    }
+    let ok = Config::from_toml(&format!(
+        "default_backend = \"pool\"\n{base}[directors.pool]\ntype = \"shard\"\nbackends = [\"b\", \"a\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(ok.default_backend().name, "b", "a director's first backend");
+}

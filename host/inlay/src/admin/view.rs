@@ -137,6 +137,13 @@ pub fn config_json(cfg: &Config) -> Value {
         "server": server,
         "backends": backends,
         "default_backend": cfg.default_backend,
+        "directors": cfg.directors.iter().map(|(name, d)| {
+            let members: Vec<Value> = d.backends.iter().map(|m| json!({
+                "backend": m.backend,
+                "weight": m.weight,
+            })).collect();
+            (name.clone(), json!({ "type": d.kind.as_str(), "backends": members }))
+        }).collect::<Map<String, Value>>(),
         "log": log,
         "cache": cache,
         "esi": esi,
