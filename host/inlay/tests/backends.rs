@@ -727,3 +727,78 @@ fn director_settings_are_checked_with_their_key_paths() {
     .unwrap();
     assert_eq!(ok.default_backend().name, "b", "a director's first backend");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_killed_and_restarted_under_load_costs_no_client_error() {
+    let (a, b) = (Origin::start(), Origin::start());
+    let a_addr = a.addr;
+    let probe = "[backends.{}.probe]\nurl = \"/resp\"\ninterval = \"50ms\"\ntimeout = \"500ms\"\nwindow = 4\nthreshold = 2\ninitial = 2\n";
+    let inlay = Harness::builder()
+        .toml(&directed(
+            &[("a", a.url()), ("b", b.url())],
+            "[directors.default]\ntype = \"round_robin\"\nbackends = [\"a\", \"b\"]\n",
+        ))
+        .toml(&probe.replace("{}", "a"))
+        .toml(&probe.replace("{}", "b"))
+        .start_in_process()
+        .await;
+    let url = inlay.url("/static/1?cc=no-store");
+    // Four clients at once, all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (url, stop) = (url.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut sent = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let r = get(&url).await;
+                sent += 1;
+                if r.status != 200 {
+                    failures.push(format!("{} {}", r.status, r.text()));
+                }
+            }
+            (sent, failures)
+        }));
+    }
+    let served = |o: &Origin| {
+        let url = format!("{}/__count?path=/static/1", o.url());
+        async move { get(&url).await.text().trim().parse::<u64>().unwrap() }
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(served(&a).await > 0, "a served before it was killed");
+    a.stop().await;
+    wait_health_of(&inlay, "a", false).await;
+    let b_before = served(&b).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(served(&b).await > b_before, "b carries the load alone");
+    let a = Origin::start_on(a_addr);
+    wait_health_of(&inlay, "a", true).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(served(&a).await > 0, "a is put back");
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for c in clients {
+        let (sent, failures) = c.await.unwrap();
+        total += sent;
+        assert!(failures.is_empty(), "client errors: {failures:?}");
+    }
+    assert!(total > 0);
+}
+
+/// Waits (at most 10 s) for backend `name`'s health to be `want`, as
+/// `inlay_backend_healthy` says.
+async fn wait_health_of(inlay: &Harness, name: &str, want: bool) {
+    let prefix = format!("inlay_backend_healthy{{backend=\"{name}\"}}");
+    for _ in 0..1000 {
+        let text = inlay.metrics.render().await;
+        if text
+            .lines()
+            .any(|l| l.starts_with(&prefix) && l.ends_with(if want { " 1" } else { " 0" }))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("backend {name} did not become healthy={want}");
+}
