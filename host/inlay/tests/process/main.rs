@@ -13,5 +13,6 @@ mod diagnostics;
 mod disk;
 mod memory;
 mod persistence;
+mod probes;
 mod reload;
 mod signals;
