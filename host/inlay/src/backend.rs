@@ -193,12 +193,8 @@ impl Backend {
             // (over TLS, ALPN decides).
             .http2_only(config.http2 && config.tls.is_none())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .pool_max_idle_per_host(if config.max_connections > 0 {
-                config.max_connections
-            } else {
-                1024
-            })
+            .pool_idle_timeout(config.keepalive_timeout)
+            .pool_max_idle_per_host(config.max_idle_connections)
             .build(connector);
         let slots =
             (config.max_connections > 0).then(|| Arc::new(Semaphore::new(config.max_connections)));

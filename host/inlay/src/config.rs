@@ -128,6 +128,10 @@ pub struct BackendConfig {
     pub http2: bool,
     /// `[backends.NAME.probe]`: the health probe, if any.
     pub probe: Option<ProbeConfig>,
+    /// How long an idle kept-alive connection stays in the pool.
+    pub keepalive_timeout: Duration,
+    /// Idle connections kept for reuse (0: a connection per request).
+    pub max_idle_connections: usize,
 }
 
 /// `[directors.NAME]`: a group of backends, as Varnish's directors.
@@ -591,6 +595,8 @@ impl BackendConfig {
             tls: None,
             http2: false,
             probe: None,
+            keepalive_timeout: Duration::from_secs(30),
+            max_idle_connections: 1024,
         }
     }
 
@@ -1169,6 +1175,8 @@ impl Reader {
                 "client_cert",
                 "client_key",
                 "probe",
+                "keepalive_timeout",
+                "max_idle_connections",
             ],
         );
         let address = match self.string(t, p, "address") {
@@ -1206,6 +1214,30 @@ impl Reader {
             probe: self
                 .table(t, p, "probe")
                 .and_then(|pt| self.probe(pt, &join(p, "probe"))),
+            keepalive_timeout: self.positive_duration(
+                t,
+                p,
+                "keepalive_timeout",
+                d.keepalive_timeout,
+            ),
+            max_idle_connections: 0,
+        };
+        let max_connections = b.max_connections as u64;
+        let default_idle = if max_connections > 0 {
+            max_connections
+        } else {
+            d.max_idle_connections as u64
+        };
+        let b = BackendConfig {
+            max_idle_connections: self.uint(
+                t,
+                p,
+                "max_idle_connections",
+                default_idle,
+                0,
+                1_000_000,
+            ) as usize,
+            ..b
         };
         let tls = self.backend_tls(t, p, &b);
         address.map(|_| BackendConfig { tls, ..b })

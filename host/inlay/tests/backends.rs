@@ -206,6 +206,7 @@ fn tls_settings_are_checked_with_their_key_paths() {
         "[backends.plain]\naddress = \"http://127.0.0.1:1\"\nca_file = \"ca.pem\"\n\
          [backends.tls]\naddress = \"https://127.0.0.1:1\"\nca_file = {junk}\nclient_cert = {junk}\nhttp2 = \"yes\"\n\
          [backends.missing]\naddress = \"https://127.0.0.1:1\"\nca_file = {missing}\n\
+         keepalive_timeout = \"0s\"\nmax_idle_connections = -1\n\
          [backends.ftp]\naddress = \"ftp://127.0.0.1:1\"\n",
         junk = toml_path(&junk),
         missing = toml_path(&dir.path().join("missing.pem")),
@@ -219,6 +220,8 @@ fn tls_settings_are_checked_with_their_key_paths() {
         ("backends.tls.http2", "expected true or false"),
         ("backends.missing.ca_file", "cannot read"),
         ("backends.ftp.address", "http:// or https://"),
+        ("backends.missing.keepalive_timeout", "more than zero"),
+        ("backends.missing.max_idle_connections", "integer"),
     ] {
         let line = msg
             .lines()
@@ -801,4 +804,51 @@ async fn wait_health_of(inlay: &Harness, name: &str, want: bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("backend {name} did not become healthy={want}");
+}
+
+/// An origin that counts the connections it accepts; every answer is
+/// `200 ok`, not cacheable.
+async fn connection_counting_origin() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let service = hyper::service::service_fn(|_req: http::Request<_>| {
+                let resp = http::Response::builder()
+                    .header("cache-control", "no-store")
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
+                    .unwrap();
+                std::future::ready(Ok::<_, std::convert::Infallible>(resp))
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_backend_connections_are_kept_for_reuse_unless_turned_off() {
+    for (lines, reused) in [("", true), ("max_idle_connections = 0", false)] {
+        let (addr, accepted) = connection_counting_origin().await;
+        let inlay = inlay_with(&format!("http://{addr}"), lines).await;
+        for i in 0..10 {
+            let r = get(&inlay.url(&format!("/page?{i}"))).await;
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        let n = accepted.load(Ordering::SeqCst);
+        if reused {
+            assert!(
+                n <= 5,
+                "kept-alive connections are reused: {n} for 10 requests"
+            );
+        } else {
+            assert_eq!(n, 10, "no idle connection kept: one per request");
+        }
+    }
 }

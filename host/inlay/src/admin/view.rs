@@ -54,6 +54,8 @@ pub fn config_json(cfg: &Config) -> Value {
                     "first_byte_timeout": duration(b.first_byte_timeout),
                     "between_bytes_timeout": duration(b.between_bytes_timeout),
                     "max_connections": b.max_connections,
+                    "keepalive_timeout": duration(b.keepalive_timeout),
+                    "max_idle_connections": b.max_idle_connections,
                     "http2": b.http2,
                     "ca_file": tls_path(b, |t| &t.ca_file),
                     "client_cert": tls_path(b, |t| &t.client_cert),
