@@ -852,3 +852,25 @@ async fn idle_backend_connections_are_kept_for_reuse_unless_turned_off() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_esi_include_naming_an_https_backend_is_fetched_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test origin CA");
+    let secure = TlsOrigin::start(&ca.issue(&["127.0.0.1"]), None).await;
+    let pages = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&pages)
+        .toml(&format!(
+            "[backends.secure]\naddress = \"{}\"\nca_file = {}\n",
+            secure.url(),
+            toml_path(&ca.write(dir.path(), "ca.pem"))
+        ))
+        .start_in_process()
+        .await;
+    let markup = format!("[<esi:include src=\"{}/fragment\"/>]", secure.url());
+    let r = get(&inlay.url(&common::esi_page(&markup, true))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "[hello over tls\n]");
+    assert_eq!(secure.requests(), 1);
+}
