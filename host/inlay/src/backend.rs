@@ -263,6 +263,7 @@ impl Backend {
         req: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, (ProxyError, bool)> {
         if !self.is_healthy() {
+            self.metrics.not_sent_sick();
             return Err((self.sick(), true));
         }
         let started = self.metrics.start();
@@ -451,6 +452,7 @@ impl Picked {
                 let Some(other) = director.pick(*key, Some(&self.backend)) else {
                     return Err(error);
                 };
+                self.backend.metrics.retried_elsewhere();
                 tracing::warn!(
                     director = director.name(),
                     failed = self.backend.name(),

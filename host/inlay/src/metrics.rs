@@ -196,6 +196,8 @@ pub struct BackendMetrics {
     timeouts: Counter,
     response_time: Timing,
     healthy: Gauge,
+    unhealthy: Counter,
+    retries: Counter,
 }
 
 impl BackendMetrics {
@@ -239,6 +241,21 @@ impl BackendMetrics {
     /// the gauge is set whether or not counting is on, as it is a state.
     pub fn set_healthy(&self, healthy: bool) {
         self.healthy.set(i64::from(healthy));
+    }
+
+    /// A request not sent because the backend is sick.
+    pub fn not_sent_sick(&self) {
+        if self.enabled() {
+            self.unhealthy.inc();
+        }
+    }
+
+    /// A request sent again, to another backend of its director, after
+    /// this backend failed it.
+    pub fn retried_elsewhere(&self) {
+        if self.enabled() {
+            self.retries.inc();
+        }
     }
 
     /// A response body that stalled past `between_bytes_timeout`.
@@ -294,6 +311,8 @@ pub struct Metrics {
     backend_timeouts: Family<BackendLabel, Counter>,
     backend_response_time: TimingFamily<BackendLabel>,
     backend_healthy: Family<BackendLabel, Gauge>,
+    backend_unhealthy: Family<BackendLabel, Counter>,
+    backend_retries: Family<BackendLabel, Counter>,
 
     esi_pages: Counter,
     esi_includes: Counter,
@@ -366,6 +385,8 @@ impl Metrics {
             backend_timeouts: Family::default(),
             backend_response_time: Family::new_with_constructor(network_timing),
             backend_healthy: Family::default(),
+            backend_unhealthy: Family::default(),
+            backend_retries: Family::default(),
             esi_pages: c(),
             esi_includes: c(),
             esi_omitted: esi_include_errors.get_or_create_owned(&KindLabel { kind: "omitted" }),
@@ -572,6 +593,16 @@ impl Metrics {
             self.backend_healthy.clone(),
         );
         r.register(
+            "backend_unhealthy",
+            "Requests not sent because the backend was sick (VBE.*.unhealthy)",
+            self.backend_unhealthy.clone(),
+        );
+        r.register(
+            "backend_retries",
+            "Requests sent once more, to another backend of the director, after this backend failed them (MAIN.backend_retry)",
+            self.backend_retries.clone(),
+        );
+        r.register(
             "policy_replayed_calls",
             "Policy hooks answered from recorded paths, without an instance (this policy generation)",
             self.policy_replayed.clone(),
@@ -738,6 +769,8 @@ impl Metrics {
             timeouts: self.backend_timeouts.get_or_create(&label).clone(),
             response_time: self.backend_response_time.get_or_create(&label).clone(),
             healthy: self.backend_healthy.get_or_create(&label).clone(),
+            unhealthy: self.backend_unhealthy.get_or_create(&label).clone(),
+            retries: self.backend_retries.get_or_create(&label).clone(),
         }
     }
 

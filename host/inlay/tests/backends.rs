@@ -316,6 +316,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// The value of the sample `name` (with its labels), 0 when absent.
+async fn metric(inlay: &Harness, name: &str) -> u64 {
+    let text = inlay.metrics.render().await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// `inlay_backend_healthy{backend="default"}` as the metrics say.
 async fn healthy_gauge(inlay: &Harness) -> Option<bool> {
     let text = inlay.metrics.render().await;
@@ -377,6 +385,10 @@ async fn a_sick_backend_gets_no_requests_and_its_objects_are_served_in_grace() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(origin.count("/obj"), 1, "the sick backend got a refresh");
     assert_eq!(origin.count("/pass"), 0, "the sick backend got a pass");
+    assert!(
+        metric(&inlay, "inlay_backend_unhealthy_total{backend=\"default\"}").await >= 2,
+        "requests not sent to the sick backend are counted"
+    );
 
     origin.well.store(true, Ordering::SeqCst);
     wait_health(&inlay, true).await;
@@ -667,6 +679,11 @@ async fn an_idempotent_request_is_retried_once_on_another_backend() {
     }
     assert_eq!(statuses, [503, 200]);
     assert_eq!(seen(&live, "/echo").await, 5);
+    assert_eq!(
+        metric(&inlay, "inlay_backend_retries_total{backend=\"refused\"}").await,
+        2,
+        "the two GETs sent elsewhere after the refusing backend failed them"
+    );
 
     drop(inlay);
     // A reset before any response byte: retried too, but a POST is not.
