@@ -57,7 +57,7 @@ pub struct ServeArgs {
     /// Listen address (repeatable), e.g. `-a 127.0.0.1:6081` or `-a :6081`.
     #[arg(short = 'a', long = "listen", value_name = "ADDR")]
     pub listen: Vec<String>,
-    /// The default backend, e.g. `-b http://127.0.0.1:8080`.
+    /// The default backend, e.g. `-b http://127.0.0.1:8080` (or `https://` for TLS, verified against the system roots).
     #[arg(short = 'b', long = "backend", value_name = "URL")]
     pub backend: Option<String>,
     /// TOML configuration file; the embedded default is used without it.
