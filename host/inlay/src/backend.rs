@@ -453,12 +453,15 @@ impl Picked {
                     return Err(error);
                 };
                 self.backend.metrics.retried_elsewhere();
-                tracing::warn!(
-                    director = director.name(),
-                    failed = self.backend.name(),
-                    retry = other.name(),
-                    "{error}; sending the request once more, to another backend"
-                );
+                if let Some(retries) = director.log_retry() {
+                    tracing::warn!(
+                        director = director.name(),
+                        failed = self.backend.name(),
+                        retry = other.name(),
+                        retries,
+                        "{error}; sending the request once more, to another backend ({retries} retries since the last such line)"
+                    );
+                }
                 other.send(again).await
             }
             result => result.map_err(|(e, _)| e),
