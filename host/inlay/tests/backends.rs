@@ -149,6 +149,12 @@ async fn http2_is_spoken_to_an_origin_that_offers_it() {
         assert_eq!(r.header("x-version"), Some("HTTP/2.0"));
         assert_eq!(r.header("x-sni"), Some("none"), "no SNI for an IP address");
     }
+    // An origin that offers only HTTP/1.1 is spoken to in HTTP/1.1.
+    let http1 = TlsOrigin::start_with_alpn(&ca.issue(&["127.0.0.1"]), None, &[b"http/1.1"]).await;
+    let inlay = inlay_with(&http1.url(), &format!("ca_file = {ca_file}\nhttp2 = true")).await;
+    let r = get(&inlay.url("/c")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-version"), Some("HTTP/1.1"));
     // A plain origin with http2: h2c with prior knowledge.
     let plain = Origin::start();
     let h2c = inlay_with(&plain.url(), "http2 = true").await;

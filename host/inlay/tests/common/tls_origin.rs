@@ -106,6 +106,15 @@ pub struct TlsOrigin {
 impl TlsOrigin {
     /// Serve `cert`; with `client_ca`, require a client certificate it issued.
     pub async fn start(cert: &Issued, client_ca: Option<&TestCa>) -> Self {
+        Self::start_with_alpn(cert, client_ca, &[b"h2", b"http/1.1"]).await
+    }
+
+    /// [`start`](Self::start) offering only `alpn` (e.g. no `h2`).
+    pub async fn start_with_alpn(
+        cert: &Issued,
+        client_ca: Option<&TestCa>,
+        alpn: &[&[u8]],
+    ) -> Self {
         let chain: Vec<CertificateDer<'static>> =
             CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
                 .collect::<Result<_, _>>()
@@ -126,7 +135,7 @@ impl TlsOrigin {
             None => builder.with_no_client_auth(),
         };
         let mut config = builder.with_single_cert(chain, key).unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
