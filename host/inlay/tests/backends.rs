@@ -261,8 +261,9 @@ fn tls_settings_are_checked_with_their_key_paths() {
 
 /// An origin whose health check the test turns on and off: `/health`
 /// answers 200 or 503; `/obj` is `v1`, `v2`, ... with no freshness and
-/// five minutes of grace (every hit is stale in grace); `/pass` is not
-/// cacheable. It counts requests per path.
+/// five minutes of grace (every hit is stale in grace); `/kept` is `k1`,
+/// ... with neither freshness nor grace, kept five minutes for
+/// stale-if-error; `/pass` is not cacheable. It counts requests per path.
 struct SwitchedOrigin {
     addr: std::net::SocketAddr,
     well: Arc<AtomicBool>,
@@ -294,6 +295,11 @@ impl SwitchedOrigin {
                             200,
                             "max-age=0, stale-while-revalidate=300",
                             format!("v{n}"),
+                        ),
+                        "/kept" => (
+                            200,
+                            "max-age=0, stale-while-revalidate=0, stale-if-error=300",
+                            format!("k{n}"),
                         ),
                         _ => (200, "no-store", "passed".to_owned()),
                     };
@@ -367,6 +373,8 @@ async fn a_sick_backend_gets_no_requests_and_its_objects_are_served_in_grace() {
     wait_health(&inlay, true).await;
     let r = get(&inlay.url("/obj")).await;
     assert_eq!((r.status, r.text().as_str()), (200, "v1"));
+    let r = get(&inlay.url("/kept")).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "k1"));
 
     origin.well.store(false, Ordering::SeqCst);
     let before = origin.count("/health");
@@ -385,6 +393,10 @@ async fn a_sick_backend_gets_no_requests_and_its_objects_are_served_in_grace() {
     // In grace: served stale, and no refresh goes to the sick backend.
     let r = get(&inlay.url("/obj")).await;
     assert_eq!((r.status, r.text().as_str()), (200, "v1"));
+    // Past grace, within keep: stale-if-error, without asking the backend.
+    let r = get(&inlay.url("/kept")).await;
+    assert_eq!((r.status, r.text().as_str()), (200, "k1"));
+    assert_eq!(origin.count("/kept"), 1, "the sick backend was asked");
     // Nothing to serve stale: the error a down backend gives, not sent.
     assert_eq!(get(&inlay.url("/pass")).await.status, 503);
     assert_eq!(get(&inlay.url("/obj?other")).await.status, 503);
