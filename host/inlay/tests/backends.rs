@@ -909,3 +909,59 @@ async fn an_esi_include_naming_an_https_backend_is_fetched_over_tls() {
     assert_eq!(r.text(), "[hello over tls\n]");
     assert_eq!(secure.requests(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_answered_with_garbage_or_an_endless_head_marks_the_backend_sick() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Each reads the probe first. One answers with bytes that are not HTTP; the other sends a head
+    // that never ends, a byte at a time.
+    let garbage = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let garbage_addr = garbage.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = garbage.accept().await {
+            let mut request = [0u8; 4096];
+            let _ = s.read(&mut request).await;
+            let _ = s
+                .write_all(b"\x16\x03\x01\x00\xffnot http at all\r\n\r\n")
+                .await;
+        }
+    });
+    let endless = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endless_addr = endless.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = endless.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = s.read(&mut request).await;
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nX-Long: ").await;
+                while s.write_all(b"a").await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+        }
+    });
+    for (addr, says) in [
+        (garbage_addr, "error"),
+        (endless_addr, "no response within"),
+    ] {
+        let inlay = Harness::builder()
+            .toml(&format!(
+                "[backends.default]\naddress = \"http://{addr}\"\n\
+                 [backends.default.probe]\nurl = \"/health\"\ninterval = \"50ms\"\ntimeout = \"300ms\"\n\
+                 window = 1\nthreshold = 1\ninitial = 1\n\
+                 [admin]\nlisten = \"127.0.0.1:0\"\n"
+            ))
+            .start_in_process()
+            .await;
+        wait_health(&inlay, false).await;
+        let stats: serde_json::Value =
+            serde_json::from_slice(&get(&inlay.admin_url("/stats")).await.body).unwrap();
+        let last = stats["backends"]["default"]["last"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(last.contains(says), "{addr}: {last}");
+        assert!(last.len() <= 200, "the outcome is bounded");
+        assert_eq!(get(&inlay.url("/page")).await.status, 503);
+    }
+}
