@@ -164,16 +164,23 @@ impl Backends {
         self.by_name.values()
     }
 
-    /// Each backend's health, by name (the admin API's `GET /stats`).
+    /// Each backend's health and each director's healthy backends, by
+    /// name (the admin API's `GET /stats`): `{"backends": {..},
+    /// "directors": {..}}`.
     pub fn health_json(&self) -> serde_json::Value {
         let mut names: Vec<_> = self.by_name.keys().collect();
         names.sort();
-        serde_json::Value::Object(
-            names
-                .into_iter()
-                .map(|n| (n.clone(), self.by_name[n].health.json()))
-                .collect(),
-        )
+        let backends: serde_json::Map<_, _> = names
+            .into_iter()
+            .map(|n| (n.clone(), self.by_name[n].health.json()))
+            .collect();
+        let mut names: Vec<_> = self.directors.keys().collect();
+        names.sort();
+        let directors: serde_json::Map<_, _> = names
+            .into_iter()
+            .map(|n| (n.clone(), self.directors[n].health_json()))
+            .collect();
+        serde_json::json!({ "backends": backends, "directors": directors })
     }
 }
 

@@ -577,8 +577,15 @@ async fn fallback_takes_the_first_healthy_backend() {
             "[directors.default]\ntype = \"fallback\"\nbackends = [\"a\", \"b\", \"c\"]\n",
         ))
         .toml(&sick_from_start("a"))
+        .toml("[admin]\nlisten = \"127.0.0.1:0\"\n")
         .start_in_process()
         .await;
+    let stats: serde_json::Value =
+        serde_json::from_slice(&get(&inlay.admin_url("/stats")).await.body).unwrap();
+    let director = &stats["directors"]["default"];
+    assert_eq!(director["type"], "fallback", "{stats}");
+    assert_eq!(director["healthy"], 2, "{stats}");
+    assert_eq!(stats["backends"]["a"]["healthy"], false, "{stats}");
     for i in 0..5 {
         assert_eq!(
             get(&inlay.url(&format!("/resp?i={i}&cc=no-store")))

@@ -181,7 +181,8 @@ pub type ReloadHook = Arc<dyn Fn() -> BoxFuture<'static, Result<Value, Vec<Strin
 pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
 /// `GET /stats`: the policy of the current generation, if any.
 pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
-/// `GET /stats`: each backend's health in the current generation.
+/// `GET /stats`: the health of each backend and director in the current
+/// generation, as `{"backends": {..}, "directors": {..}}`.
 pub type BackendsHook = Arc<dyn Fn() -> Value + Send + Sync>;
 
 /// What the admin API asks of other parts of the process. A route whose
@@ -394,14 +395,15 @@ impl Admin {
             self.hooks().policy.and_then(|p| p()).map(
                 |p| json!({ "name": p.name(), "generation": p.generation(), "path": p.path() }),
             );
-        let backends = self.hooks().backends.map(|b| b());
+        let mut health = self.hooks().backends.map(|b| b()).unwrap_or_default();
         ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_seconds": self.0.started.elapsed().as_secs(),
             "state": self.0.readiness.state(),
             "policy": policy,
             "store": store,
-            "backends": backends,
+            "backends": health["backends"].take(),
+            "directors": health["directors"].take(),
         }))
     }
 

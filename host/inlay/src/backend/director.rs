@@ -83,6 +83,16 @@ impl Director {
         &self.config
     }
 
+    /// Its type and backends, and how many of them are healthy.
+    pub fn health_json(&self) -> serde_json::Value {
+        let healthy = self.members.iter().filter(|(b, _)| b.is_healthy()).count();
+        serde_json::json!({
+            "type": self.config.kind.as_str(),
+            "backends": self.members.iter().map(|(b, _)| b.name()).collect::<Vec<_>>(),
+            "healthy": healthy,
+        })
+    }
+
     /// The backend for a request whose cache key hashes to `key` (read by
     /// `shard` only), other than `except` (a backend that just failed);
     /// `None` when there is no other.
