@@ -1,5 +1,11 @@
-//! Named backends: a pooled HTTP/1.1 client per origin, with the connect,
-//! first-byte and between-bytes timeouts and the connection cap of its config.
+//! Named backends: a pooled HTTP/1.1 (or HTTP/2) client per origin, over
+//! TCP or TLS ([`tls`]), with the connect, first-byte and between-bytes
+//! timeouts and the connection cap of its config; directors over them
+//! ([`director`]), picked by name as a backend is ([`Backends::pick`]).
+
+pub mod director;
+pub mod probe;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,16 +26,28 @@ use crate::metrics::{BackendMetrics, Metrics};
 #[derive(Debug)]
 pub struct Backend {
     config: BackendConfig,
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<tls::Connector, ProxyBody>,
     slots: Option<Arc<Semaphore>>,
     metrics: Arc<BackendMetrics>,
+    health: Arc<probe::Health>,
+    /// Stops the health probe when the backend goes.
+    _probe: Option<probe::ProbeTask>,
 }
 
-/// Every configured backend, by name.
+/// Every configured backend and director, by name.
 #[derive(Debug, Clone)]
 pub struct Backends {
     by_name: Arc<HashMap<String, Arc<Backend>>>,
+    directors: Arc<HashMap<String, Arc<director::Director>>>,
     default: String,
+}
+
+/// Where a request goes: the backend picked for it, and when it was
+/// picked through a director, the director (for one retry elsewhere).
+#[derive(Debug, Clone)]
+pub struct Picked {
+    backend: Arc<Backend>,
+    director: Option<(Arc<director::Director>, u64)>,
 }
 
 impl Backends {
@@ -40,17 +58,19 @@ impl Backends {
             .iter()
             .map(|(name, b)| {
                 let counted = metrics.backend(name);
-                (name.clone(), Arc::new(Backend::new(b.clone(), counted)))
+                (
+                    name.clone(),
+                    Arc::new(Backend::new(b.clone(), counted, None)),
+                )
             })
             .collect();
-        Self {
-            by_name: Arc::new(by_name),
-            default: config.default_backend.clone(),
-        }
+        Self::with_directors(by_name, config)
     }
 
     /// The backends of `config`, keeping the clients (connection pools and
-    /// connection caps) of those whose settings are the same as here.
+    /// connection caps) and probes of those whose settings are the same as
+    /// here; a changed backend at the same address starts with the health
+    /// its probe had seen.
     pub fn renewed(&self, config: &Config, metrics: &Metrics) -> Self {
         let by_name = config
             .backends
@@ -62,15 +82,71 @@ impl Backends {
                     .filter(|old| format!("{:?}", old.config) == format!("{b:?}"));
                 let backend = match kept {
                     Some(old) => Arc::clone(old),
-                    None => Arc::new(Backend::new(b.clone(), metrics.backend(name))),
+                    None => {
+                        let seen = self
+                            .by_name
+                            .get(name)
+                            .filter(|old| old.config.address == b.address)
+                            .map(|old| old.health.as_ref());
+                        Arc::new(Backend::new(b.clone(), metrics.backend(name), seen))
+                    }
                 };
                 (name.clone(), backend)
             })
             .collect();
+        Self::with_directors(by_name, config)
+    }
+
+    /// `by_name` and `config`'s directors over them.
+    fn with_directors(by_name: HashMap<String, Arc<Backend>>, config: &Config) -> Self {
+        let directors = config
+            .directors
+            .iter()
+            .map(|(name, d)| {
+                // Validation guarantees every member is a configured backend.
+                let members = d
+                    .backends
+                    .iter()
+                    .filter_map(|m| Some((Arc::clone(by_name.get(&m.backend)?), m.weight)))
+                    .collect();
+                (
+                    name.clone(),
+                    Arc::new(director::Director::new(d.clone(), members)),
+                )
+            })
+            .collect();
         Self {
             by_name: Arc::new(by_name),
+            directors: Arc::new(directors),
             default: config.default_backend.clone(),
         }
+    }
+
+    /// Whether `name` is a backend or a director (what a policy's
+    /// `set-backend` may name).
+    pub fn exists(&self, name: &str) -> bool {
+        self.by_name.contains_key(name) || self.directors.contains_key(name)
+    }
+
+    /// Where a request for backend or director `name` goes; `key` gives
+    /// the hash of its cache key ([`director::key_hash`]), asked for only
+    /// by a `shard` director.
+    pub fn pick(&self, name: &str, key: impl FnOnce() -> u64) -> Option<Picked> {
+        if let Some(backend) = self.by_name.get(name) {
+            return Some(Picked {
+                backend: Arc::clone(backend),
+                director: None,
+            });
+        }
+        let director = self.directors.get(name)?;
+        let key = match director.config().kind {
+            crate::config::DirectorKind::Shard => key(),
+            _ => 0,
+        };
+        Some(Picked {
+            backend: director.pick(key, None)?,
+            director: Some((Arc::clone(director), key)),
+        })
     }
 
     /// A backend by name.
@@ -87,31 +163,81 @@ impl Backends {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Backend>> {
         self.by_name.values()
     }
+
+    /// Each backend's health and each director's healthy backends, by
+    /// name (the admin API's `GET /stats`): `{"backends": {..},
+    /// "directors": {..}}`.
+    pub fn health_json(&self) -> serde_json::Value {
+        let mut names: Vec<_> = self.by_name.keys().collect();
+        names.sort();
+        let backends: serde_json::Map<_, _> = names
+            .into_iter()
+            .map(|n| (n.clone(), self.by_name[n].health.json()))
+            .collect();
+        let mut names: Vec<_> = self.directors.keys().collect();
+        names.sort();
+        let directors: serde_json::Map<_, _> = names
+            .into_iter()
+            .map(|n| (n.clone(), self.directors[n].health_json()))
+            .collect();
+        serde_json::json!({ "backends": backends, "directors": directors })
+    }
 }
 
 impl Backend {
-    fn new(config: BackendConfig, metrics: BackendMetrics) -> Self {
+    fn new(config: BackendConfig, metrics: BackendMetrics, seen: Option<&probe::Health>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        connector.enforce_http(true);
+        // The scheme is checked by the HTTPS connector around it.
+        connector.enforce_http(false);
+        let connector = match &config.tls {
+            Some(t) => t.connector(connector, config.connect_timeout),
+            None => tls::BackendTls::plain_connector(connector, config.connect_timeout),
+        };
         let client = Client::builder(TokioExecutor::new())
+            // `http2` on an `http://` backend: h2c with prior knowledge
+            // (over TLS, ALPN decides).
+            .http2_only(config.http2 && config.tls.is_none())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .pool_max_idle_per_host(if config.max_connections > 0 {
-                config.max_connections
-            } else {
-                1024
-            })
+            .pool_idle_timeout(config.keepalive_timeout)
+            .pool_max_idle_per_host(config.max_idle_connections)
             .build(connector);
         let slots =
             (config.max_connections > 0).then(|| Arc::new(Semaphore::new(config.max_connections)));
+        let health = Arc::new(match &config.probe {
+            Some(p) => probe::Health::probed(p, seen),
+            None => probe::Health::unprobed(),
+        });
+        metrics.set_healthy(health.is_healthy());
+        let probe = config.probe.as_ref().and_then(|p| {
+            probe::start(
+                &config,
+                p,
+                client.clone(),
+                Arc::clone(&health),
+                metrics.clone(),
+            )
+        });
         Self {
             config,
             client,
             slots,
             metrics: Arc::new(metrics),
+            health,
+            _probe: probe,
         }
+    }
+
+    /// Whether the backend may get requests: always, without a probe;
+    /// with one, while enough of its latest probes were good.
+    pub fn is_healthy(&self) -> bool {
+        self.health.is_healthy()
+    }
+
+    /// The backend's health, shared with its probe.
+    pub fn health(&self) -> &Arc<probe::Health> {
+        &self.health
     }
 
     /// The backend's name.
@@ -135,31 +261,53 @@ impl Backend {
                 .is_some_and(|h| h.eq_ignore_ascii_case(authority))
     }
 
+    /// Send a request whose URI is a path and query (see [`Backend::send`]);
+    /// the error says whether the request is known not to have reached the
+    /// origin's application (a connection that failed, or was reset before
+    /// any byte of a response), so that it may be sent elsewhere.
+    async fn send_once(
+        &self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, (ProxyError, bool)> {
+        if !self.is_healthy() {
+            self.metrics.not_sent_sick();
+            return Err((self.sick(), true));
+        }
+        let started = self.metrics.start();
+        let result = self.send_counted(req).await;
+        let retryable = matches!(&result, Err(e) if e.retryable);
+        let result = result.map_err(|e| e.error);
+        self.metrics.finished(started, &result);
+        result.map_err(|e| (e, retryable))
+    }
+
+    fn sick(&self) -> ProxyError {
+        ProxyError::BackendDown {
+            backend: self.config.name.clone(),
+            reason: "sick (its health probe fails)".into(),
+        }
+    }
+
     /// Send a request whose URI is a path and query. The `Host` header is the
     /// caller's, replaced by the backend's `host_header` when configured; set
     /// to the backend's address when absent. The response body fails if it
-    /// stalls longer than `between_bytes_timeout`.
+    /// stalls longer than `between_bytes_timeout`. A sick backend gets
+    /// nothing: the request fails as one to a down backend does (503).
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
-        let started = self.metrics.start();
-        let result = self.send_counted(req).await;
-        self.metrics.finished(started, &result);
-        result
+        self.send_once(req).await.map_err(|(e, _)| e)
     }
 
     async fn send_counted(
         &self,
         mut req: Request<ProxyBody>,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Response<ProxyBody>, Failed> {
         let permit: Option<OwnedSemaphorePermit> = match &self.slots {
-            Some(s) => {
-                Some(
-                    s.clone()
-                        .try_acquire_owned()
-                        .map_err(|_| ProxyError::BackendBusy {
-                            backend: self.config.name.clone(),
-                        })?,
-                )
-            }
+            Some(s) => Some(s.clone().try_acquire_owned().map_err(|_| Failed {
+                error: ProxyError::BackendBusy {
+                    backend: self.config.name.clone(),
+                },
+                retryable: true,
+            })?),
             None => None,
         };
         let pq = req
@@ -169,11 +317,12 @@ impl Backend {
             .unwrap_or("/")
             .to_owned();
         let mut parts = self.config.address.clone().into_parts();
-        parts.path_and_query = Some(
-            pq.parse()
-                .map_err(|_| ProxyError::BadRequest(format!("bad path {pq:?}")))?,
-        );
-        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| ProxyError::Internal(e.to_string()))?;
+        parts.path_and_query =
+            Some(pq.parse().map_err(|_| {
+                Failed::not_sent(ProxyError::BadRequest(format!("bad path {pq:?}")))
+            })?);
+        *req.uri_mut() = Uri::from_parts(parts)
+            .map_err(|e| Failed::not_sent(ProxyError::Internal(e.to_string())))?;
         // Backends get HTTP/1.1 whatever the client spoke.
         *req.version_mut() = http::Version::HTTP_11;
         let headers = req.headers_mut();
@@ -189,9 +338,13 @@ impl Backend {
         let timeout = self.config.first_byte_timeout;
         let resp = match tokio::time::timeout(timeout, self.client.request(req)).await {
             Err(_) => {
-                return Err(ProxyError::BackendTimeout {
-                    backend: self.config.name.clone(),
-                    timeout,
+                // The origin may be working on it: not sent again.
+                return Err(Failed {
+                    error: ProxyError::BackendTimeout {
+                        backend: self.config.name.clone(),
+                        timeout,
+                    },
+                    retryable: false,
                 });
             }
             Ok(Err(e)) => return Err(self.classify(e)),
@@ -208,7 +361,7 @@ impl Backend {
         Ok(Response::from_parts(parts, body::boxed(body)))
     }
 
-    fn classify(&self, e: hyper_util::client::legacy::Error) -> ProxyError {
+    fn classify(&self, e: hyper_util::client::legacy::Error) -> Failed {
         let backend = self.config.name.clone();
         // The source chain says more than the top-level message.
         let mut reason = e.to_string();
@@ -220,10 +373,217 @@ impl Backend {
         }
         // A connect timeout is a down backend (503), as in Varnish; only a
         // backend that accepted the request and then stalled is a 504.
-        if e.is_connect() {
+        let retryable = e.is_connect() || reset_before_response(&e);
+        let error = if e.is_connect() {
             ProxyError::BackendDown { backend, reason }
         } else {
             ProxyError::BackendProtocol { backend, reason }
+        };
+        Failed { error, retryable }
+    }
+}
+
+/// Why a send failed, and whether the request may go to another backend.
+struct Failed {
+    error: ProxyError,
+    retryable: bool,
+}
+
+impl Failed {
+    /// A request that cannot be sent anywhere.
+    fn not_sent(error: ProxyError) -> Self {
+        Self {
+            error,
+            retryable: false,
         }
+    }
+}
+
+/// A connection closed or reset before any byte of the response head: the
+/// request was not answered, and an idempotent one may be sent again.
+fn reset_before_response(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if let Some(h) = s.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
+impl Picked {
+    /// The backend picked.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+
+    /// The backend's name.
+    pub fn name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// Send `req` to the backend picked ([`Backend::send`]). Through a
+    /// director, an idempotent request without a body whose connection
+    /// failed, or was reset before any response byte, is sent once more,
+    /// to another backend of the director.
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        let again = match &self.director {
+            Some(_) if replayable(&req) => {
+                let mut copy = Request::new(body::empty());
+                *copy.method_mut() = req.method().clone();
+                *copy.uri_mut() = req.uri().clone();
+                *copy.version_mut() = req.version();
+                *copy.headers_mut() = req.headers().clone();
+                Some(copy)
+            }
+            _ => None,
+        };
+        match self.backend.send_once(req).await {
+            Err((error, true)) => {
+                let (Some(again), Some((director, key))) = (again, &self.director) else {
+                    return Err(error);
+                };
+                let Some(other) = director.pick(*key, Some(&self.backend)) else {
+                    return Err(error);
+                };
+                self.backend.metrics.retried_elsewhere();
+                if let Some(retries) = director.log_retry() {
+                    tracing::warn!(
+                        director = director.name(),
+                        failed = self.backend.name(),
+                        retry = other.name(),
+                        retries,
+                        "{error}; sending the request once more, to another backend ({retries} retries since the last such line)"
+                    );
+                }
+                other.send(again).await
+            }
+            result => result.map_err(|(e, _)| e),
+        }
+    }
+}
+
+/// An idempotent request (RFC 9110) with no body: it can be sent again.
+fn replayable(req: &Request<ProxyBody>) -> bool {
+    use http_body::Body as _;
+    req.method().is_idempotent() && req.body().size_hint().exact() == Some(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca_pem(name: &str) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn a_director_is_a_name_set_backend_and_default_backend_may_use() {
+        let config = Config::from_toml(
+            "default_backend = \"pool\"\n\
+             [backends.a]\naddress = \"http://127.0.0.1:1\"\n\
+             [backends.b]\naddress = \"http://127.0.0.1:2\"\n\
+             [directors.pool]\ntype = \"fallback\"\nbackends = [\"b\", \"a\"]\n",
+        )
+        .expect("valid");
+        let backends = Backends::new(&config, &Metrics::new(true));
+        // What the policy's set-backend checks, and what the pipeline picks.
+        assert!(backends.exists("pool") && backends.exists("a"));
+        assert!(!backends.exists("nope"));
+        assert_eq!(backends.default_name(), "pool");
+        let picked = backends.pick("pool", || unreachable!("only shard hashes"));
+        assert_eq!(picked.expect("picked").name(), "b");
+        assert_eq!(backends.pick("a", || 0).expect("a backend").name(), "a");
+        assert!(backends.pick("nope", || 0).is_none());
+    }
+
+    #[test]
+    fn a_reload_renews_a_tls_backend_whose_files_or_settings_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_pem("one")).unwrap();
+        let text = format!(
+            "[backends.default]\naddress = \"https://127.0.0.1:8443\"\nca_file = {:?}\n",
+            ca.display().to_string()
+        );
+        let config = |t: &str| Config::from_toml(t).expect("valid");
+        let metrics = Metrics::new(true);
+        let old = Backends::new(&config(&text), &metrics);
+        let same =
+            |new: &Backends| Arc::ptr_eq(old.get("default").unwrap(), new.get("default").unwrap());
+        assert!(
+            same(&old.renewed(&config(&text), &metrics)),
+            "nothing changed: pool kept"
+        );
+        let http2 = format!("{text}http2 = true\n");
+        assert!(!same(&old.renewed(&config(&http2), &metrics)));
+        // Same path, new contents: the file is read again and the client renewed.
+        std::fs::write(&ca, ca_pem("two")).unwrap();
+        assert!(!same(&old.renewed(&config(&text), &metrics)));
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    /// A config whose backend `default` is probed at `/health` on a port
+    /// nobody listens on (`port` varies it, so each is a changed backend).
+    fn probed(port: u16) -> Config {
+        Config::from_toml(&format!(
+            "[backends.default]\naddress = \"http://127.0.0.1:{port}\"\n\
+             [backends.default.probe]\nurl = \"/health\"\ninterval = \"50ms\"\n"
+        ))
+        .expect("valid")
+    }
+
+    #[tokio::test]
+    async fn a_probe_stops_when_its_backend_is_dropped_after_twenty_reloads() {
+        let metrics = Metrics::new(true);
+        let mut current = Backends::new(&probed(1), &metrics);
+        let mut gone = Vec::new();
+        for i in 0..20 {
+            let next = current.renewed(&probed(2 + i), &metrics);
+            // The probe task holds the health; nothing else does once the
+            // generation's backends are dropped.
+            gone.push(Arc::downgrade(current.get("default").unwrap().health()));
+            current = next;
+        }
+        let kept = current.renewed(&probed(21), &metrics);
+        assert!(
+            Arc::ptr_eq(
+                kept.get("default").unwrap(),
+                current.get("default").unwrap()
+            ),
+            "an unchanged probed backend keeps its probe"
+        );
+        for _ in 0..200 {
+            if gone.iter().all(|w| w.upgrade().is_none()) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let alive = gone.iter().filter(|w| w.upgrade().is_some()).count();
+        assert_eq!(alive, 0, "probe tasks of dropped backends still run");
+        assert!(current.get("default").unwrap().health().json()["probe"] == true);
     }
 }

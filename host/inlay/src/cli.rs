@@ -61,7 +61,7 @@ pub struct ServeArgs {
     /// `[[server.tls]]`).
     #[arg(short = 'a', long = "listen", value_name = "ADDR")]
     pub listen: Vec<String>,
-    /// The default backend, e.g. `-b http://127.0.0.1:8080`.
+    /// The default backend, e.g. `-b http://127.0.0.1:8080` (or `https://` for TLS, verified against the system roots).
     #[arg(short = 'b', long = "backend", value_name = "URL")]
     pub backend: Option<String>,
     /// TOML configuration file; the embedded default is used without it.
@@ -490,10 +490,14 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>) {
         Arc::clone(reloader),
         Arc::clone(reloader),
     );
+    let backends = Arc::clone(reloader);
     admin.set_hooks(|h| {
         h.cache = Some(Arc::new(move || cache.current().cache().clone()));
         h.config = Some(Arc::new(move || config.current_config()));
         h.policy = Some(Arc::new(move || policy.current().policy().cloned()));
+        h.backends = Some(Arc::new(move || {
+            backends.current().backends().health_json()
+        }));
         h.reload = Some(Arc::new(move || {
             let reload = Arc::clone(&reload);
             Box::pin(async move {

@@ -195,6 +195,9 @@ pub struct BackendMetrics {
     connect_errors: Counter,
     timeouts: Counter,
     response_time: Timing,
+    healthy: Gauge,
+    unhealthy: Counter,
+    retries: Counter,
 }
 
 impl BackendMetrics {
@@ -231,6 +234,27 @@ impl BackendMetrics {
                     _ => {}
                 }
             }
+        }
+    }
+
+    /// The backend's health (probes; a backend without one is healthy):
+    /// the gauge is set whether or not counting is on, as it is a state.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.set(i64::from(healthy));
+    }
+
+    /// A request not sent because the backend is sick.
+    pub fn not_sent_sick(&self) {
+        if self.enabled() {
+            self.unhealthy.inc();
+        }
+    }
+
+    /// A request sent again, to another backend of its director, after
+    /// this backend failed it.
+    pub fn retried_elsewhere(&self) {
+        if self.enabled() {
+            self.retries.inc();
         }
     }
 
@@ -286,6 +310,9 @@ pub struct Metrics {
     backend_connect_errors: Family<BackendLabel, Counter>,
     backend_timeouts: Family<BackendLabel, Counter>,
     backend_response_time: TimingFamily<BackendLabel>,
+    backend_healthy: Family<BackendLabel, Gauge>,
+    backend_unhealthy: Family<BackendLabel, Counter>,
+    backend_retries: Family<BackendLabel, Counter>,
 
     esi_pages: Counter,
     esi_includes: Counter,
@@ -357,6 +384,9 @@ impl Metrics {
             backend_connect_errors: Family::default(),
             backend_timeouts: Family::default(),
             backend_response_time: Family::new_with_constructor(network_timing),
+            backend_healthy: Family::default(),
+            backend_unhealthy: Family::default(),
+            backend_retries: Family::default(),
             esi_pages: c(),
             esi_includes: c(),
             esi_omitted: esi_include_errors.get_or_create_owned(&KindLabel { kind: "omitted" }),
@@ -558,6 +588,21 @@ impl Metrics {
             self.backend_response_time.clone(),
         );
         r.register(
+            "backend_healthy",
+            "1 while the backend is healthy (its probe's window; always 1 without a probe), 0 while sick (VBE.*.happy)",
+            self.backend_healthy.clone(),
+        );
+        r.register(
+            "backend_unhealthy",
+            "Requests not sent because the backend was sick (VBE.*.unhealthy)",
+            self.backend_unhealthy.clone(),
+        );
+        r.register(
+            "backend_retries",
+            "Requests sent once more, to another backend of the director, after this backend failed them (MAIN.backend_retry)",
+            self.backend_retries.clone(),
+        );
+        r.register(
             "policy_replayed_calls",
             "Policy hooks answered from recorded paths, without an instance (this policy generation)",
             self.policy_replayed.clone(),
@@ -723,6 +768,9 @@ impl Metrics {
             connect_errors: self.backend_connect_errors.get_or_create(&label).clone(),
             timeouts: self.backend_timeouts.get_or_create(&label).clone(),
             response_time: self.backend_response_time.get_or_create(&label).clone(),
+            healthy: self.backend_healthy.get_or_create(&label).clone(),
+            unhealthy: self.backend_unhealthy.get_or_create(&label).clone(),
+            retries: self.backend_retries.get_or_create(&label).clone(),
         }
     }
 

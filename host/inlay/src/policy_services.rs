@@ -3,7 +3,6 @@
 //! backend fetcher, the same one requests and ESI includes use. Every
 //! storage call goes through the cache's async door (`inlay_cache::CacheStore`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +15,8 @@ use inlay_runtime::{
     BodyBudget, CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse,
 };
 
-use crate::backend::{Backend, Backends};
+use crate::backend::director::key_hash;
+use crate::backend::{Backends, Picked};
 
 /// Largest subrequest response body a policy may buffer.
 pub const MAX_SUBREQUEST_BODY: usize = 8 << 20;
@@ -65,7 +65,7 @@ fn kv_namespace(ns: &str) -> String {
 
 impl PolicyServices for HostServices {
     fn backend_exists(&self, name: &str) -> bool {
-        self.backends.get(name).is_some()
+        self.backends.exists(name)
     }
 
     fn cache_lookup(
@@ -216,7 +216,8 @@ impl PolicyServices for HostServices {
             .backend
             .clone()
             .unwrap_or_else(|| default_backend.to_owned());
-        match self.backends.get(&name).cloned() {
+        let uri = req.uri.to_string();
+        match self.backends.pick(&name, || key_hash(&uri)) {
             Some(backend) => Box::pin(subrequest(backend, req)),
             None => Box::pin(async move { Err(FetchError::UnknownBackend(name)) }),
         }
@@ -228,7 +229,7 @@ fn saturating_u32(n: u64) -> u32 {
 }
 
 /// One subrequest to a backend, its body buffered.
-async fn subrequest(backend: Arc<Backend>, req: SubRequest) -> Result<SubResponse, FetchError> {
+async fn subrequest(backend: Picked, req: SubRequest) -> Result<SubResponse, FetchError> {
     let mut r = Request::new(body::full(req.body));
     *r.method_mut() = req.method;
     *r.uri_mut() = req.uri;

@@ -520,7 +520,9 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
         ("server", differs(&old.server, &new.server)),
         (
             "backends",
-            differs(&old.backends, &new.backends) || old.default_backend != new.default_backend,
+            differs(&old.backends, &new.backends)
+                || differs(&old.directors, &new.directors)
+                || old.default_backend != new.default_backend,
         ),
         ("log", differs(&old.log, &new.log)),
         ("cache", differs(&old.cache, &new.cache)),

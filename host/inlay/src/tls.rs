@@ -225,7 +225,7 @@ mod tests {
         let cert = dir.join(format!("{name}.pem"));
         let key = dir.join(format!("{name}.key"));
         std::fs::write(&cert, c.cert.pem()).unwrap();
-        std::fs::write(&key, c.key_pair.serialize_pem()).unwrap();
+        std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
         TlsCertConfig {
             cert,
             key,

@@ -24,7 +24,7 @@ use tokio_rustls::client::TlsStream;
 struct Pki {
     dir: tempfile::TempDir,
     ca: rcgen::Certificate,
-    ca_key: rcgen::KeyPair,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
 
 impl Pki {
@@ -39,7 +39,7 @@ impl Pki {
         Self {
             dir: tempfile::tempdir().unwrap(),
             ca,
-            ca_key,
+            issuer: rcgen::Issuer::new(params, ca_key),
         }
     }
 
@@ -48,7 +48,7 @@ impl Pki {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let params = rcgen::CertificateParams::new(names).unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
         std::fs::write(self.path(&format!("{file}.pem")), cert.pem()).unwrap();
         std::fs::write(self.path(&format!("{file}.key")), key.serialize_pem()).unwrap();
         cert.der().clone()

@@ -6,7 +6,7 @@
 //! |----------------|----------------------------------------------------------|
 //! | `GET /healthz` | 200 while the process lives (no token asked)             |
 //! | `GET /readyz`  | 200 once the cache is open and the policy loaded; 503 before, and from the shutdown signal on (no token asked) |
-//! | `GET /stats`   | store stats per tier, policy, uptime, version            |
+//! | `GET /stats`   | store stats per tier, policy, backends' health, uptime, version |
 //! | `POST /purge`  | `{"url": …}` or `{"surrogate_keys": […]}`, `"soft"`      |
 //! | `GET /config`  | the running config, secrets redacted                     |
 //! | `GET /metrics` | Prometheus text ([`AdminHooks::metrics`])                |
@@ -183,6 +183,9 @@ pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
 pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
 /// `POST /purge` and `GET /stats`: the cache new requests use.
 pub type CacheHook = Arc<dyn Fn() -> HttpCache + Send + Sync>;
+/// `GET /stats`: the health of each backend and director in the current
+/// generation, as `{"backends": {..}, "directors": {..}}`.
+pub type BackendsHook = Arc<dyn Fn() -> Value + Send + Sync>;
 
 /// What the admin API asks of other parts of the process. A route whose
 /// hook is missing answers 501 `{"error": "... not available"}`.
@@ -205,6 +208,8 @@ pub struct AdminHooks {
     /// follows a reload that moves `cache.dir`, and holds no old store
     /// open); without it, the one given to [`Admin::cache_opened`].
     pub cache: Option<CacheHook>,
+    /// The backends' health in `GET /stats`.
+    pub backends: Option<BackendsHook>,
 }
 
 impl std::fmt::Debug for AdminHooks {
@@ -217,6 +222,7 @@ impl std::fmt::Debug for AdminHooks {
             .field("config", &self.config.is_some())
             .field("policy", &self.policy.is_some())
             .field("cache", &self.cache.is_some())
+            .field("backends", &self.backends.is_some())
             .finish()
     }
 }
@@ -416,12 +422,15 @@ impl Admin {
             self.hooks().policy.and_then(|p| p()).map(
                 |p| json!({ "name": p.name(), "generation": p.generation(), "path": p.path() }),
             );
+        let mut health = self.hooks().backends.map(|b| b()).unwrap_or_default();
         ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_seconds": self.0.started.elapsed().as_secs(),
             "state": self.0.readiness.state(),
             "policy": policy,
             "store": store,
+            "backends": health["backends"].take(),
+            "directors": health["directors"].take(),
         }))
     }
 

@@ -8,6 +8,17 @@ use serde_json::{Map, Value, json};
 
 use crate::config::{AccessLogFormat, AccessLogTarget, Config};
 
+/// A TLS file of a backend, as configured.
+fn tls_path(
+    b: &crate::config::BackendConfig,
+    field: impl Fn(&crate::backend::tls::TlsSettings) -> &Option<std::path::PathBuf>,
+) -> Option<String> {
+    let tls = b.tls.as_ref()?;
+    field(tls.settings())
+        .as_ref()
+        .map(|p| p.display().to_string())
+}
+
 /// What a redacted value reads.
 pub const REDACTED: &str = "<redacted>";
 
@@ -57,6 +68,21 @@ pub fn config_json(cfg: &Config) -> Value {
                     "first_byte_timeout": duration(b.first_byte_timeout),
                     "between_bytes_timeout": duration(b.between_bytes_timeout),
                     "max_connections": b.max_connections,
+                    "keepalive_timeout": duration(b.keepalive_timeout),
+                    "max_idle_connections": b.max_idle_connections,
+                    "http2": b.http2,
+                    "ca_file": tls_path(b, |t| &t.ca_file),
+                    "client_cert": tls_path(b, |t| &t.client_cert),
+                    "client_key": tls_path(b, |t| &t.client_key),
+                    "probe": b.probe.as_ref().map(|p| json!({
+                        "url": p.url.as_str(),
+                        "interval": duration(p.interval),
+                        "timeout": duration(p.timeout),
+                        "window": p.window,
+                        "threshold": p.threshold,
+                        "initial": p.initial,
+                        "expected_status": p.expected_status,
+                    })),
                 }),
             )
         })
@@ -127,6 +153,13 @@ pub fn config_json(cfg: &Config) -> Value {
         "server": server,
         "backends": backends,
         "default_backend": cfg.default_backend,
+        "directors": cfg.directors.iter().map(|(name, d)| {
+            let members: Vec<Value> = d.backends.iter().map(|m| json!({
+                "backend": m.backend,
+                "weight": m.weight,
+            })).collect();
+            (name.clone(), json!({ "type": d.kind.as_str(), "backends": members }))
+        }).collect::<Map<String, Value>>(),
         "log": log,
         "cache": cache,
         "esi": esi,

@@ -267,7 +267,12 @@ impl IncludeFetcher {
                 .map_err(|_| FragmentError::InvalidSrc(src.to_owned()))?;
             return Ok(head);
         }
-        if let Some(rest) = src.strip_prefix("http://") {
+        // The backend that serves the authority decides between TCP and
+        // TLS, whichever scheme the page wrote.
+        let absolute = src
+            .strip_prefix("http://")
+            .or_else(|| src.strip_prefix("https://"));
+        if let Some(rest) = absolute {
             let uri: Uri = format!("http://{rest}")
                 .parse()
                 .map_err(|_| FragmentError::InvalidSrc(src.to_owned()))?;
@@ -305,7 +310,7 @@ impl IncludeFetcher {
         }
         if src.contains("://") || src.starts_with("//") {
             return Err(FragmentError::NotAllowed(format!(
-                "{src}: only http:// to configured backends and relative paths are allowed"
+                "{src}: only http:// or https:// to configured backends and relative paths are allowed"
             )));
         }
         // Relative to the page's directory.

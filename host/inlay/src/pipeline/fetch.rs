@@ -4,7 +4,7 @@ use http::{HeaderMap, HeaderName, Method, Request, header};
 use inlay_cache::ContentCodings;
 use inlay_core::{ProxyBody, ProxyError, RequestHead, headers};
 
-use crate::backend::Backend;
+use crate::backend::Picked;
 
 /// Client fields that would make the backend answer with less than a whole
 /// object; a fetch for the cache drops them (and adds its own validators).
@@ -35,7 +35,7 @@ pub struct ForCache<'a> {
 /// the unkeyed fields the origin may trust are removed, so what the origin
 /// answers is what every request with this key may be served.
 pub async fn send(
-    backend: &Backend,
+    backend: &Picked,
     head: &RequestHead,
     method: Method,
     body: ProxyBody,

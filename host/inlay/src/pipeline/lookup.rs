@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use super::fetch::{self, ForCache};
 use super::{Outcome, Pipeline, backend_response, deliver};
+use crate::backend::director::key_hash;
 use crate::config::Config;
 
 impl Pipeline {
@@ -107,10 +108,10 @@ impl Pipeline {
         fetch: CacheFetch,
         policy: Option<&mut PolicyCall>,
     ) -> Result<Outcome, ProxyError> {
-        let backend = self.backend(head)?;
+        let backend = self.backend(head, || key_hash(fetch.primary().as_str()))?;
         let fill = for_cache(&self.cache, &self.config, fetch.validators());
         let sent = std::time::Instant::now();
-        let fetched = fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await;
+        let fetched = fetch::send(&backend, head, Method::GET, body::empty(), Some(fill)).await;
         let took = sent.elapsed();
         match fetch.on_response(fetched).await? {
             Fetched::Cached { object, status } => {
@@ -138,9 +139,17 @@ impl Pipeline {
     /// cache as a miss, with the host's default settings (no policy: the
     /// request it would run for is already answered).
     fn refresh_in_background(&self, head: &RequestHead, fetch: CacheFetch) {
-        let Some(backend) = self.backends.get(&head.backend).cloned() else {
+        let Some(backend) = self
+            .backends
+            .pick(&head.backend, || key_hash(fetch.primary().as_str()))
+        else {
             return;
         };
+        // A sick backend is not asked: the stale object is served in its
+        // grace (dropping the fetch lets a later request try again).
+        if !backend.backend().is_healthy() {
+            return;
+        }
         let head = head.clone();
         let config = self.config.clone();
         let cache = self.cache.clone();

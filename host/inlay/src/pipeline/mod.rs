@@ -41,7 +41,8 @@ use inlay_storage::StoredObject;
 use tracing::{Instrument, debug_span};
 
 use crate::access_log::{AccessLog, AccessRecord};
-use crate::backend::{Backend, Backends};
+use crate::backend::director::key_hash;
+use crate::backend::{Backends, Picked};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
@@ -306,9 +307,10 @@ impl Pipeline {
         &self.config
     }
 
-    /// The backend a request goes to.
-    fn backend(&self, head: &RequestHead) -> Result<&Arc<Backend>, ProxyError> {
-        self.backends.get(&head.backend).ok_or_else(|| {
+    /// The backend a request goes to: the one it names, or one its
+    /// director picks (a `shard` director hashes `key`, the cache key).
+    fn backend(&self, head: &RequestHead, key: impl FnOnce() -> u64) -> Result<Picked, ProxyError> {
+        self.backends.pick(&head.backend, key).ok_or_else(|| {
             ProxyError::Internal(format!("backend {} is not configured", head.backend))
         })
     }
@@ -424,9 +426,12 @@ impl Pipeline {
             Route::Synthetic(resp) => Outcome::new(resp, CacheStatus::Synthetic),
             Route::Pass => {
                 release_while_waiting(policy.as_mut());
-                let backend = self.backend(&head)?;
+                let backend = self.backend(&head, || {
+                    key_hash(inlay_cache::PrimaryKey::of(&head).as_str())
+                })?;
                 let body = recv::counted_body(body, &self.metrics);
-                let mut resp = fetch::send(backend, &head, head.method.clone(), body, None).await?;
+                let mut resp =
+                    fetch::send(&backend, &head, head.method.clone(), body, None).await?;
                 timing.phase("fetch", routed);
                 invalidate::after_unsafe(&self.cache, &head, resp.status(), resp.headers()).await;
                 let defaults =

@@ -12,6 +12,7 @@ mod client;
 mod harness;
 mod origin;
 mod process;
+mod tls_origin;
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,7 @@ pub use client::{Reply, echo_headers, echoed, esi_page, get, get_site, raw, requ
 pub use harness::{AccessLog, Harness};
 pub use origin::Origin;
 pub use process::{Inlay, Lines};
+pub use tls_origin::{Issued, TestCa, TlsOrigin};
 
 /// Path of a built policy component (`make policies` builds them).
 pub fn policy(name: &str) -> PathBuf {

@@ -18,7 +18,12 @@ pub struct Origin {
 impl Origin {
     /// Start serving. Call it from the test's runtime (a `#[tokio::test]`).
     pub fn start() -> Self {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on("127.0.0.1:0".parse().unwrap())
+    }
+
+    /// Start serving on `addr` (an origin that comes back on its old port).
+    pub fn start_on(addr: SocketAddr) -> Self {
+        let std_listener = std::net::TcpListener::bind(addr).unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let addr = std_listener.local_addr().unwrap();
         let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();

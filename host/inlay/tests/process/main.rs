@@ -13,6 +13,7 @@ mod diagnostics;
 mod disk;
 mod memory;
 mod persistence;
+mod probes;
 mod reload;
 mod signals;
 mod tls;

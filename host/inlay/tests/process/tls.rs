@@ -11,8 +11,7 @@ use crate::common::{Inlay, Origin};
 /// A CA (written to `ca.pem`) and a certificate for `site.test` whose
 /// subject is `CN=<cn>`, signed by it (`site.pem`, `site.key`).
 struct Files {
-    ca: rcgen::Certificate,
-    ca_key: rcgen::KeyPair,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
 
 impl Files {
@@ -22,7 +21,9 @@ impl Files {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let ca = params.self_signed(&ca_key).unwrap();
         std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-        Self { ca, ca_key }
+        Self {
+            issuer: rcgen::Issuer::new(params, ca_key),
+        }
     }
 
     fn issue(&self, dir: &Path, cn: &str) {
@@ -31,7 +32,7 @@ impl Files {
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
         std::fs::write(dir.join("site.pem"), cert.pem()).unwrap();
         std::fs::write(dir.join("site.key"), key.serialize_pem()).unwrap();
     }
