@@ -251,6 +251,12 @@ impl HttpCache {
                 BanList::default()
             }
         };
+        Self::started(store, bans, BanLurker::default(), rules)
+    }
+
+    /// A cache over `store` with `bans` in effect, nothing in flight; the
+    /// lurker starts if there are bans.
+    fn started(store: CacheStore, bans: BanList, lurker: BanLurker, rules: CacheRules) -> Self {
         let cache = Self {
             inner: Arc::new(Inner {
                 store,
@@ -258,7 +264,7 @@ impl HttpCache {
                 hit_for_miss: HitForMiss::default(),
                 tickets: FillTickets::after(bans.newest_ms()),
                 bans,
-                lurker: parking_lot::Mutex::default(),
+                lurker: parking_lot::Mutex::new(lurker),
                 lurker_running: AtomicBool::new(false),
             }),
             rules: Arc::new(rules),
@@ -300,21 +306,8 @@ impl HttpCache {
         if !carried.remove.is_empty() {
             store.ban_remove_blocking(&carried.remove)?;
         }
-        let bans = carried.list;
-        let cache = Self {
-            inner: Arc::new(Inner {
-                store,
-                flights: Flights::default(),
-                hit_for_miss: HitForMiss::default(),
-                tickets: FillTickets::after(bans.newest_ms()),
-                bans,
-                lurker: parking_lot::Mutex::new(self.inner.lurker.lock().clone()),
-                lurker_running: AtomicBool::new(false),
-            }),
-            rules: Arc::new(rules),
-        };
-        cache.wake_lurker();
-        Ok(cache)
+        let lurker = self.inner.lurker.lock().clone();
+        Ok(Self::started(store, carried.list, lurker, rules))
     }
 
     /// Adds a ban (see [`ban`]): every object cached before it that

@@ -180,6 +180,16 @@ impl Inlay {
         );
     }
 
+    /// Write `text` as the config, SIGHUP, and wait for generation `n`.
+    pub fn reload_to(&self, text: &str, n: u64) {
+        std::fs::write(&self.config, text).unwrap();
+        self.signal("HUP");
+        self.expect_log(
+            &format!("config reloaded: generation {n} serves"),
+            Duration::from_secs(60),
+        );
+    }
+
     /// Resident memory of the process, in KiB.
     pub fn rss_kib(&self) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();

@@ -448,25 +448,19 @@ async fn a_reload_rotates_the_admin_token_and_switches_metrics() {
     };
     let first = std::fs::read_to_string(&inlay.config).unwrap();
     let rotated = first.replace("old.token", "new.token");
-    let reload = |text: &str, n: u64| {
-        std::fs::write(&inlay.config, text).unwrap();
-        inlay.signal("HUP");
-        inlay.expect_log(
-            &format!("config reloaded: generation {n} serves"),
-            Duration::from_secs(60),
-        );
-    };
     // The token file the config names is read again: the old token is refused.
-    tokio::task::block_in_place(|| reload(&rotated, 2));
+    tokio::task::block_in_place(|| inlay.reload_to(&rotated, 2));
     assert!(stats_with(&new) && !stats_with(&old));
     // Metrics off: requests are no longer counted; on again: they are.
     get(&inlay.url("/resp")).await;
     let counted = requests();
     assert!(counted >= 1);
-    tokio::task::block_in_place(|| reload(&format!("{rotated}\n[metrics]\nenabled = false\n"), 3));
+    tokio::task::block_in_place(|| {
+        inlay.reload_to(&format!("{rotated}\n[metrics]\nenabled = false\n"), 3)
+    });
     get(&inlay.url("/resp")).await;
     assert_eq!(requests(), counted, "counted while off");
-    tokio::task::block_in_place(|| reload(&rotated, 4));
+    tokio::task::block_in_place(|| inlay.reload_to(&rotated, 4));
     get(&inlay.url("/resp")).await;
     assert_eq!(requests(), counted + 1);
     // A token file that cannot be read refuses the reload: the token stays.

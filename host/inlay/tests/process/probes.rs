@@ -17,15 +17,6 @@ fn config(origin: &Origin, n: u64) -> String {
     )
 }
 
-fn reload(inlay: &Inlay, text: &str, n: u64) {
-    std::fs::write(&inlay.config, text).unwrap();
-    inlay.signal("HUP");
-    inlay.expect_log(
-        &format!("config reloaded: generation {n} serves"),
-        Duration::from_secs(60),
-    );
-}
-
 async fn probes_seen(origin: &Origin) -> Vec<u64> {
     let mut counts = Vec::new();
     for n in 2..=21 {
@@ -40,7 +31,7 @@ async fn twenty_reloads_leave_only_the_current_probe_running() {
     let inlay = tokio::task::block_in_place(|| {
         let inlay = Inlay::builder().backend(&origin).spawn_process();
         for n in 2..=21 {
-            reload(&inlay, &config(&origin, n), n);
+            inlay.reload_to(&config(&origin, n), n);
         }
         inlay
     });

@@ -34,18 +34,8 @@ fn spawn(origin: &Origin, text: &str) -> Inlay {
     let inlay = Inlay::builder().backend(origin).spawn_process();
     std::fs::write(&inlay.config, text).unwrap();
     // The builder's own file served until now: make `text` generation 2.
-    reload(&inlay, text, 2);
+    inlay.reload_to(text, 2);
     inlay
-}
-
-/// Write `text` as the config, SIGHUP, and wait for generation `n`.
-fn reload(inlay: &Inlay, text: &str, n: u64) {
-    std::fs::write(&inlay.config, text).unwrap();
-    inlay.signal("HUP");
-    inlay.expect_log(
-        &format!("config reloaded: generation {n} serves"),
-        Duration::from_secs(60),
-    );
 }
 
 /// The cached URL `path` answers from the cache after a first miss (a
@@ -132,7 +122,7 @@ async fn twenty_reloads_under_load_fail_no_request_and_each_applies() {
         } else {
             &config_a
         };
-        tokio::task::block_in_place(|| reload(&inlay, text, n + 3));
+        tokio::task::block_in_place(|| inlay.reload_to(text, n + 3));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -165,7 +155,7 @@ async fn twenty_reloads_under_load_fail_no_request_and_each_applies() {
     );
     assert_eq!(b.count("/bytes/333").await, 0);
     // One more applies config B.
-    tokio::task::block_in_place(|| reload(&inlay, &config_b, 23));
+    tokio::task::block_in_place(|| inlay.reload_to(&config_b, 23));
     let r = get(&inlay.url("/resp?after=b")).await;
     assert_eq!(r.header("x-inlay-policy"), None);
     assert_eq!(
@@ -234,7 +224,7 @@ async fn a_bad_file_changes_nothing_and_every_error_is_logged() {
         Some("headers")
     );
     // And the next good file is generation 3.
-    tokio::task::block_in_place(|| reload(&inlay, &config(&origin, "1h", "default", ""), 3));
+    tokio::task::block_in_place(|| inlay.reload_to(&config(&origin, "1h", "default", ""), 3));
     assert_eq!(
         get(&inlay.url("/resp")).await.header("x-inlay-policy"),
         None
@@ -249,7 +239,7 @@ async fn a_new_listen_address_needs_a_restart_and_the_rest_applies() {
     let port = unused_port();
     let moved =
         config(&origin, "1h", "default", "").replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
-    tokio::task::block_in_place(|| reload(&inlay, &moved, 3));
+    tokio::task::block_in_place(|| inlay.reload_to(&moved, 3));
     inlay.expect_log(
         "server.listen changed: needs a restart",
         Duration::from_secs(5),
@@ -269,7 +259,7 @@ async fn a_request_in_flight_finishes_on_the_backend_it_started_with() {
     let url = inlay.url("/bytes/100?delay_ms=1500&cc=no-store");
     let slow = tokio::spawn(async move { get(&url).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    tokio::task::block_in_place(|| reload(&inlay, &config(&b, "1h", "default", ""), 3));
+    tokio::task::block_in_place(|| inlay.reload_to(&config(&b, "1h", "default", ""), 3));
     let r = slow.await.unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.body.len(), 100);
@@ -301,7 +291,7 @@ async fn log_level_applies_on_reload() {
     inlay.signal("HUP");
     inlay.expect_log("server.listen changed", Duration::from_secs(60));
     // Generation 3 back at `info`: its line is written.
-    tokio::task::block_in_place(|| reload(&inlay, &base, 3));
+    tokio::task::block_in_place(|| inlay.reload_to(&base, 3));
     assert!(
         !inlay.log.text().contains("generation 2 serves"),
         "{}",
@@ -338,7 +328,7 @@ async fn a_reload_reopens_a_rotated_access_log() {
     // What logrotate does: move the file, then SIGHUP.
     std::fs::rename(&log, &rotated).unwrap();
     let text = std::fs::read_to_string(&inlay.config).unwrap();
-    tokio::task::block_in_place(|| reload(&inlay, &text, 2));
+    tokio::task::block_in_place(|| inlay.reload_to(&text, 2));
     assert_eq!(get(&inlay.url("/resp?after")).await.status, 200);
     assert!(tokio::task::block_in_place(|| file_has(
         &log,
@@ -405,7 +395,7 @@ async fn connection_limits_apply_to_the_open_listeners() {
     }
     // A lower share per address: the three open ones go on, a fourth is
     // closed at once.
-    tokio::task::block_in_place(|| reload(&inlay, &limits(100, 2), 3));
+    tokio::task::block_in_place(|| inlay.reload_to(&limits(100, 2), 3));
     assert!(
         !inlay.log.text().contains("needs a restart"),
         "{}",
@@ -415,12 +405,12 @@ async fn connection_limits_apply_to_the_open_listeners() {
     assert_eq!(ask(&mut fourth, Duration::from_secs(10)).await, None);
     assert_eq!(ask(&mut held[0], Duration::from_secs(10)).await, Some(200));
     // Raised again: a fourth is served.
-    tokio::task::block_in_place(|| reload(&inlay, &limits(100, 4), 4));
+    tokio::task::block_in_place(|| inlay.reload_to(&limits(100, 4), 4));
     held.push(open_connection(inlay.addr).await);
     // Two slots in all while four are open: the next connection waits in
     // the backlog until three of the four have closed (the first two slots
     // given back go with the limit lowered below what was open).
-    tokio::task::block_in_place(|| reload(&inlay, &limits(2, 100), 5));
+    tokio::task::block_in_place(|| inlay.reload_to(&limits(2, 100), 5));
     inlay.expect_log("server.max_connections applied", Duration::from_secs(10));
     held.truncate(2);
     let mut waiting = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
@@ -478,7 +468,7 @@ async fn max_instances_applies_on_reload_and_the_old_pool_goes() {
             .arg("127.0.0.1:0")
             .spawn_process();
         std::fs::write(&inlay.config, sized(3)).unwrap();
-        reload(&inlay, &sized(3), 2);
+        inlay.reload_to(&sized(3), 2);
         inlay
     });
     let admin = {
@@ -491,7 +481,7 @@ async fn max_instances_applies_on_reload_and_the_old_pool_goes() {
     // Twenty resizes, each with requests on the new pool.
     for n in 0..20u64 {
         let size = if n.is_multiple_of(2) { 5 } else { 3 };
-        tokio::task::block_in_place(|| reload(&inlay, &sized(size), n + 3));
+        tokio::task::block_in_place(|| inlay.reload_to(&sized(size), n + 3));
         assert_eq!(pool_size(&admin).await, u64::from(size));
         for i in 0..4 {
             let r = get(&inlay.url(&format!("/resp?n={n}&i={i}"))).await;
@@ -500,7 +490,7 @@ async fn max_instances_applies_on_reload_and_the_old_pool_goes() {
     }
     // One more, with no request after it: the worker threads that served
     // the last generation must not keep its pool.
-    tokio::task::block_in_place(|| reload(&inlay, &sized(5), 23));
+    tokio::task::block_in_place(|| inlay.reload_to(&sized(5), 23));
     assert!(
         !inlay.log.text().contains("policy.max_instances changed"),
         "{}",
@@ -528,12 +518,12 @@ async fn max_instances_applies_on_reload_and_the_old_pool_goes() {
     // No policy, then a policy again with another pool size.
     let none = sized(5);
     let none = &none[..none.find("[policy]").unwrap()];
-    tokio::task::block_in_place(|| reload(&inlay, none, 24));
+    tokio::task::block_in_place(|| inlay.reload_to(none, 24));
     assert_eq!(
         get(&inlay.url("/resp?none")).await.header("x-inlay-policy"),
         None
     );
-    tokio::task::block_in_place(|| reload(&inlay, &sized(4), 25));
+    tokio::task::block_in_place(|| inlay.reload_to(&sized(4), 25));
     let r = get(&inlay.url("/resp?again")).await;
     assert_eq!(r.header("x-inlay-policy"), Some("headers"));
     assert_eq!(pool_size(&admin).await, 4);
