@@ -972,3 +972,26 @@ async fn a_probe_answered_with_garbage_or_an_endless_head_marks_the_backend_sick
         assert_eq!(get(&inlay.url("/page")).await.status, 503);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_sends_a_request_through_a_director_it_names() {
+    let (a, b) = (Origin::start(), Origin::start());
+    let inlay = Harness::builder()
+        .toml(&directed(
+            &[("default", a.url()), ("b", b.url())],
+            "[directors.pool]\ntype = \"fallback\"\nbackends = [\"b\", \"default\"]\n",
+        ))
+        .arg("--policy")
+        .arg(common::policy("capabilities").display().to_string())
+        .start_in_process()
+        .await;
+    // The director's first healthy backend gets it, not the default one.
+    assert_eq!(get(&inlay.url("/cap/backend/pool")).await.status, 200);
+    assert_eq!((seen(&a, "/echo").await, seen(&b, "/echo").await), (0, 1));
+    // A backend by its own name still works; a name that is neither is refused.
+    assert_eq!(get(&inlay.url("/cap/backend/default")).await.status, 200);
+    assert_eq!((seen(&a, "/echo").await, seen(&b, "/echo").await), (1, 1));
+    let refused = get(&inlay.url("/cap/backend/nope")).await;
+    assert_eq!(refused.status, 500, "{}", refused.text());
+    assert_eq!(seen(&a, "/echo").await + seen(&b, "/echo").await, 2);
+}

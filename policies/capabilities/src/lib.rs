@@ -1,6 +1,8 @@
 //! Test fixture: one route per host capability, so the host's tests can
 //! check `kv`, `cache`, `fetch` and `esi` end to end. Other requests follow
 //! the built-in rules. `/cap/timing` turns Server-Timing on for itself.
+//! `/cap/backend/NAME` sends the request (as `/echo`) to the backend or
+//! director `NAME`, or answers 500 when the host refuses the name.
 //!
 //! `/cap/state` answers with every URL this instance has seen before, one
 //! per line: the host's tests use it to prove that no request can see
@@ -105,6 +107,13 @@ impl Policy for Capabilities {
                 Ok(()) => builtin::recv(req),
                 Err(e) => text(500, format!("set_header: {e}")),
             },
+            p if p.starts_with("/cap/backend/") => {
+                let name = &p["/cap/backend/".len()..];
+                match req.set_backend(name).and_then(|()| req.set_url("/echo")) {
+                    Ok(()) => Action::Pass,
+                    Err(e) => text(500, format!("set_backend: {e}")),
+                }
+            }
             _ => builtin::recv(req),
         }
     }
