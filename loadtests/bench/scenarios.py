@@ -551,17 +551,20 @@ TLS_H2_ZIPF_URLS = 10_000  # cached 16 KiB objects of the h2 Zipf mix (160 MiB: 
 TLS_H2_ZIPF_PREFIX = "/static/16384?id="
 TLS_H2_URI_LINES = 100_000  # Zipf draws in h2load's URI list (`-i`), used in turn
 S_TIME_PROCS = 4  # parallel `openssl s_time -new` clients
+TLS_INLAY_MEMORY = "512MiB"  # holds both Zipf sets
 
 
 def tls(ctx: Context) -> Section:
     m = ctx.mode
     n1, n16 = TLS_ZIPF_URLS, TLS_H2_ZIPF_URLS
     ka_one, ka_zipf = "HTTPS hits 177 B, keep-alive, one URL", f"HTTPS hits 177 B, keep-alive, Zipf over {n1:,} URLs"
-    full_hs, resumed = "full handshakes (new connection per request)", "resumed handshakes (new connection per request)"
+    full_hs, full_rsa = "full handshakes, ECDSA P-256 certificate", "full handshakes, RSA 2048 certificate"
+    resumed = "resumed handshakes (wrk, Connection: close)"
     h2_one, h2_zipf = "h2 hits 16 KiB, 100 streams, one URL", f"h2 hits 16 KiB, 100 streams, Zipf over {n16:,} URLs"
     sec = Section("tls", "HTTPS: Inlay (rustls) vs nginx (OpenSSL, `proxy_cache`), hits, handshakes, h2")
     sec.about = (
-        "The harness makes a CA and a server certificate for 127.0.0.1 (ECDSA P-256, `openssl req`/`x509`); "
+        "The harness makes a CA and a server certificate for 127.0.0.1 (ECDSA P-256, `openssl req`/`x509`, "
+        "and a second pair with RSA 2048 keys for one handshake row); "
         "Inlay serves `https://127.0.0.1:PORT` with it (`[[server.tls]]`, rustls with the ring provider) "
         "and nginx (Debian's, OpenSSL 3) serves the same certificate with `proxy_cache` in front of the "
         "same origin (the generated `nginx.conf` is at the end of the report): TLS 1.2 and 1.3, "
@@ -569,12 +572,15 @@ def tls(ctx: Context) -> Section:
         "production server has them, `worker_processes 2` as Inlay's two worker threads, access log "
         "off in both, `keepalive_requests` raised so that no run reconnects. Both negotiate TLS 1.3 "
         "with X25519 and AES-256-GCM with these clients. Every object is warmed (or filled) before "
-        "the runs; the origin counts requests during each run (0: every request was a hit). "
+        f"the runs (Inlay's memory tier is {TLS_INLAY_MEMORY} here, to hold both Zipf sets; nginx's "
+        "`proxy_cache_path` has `max_size=2g`); the origin counts requests during each run (0: every "
+        "request was a hit). "
         f"*{ka_one}*: `wrk -t2 -c64 -d{m.wrk_seconds:g}s https://.../static/177` (Debian's wrk links "
         f"OpenSSL). *{ka_zipf}*: the same over `/static/177?id=K`, K drawn from Zipf (s = {ZIPF_S:g}) "
         f"by `wrk/report.lua` (`WRK_PATHS_ZIPF`) as in the policy section; all {n1:,} are cached first "
         "(`wrk/sweep.lua` over https). "
-        f"*{full_hs}*: {S_TIME_PROCS} `openssl s_time -new -www /static/177` in parallel for "
+        f"*{full_hs}* and *{full_rsa}* (a second Inlay and nginx serving the RSA certificate): "
+        f"{S_TIME_PROCS} `openssl s_time -new -www /static/177` in parallel for "
         f"{max(1, round(m.wrk_seconds))} s: each connection is a full handshake (`-new`: no session "
         "reuse), `GET /static/177 HTTP/1.0`, the response, close; the rate is all their connections over "
         "the wall time. wrk is not used for this: with `Connection: close` it reuses the TLS session of its "
@@ -595,13 +601,18 @@ def tls(ctx: Context) -> Section:
         return sec
     certs = make_certificates(ctx.reg, ctx.workdir / "tls", openssl=ctx.gen.openssl)
     ca = certs.ca
-    targets = {"inlay": ctx.inlay("tls", tls=certs), "nginx": ctx.nginx(certs)}
+    rsa = make_certificates(ctx.reg, ctx.workdir / "tls-rsa", kind="RSA 2048", openssl=ctx.gen.openssl)
+    # Both Zipf sets (about 100 MiB + 165 MiB charged) in one Inlay: a 256 MiB tier would evict
+    # (nginx's cache may use 2 GiB), so every object stays a hit in both.
+    targets = {"inlay": ctx.inlay("tls", tls=certs, memory_size=TLS_INLAY_MEMORY), "nginx": ctx.nginx(certs)}
+    rsa_targets = {"inlay": ctx.inlay("tls-rsa", tls=rsa), "nginx": ctx.nginx(rsa, name="tls-rsa")}
     for t in targets.values():
         for path in ("/static/177", "/static/16384"):
             ctx.warm(t.url + path, ca=ca)
+    for t, t_ca in [(t, ca) for t in targets.values()] + [(t, rsa.ca) for t in rsa_targets.values()]:
         # s_time's request has no Host field, which is a cache key of its own in both.
-        https_raw_get(t.url + "/static/177", ca)
-        status, headers, body = https_raw_get(t.url + "/static/177", ca)
+        https_raw_get(t.url + "/static/177", t_ca)
+        status, headers, body = https_raw_get(t.url + "/static/177", t_ca)
         if status != 200 or len(body) != 177 or not is_hit(headers):
             raise BenchError(f"{t.url}: GET /static/177 HTTP/1.0 without Host: {status}, {len(body)} B, {headers}")
     fills = {name: {"177 B": ctx.sweep(t, ZIPF_PREFIX, n1, ca=ca), "16 KiB": ctx.sweep(t, TLS_H2_ZIPF_PREFIX, n16, ca=ca)}
@@ -620,8 +631,10 @@ def tls(ctx: Context) -> Section:
             return ctx.wrk(t, "/static/177")
         if case == ka_zipf:
             return ctx.wrk(t, "/static/177", env=zipf_env)
-        if case == full_hs:
-            r = ctx.s_time(t, "/static/177", ca, procs=S_TIME_PROCS)
+        if case in (full_hs, full_rsa):
+            if case == full_rsa:
+                t = rsa_targets[tname]
+            r = ctx.s_time(t, "/static/177", rsa.ca if case == full_rsa else ca, procs=S_TIME_PROCS)
             if r["bytes_per_connection"] < 177:
                 raise BenchError(f"s_time on {t.url}: {r['bytes_per_connection']} bytes per connection, no body")
             return r
@@ -631,10 +644,10 @@ def tls(ctx: Context) -> Section:
             return ctx.h2load(t, "/static/16384")
         return ctx.h2load(t, uri_file=uri_files[tname])
 
-    cases = [ka_one, ka_zipf, full_hs, resumed, h2_one, h2_zipf]
+    cases = [ka_one, ka_zipf, full_hs, full_rsa, resumed, h2_one, h2_zipf]
     res = ctx.alternate(cases, list(targets), run)
     sec.raw = {**res, "fill": fills}
-    goals = {ka_one: 1.0, ka_zipf: 1.0, full_hs: 0.9, resumed: None, h2_one: 1.0, h2_zipf: 1.0}
+    goals = {ka_one: 1.0, ka_zipf: 1.0, full_hs: 0.9, full_rsa: 0.9, resumed: None, h2_one: 1.0, h2_zipf: 1.0}
     rows = []
     for case in cases:
         by = res[case]

@@ -298,9 +298,21 @@ class TlsTools(unittest.TestCase):
 class TlsCertificates(unittest.TestCase):
     """The harness's certificates, served by a local TLS server (Python's ssl)."""
 
+    def test_unknown_key_kind_is_refused(self):
+        with tempfile.TemporaryDirectory() as d, self.assertRaises(BenchError):
+            make_certificates(Registry(Path(d)), Path(d) / "tls", kind="DSA 1024")
+
+    def test_rsa_certificate_verifies(self):
+        self.serve_and_fetch("RSA 2048")
+
     def test_certificate_verifies_for_127_0_0_1_and_serves_both_request_forms(self):
+        self.serve_and_fetch("ECDSA P-256")
+
+    def serve_and_fetch(self, kind: str):
         with tempfile.TemporaryDirectory() as d:
-            tls = make_certificates(Registry(Path(d)), Path(d) / "tls")
+            tls = make_certificates(Registry(Path(d)), Path(d) / "tls", kind=kind)
+            key_pem = tls.key.read_text()
+            self.assertTrue("BEGIN PRIVATE KEY" in key_pem)
             self.assertIn("BEGIN CERTIFICATE", tls.cert.read_text())
             self.assertEqual(tls.cert.read_text().count("BEGIN CERTIFICATE"), 2)  # leaf, then the CA
             seen: list[str] = []
