@@ -41,6 +41,7 @@ class Mode:
     dyn_concurrency: tuple[int, ...]
     policy_urls: int  # distinct cached URLs of the policy section's Zipf mix
     policy_zipf_replay_off: bool  # whether the replay-off targets run the Zipf mix too
+    tls_urls: int  # distinct cached 177 B URLs of the tls section's keep-alive Zipf mix
 
 
 QUICK = Mode(
@@ -50,6 +51,7 @@ QUICK = Mode(
     vod_objects=200, vod_requests=5000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=1.5, dyn_concurrency=(1, 50, 100),
     policy_urls=100_000, policy_zipf_replay_off=False,
+    tls_urls=20_000,  # filling 100,000 over https takes nginx 10-20 s of the 185 s budget
 )
 FULL = Mode(
     name="full", pairs=3, budget_s=1020, wrk_seconds=4,
@@ -58,6 +60,7 @@ FULL = Mode(
     vod_objects=1000, vod_requests=50000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=2.5, dyn_concurrency=(1, 50, 100),
     policy_urls=100_000, policy_zipf_replay_off=True,
+    tls_urls=100_000,
 )
 MODES = {m.name: m for m in (QUICK, FULL)}
 

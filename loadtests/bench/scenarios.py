@@ -546,7 +546,6 @@ def k6_ttfb(ctx: Context) -> Section:
 
 
 # The tls section: its request mixes.
-TLS_ZIPF_URLS = 100_000  # cached 177 B objects of the keep-alive Zipf mix (as the policy section)
 TLS_H2_ZIPF_URLS = 10_000  # cached 16 KiB objects of the h2 Zipf mix (160 MiB: fits the 256 MiB tier)
 TLS_H2_ZIPF_PREFIX = "/static/16384?id="
 TLS_H2_URI_LINES = 100_000  # Zipf draws in h2load's URI list (`-i`), used in turn
@@ -556,7 +555,7 @@ TLS_INLAY_MEMORY = "512MiB"  # holds both Zipf sets
 
 def tls(ctx: Context) -> Section:
     m = ctx.mode
-    n1, n16 = TLS_ZIPF_URLS, TLS_H2_ZIPF_URLS
+    n1, n16 = m.tls_urls, TLS_H2_ZIPF_URLS
     ka_one, ka_zipf = "HTTPS hits 177 B, keep-alive, one URL", f"HTTPS hits 177 B, keep-alive, Zipf over {n1:,} URLs"
     full_hs, full_rsa = "full handshakes, ECDSA P-256 certificate", "full handshakes, RSA 2048 certificate"
     resumed = "resumed handshakes (wrk, Connection: close)"
