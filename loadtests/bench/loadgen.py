@@ -11,6 +11,7 @@ import json
 import os
 import re
 import selectors
+import shlex
 import signal
 import subprocess
 import time
@@ -234,7 +235,7 @@ class LoadGen:
                 "-www", path]
         if ca is not None:
             argv += ["-CAfile", str(ca)]
-        self.reg.note_command(argv + [f"  # {procs} in parallel"])
+        self.reg.commands.append(f"for i in $(seq {procs}); do {shlex.join(argv)} & done; wait")
         cpu = CpuMeter(pids()).start()
         t0 = time.monotonic()
         ps = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(procs)]
