@@ -5,7 +5,9 @@ alternation, and the result types (Section, Ratio) the report is built from.
 
 from __future__ import annotations
 
+import bisect
 import http.client
+import random
 import statistics
 import threading
 import time
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Hashable
 
 from loadgen import LoadGen
-from procs import BenchError, Inlay, Origin, Registry, Varnish, http_get, is_hit
+from procs import BenchError, Inlay, Nginx, Origin, Registry, TlsFiles, Varnish, http_get, is_hit
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,17 @@ class Mode:
     dyn_concurrency: tuple[int, ...]
     policy_urls: int  # distinct cached URLs of the policy section's Zipf mix
     policy_zipf_replay_off: bool  # whether the replay-off targets run the Zipf mix too
+    tls_urls: int  # distinct cached 177 B URLs of the tls section's keep-alive Zipf mix
 
 
 QUICK = Mode(
-    name="quick", pairs=1, budget_s=185, wrk_seconds=2,
+    name="quick", pairs=1, budget_s=240, wrk_seconds=2,  # 185 s before the tls section (about 45 s)
     esi_sizes=(1, 5, 10, 20), esi_nested_sizes=(5,), esi_vus=10, esi_iterations=20,
     ttfb_runs=2, ttfb_conns=100,
     vod_objects=200, vod_requests=5000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=1.5, dyn_concurrency=(1, 50, 100),
     policy_urls=100_000, policy_zipf_replay_off=False,
+    tls_urls=20_000,  # filling 100,000 over https would take nginx 10-20 s more
 )
 FULL = Mode(
     name="full", pairs=3, budget_s=1020, wrk_seconds=4,
@@ -56,6 +60,7 @@ FULL = Mode(
     vod_objects=1000, vod_requests=50000, vod_vus=16, vod_origin_delay_ms=50,
     dyn_seconds=2.5, dyn_concurrency=(1, 50, 100),
     policy_urls=100_000, policy_zipf_replay_off=True,
+    tls_urls=100_000,
 )
 MODES = {m.name: m for m in (QUICK, FULL)}
 
@@ -107,14 +112,14 @@ class Section:
         return r
 
 
-Target = Inlay | Varnish | Origin
+Target = Inlay | Varnish | Origin | Nginx
 
 
 class Context:
     """The state shared by the scenarios of one harness run."""
 
     def __init__(self, mode: Mode, reg: Registry, gen: LoadGen, origin: Origin, *,
-                 inlay_bin: Path, varnishd: str, vcl_dir: Path, policy_dir: Path):
+                 inlay_bin: Path, varnishd: str, vcl_dir: Path, policy_dir: Path, nginx: str | None = None):
         self.mode = mode
         self.reg = reg
         self.gen = gen
@@ -123,6 +128,7 @@ class Context:
         self.varnishd = varnishd
         self.vcl_dir = vcl_dir
         self.policy_dir = policy_dir
+        self.nginx_bin = nginx  # None: not installed (the tls section is then skipped)
         self.workdir = reg.workdir
         self._servers: list[Target] = []
 
@@ -140,6 +146,14 @@ class Context:
         self._servers.append(inst)
         return inst
 
+    def nginx(self, tls: TlsFiles, name: str = "tls") -> Nginx:
+        """Start nginx (TLS, `proxy_cache`) in front of the origin; stopped by release()."""
+        if self.nginx_bin is None:
+            raise BenchError("nginx is not installed (`bash loadtests/scripts/ensure-deps.sh bench`)")
+        inst = Nginx(self.reg, self.nginx_bin, self.origin, tls, name)
+        self._servers.append(inst)
+        return inst
+
     def release(self) -> None:
         """Stop every server the current section started."""
         for s in reversed(self._servers):
@@ -148,12 +162,13 @@ class Context:
 
     # -- requests --------------------------------------------------------
 
-    def warm(self, url: str, *, expect_hit: bool = True) -> None:
-        """Fetch twice; with expect_hit the second answer must come from the cache."""
-        status, _, _ = http_get(url, timeout=30)
+    def warm(self, url: str, *, expect_hit: bool = True, ca: Path | None = None) -> None:
+        """Fetch twice; with expect_hit the second answer must come from the cache.
+        An https URL needs `ca`."""
+        status, _, _ = http_get(url, timeout=30, ca=ca)
         if status != 200:
             raise BenchError(f"warming {url}: status {status}")
-        status, headers, _ = http_get(url, timeout=30)
+        status, headers, _ = http_get(url, timeout=30, ca=ca)
         if expect_hit and not is_hit(headers):
             raise BenchError(f"warming {url}: second request was not a cache hit ({headers})")
 
@@ -191,29 +206,51 @@ class Context:
             raise BenchError(f"filling {base}: {errors[:3]}")
         return time.monotonic() - t0
 
-    def sweep(self, target: Target, prefix: str, count: int) -> dict:
+    def sweep(self, target: Target, prefix: str, count: int, ca: Path | None = None) -> dict:
         """Cache prefix+id for every id in [0, count): one wrk pass requesting each once,
-        then a check that the first, middle and last ids are hits."""
+        then a check that the first, middle and last ids are hits (an https target needs `ca`)."""
         self.origin.reset()
         r = self.gen.wrk_sweep(target.url, count, prefix)
         r["origin_requests"] = self.origin.total()
         if r["not_ok"]:
             raise BenchError(f"filling {target.url}{prefix}N: {r['not_ok']} of {r['requests']} answers were not 200")
         for i in (0, count // 2, count - 1):
-            _, headers, _ = http_get(f"{target.url}{prefix}{i}", timeout=30)
+            _, headers, _ = http_get(f"{target.url}{prefix}{i}", timeout=30, ca=ca)
             if not is_hit(headers):
                 raise BenchError(f"after filling {target.url}{prefix}N, id {i} is not a cache hit ({headers})")
         return r
 
     def wrk(self, target: Target, path: str, *, env: dict[str, str] | None = None,
-            connections: int = 64) -> dict:
+            connections: int = 64, headers: list[str] | None = None) -> dict:
         """One wrk run against target+path; also counts the origin requests it caused."""
         self.origin.reset()
         r = self.gen.wrk_run(target.url + path, duration=self.mode.wrk_seconds, connections=connections,
-                             pids=target.pids, env=env)
+                             pids=target.pids, env=env, headers=headers)
         r["origin_requests"] = self.origin.total()
         if r["errors"] > 0.01 * max(r["requests"], 1):
             raise BenchError(f"wrk {target.url}{path}: {r['errors']} errors in {r['requests']} requests: {r['error_detail']}")
+        return r
+
+    def h2load(self, target: Target, path: str = "", *, uri_file: Path | None = None,
+               clients: int = 4, streams: int = 100) -> dict:
+        """One timed h2load run against target+path (or the URIs of `uri_file`); also counts
+        the origin requests it caused. Fails on errors or answers other than 2xx."""
+        self.origin.reset()
+        r = self.gen.h2load_run(target.url + path, duration=self.mode.wrk_seconds, clients=clients,
+                                streams=streams, uri_file=uri_file, pids=target.pids)
+        r["origin_requests"] = self.origin.total()
+        bad = r["errors"] + sum(v for k, v in r["status"].items() if k != "2xx")
+        if bad > 0.01 * max(r["done"], 1):
+            raise BenchError(f"h2load {target.url}{path}: {bad} failed or not 2xx of {r['done']}: {r['status']}")
+        return r
+
+    def s_time(self, target: Target, path: str, ca: Path, procs: int = 4) -> dict:
+        """Full handshakes (`openssl s_time -new`, `procs` in parallel), each fetching
+        `path`; also counts the origin requests it caused."""
+        self.origin.reset()
+        r = self.gen.s_time_run(target.url.removeprefix("https://"), path, duration=self.mode.wrk_seconds,
+                                procs=procs, ca=ca, pids=target.pids)
+        r["origin_requests"] = self.origin.total()
         return r
 
     def k6(self, script: str, target: Target, env: dict[str, str], timeout: float) -> dict:
@@ -280,6 +317,19 @@ def zipf_head_share(n: int, s: float, k: int) -> float:
         raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
     weights = [r ** -s for r in range(1, n + 1)]
     return sum(weights[:k]) / sum(weights)
+
+
+def zipf_draws(n: int, s: float, k: int, seed: int = 1) -> list[int]:
+    """k ids in [0, n) drawn from Zipf(s) (id 0 the most frequent; P(id = r - 1) is
+    proportional to 1 / r^s), as `wrk/report.lua` draws them; reproducible from `seed`."""
+    if n < 1 or k < 0:
+        raise ValueError(f"need n >= 1 and k >= 0, got n={n}, k={k}")
+    cdf, total = [], 0.0
+    for r in range(1, n + 1):
+        total += r ** -s
+        cdf.append(total)
+    rng = random.Random(seed)
+    return [min(bisect.bisect_right(cdf, rng.random() * total), n - 1) for _ in range(k)]
 
 
 def trend_median(runs: list[dict], metric: str) -> dict:

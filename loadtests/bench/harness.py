@@ -45,6 +45,14 @@ def find_tool(name: str, extra: list[str]) -> str:
     raise BenchError(f"{name} not found (run `bash loadtests/scripts/ensure-deps.sh bench`)")
 
 
+def optional_tool(name: str, extra: list[str]) -> str | None:
+    """A tool only some sections need: None when missing (those sections say so)."""
+    try:
+        return find_tool(name, extra)
+    except BenchError:
+        return None
+
+
 def first_line(argv: list[str]) -> str:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
@@ -77,7 +85,8 @@ def machine() -> dict:
     }
 
 
-def versions(inlay: Path, varnishd: str, k6: str, wrk: str) -> dict:
+def versions(inlay: Path, varnishd: str, k6: str, wrk: str, nginx: str | None, h2load: str | None,
+             openssl: str | None) -> dict:
     rev = first_line(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"])
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
@@ -86,6 +95,9 @@ def versions(inlay: Path, varnishd: str, k6: str, wrk: str) -> dict:
         "varnishd": first_line([varnishd, "-V"]),
         "k6": first_line([k6, "version"]),
         "wrk": first_line([wrk, "--version"]).split("Copyright")[0].strip(),
+        "nginx": first_line([nginx, "-v"]) if nginx else "not installed",
+        "h2load": first_line([h2load, "--version"]) if h2load else "not installed",
+        "openssl": first_line([openssl, "version"]) if openssl else "not installed",
         "python": platform.python_version(),
     }
 
@@ -112,6 +124,9 @@ def main() -> int:
     wrk = find_tool("wrk", [])
     k6 = find_tool("k6", [str(home / "go" / "bin" / "k6")])
     varnishd = find_tool("varnishd", ["/usr/sbin/varnishd"])
+    nginx = optional_tool("nginx", ["/usr/sbin/nginx"])
+    h2load = optional_tool("h2load", [])
+    openssl = optional_tool("openssl", [])
 
     workdir = Path(os.environ.get("INLAY_BENCH_WORKDIR") or tempfile.mkdtemp(prefix="inlay-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -134,10 +149,11 @@ def main() -> int:
     sections: list[Section] = []
     try:
         meta_machine = machine()
-        meta_versions = versions(inlay_bin, varnishd, k6, wrk)
+        meta_versions = versions(inlay_bin, varnishd, k6, wrk, nginx, h2load, openssl)
         origin = Origin(reg, origin_bin)
-        ctx = Context(mode, reg, LoadGen(reg, wrk, k6), origin, inlay_bin=inlay_bin, varnishd=varnishd,
-                      vcl_dir=ROOT / "loadtests" / "varnish", policy_dir=ROOT / "target" / "policies")
+        ctx = Context(mode, reg, LoadGen(reg, wrk, k6, h2load, openssl), origin, inlay_bin=inlay_bin,
+                      varnishd=varnishd, vcl_dir=ROOT / "loadtests" / "varnish", policy_dir=ROOT / "target" / "policies",
+                      nginx=nginx)
         for sid, fn in SECTIONS.items():
             if only and sid not in only:
                 continue

@@ -15,9 +15,11 @@ import re
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -215,14 +217,22 @@ class RssSampler:
         return max((r for _, r in self.samples), default=0)
 
 
-def http_get(url: str, timeout: float = 10.0, headers: dict | None = None):
-    """One GET over a fresh connection: (status, headers dict lower-cased, body)."""
-    m = re.match(r"http://([^/:]+):(\d+)(/.*)?$", url)
+def http_get(url: str, timeout: float = 10.0, headers: dict | None = None, ca: Path | None = None):
+    """One GET over a fresh connection: (status, headers dict lower-cased, body).
+
+    An https:// URL needs `ca`, the CA file its certificate must verify against."""
+    m = re.match(r"(https?)://([^/:]+):(\d+)(/.*)?$", url)
     if not m:
-        raise BenchError(f"not a loopback http URL: {url}")
-    conn = http.client.HTTPConnection(m.group(1), int(m.group(2)), timeout=timeout)
+        raise BenchError(f"not a loopback http(s) URL: {url}")
+    if m.group(1) == "https":
+        if ca is None:
+            raise BenchError(f"{url}: an https URL needs the CA of its certificate")
+        conn = http.client.HTTPSConnection(m.group(2), int(m.group(3)), timeout=timeout,
+                                           context=ssl.create_default_context(cafile=str(ca)))
+    else:
+        conn = http.client.HTTPConnection(m.group(2), int(m.group(3)), timeout=timeout)
     try:
-        conn.request("GET", m.group(3) or "/", headers=headers or {})
+        conn.request("GET", m.group(4) or "/", headers=headers or {})
         resp = conn.getresponse()
         body = resp.read()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
@@ -230,10 +240,44 @@ def http_get(url: str, timeout: float = 10.0, headers: dict | None = None):
         conn.close()
 
 
+def https_raw_get(url: str, ca: Path, timeout: float = 10.0) -> tuple[int, dict, bytes]:
+    """`GET PATH HTTP/1.0` with no Host field over a fresh TLS connection, as
+    `openssl s_time -www PATH` sends it: (status, headers lower-cased, body)."""
+    m = re.match(r"https://([^/:]+):(\d+)(/.*)?$", url)
+    if not m:
+        raise BenchError(f"not a loopback https URL: {url}")
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout) as raw:
+        with ctx.wrap_socket(raw, server_hostname=m.group(1)) as s:
+            s.sendall(f"GET {m.group(3) or '/'} HTTP/1.0\r\n\r\n".encode())
+            data = b""
+            while len(data) < (1 << 20):
+                try:
+                    chunk = s.recv(65536)
+                except ssl.SSLEOFError:  # closed without close_notify
+                    break
+                if not chunk:
+                    break
+                data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    sm = re.match(r"HTTP/1\.[01] (\d{3})", lines[0])
+    if not sm:
+        raise BenchError(f"{url}: not an HTTP response: {lines[0][:100]!r}")
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return int(sm.group(1)), headers, body
+
+
 def is_hit(headers: dict) -> bool:
-    """Inlay's Cache-Status `hit`, or Varnish's two ids in X-Varnish."""
+    """Inlay's Cache-Status `hit`, Varnish's two ids in X-Varnish, or the bench nginx's
+    `X-Cache-Status: HIT` (`$upstream_cache_status`)."""
     if "cache-status" in headers:
         return re.search(r";\s*hit\b", headers["cache-status"], re.I) is not None
+    if "x-cache-status" in headers:
+        return headers["x-cache-status"].strip().upper() == "HIT"
     return len(headers.get("x-varnish", "").split()) == 2
 
 
@@ -255,12 +299,13 @@ def wait_log_line(log: Path, proc: subprocess.Popen, pattern: str, timeout: floa
     raise BenchError(f"{log.name}: no line matching {pattern!r} within {timeout}s: {tail(log)}")
 
 
-def wait_listening_line(log: Path, proc: subprocess.Popen, timeout: float, since: int = 0) -> str:
-    """Wait for `listening on http://ADDR` in a log file, after byte `since`; return the URL.
+def wait_listening_line(log: Path, proc: subprocess.Popen, timeout: float, since: int = 0,
+                        scheme: str = "http") -> str:
+    """Wait for `listening on SCHEME://ADDR` in a log file, after byte `since`; return the URL.
 
     A restarted inlay appends to the same log, so its old port must not be read.
     """
-    return wait_log_line(log, proc, r"listening on (http://[0-9.]+:\d+)", timeout, since).group(1)
+    return wait_log_line(log, proc, rf"listening on ({scheme}://[0-9.]+:\d+)", timeout, since).group(1)
 
 
 def replay_counts(line: str) -> dict[str, int]:
@@ -319,6 +364,7 @@ class Inlay:
         policy: Path | None = None,
         memo_size: str | None = None,
         metrics: bool = True,
+        tls: "TlsFiles | None" = None,
     ):
         self.reg = reg
         self.binary = binary
@@ -328,10 +374,13 @@ class Inlay:
         self.replay = policy is not None and memo_size != "0"  # replay trees kept (memo_size)
         self.cache_dir = cache_dir
         self.log = reg.workdir / f"inlay-{name}.log"
+        # With `tls`, one https:// listener only (self.url is https://...).
+        self.scheme = "https" if tls is not None else "http"
+        self._listen0 = f"https://{LOOPBACK}:0" if tls is not None else f"{LOOPBACK}:0"
         lines = [
             "# Generated by loadtests/bench/harness.py",
             "[server]",
-            f'listen = ["{LOOPBACK}:0"]',
+            f'listen = ["{self._listen0}"]',
             "[backends.default]",
             f'address = "{origin.url}"',
             "[log]",
@@ -351,6 +400,8 @@ class Inlay:
             # Replay settings need the policy in the config, not `--policy`.
             lines += ["[policy]", f'path = "{policy}"', f'memo_size = "{memo_size}"']
             self.policy = None
+        if tls is not None:
+            lines += ["[[server.tls]]", f'cert = "{tls.cert}"', f'key = "{tls.key}"']
         self.config.write_text("\n".join(lines) + "\n")
         reg.configs[self.config.name] = self.config.read_text()
         self.proc: subprocess.Popen | None = None
@@ -369,12 +420,12 @@ class Inlay:
         if self.url:
             # A restart listens where the first start did: clients send Host with the
             # port, and Host is part of the cache key.
-            addr = self.url.removeprefix("http://")
-            self.config.write_text(self.config.read_text().replace(f'"{LOOPBACK}:0"', f'"{addr}"'))
+            addr = self.url if self.scheme == "https" else self.url.removeprefix("http://")
+            self.config.write_text(self.config.read_text().replace(f'"{self._listen0}"', f'"{addr}"'))
         since = log.stat().st_size if log.exists() else 0
         t0 = time.monotonic()
         self.proc = self.reg.spawn(self.argv(), log)
-        self.url = wait_listening_line(log, self.proc, 30, since)
+        self.url = wait_listening_line(log, self.proc, 30, since, self.scheme)
         return time.monotonic() - t0
 
     def pids(self) -> list[int]:
@@ -454,6 +505,148 @@ class Varnish:
             except OSError:
                 if time.monotonic() > deadline:
                     raise BenchError(f"varnishd did not answer within 30s: {tail(self.log)}")
+                time.sleep(0.05)
+
+    def pids(self) -> list[int]:
+        return descendants(self.proc.pid) if self.proc.poll() is None else []
+
+    def stop(self) -> None:
+        self.reg.stop(self.proc)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A test CA and a server certificate for 127.0.0.1 it signed (PEM files)."""
+
+    ca: Path
+    cert: Path  # the server certificate, then the CA (the chain a server sends)
+    key: Path
+    kind: str  # e.g. "ECDSA P-256"
+
+
+# openssl arguments of the key kinds the harness can make.
+KEY_KINDS = {
+    "ECDSA P-256": ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+    "RSA 2048": ["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+}
+
+
+def make_certificates(reg: Registry, directory: Path, kind: str = "ECDSA P-256", openssl: str = "openssl") -> TlsFiles:
+    """Make a CA and a server certificate for IP 127.0.0.1 and `localhost` with the
+    openssl CLI; every key of kind `kind`. Files are world-readable (nginx's workers
+    and varnishd run unprivileged; the keys are throwaway test keys)."""
+    if kind not in KEY_KINDS:
+        raise BenchError(f"unknown key kind {kind!r}: {', '.join(KEY_KINDS)}")
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    ca_key, ca, key, csr, leaf, chain, ext = (directory / n for n in (
+        "ca.key", "ca.pem", "server.key", "server.csr", "server-only.pem", "server.pem", "server.ext"))
+    ext.write_text("basicConstraints = critical, CA:FALSE\n"
+                   "keyUsage = critical, digitalSignature, keyEncipherment\n"
+                   "extendedKeyUsage = serverAuth\n"
+                   "subjectAltName = IP:127.0.0.1, DNS:localhost\n")
+    steps = [
+        [openssl, "genpkey", *KEY_KINDS[kind], "-out", str(ca_key)],
+        [openssl, "req", "-x509", "-new", "-key", str(ca_key), "-sha256", "-days", "30",
+         "-subj", "/CN=Inlay bench CA", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", str(ca)],
+        [openssl, "genpkey", *KEY_KINDS[kind], "-out", str(key)],
+        [openssl, "req", "-new", "-key", str(key), "-subj", "/CN=127.0.0.1", "-out", str(csr)],
+        [openssl, "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+         "-sha256", "-days", "30", "-extfile", str(ext), "-out", str(leaf)],
+    ]
+    for argv in steps:
+        reg.note_command(argv)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise BenchError(f"{shlex.join(argv[:3])} failed ({p.returncode}): {p.stderr.strip()[-400:]}")
+    chain.write_text(leaf.read_text() + ca.read_text())
+    for f in (ca, chain, key):
+        os.chmod(f, 0o644)
+    return TlsFiles(ca=ca, cert=chain, key=key, kind=kind)
+
+
+def nginx_config(*, prefix: Path, port: int, origin_port: int, tls: TlsFiles, workers: int = 2) -> str:
+    """The bench nginx: TLS (1.2 and 1.3, h2 by ALPN) with a session cache and tickets as a
+    production server has them, `proxy_cache` in front of the origin, no access log.
+
+    nginx 1.22 (Debian 12) takes `listen ... ssl http2` (`http2 on` is 1.25.1+).
+    `keepalive_requests` is raised from its default of 1000 (which also bounds the
+    requests of an h2 connection) so that neither load generator reconnects in a run:
+    Inlay has no such limit, and a reconnect would measure a handshake."""
+    return f"""# Generated by loadtests/bench/harness.py
+worker_processes {workers};
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{
+    worker_connections 16384;
+}}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 1000000;
+    default_type application/octet-stream;
+    client_body_temp_path {prefix}/client_body;
+    proxy_temp_path {prefix}/proxy_temp;
+    fastcgi_temp_path {prefix}/fastcgi_temp;
+    uwsgi_temp_path {prefix}/uwsgi_temp;
+    scgi_temp_path {prefix}/scgi_temp;
+    proxy_cache_path {prefix}/cache levels=1:2 keys_zone=bench:64m max_size=2g inactive=1h use_temp_path=off;
+    upstream origin {{
+        server 127.0.0.1:{origin_port};
+        keepalive 64;
+    }}
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_prefer_server_ciphers off;
+    ssl_session_cache shared:SSL:10m;
+    ssl_session_timeout 1h;
+    ssl_session_tickets on;
+    server {{
+        listen 127.0.0.1:{port} ssl http2;
+        ssl_certificate {tls.cert};
+        ssl_certificate_key {tls.key};
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache bench;
+            proxy_cache_lock on;
+            add_header X-Cache-Status $upstream_cache_status always;
+        }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    """One foreground nginx (master and `workers` workers) with `nginx_config`."""
+
+    def __init__(self, reg: Registry, nginx: str, origin: Origin, tls: TlsFiles, name: str = "tls", workers: int = 2):
+        self.reg = reg
+        self.dir = reg.workdir / f"nginx-{name}"
+        self.dir.mkdir(mode=0o755)
+        self.tls = tls
+        self.port = free_port()
+        self.url = f"https://{LOOPBACK}:{self.port}"
+        self.config = self.dir / "nginx.conf"
+        self.config.write_text(nginx_config(prefix=self.dir, port=self.port, origin_port=origin.port,
+                                            tls=tls, workers=workers))
+        reg.configs[f"nginx-{name}/nginx.conf"] = self.config.read_text()
+        self.log = self.dir / "nginx.log"
+        argv = [nginx, "-p", str(self.dir), "-c", str(self.config), "-e", str(self.dir / "error.log"),
+                "-g", "daemon off;"]
+        self.proc = reg.spawn(argv, self.log)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise BenchError(f"nginx exited with {self.proc.returncode}: {tail(self.log, 15)} "
+                                 f"{tail(self.dir / 'error.log', 15)}")
+            try:
+                http_get(self.url + "/resp?cc=no-store", timeout=2, ca=tls.ca)
+                break
+            except (OSError, http.client.HTTPException):
+                if time.monotonic() > deadline:
+                    raise BenchError(f"nginx did not answer within 30s: {tail(self.dir / 'error.log')}")
                 time.sleep(0.05)
 
     def pids(self) -> list[int]:

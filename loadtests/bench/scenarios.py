@@ -16,9 +16,10 @@ from pathlib import Path
 
 import svg
 from context import (
-    Context, Section, Table, gbps, med, ms, num, pair_ratios, ratio_detail, trend_median, xr, zipf_head_share,
+    Context, Section, Table, gbps, med, ms, num, pair_ratios, ratio_detail, trend_median, xr, zipf_draws,
+    zipf_head_share,
 )
-from procs import BenchError, RssSampler, http_get, is_hit
+from procs import BenchError, RssSampler, http_get, https_raw_get, is_hit, make_certificates
 
 MiB = 1 << 20
 
@@ -544,6 +545,140 @@ def k6_ttfb(ctx: Context) -> Section:
     return sec
 
 
+# The tls section: its request mixes.
+TLS_H2_ZIPF_URLS = 10_000  # cached 16 KiB objects of the h2 Zipf mix (160 MiB: fits the 256 MiB tier)
+TLS_H2_ZIPF_PREFIX = "/static/16384?id="
+TLS_H2_URI_LINES = 100_000  # Zipf draws in h2load's URI list (`-i`), used in turn
+S_TIME_PROCS = 4  # parallel `openssl s_time -new` clients
+TLS_INLAY_MEMORY = "512MiB"  # holds both Zipf sets
+
+
+def tls(ctx: Context) -> Section:
+    m = ctx.mode
+    n1, n16 = m.tls_urls, TLS_H2_ZIPF_URLS
+    ka_one, ka_zipf = "HTTPS hits 177 B, keep-alive, one URL", f"HTTPS hits 177 B, keep-alive, Zipf over {n1:,} URLs"
+    full_hs, full_rsa = "full handshakes, ECDSA P-256 certificate", "full handshakes, RSA 2048 certificate"
+    resumed = "resumed handshakes (wrk, Connection: close)"
+    h2_one, h2_zipf = "h2 hits 16 KiB, 100 streams, one URL", f"h2 hits 16 KiB, 100 streams, Zipf over {n16:,} URLs"
+    sec = Section("tls", "HTTPS: Inlay (rustls) vs nginx (OpenSSL, `proxy_cache`), hits, handshakes, h2")
+    sec.about = (
+        "The harness makes a CA and a server certificate for 127.0.0.1 (ECDSA P-256, `openssl req`/`x509`, "
+        "and a second pair with RSA 2048 keys for one handshake row); "
+        "Inlay serves `https://127.0.0.1:PORT` with it (`[[server.tls]]`, rustls with the ring provider) "
+        "and nginx (Debian's, OpenSSL 3) serves the same certificate with `proxy_cache` in front of the "
+        "same origin (the generated `nginx.conf` is at the end of the report): TLS 1.2 and 1.3, "
+        "`listen ... ssl http2` (ALPN h2), `ssl_session_cache shared:SSL:10m` and session tickets as a "
+        "production server has them, `worker_processes 2` as Inlay's two worker threads, access log "
+        "off in both, `keepalive_requests` raised so that no run reconnects. Both negotiate TLS 1.3 "
+        "with X25519 and AES-256-GCM with these clients. Every object is warmed (or filled) before "
+        f"the runs (Inlay's memory tier is {TLS_INLAY_MEMORY} here, to hold both Zipf sets; nginx's "
+        "`proxy_cache_path` has `max_size=2g`); the origin counts requests during each run (0: every "
+        "request was a hit). "
+        f"*{ka_one}*: `wrk -t2 -c64 -d{m.wrk_seconds:g}s https://.../static/177` (Debian's wrk links "
+        f"OpenSSL). *{ka_zipf}*: the same over `/static/177?id=K`, K drawn from Zipf (s = {ZIPF_S:g}) "
+        f"by `wrk/report.lua` (`WRK_PATHS_ZIPF`) as in the policy section; all {n1:,} are cached first "
+        "(`wrk/sweep.lua` over https). "
+        f"*{full_hs}* and *{full_rsa}* (a second Inlay and nginx serving the RSA certificate): "
+        f"{S_TIME_PROCS} `openssl s_time -new -www /static/177` in parallel for "
+        f"{max(1, round(m.wrk_seconds))} s: each connection is a full handshake (`-new`: no session "
+        "reuse), `GET /static/177 HTTP/1.0`, the response, close; the rate is all their connections over "
+        "the wall time. wrk is not used for this: with `Connection: close` it reuses the TLS session of its "
+        "previous connection (OpenSSL's `SSL_clear` keeps it; nginx's `$ssl_session_reused` said `r` for "
+        f"all but the first connection of each), so *{resumed}* is that wrk run "
+        "(`-H 'Connection: close'`), a figure of its own. "
+        f"*{h2_one}*: `h2load -t2 -c4 -m100 -D{m.wrk_seconds:g} https://.../static/16384` "
+        "(4 connections with 100 concurrent streams each). "
+        f"*{h2_zipf}*: h2load with a URI list (`-i`) of {TLS_H2_URI_LINES:,} Zipf (s = {ZIPF_S:g}) draws "
+        f"over `/static/16384?id=K`, K < {n16:,} ({n16 * 16 // 1024} MiB, all cached first), which each "
+        "connection requests in turn. CPU is the server's user+system time over the run divided by "
+        "its requests (nginx: master and workers)."
+    )
+    missing = [name for name, path in (("nginx", ctx.nginx_bin), ("h2load", ctx.gen.h2load),
+                                       ("openssl", ctx.gen.openssl)) if not path]
+    if missing:
+        sec.skipped = f"{', '.join(missing)} not installed (`bash loadtests/scripts/ensure-deps.sh bench`)."
+        return sec
+    certs = make_certificates(ctx.reg, ctx.workdir / "tls", openssl=ctx.gen.openssl)
+    ca = certs.ca
+    rsa = make_certificates(ctx.reg, ctx.workdir / "tls-rsa", kind="RSA 2048", openssl=ctx.gen.openssl)
+    # Both Zipf sets (about 100 MiB + 165 MiB charged) in one Inlay: a 256 MiB tier would evict
+    # (nginx's cache may use 2 GiB), so every object stays a hit in both.
+    targets = {"inlay": ctx.inlay("tls", tls=certs, memory_size=TLS_INLAY_MEMORY), "nginx": ctx.nginx(certs)}
+    rsa_targets = {"inlay": ctx.inlay("tls-rsa", tls=rsa), "nginx": ctx.nginx(rsa, name="tls-rsa")}
+    for t in targets.values():
+        for path in ("/static/177", "/static/16384"):
+            ctx.warm(t.url + path, ca=ca)
+    for t, t_ca in [(t, ca) for t in targets.values()] + [(t, rsa.ca) for t in rsa_targets.values()]:
+        # s_time's request has no Host field, which is a cache key of its own in both.
+        https_raw_get(t.url + "/static/177", t_ca)
+        status, headers, body = https_raw_get(t.url + "/static/177", t_ca)
+        if status != 200 or len(body) != 177 or not is_hit(headers):
+            raise BenchError(f"{t.url}: GET /static/177 HTTP/1.0 without Host: {status}, {len(body)} B, {headers}")
+    fills = {name: {"177 B": ctx.sweep(t, ZIPF_PREFIX, n1, ca=ca), "16 KiB": ctx.sweep(t, TLS_H2_ZIPF_PREFIX, n16, ca=ca)}
+             for name, t in targets.items()}
+    draws = zipf_draws(n16, ZIPF_S, TLS_H2_URI_LINES, seed=1)
+    uri_files = {}
+    for name, t in targets.items():
+        f = ctx.workdir / f"h2load-uris-{name}.txt"
+        f.write_text("".join(f"{t.url}{TLS_H2_ZIPF_PREFIX}{i}\n" for i in draws))
+        uri_files[name] = f
+    zipf_env = {"WRK_PATHS_COUNT": str(n1), "WRK_PATHS_PREFIX": ZIPF_PREFIX, "WRK_PATHS_ZIPF": f"{ZIPF_S:g}"}
+
+    def run(case: str, tname: str) -> dict:
+        t = targets[tname]
+        if case == ka_one:
+            return ctx.wrk(t, "/static/177")
+        if case == ka_zipf:
+            return ctx.wrk(t, "/static/177", env=zipf_env)
+        if case in (full_hs, full_rsa):
+            if case == full_rsa:
+                t = rsa_targets[tname]
+            r = ctx.s_time(t, "/static/177", rsa.ca if case == full_rsa else ca, procs=S_TIME_PROCS)
+            if r["bytes_per_connection"] < 177:
+                raise BenchError(f"s_time on {t.url}: {r['bytes_per_connection']} bytes per connection, no body")
+            return r
+        if case == resumed:
+            return ctx.wrk(t, "/static/177", headers=["Connection: close"])
+        if case == h2_one:
+            return ctx.h2load(t, "/static/16384")
+        return ctx.h2load(t, uri_file=uri_files[tname])
+
+    cases = [ka_one, ka_zipf, full_hs, full_rsa, resumed, h2_one, h2_zipf]
+    res = ctx.alternate(cases, list(targets), run)
+    sec.raw = {**res, "fill": fills}
+    goals = {ka_one: 1.0, ka_zipf: 1.0, full_hs: 0.9, full_rsa: 0.9, resumed: None, h2_one: 1.0, h2_zipf: 1.0}
+    rows = []
+    for case in cases:
+        by = res[case]
+        rs = pair_ratios(by["inlay"], by["nginx"], lambda r: r["rps"])
+        unit = "handshakes/s" if "handshakes" in case else "req/s"
+        sec.ratio(f"{case}: Inlay / nginx {unit}", med(rs), goals[case], detail=ratio_detail(rs))
+
+        def p99(runs: list[dict]) -> str:
+            vals = [r.get("latency_ms", {}).get("p99") for r in runs]
+            return ms(med(vals)) if any(v is not None for v in vals) else "-"
+
+        rows.append([
+            case, num(med([r["rps"] for r in by["inlay"]])), num(med([r["rps"] for r in by["nginx"]])),
+            xr(med(rs)), "-" if goals[case] is None else f">= {goals[case]:g}x",
+            num(med([r["cpu_us_per_req"] for r in by["inlay"]])), num(med([r["cpu_us_per_req"] for r in by["nginx"]])),
+            f"{p99(by['inlay'])} / {p99(by['nginx'])}",
+            " / ".join(str(sum(r["origin_requests"] for r in by[t])) for t in targets),
+        ])
+    sec.tables.append(Table("Medians over the pairs (p99: wrk's; s_time and h2load report none)", [
+        "measure", "Inlay /s", "nginx /s", "Inlay/nginx", "target", "Inlay CPU µs/req", "nginx CPU µs/req",
+        "p99 ms Inlay / nginx", "origin requests Inlay / nginx",
+    ], rows))
+    sec.tables.append(Table("Filling the Zipf sets over https (wrk/sweep.lua)", [
+        "target", f"{n1:,} x 177 B s", f"{n16:,} x 16 KiB s", "origin requests"],
+        [[name, f"{f['177 B']['seconds']:.1f}", f"{f['16 KiB']['seconds']:.1f}",
+          str(f["177 B"]["origin_requests"] + f["16 KiB"]["origin_requests"])] for name, f in fills.items()]))
+    sec.plots.append(("tls.svg", "HTTPS requests/s", svg.bar_chart(
+        "HTTPS: Inlay vs nginx (median of pairs)", cases,
+        {t: [med([r["rps"] for r in res[c][t]]) for c in cases] for t in targets}, "per second", log=True)))
+    return sec
+
+
 def drop_page_cache() -> str:
     """Drop the kernel page cache (needs root); returns what happened, for the report."""
     os.sync()
@@ -760,5 +895,6 @@ SECTIONS = {
     "esi": k6_esi,
     "ttfb": k6_ttfb,
     "dynamic": k6_dynamic,
+    "tls": tls,
     "vod": k6_vod,
 }

@@ -22,9 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import report  # noqa: E402
 import svg  # noqa: E402
-from context import Ratio, Section, Table, med, pair_ratios, trend_median, zipf_head_share  # noqa: E402
-from loadgen import WRK_LUA, LoadGen, flatten_k6  # noqa: E402
-from procs import BenchError, CpuMeter, Registry, RssSampler, descendants, is_hit, replay_counts  # noqa: E402
+from context import Ratio, Section, Table, med, pair_ratios, trend_median, zipf_draws, zipf_head_share  # noqa: E402
+from loadgen import WRK_LUA, LoadGen, flatten_k6, parse_h2load, parse_s_time  # noqa: E402
+from procs import (  # noqa: E402
+    BenchError, CpuMeter, Registry, RssSampler, descendants, http_get, https_raw_get, is_hit, make_certificates,
+    nginx_config, replay_counts,
+)
 from scenarios import fragment_delays, swap_link  # noqa: E402
 
 
@@ -206,6 +209,165 @@ class K6Summary(unittest.TestCase):
         self.assertFalse(r["thresholds_ok"])
         self.assertEqual(r["failed_thresholds"], ["http_req_duration: p(50)<=1"])
         self.assertNotIn("vus", r)
+
+
+# h2load 1.52's summary of a timed run (-D), as the tls section reads it.
+H2LOAD_OUT = """starting benchmark...
+spawning thread #0: 2 total client(s). Timing-based test with 0s of warm-up time and 2s of main duration for measurements.
+TLS Protocol: TLSv1.3
+Cipher: TLS_AES_256_GCM_SHA384
+Server Temp Key: X25519 253 bits
+Application protocol: h2
+
+finished in 2.00s, 46797.67 req/s, 734.25MB/s
+requests: 93595 total, 93995 started, 93595 done, 93590 succeeded, 5 failed, 0 errored, 0 timeout
+status codes: 93590 2xx, 0 3xx, 0 4xx, 5 5xx
+traffic: 1.43GB (1539906315) total, 1.61MB (1685190) headers (space savings 94.12%), 1.43GB (1533460480) data
+                     min         max         mean         sd        +/- sd
+time for request:      410us     49.87ms     14.51ms      4.27ms    70.25%
+time for connect:     1.23ms      2.24ms      1.67ms       422us    75.00%
+time to 1st byte:     3.28ms      4.91ms      4.03ms       687us    75.00%
+req/s           :   20307.17    20404.81    20357.52       38.04    75.00%
+"""
+
+
+class TlsTools(unittest.TestCase):
+    def test_h2load_summary(self):
+        r = parse_h2load(H2LOAD_OUT)
+        self.assertEqual(r["requests"], 93590)  # succeeded only
+        self.assertEqual(r["done"], 93595)
+        self.assertEqual(r["errors"], 5)
+        self.assertEqual(r["status"], {"2xx": 93590, "3xx": 0, "4xx": 0, "5xx": 5})
+        self.assertAlmostEqual(r["rps"], 46797.67)
+        self.assertAlmostEqual(r["bytes_per_s"], 734.25 * (1 << 20))
+        self.assertEqual(r["seconds"], 2.0)
+        self.assertAlmostEqual(r["latency_ms"]["min"], 0.41)
+        self.assertAlmostEqual(r["latency_ms"]["max"], 49.87)
+        self.assertAlmostEqual(r["latency_ms"]["mean"], 14.51)
+
+    def test_h2load_output_without_a_summary_is_an_error(self):
+        with self.assertRaises(BenchError):
+            parse_h2load("starting benchmark...\nNo protocol negotiated. Aborted.\n")
+        # a run cut short in its summary
+        with self.assertRaises(BenchError):
+            parse_h2load(H2LOAD_OUT.split("status codes")[0])
+
+    def test_s_time_result_line(self):
+        out = ("Collecting connection statistics for 4 seconds\n****\n\n"
+               "2192 connections in 1.25s; 1753.60 connections/user sec, bytes read 725552\n"
+               "2192 connections in 5 real seconds, 331 bytes read per connection\n")
+        self.assertEqual(parse_s_time(out), {"connections": 2192, "real_seconds": 5, "bytes_per_connection": 331})
+        self.assertIsNone(parse_s_time("ERROR\n40F7...:error:8000006F:system library:BIO_connect:Connection refused\n"))
+
+    def test_zipf_draws_follow_the_distribution_and_are_reproducible(self):
+        n, s = 1000, 0.99
+        ids = zipf_draws(n, s, 20000, seed=7)
+        self.assertEqual(ids, zipf_draws(n, s, 20000, seed=7))
+        self.assertNotEqual(ids, zipf_draws(n, s, 20000, seed=8))
+        self.assertTrue(all(0 <= i < n for i in ids))
+        for k in (1, 10, 100):
+            self.assertAlmostEqual(sum(1 for i in ids if i < k) / len(ids), zipf_head_share(n, s, k), delta=0.02)
+        self.assertEqual(zipf_draws(1, s, 5), [0] * 5)
+        with self.assertRaises(ValueError):
+            zipf_draws(0, s, 1)
+
+    def test_nginx_config_caches_and_terminates_tls_like_production(self):
+        from procs import TlsFiles
+        tls = TlsFiles(Path("/w/tls/ca.pem"), Path("/w/tls/server.pem"), Path("/w/tls/server.key"), "ECDSA P-256")
+        conf = nginx_config(prefix=Path("/w/nginx"), port=8443, origin_port=8080, tls=tls)
+        for line in ("worker_processes 2;", "access_log off;", "listen 127.0.0.1:8443 ssl http2;",
+                     "ssl_certificate /w/tls/server.pem;", "ssl_certificate_key /w/tls/server.key;",
+                     "ssl_session_cache shared:SSL:10m;", "ssl_session_tickets on;", "ssl_protocols TLSv1.2 TLSv1.3;",
+                     "server 127.0.0.1:8080;", "proxy_cache bench;", "keepalive_requests 1000000;",
+                     "add_header X-Cache-Status $upstream_cache_status always;"):
+            self.assertIn(line, conf)
+        # Nothing is written outside its prefix (the package's /var/lib/nginx, /run are not used).
+        paths = re.findall(r"(?<![\w.:/])/[\w./-]+", conf)
+        self.assertTrue(paths)
+        self.assertEqual([p for p in paths if not p.startswith(("/w/nginx", "/w/tls"))], [])
+        self.assertEqual(conf.count("{"), conf.count("}"))
+        self.assertIn("worker_processes 4;", nginx_config(prefix=Path("/p"), port=1, origin_port=2, tls=tls, workers=4))
+
+    def test_nginx_hits_marked_as_hits(self):
+        self.assertTrue(is_hit({"x-cache-status": "HIT"}))
+        self.assertFalse(is_hit({"x-cache-status": "MISS"}))
+        self.assertFalse(is_hit({"x-cache-status": "EXPIRED"}))
+
+
+@unittest.skipUnless(shutil.which("openssl"), "openssl is not installed")
+class TlsCertificates(unittest.TestCase):
+    """The harness's certificates, served by a local TLS server (Python's ssl)."""
+
+    def test_unknown_key_kind_is_refused(self):
+        with tempfile.TemporaryDirectory() as d, self.assertRaises(BenchError):
+            make_certificates(Registry(Path(d)), Path(d) / "tls", kind="DSA 1024")
+
+    def test_rsa_certificate_verifies(self):
+        self.serve_and_fetch("RSA 2048")
+
+    def test_certificate_verifies_for_127_0_0_1_and_serves_both_request_forms(self):
+        self.serve_and_fetch("ECDSA P-256")
+
+    def serve_and_fetch(self, kind: str):
+        with tempfile.TemporaryDirectory() as d:
+            tls = make_certificates(Registry(Path(d)), Path(d) / "tls", kind=kind)
+            key_pem = tls.key.read_text()
+            self.assertTrue("BEGIN PRIVATE KEY" in key_pem)
+            self.assertIn("BEGIN CERTIFICATE", tls.cert.read_text())
+            self.assertEqual(tls.cert.read_text().count("BEGIN CERTIFICATE"), 2)  # leaf, then the CA
+            seen: list[str] = []
+
+            class Handler(http.server.BaseHTTPRequestHandler):
+                protocol_version = "HTTP/1.0"
+
+                def do_GET(self):  # noqa: N802 (http.server's name)
+                    seen.append(f"{self.request_version} host={self.headers.get('Host')}")
+                    self.send_response(200)
+                    self.send_header("Cache-Status", "inlay; hit")
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+
+                def log_message(self, *_args):
+                    pass
+
+            import ssl
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            sctx.load_cert_chain(tls.cert, tls.key)
+            srv.socket = sctx.wrap_socket(srv.socket, server_side=True)
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            try:
+                url = f"https://127.0.0.1:{srv.server_address[1]}/x"
+                status, headers, body = http_get(url, ca=tls.ca)
+                self.assertEqual((status, body), (200, b"ok"))
+                status, headers, body = https_raw_get(url, tls.ca)
+                self.assertEqual((status, body), (200, b"ok"))
+                self.assertTrue(is_hit(headers))
+                with self.assertRaises(BenchError):
+                    http_get(url)  # an https URL without the CA
+                # another CA's certificate does not verify
+                other = make_certificates(Registry(Path(d)), Path(d) / "other")
+                with self.assertRaises(ssl.SSLCertVerificationError):
+                    http_get(url, ca=other.ca)
+            finally:
+                srv.shutdown()
+                srv.server_close()
+        self.assertEqual(seen, ["HTTP/1.1 host=127.0.0.1:" + url.split(":")[2].split("/")[0], "HTTP/1.0 host=None"])
+
+    @unittest.skipUnless(shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK), "nginx is not installed")
+    def test_nginx_accepts_the_rendered_config(self):
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        with tempfile.TemporaryDirectory() as d:
+            tls = make_certificates(Registry(Path(d)), Path(d) / "tls")
+            prefix = Path(d) / "nginx"
+            prefix.mkdir()
+            conf = prefix / "nginx.conf"
+            conf.write_text(nginx_config(prefix=prefix, port=1, origin_port=2, tls=tls))
+            p = subprocess.run([nginx, "-t", "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("syntax is ok", p.stderr)
 
 
 class Hits(unittest.TestCase):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what a fresh machine lacks. `build`: a Rust toolchain with cargo.
-# `bench`: also wrk, varnish and k6. `package`: cargo-deb and dpkg-deb.
+# `bench`: also wrk, varnish, nginx, h2load (nghttp2-client) and k6. `package`: cargo-deb and dpkg-deb.
 # Idempotent; quiet when all is present.
 set -euo pipefail
 what="${1:-build}"
@@ -43,6 +43,11 @@ if [ "$what" = bench ]; then
   command -v wrk >/dev/null 2>&1 || apt_install wrk
   command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || apt_install varnish
   command -v python3 >/dev/null 2>&1 || apt_install python3
+  # The tls section: nginx (its package's service is not used: the harness runs its own),
+  # h2load and the openssl CLI (certificates, s_time).
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || apt_install nginx
+  command -v h2load >/dev/null 2>&1 || apt_install nghttp2-client
+  command -v openssl >/dev/null 2>&1 || apt_install openssl
   if ! command -v k6 >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/k6" ]; then
     gobin="$(command -v go || true)"
     [ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
