@@ -416,7 +416,10 @@ async fn serve_connection<I>(
         async move {
             let clock = STREAM_CLOCK.try_with(Arc::clone).unwrap_or(h1_clock);
             let guard = InFlight::new(act);
-            let resp = pipeline.handle(req, peer).await;
+            // Boxed: the request's future is about 10 KB, and hyper moves
+            // the service's future (into a task of its own per HTTP/2
+            // stream); a box moves as a pointer.
+            let resp = Box::pin(pipeline.handle(req, peer)).await;
             Ok::<_, std::convert::Infallible>(resp.map(|b| guard.attach(b, Some(clock))))
         }
     });
