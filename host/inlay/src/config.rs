@@ -81,7 +81,8 @@ pub struct ServerConfig {
     /// Maximum concurrent client connections; more wait in the accept queue.
     pub max_connections: usize,
     /// Maximum concurrent connections from one client IP address (`0`: no
-    /// limit); past it a new connection from that address is closed at once.
+    /// limit); past it a new connection from that address is refused (held
+    /// unanswered for `header_read_timeout`, then closed).
     pub max_connections_per_client: usize,
     /// A client must send its whole request head within this time.
     pub header_read_timeout: Duration,

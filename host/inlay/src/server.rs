@@ -103,7 +103,19 @@ pub async fn run(
             ))
         })
         .collect();
+    let sweeper = tokio::spawn({
+        let admission = admission.clone();
+        async move {
+            let mut tick = tokio::time::interval(TARPIT_SWEEP);
+            loop {
+                tick.tick().await;
+                admission.tarpit.sweep(Instant::now());
+            }
+        }
+    });
     shutdown.await;
+    sweeper.abort();
+    admission.tarpit.clear();
     info!(
         connections = connections.len(),
         "shutting down: no new connections, draining in-flight requests"
@@ -124,6 +136,9 @@ pub async fn run(
         ),
     }
 }
+
+/// How often the connections held in the tarpit are looked at.
+const TARPIT_SWEEP: Duration = Duration::from_millis(250);
 
 /// How often an accept loop that waits for a free connection slot looks
 /// whether a reload raised `max_connections`.
@@ -201,6 +216,8 @@ async fn accept_loop(
         } else {
             let Some(slot) = admission.per_client.take(peer.ip()) else {
                 over_client_share(peer);
+                let until = Instant::now() + config.server.header_read_timeout;
+                admission.tarpit.hold(stream, until);
                 continue;
             };
             Some(slot)
@@ -270,10 +287,10 @@ async fn accept_loop(
 }
 
 fn over_client_share(peer: SocketAddr) {
-    // One address holding its share already: closed at once, so that one
-    // client cannot take every slot.
+    // One address holding its share already: refused, so that one client
+    // cannot take every slot.
     if let Some(more) = CLIENT_WARNINGS.admit() {
-        warn!(%peer, suppressed = more, "client at max_connections_per_client; connection closed");
+        warn!(%peer, suppressed = more, "client at max_connections_per_client; connection refused");
     }
 }
 
@@ -689,6 +706,8 @@ struct Admission {
     /// the connections holding them give them up when they close.
     owed: Arc<AtomicUsize>,
     per_client: PerClient,
+    /// Connections refused for their address's share, held unread.
+    tarpit: Tarpit,
 }
 
 impl Admission {
@@ -698,6 +717,7 @@ impl Admission {
             size: std::sync::Mutex::new(server.max_connections),
             owed: Arc::default(),
             per_client: PerClient::new(server.max_connections_per_client),
+            tarpit: Tarpit::default(),
         }
     }
 
@@ -749,6 +769,56 @@ impl Admission {
     /// Slots free now.
     fn free(&self) -> usize {
         self.slots.available_permits()
+    }
+}
+
+/// Connections refused because their address holds its
+/// `max_connections_per_client` already. Closed at once, they came back at
+/// once: an attacker that reconnects whatever is closed made Inlay accept
+/// and close tens of thousands a second, and that churn was the CPU its
+/// other clients waited for. Held unread for `header_read_timeout`
+/// instead, a refused connection costs one descriptor and no work until
+/// it is closed. At most [`TARPIT_MAX`] are held (the oldest is closed
+/// for a new one), so the descriptors it takes stay bounded.
+struct Tarpit {
+    held: std::sync::Mutex<std::collections::VecDeque<(Instant, TcpStream)>>,
+    max: usize,
+}
+
+impl Default for Tarpit {
+    fn default() -> Self {
+        Self {
+            held: std::sync::Mutex::default(),
+            max: TARPIT_MAX,
+        }
+    }
+}
+
+/// Refused connections held at most.
+const TARPIT_MAX: usize = 1024;
+
+impl Tarpit {
+    /// Hold `stream` until `until` (or until it is the oldest of a full
+    /// tarpit).
+    fn hold(&self, stream: TcpStream, until: Instant) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.len() >= self.max {
+            held.pop_front();
+        }
+        held.push_back((until, stream));
+    }
+
+    /// Close the connections held past their time.
+    fn sweep(&self, now: Instant) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        while held.front().is_some_and(|(until, _)| *until <= now) {
+            held.pop_front();
+        }
+    }
+
+    /// Close every connection held (at shutdown).
+    fn clear(&self) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
@@ -1257,6 +1327,49 @@ mod tests {
         open.pop();
         let next = take(&a, 1).await.pop().unwrap();
         assert!(next.unless_owed().is_some());
+    }
+
+    /// A connected pair: the client's end and the server's.
+    async fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
+        let client = TcpStream::connect(listener.local_addr().unwrap());
+        let (client, server) = tokio::join!(client, listener.accept());
+        (client.unwrap(), server.unwrap().0)
+    }
+
+    /// Whether the server closed `client`'s connection (EOF or reset).
+    async fn closed(client: &mut TcpStream) -> bool {
+        let mut b = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(200), client.read(&mut b));
+        matches!(read.await, Ok(Ok(0) | Err(_)))
+    }
+
+    #[tokio::test]
+    async fn the_tarpit_holds_refused_connections_until_their_time_and_no_more_than_its_bound() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tarpit = Tarpit {
+            held: std::sync::Mutex::default(),
+            max: 2,
+        };
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let (mut first, s1) = pair(&listener).await;
+        let (mut second, s2) = pair(&listener).await;
+        let (mut third, s3) = pair(&listener).await;
+        tarpit.hold(s1, now + Duration::from_millis(1));
+        tarpit.hold(s2, later);
+        assert!(!closed(&mut first).await, "held, not closed at once");
+        // Past its time, the sweep closes it; the other stays.
+        tarpit.sweep(now + Duration::from_secs(1));
+        assert!(closed(&mut first).await);
+        assert!(!closed(&mut second).await);
+        // Full: the oldest goes for a new one.
+        tarpit.hold(s3, later);
+        let (mut fourth, s4) = pair(&listener).await;
+        tarpit.hold(s4, later);
+        assert!(closed(&mut second).await, "the oldest of a full tarpit");
+        assert!(!closed(&mut third).await && !closed(&mut fourth).await);
+        tarpit.clear();
+        assert!(closed(&mut third).await && closed(&mut fourth).await);
     }
 
     #[test]

@@ -514,20 +514,26 @@ async fn one_client_address_cannot_take_every_connection() {
     let inlay = Harness::builder()
         .backend(&origin)
         // Connections that send nothing reach Inlay only without defer_accept.
-        .server("max_connections_per_client = 5\ndefer_accept = \"0s\"")
+        .server(
+            "max_connections_per_client = 5\ndefer_accept = \"0s\"\nheader_read_timeout = \"2s\"",
+        )
         .start_in_process()
         .await;
     let mut held = Vec::new();
     for _ in 0..5 {
         held.push(tokio::net::TcpStream::connect(inlay.addr).await.unwrap());
     }
-    // The sixth from the same address is closed at once.
+    // The sixth from the same address is refused: held unanswered (so that
+    // it does not come back at once) and closed after header_read_timeout.
     let mut sixth = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    let _ = sixth
+        .write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
     let mut buf = [0u8; 16];
     let n = tokio::time::timeout(Duration::from_secs(10), sixth.read(&mut buf))
         .await
-        .expect("the sixth connection was kept open");
-    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        .expect("the sixth connection was kept open past header_read_timeout");
+    assert!(matches!(n, Ok(0) | Err(_)), "answered: {n:?}");
     // Another address is served while this one holds its share.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
