@@ -461,10 +461,7 @@ impl Proxy {
 /// The admin API's state: its token (read now, so that a bad token file
 /// stops start-up) and the hooks this crate fills itself.
 fn admin_of(cfg: &Arc<Config>, policy: Option<&Arc<PolicySlot>>) -> anyhow::Result<Admin> {
-    let token = match (&cfg.admin, &cfg.admin_token_file) {
-        (Some(_), Some(path)) => Some(AdminToken::read(path)?),
-        _ => None,
-    };
+    let token = crate::reload::admin_token(cfg).map_err(|e| anyhow::anyhow!(e.join("\n")))?;
     let config = cfg.clone();
     let policy = policy.cloned();
     Ok(Admin::new(

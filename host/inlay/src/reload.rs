@@ -301,22 +301,22 @@ impl Reloader {
 }
 
 /// The admin API's token as `cfg` has it, read from `admin.token_file`
-/// now (so that a rotated token takes effect). The admin listener is the
-/// running one (a reload does not move it): a token file removed while it
-/// listens beyond loopback refuses the reload, as it would refuse a start.
-fn admin_token(cfg: &Config) -> Result<Option<AdminToken>, Vec<String>> {
+/// now (at start, and at a reload so that a rotated token takes effect).
+/// At a reload the admin listener is the running one (a reload does not
+/// move it): a token file removed while it listens beyond loopback refuses
+/// the reload, as it refuses a start.
+pub(crate) fn admin_token(cfg: &Config) -> Result<Option<AdminToken>, Vec<String>> {
     let Some(listen) = cfg.admin else {
         return Ok(None);
     };
-    match &cfg.admin_token_file {
-        Some(path) => AdminToken::read(path)
-            .map(Some)
-            .map_err(|e| vec![format!("{e:#}")]),
-        None if !listen.ip().is_loopback() => Err(vec![format!(
-            "admin.token_file: the admin API listens on {listen}, not a loopback address, and a reload does not move it: it must keep asking for a token"
-        )]),
-        None => Ok(None),
+    if let Some(m) = crate::config::unguarded_admin(listen, cfg.admin_token_file.as_deref()) {
+        return Err(vec![format!("admin.token_file: {m}")]);
     }
+    cfg.admin_token_file
+        .as_deref()
+        .map(AdminToken::read)
+        .transpose()
+        .map_err(|e| vec![format!("{e:#}")])
 }
 
 /// What a reload does to the cache.

@@ -699,9 +699,9 @@ fn went_away(e: &(dyn std::error::Error + 'static)) -> bool {
 /// enough connections have closed (open ones are never cut).
 struct Admission {
     slots: Arc<Semaphore>,
-    /// The `max_connections` the slots are sized to; the lock serializes
-    /// resizes.
-    size: std::sync::Mutex<usize>,
+    /// The `max_connections` the slots are sized to. Read at every accept
+    /// without a lock; the accept loop that moves it applies the change.
+    size: AtomicUsize,
     /// Slots a shrink could not take back at once (they were in use):
     /// the connections holding them give them up when they close.
     owed: Arc<AtomicUsize>,
@@ -714,7 +714,7 @@ impl Admission {
     fn new(server: &ServerConfig) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(server.max_connections)),
-            size: std::sync::Mutex::new(server.max_connections),
+            size: AtomicUsize::new(server.max_connections),
             owed: Arc::default(),
             per_client: PerClient::new(server.max_connections_per_client),
             tarpit: Tarpit::default(),
@@ -726,13 +726,19 @@ impl Admission {
         self.per_client
             .limit
             .store(server.max_connections_per_client, Ordering::Relaxed);
-        let mut size = self.size.lock().unwrap_or_else(|e| e.into_inner());
         let want = server.max_connections;
-        if want == *size {
+        // Two listeners may see a reload at once: the one whose exchange
+        // wins applies the change from the size it replaced.
+        let Ok(was) = self
+            .size
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n != want).then_some(want)
+            })
+        else {
             return;
-        }
-        if want > *size {
-            let more = want - *size;
+        };
+        if want > was {
+            let more = want - was;
             // Slots still owed from an earlier shrink are forgiven first.
             let owed = self
                 .owed
@@ -742,16 +748,15 @@ impl Admission {
                 .unwrap_or(0);
             self.slots.add_permits(more - owed.min(more));
         } else {
-            let fewer = *size - want;
+            let fewer = was - want;
             let taken = self.slots.forget_permits(fewer);
             self.owed.fetch_add(fewer - taken, Ordering::AcqRel);
         }
         info!(
-            from = *size,
+            from = was,
             to = want,
             "server.max_connections applied to the open listeners"
         );
-        *size = want;
     }
 
     /// A connection slot, when one is free.
