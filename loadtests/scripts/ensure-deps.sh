@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what a fresh machine lacks. `build`: a Rust toolchain with cargo.
+# Install what a fresh machine lacks. `build`: a Rust toolchain with cargo,
+# and nats-server for the cluster tests.
 # `bench`: also wrk, varnish, nginx, h2load (nghttp2-client) and k6. `package`: cargo-deb and dpkg-deb.
 # Idempotent; quiet when all is present.
 set -euo pipefail
@@ -25,6 +26,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "ensure-deps: installing Debian's Rust toolchain" >&2
     apt_install rustc-web cargo-web rust-web-src
   fi
+fi
+
+# The cluster tests (host/inlay/tests/cluster*.rs) start nats-server with
+# JetStream; without it they say so and are skipped.
+if [ "$what" = build ] && ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+  echo "ensure-deps: installing nats-server (Debian) for the cluster tests" >&2
+  apt_install nats-server || echo "ensure-deps: nats-server could not be installed: the cluster tests will be SKIPPED" >&2
 fi
 
 if [ "$what" = package ]; then

@@ -14,6 +14,7 @@ use tracing::{error, info};
 
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
+use crate::cluster::Cluster;
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -341,6 +342,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     /// The TLS listeners' certificates (none without `[[server.tls]]`).
     tls: Arc<Tls>,
+    /// The NATS connection of `[cluster]`, made before anything listens.
+    cluster: Option<Cluster>,
 }
 
 impl Proxy {
@@ -355,6 +358,16 @@ impl Proxy {
         let tls = Tls::new(&cfg.server.tls).map_err(|errors| {
             anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
         })?;
+        // A node that cannot reach its cluster does not serve: it would
+        // miss the purges of the others.
+        let cluster = match &cfg.cluster {
+            Some(c) => {
+                let cluster = Cluster::connect(c).await?;
+                info!(node = %c.node_name, servers = %c.nats_urls.join(", "), "cluster: joined");
+                Some(cluster)
+            }
+            None => None,
+        };
         Ok(Self {
             cfg,
             access_log,
@@ -363,6 +376,7 @@ impl Proxy {
             reload_source: None,
             metrics,
             tls: Arc::new(tls),
+            cluster,
         })
     }
 
@@ -396,6 +410,11 @@ impl Proxy {
         &self.tls
     }
 
+    /// The node's cluster connection, if `[cluster]` is configured.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
+    }
+
     /// The policy slot (reloaded in place by SIGHUP), if a policy is configured.
     pub fn policy(&self) -> Option<&Arc<PolicySlot>> {
         self.policy.as_ref()
@@ -416,6 +435,7 @@ impl Proxy {
             reload_source,
             metrics,
             tls,
+            cluster,
         } = self;
         let store = open_store(&cfg)?;
         let pipeline = Pipeline::with_metrics(
@@ -443,6 +463,12 @@ impl Proxy {
         crate::server::run(listeners, reloader.generations(), shutdown).await;
         if let Some(task) = on_hup {
             task.abort();
+        }
+        if let Some(cluster) = &cluster {
+            // What this node published (purges, bans) reaches NATS before it exits.
+            if let Err(e) = cluster.client().flush().await {
+                error!(error = %e, "cluster: flushing the NATS connection at shutdown failed");
+            }
         }
         let last = reloader.current();
         flush_access_log(last.access_log().clone()).await;

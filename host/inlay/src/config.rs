@@ -18,6 +18,9 @@ use http::Uri;
 
 use crate::backend::tls::{BackendTls, TlsSettings};
 
+mod cluster;
+pub use cluster::{ClusterAuth, ClusterConfig, ClusterTls};
+
 /// The configuration embedded in the binary, used when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
 
@@ -47,6 +50,8 @@ pub struct Config {
     pub admin_token_file: Option<PathBuf>,
     /// `[metrics]`: the Prometheus counters.
     pub metrics: MetricsConfig,
+    /// `[cluster]`: the NATS cluster this node joins, if any.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// `[metrics]`.
@@ -1047,6 +1052,7 @@ impl Reader {
                 "policy",
                 "admin",
                 "metrics",
+                "cluster",
             ],
         );
         let empty = Table::new();
@@ -1135,6 +1141,9 @@ impl Reader {
         let metrics = MetricsConfig {
             enabled: self.boolean(t, "metrics", "enabled", true),
         };
+        let cluster = self
+            .table(root, "", "cluster")
+            .and_then(|t| self.cluster(t));
         Config {
             server,
             backends,
@@ -1147,6 +1156,7 @@ impl Reader {
             admin,
             admin_token_file,
             metrics,
+            cluster,
         }
     }
 

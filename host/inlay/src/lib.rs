@@ -8,7 +8,8 @@
 //! request's path through the host ([`pipeline`], one phase per file), the
 //! backends ([`backend`]), the access log ([`access_log`]), config
 //! reloads ([`reload`]), the admin API ([`admin`]) and the Prometheus
-//! counters ([`metrics`]). The HTTP
+//! counters ([`metrics`]), and the NATS cluster several nodes share
+//! ([`cluster`]). The HTTP
 //! model, the cache, ESI and the policy runtime are crates of their own
 //! (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`); see
 //! `docs/ARCHITECTURE.md`.
@@ -18,6 +19,7 @@ pub mod admin;
 pub mod backend;
 pub mod body;
 pub mod cli;
+pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod manpage;

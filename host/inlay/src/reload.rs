@@ -500,6 +500,9 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
             | restore(&old.server.listen_tls, &mut new.server.listen_tls),
     );
     note("admin.listen", restore(&old.admin, &mut new.admin));
+    // The NATS connection and the node's identity in the cluster are made
+    // once, before the node serves.
+    note("cluster", restore(&old.cluster, &mut new.cluster));
     warnings
 }
 

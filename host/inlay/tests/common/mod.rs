@@ -10,6 +10,7 @@
 
 mod client;
 mod harness;
+mod nats;
 mod origin;
 mod process;
 mod tls_origin;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 pub use client::{Reply, echo_headers, echoed, esi_page, get, get_site, raw, request, urlencode};
 pub use harness::{AccessLog, Harness};
+pub use nats::{NatsServer, nats_server_binary};
 pub use origin::Origin;
 pub use process::{Inlay, Lines};
 pub use tls_origin::{Issued, TestCa, TlsOrigin};

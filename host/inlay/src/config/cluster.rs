@@ -1,0 +1,286 @@
+//! `[cluster]`: the NATS servers a node joins, how it authenticates, its
+//! name, and what the cluster shares. Without the table nothing changes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Reader, Table, join};
+
+/// `[cluster]`: one cache fabric over NATS with JetStream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    /// `nats_urls`: the NATS servers (`nats://host:port`, `tls://host:port`);
+    /// the client connects to one and fails over to the others.
+    pub nats_urls: Vec<String>,
+    /// `node_name`: this node's name, unique in the cluster (default: the
+    /// host name). Letters, digits, `-` and `_`: it is part of NATS subjects.
+    pub node_name: String,
+    /// `subject_prefix`: the first token of every subject, stream, bucket
+    /// and object store name the cluster uses (default `inlay`), so several
+    /// clusters can share NATS servers.
+    pub subject_prefix: String,
+    /// `shard`: each key has one owner node; others fetch misses from it.
+    pub shard: bool,
+    /// How this node proves who it is to NATS.
+    pub auth: ClusterAuth,
+    /// `tls`: TLS to the NATS servers (`ca_file`, `client_cert`, `client_key`).
+    pub tls: Option<ClusterTls>,
+    /// `connect_timeout`: how long one connection attempt to a NATS server
+    /// may take (default 2 s). A node whose NATS servers are all down at
+    /// start does not start.
+    pub connect_timeout: Duration,
+}
+
+/// The credentials a node shows the NATS servers (at most one kind).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum ClusterAuth {
+    /// No credentials.
+    #[default]
+    None,
+    /// `token_file`: a file holding the server's authorization token.
+    Token(PathBuf),
+    /// `nkey_seed_file`: a file holding an NKey user seed (`SU...`).
+    NKey(PathBuf),
+    /// `credentials_file`: a `.creds` file (a user JWT and its NKey seed).
+    Credentials(PathBuf),
+}
+
+/// `[cluster.tls]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterTls {
+    /// `ca_file`: PEM certificates the NATS servers' certificate must chain
+    /// to (default: the system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// `client_cert` and `client_key`: a client certificate for servers that
+    /// require one (both or neither).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// Longest `node_name` and `subject_prefix`: subjects stay short.
+const MAX_NAME: usize = 64;
+
+fn valid_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The host's name as a node name: its first label, kept to the characters
+/// a subject token may hold.
+fn default_node_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let name: String = raw
+        .trim()
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_NAME)
+        .collect();
+    if name.is_empty() {
+        "inlay".to_owned()
+    } else {
+        name
+    }
+}
+
+impl Reader {
+    /// `[cluster]`, or `None` when the table is absent.
+    pub(super) fn cluster(&mut self, t: &Table) -> Option<ClusterConfig> {
+        let p = "cluster";
+        self.known_keys(
+            t,
+            p,
+            &[
+                "nats_urls",
+                "node_name",
+                "subject_prefix",
+                "shard",
+                "token_file",
+                "nkey_seed_file",
+                "credentials_file",
+                "tls",
+                "connect_timeout",
+            ],
+        );
+        let nats_urls = self.strings(t, p, "nats_urls").unwrap_or_default();
+        if nats_urls.is_empty() {
+            self.err(
+                join(p, "nats_urls"),
+                "at least one NATS server is required, e.g. [\"nats://127.0.0.1:4222\"]",
+            );
+        }
+        for (i, url) in nats_urls.iter().enumerate() {
+            if let Err(m) = check_nats_url(url) {
+                self.err(format!("{p}.nats_urls[{i}]"), m);
+            }
+        }
+        let node_name = self
+            .string(t, p, "node_name")
+            .unwrap_or_else(default_node_name);
+        if !valid_token(&node_name) {
+            self.err(
+                join(p, "node_name"),
+                format!(
+                    "{node_name:?}: use 1 to {MAX_NAME} letters, digits, '-' and '_' (it is a NATS subject token)"
+                ),
+            );
+        }
+        let subject_prefix = self
+            .string(t, p, "subject_prefix")
+            .unwrap_or_else(|| "inlay".to_owned());
+        if !valid_token(&subject_prefix) {
+            self.err(
+                join(p, "subject_prefix"),
+                format!(
+                    "{subject_prefix:?}: use 1 to {MAX_NAME} letters, digits, '-' and '_' (it names subjects and streams)"
+                ),
+            );
+        }
+        let shard = self.boolean(t, p, "shard", false);
+        let mut auths = Vec::new();
+        for (key, make) in [
+            (
+                "token_file",
+                ClusterAuth::Token as fn(PathBuf) -> ClusterAuth,
+            ),
+            ("nkey_seed_file", ClusterAuth::NKey),
+            ("credentials_file", ClusterAuth::Credentials),
+        ] {
+            if let Some(path) = self.string(t, p, key) {
+                if path.is_empty() {
+                    self.err(join(p, key), "must name a file");
+                } else {
+                    auths.push((key, make(PathBuf::from(path))));
+                }
+            }
+        }
+        if auths.len() > 1 {
+            let keys: Vec<_> = auths.iter().map(|(k, _)| *k).collect();
+            self.err(
+                p,
+                format!(
+                    "give one of token_file, nkey_seed_file and credentials_file, not {}",
+                    keys.join(" and ")
+                ),
+            );
+        }
+        let auth = auths.pop().map(|(_, a)| a).unwrap_or_default();
+        let tls = self.table(t, p, "tls").map(|tt| self.cluster_tls(tt));
+        let connect_timeout =
+            self.positive_duration(t, p, "connect_timeout", Duration::from_secs(2));
+        Some(ClusterConfig {
+            nats_urls,
+            node_name,
+            subject_prefix,
+            shard,
+            auth,
+            tls,
+            connect_timeout,
+        })
+    }
+
+    fn cluster_tls(&mut self, t: &Table) -> ClusterTls {
+        let p = "cluster.tls";
+        self.known_keys(t, p, &["ca_file", "client_cert", "client_key"]);
+        let ca_file = self.string(t, p, "ca_file").map(PathBuf::from);
+        let cert = self.string(t, p, "client_cert").map(PathBuf::from);
+        let key = self.string(t, p, "client_key").map(PathBuf::from);
+        let client_cert = match (cert, key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => {
+                self.err(p, "client_cert and client_key go together");
+                None
+            }
+        };
+        ClusterTls {
+            ca_file,
+            client_cert,
+        }
+    }
+}
+
+/// A NATS server address: `nats://`, `tls://` (or `ws://`/`wss://`) with a
+/// host and a port.
+fn check_nats_url(s: &str) -> Result<(), String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("nats" | "tls") => {}
+        Some(other) => {
+            return Err(format!(
+                "{s:?}: scheme {other:?}, expected nats:// or tls://"
+            ));
+        }
+        None => return Err(format!("{s:?}: expected nats://HOST:PORT")),
+    }
+    match uri.authority() {
+        Some(a) if !a.host().is_empty() => Ok(()),
+        _ => Err(format!("{s:?}: no host")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BACKEND: &str = "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n";
+
+    fn issues(cluster: &str) -> Vec<String> {
+        match Config::from_toml(&format!("{BACKEND}[cluster]\n{cluster}")) {
+            Ok(_) => Vec::new(),
+            Err(e) => vec![e.to_string()],
+        }
+    }
+
+    #[test]
+    fn without_a_cluster_table_there_is_no_cluster() {
+        assert!(Config::from_toml(BACKEND).unwrap().cluster.is_none());
+    }
+
+    #[test]
+    fn a_cluster_table_parses_with_defaults() {
+        let cfg = Config::from_toml(&format!(
+            "{BACKEND}[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\", \"tls://nats.example:4443\"]\nnode_name = \"edge-1\"\n"
+        ))
+        .unwrap();
+        let c = cfg.cluster.unwrap();
+        assert_eq!(c.nats_urls.len(), 2);
+        assert_eq!(c.node_name, "edge-1");
+        assert_eq!(c.subject_prefix, "inlay");
+        assert!(!c.shard);
+        assert_eq!(c.auth, super::ClusterAuth::None);
+        assert_eq!(c.connect_timeout, std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn bad_cluster_settings_are_named_with_their_path() {
+        let all = issues(
+            "nats_urls = [\"http://x:1\", \"nats://\"]\nnode_name = \"a.b\"\nsubject_prefix = \"\"\ntoken_file = \"t\"\nnkey_seed_file = \"n\"\nflavour = 1\n[cluster.tls]\nclient_cert = \"c.pem\"\n",
+        )
+        .join("\n");
+        for needle in [
+            "cluster.nats_urls[0]",
+            "cluster.nats_urls[1]",
+            "cluster.node_name",
+            "cluster.subject_prefix",
+            "not token_file and nkey_seed_file",
+            "cluster.flavour",
+            "client_cert and client_key go together",
+        ] {
+            assert!(all.contains(needle), "{needle} not in:\n{all}");
+        }
+        assert!(issues("").join("\n").contains("at least one NATS server"));
+    }
+}
