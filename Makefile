@@ -21,7 +21,7 @@ DEMO_PROFILE := --profile demo --config 'profile.demo.inherits="release"' \
 	--config 'profile.demo.lto="off"' --config profile.demo.opt-level=1 \
 	--config profile.demo.codegen-units=16 --config profile.demo.debug=false
 
-.PHONY: demo test build deps bench bench-quick vendor-check conformance hostile scale package
+.PHONY: demo test build deps bench bench-quick vendor-check conformance hostile scale package cluster-demo
 
 include Makefile.policies
 
@@ -44,6 +44,12 @@ demo: deps
 	$(CARGO) build $(DEMO_PROFILE) $(BINARIES)
 	bash policies/build.sh $(DEMO_POLICY)
 	@bash loadtests/scripts/demo.sh "$(DEMO_ORIGIN)" "$(DEMO_LISTEN)" "target/policies/$(DEMO_POLICY).wasm" target/demo
+
+# Three inlay nodes in one cluster on nats-server (README, "Cluster"); the
+# demo origin behind them. Installs nats-server where it is missing.
+cluster-demo: deps
+	$(CARGO) build $(DEMO_PROFILE) -p inlay -p inlay-origin
+	@bash loadtests/scripts/cluster-demo.sh target/demo
 
 # Every test: the vendored crate against its release and patches, formatting,
 # lints, unit and integration tests (host, storage, origin, SDK), the
