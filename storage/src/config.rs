@@ -13,6 +13,10 @@ pub const MIN_CHUNK_SIZE: usize = 4 * 1024;
 /// Largest accepted chunk size. Chunks are files of their own (sled holds a
 /// pointer to each), so the bound is about memory per read, not sled.
 pub const MAX_CHUNK_SIZE: usize = 4 * 1024 * 1024;
+/// Largest accepted [`StoreConfig::inline_body_bytes`]: with at most 32 KiB
+/// of metadata ([`crate::MAX_META_LEN`]), a record stays far below the size
+/// at which sled writes a node as a blob file of its own (see the crate docs).
+pub const MAX_INLINE_BODY: usize = 16 * 1024;
 
 /// How a [`crate::TieredStore`] is set up.
 ///
@@ -25,6 +29,7 @@ pub const MAX_CHUNK_SIZE: usize = 4 * 1024 * 1024;
 /// | `flush_every_ms` | 500 | sled's periodic fsync interval |
 /// | `sweep_interval` | 30 s | how often expired objects are removed |
 /// | `disk_cache_bytes` | 32 MiB | sled's own page cache |
+/// | `inline_body_bytes` | 4 KiB | bodies up to this size are stored in their record, not in chunk files |
 /// | `kv_bytes` | 64 MiB | bound on all kv records together |
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -48,6 +53,10 @@ pub struct StoreConfig {
     pub disk_cache_bytes: u64,
     /// Bound on the bytes of all kv records (keys and values) together.
     pub kv_bytes: u64,
+    /// Bodies of at most this many bytes are stored inside their metadata
+    /// record (one engine read per hit, no file per object); longer ones in
+    /// chunks. At most [`MAX_INLINE_BODY`]; 0 stores every body in chunks.
+    pub inline_body_bytes: usize,
 }
 
 impl Default for StoreConfig {
@@ -61,6 +70,7 @@ impl Default for StoreConfig {
             sweep_interval: Duration::from_secs(30),
             disk_cache_bytes: 32 * MIB,
             kv_bytes: 64 * MIB,
+            inline_body_bytes: 4 * KIB as usize,
         }
     }
 }
@@ -89,6 +99,12 @@ impl StoreConfig {
             problems.push(format!(
                 "chunk_size {} is outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE}",
                 self.chunk_size
+            ));
+        }
+        if self.inline_body_bytes > MAX_INLINE_BODY {
+            problems.push(format!(
+                "inline_body_bytes {} is above {MAX_INLINE_BODY}",
+                self.inline_body_bytes
             ));
         }
         if self.flush_every_ms == 0 {
@@ -133,6 +149,7 @@ mod tests {
         let c = StoreConfig {
             memory_bytes: 1,
             chunk_size: 1,
+            inline_body_bytes: MAX_INLINE_BODY + 1,
             sweep_interval: std::time::Duration::ZERO,
             ..StoreConfig::default()
         };
@@ -140,7 +157,10 @@ mod tests {
             panic!("invalid config accepted");
         };
         assert!(
-            msg.contains("memory_bytes") && msg.contains("chunk_size") && msg.contains("sweep")
+            msg.contains("memory_bytes")
+                && msg.contains("chunk_size")
+                && msg.contains("inline_body_bytes")
+                && msg.contains("sweep")
         );
     }
 }
