@@ -71,9 +71,14 @@ fn forget_memory(s: &TieredStore) {
     s.memory().tier.clear();
 }
 
-/// Chunks a body of `len` bytes takes at the default chunk size.
+/// Chunks a body of `len` bytes takes at the default chunk size (none if
+/// it is small enough to go inline in its record).
 fn chunks(len: usize) -> usize {
-    len.div_ceil(StoreConfig::default().chunk_size)
+    let cfg = StoreConfig::default();
+    if len <= cfg.inline_body_bytes {
+        return 0;
+    }
+    len.div_ceil(cfg.chunk_size)
 }
 
 fn count(engine: &dyn DiskEngine, tree: TreeId) -> usize {
@@ -93,10 +98,10 @@ fn round_trip_small_and_multi_chunk_from_disk() {
     s.put("empty\u{1}", meta(60_000, &[]), empty.clone())
         .unwrap();
     assert_eq!(m.body_len, 1 << 20);
-    // 1 MiB in chunks, plus 1 for the small body.
+    // 1 MiB in chunks; the small body is inline in its record.
     assert_eq!(
         count(s.disk().unwrap().engine(), TreeId::Chunks),
-        chunks(1 << 20) + 1
+        chunks(1 << 20)
     );
     assert_eq!(s.get("big\u{1}").unwrap().unwrap().body, big);
     assert_eq!(s.stats().hits_memory, 1);
@@ -167,7 +172,7 @@ fn flipped_byte_in_a_chunk_is_a_miss_and_is_removed() {
     assert_eq!(st.misses, 1);
     // Removed, with all its parts; the bystander is untouched.
     assert!(e.get(TreeId::Meta, b"victim").unwrap().is_none());
-    assert_eq!(count(e, TreeId::Chunks), 1);
+    assert_eq!(count(e, TreeId::Chunks), chunks(1000));
     assert_eq!(
         s.keys_for_surrogate("t").unwrap(),
         vec!["bystander".to_string()]
@@ -341,7 +346,7 @@ fn sweep_removes_expired_objects_from_both_tiers() {
     let e = s.disk().unwrap().engine();
     assert!(e.get(TreeId::Meta, b"old").unwrap().is_none());
     assert_eq!(count(e, TreeId::Expiry), 1);
-    assert_eq!(count(e, TreeId::Chunks), 1);
+    assert_eq!(count(e, TreeId::Chunks), chunks(100));
     assert_eq!(s.stats().memory_objects, 1);
     assert!(s.get("fresh").unwrap().is_some());
     // The fresh object goes when its time comes.
@@ -1199,4 +1204,189 @@ fn invalid_bounds_change_nothing() {
     m.set_bounds(2 << 20, 0).unwrap();
     assert!(matches!(m.set_bounds(0, 0), Err(StoreError::Config(_))));
     assert_eq!(m.stats().memory_capacity, 2 << 20);
+}
+
+/// The record's bytes for `key`, as stored.
+fn raw_record(e: &dyn DiskEngine, key: &str) -> Vec<u8> {
+    e.get(TreeId::Meta, key.as_bytes())
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
+
+#[test]
+fn small_bodies_are_stored_inline_and_read_back_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = StoreConfig::default().inline_body_bytes;
+    let sizes = [0, 1, 200, limit, limit + 1, 100_000];
+    let before;
+    {
+        let s = open_counted(config(dir.path()));
+        for (i, len) in sizes.iter().enumerate() {
+            s.put(
+                &format!("k{i}\u{1}"),
+                meta(60_000, &["t"]),
+                body(i as u64, *len),
+            )
+            .unwrap();
+        }
+        let e = s.disk().unwrap().engine();
+        // Only the two bodies over the limit have chunks.
+        assert_eq!(
+            count(e, TreeId::Chunks),
+            chunks(limit + 1) + chunks(100_000)
+        );
+        assert_eq!(chunks(limit + 1), 1);
+        // An inline record holds its body: it is longer than the body.
+        assert!(raw_record(e, "k3\u{1}").len() > limit);
+        // A refresh of an inline object keeps its body.
+        let mut refreshed = meta(120_000, &["t", "u"]);
+        refreshed.status = 203;
+        assert!(s.update_meta("k2\u{1}", refreshed).unwrap());
+        before = s.stats();
+    }
+    let s = open_counted(config(dir.path()));
+    assert_eq!(s.stats().disk_bytes, before.disk_bytes, "recount differs");
+    for (i, len) in sizes.iter().enumerate() {
+        let got = s.get(&format!("k{i}\u{1}")).unwrap().unwrap();
+        assert_eq!(got.body, body(i as u64, *len), "k{i}");
+    }
+    assert_eq!(s.stats().hits_disk, sizes.len() as u64);
+    assert_eq!(s.get("k2\u{1}").unwrap().unwrap().meta.status, 203);
+    assert_eq!(
+        s.keys_for_surrogate("u").unwrap(),
+        vec!["k2\u{1}".to_string()]
+    );
+    // The reactor's path serves an inline hit without a chunk read.
+    forget_memory(&s);
+    assert!(matches!(
+        s.get_nowait("k2\u{1}"),
+        Peek::Hit(o) if o.body == body(2, 200)
+    ));
+}
+
+#[test]
+fn a_damaged_inline_body_is_a_miss_and_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_counted(config(dir.path()));
+    for k in ["flipped", "recrc", "bystander"] {
+        s.put(k, meta(60_000, &["t"]), body(9, 300)).unwrap();
+    }
+    let e = s.disk().unwrap().engine();
+    // A flipped byte in the body (the record's CRC catches it).
+    let mut rec = raw_record(e, "flipped");
+    let n = rec.len();
+    rec[n - 5] ^= 0x20;
+    e.insert(TreeId::Meta, b"flipped", &rec).unwrap();
+    // The same with the record's CRC made to match: the body's own CRC
+    // still catches it.
+    let mut rec = raw_record(e, "recrc");
+    rec[n - 5] ^= 0x20;
+    let crc = crc32fast::hash(&rec[7..]);
+    rec[3..7].copy_from_slice(&crc.to_be_bytes());
+    e.insert(TreeId::Meta, b"recrc", &rec).unwrap();
+    forget_memory(&s);
+    for k in ["flipped", "recrc"] {
+        assert!(s.get(k).unwrap().is_none(), "{k} served");
+        assert!(
+            e.get(TreeId::Meta, k.as_bytes()).unwrap().is_none(),
+            "{k} kept"
+        );
+    }
+    let st = s.stats();
+    assert_eq!((st.corrupt_dropped, st.disk_objects), (2, 1), "{st:?}");
+    assert_eq!(
+        s.keys_for_surrogate("t").unwrap(),
+        vec!["bystander".to_string()]
+    );
+    assert_eq!(s.get("bystander").unwrap().unwrap().body, body(9, 300));
+    // Their surrogate entries are gone (an undecodable record's are
+    // dropped as stale when a purge meets them).
+    assert_eq!(count(e, TreeId::Surrogate), 1);
+}
+
+#[test]
+fn a_store_with_small_bodies_in_chunks_still_reads_and_converts_on_write() {
+    // `inline_body_bytes: 0` writes every record as the code before inline
+    // bodies did (version 1, body in chunks).
+    let dir = tempfile::tempdir().unwrap();
+    let old = StoreConfig {
+        inline_body_bytes: 0,
+        ..config(dir.path())
+    };
+    {
+        let s = open_counted(old.clone());
+        for i in 0..10 {
+            s.put(&format!("k{i}"), meta(60_000, &["t"]), body(i, 200))
+                .unwrap();
+        }
+        let e = s.disk().unwrap().engine();
+        assert_eq!(count(e, TreeId::Chunks), 10);
+        assert_eq!(raw_record(e, "k0")[2], 1, "not a version 1 record");
+    }
+    let s = open_counted(config(dir.path()));
+    let e = s.disk().unwrap().engine();
+    for i in 0..10 {
+        assert_eq!(s.get(&format!("k{i}")).unwrap().unwrap().body, body(i, 200));
+    }
+    let counted = s.stats();
+    assert_eq!(counted.disk_objects, 10);
+    // An overwrite goes inline and deletes the old chunk; a refresh keeps
+    // the chunked body; a removal and a purge delete their chunks.
+    s.put("k0", meta(60_000, &["t"]), body(100, 200)).unwrap();
+    assert_eq!(raw_record(e, "k0")[2], 2);
+    assert!(s.update_meta("k1", meta(90_000, &["t"])).unwrap());
+    assert_eq!(raw_record(e, "k1")[2], 1);
+    assert!(s.remove("k2").unwrap());
+    assert_eq!(s.remove_prefix("k3").unwrap(), 1);
+    assert_eq!(count(e, TreeId::Chunks), 7);
+    forget_memory(&s);
+    assert_eq!(s.get("k0").unwrap().unwrap().body, body(100, 200));
+    assert_eq!(s.get("k1").unwrap().unwrap().body, body(1, 200));
+    // The usage count followed every change exactly.
+    let live = s.stats();
+    assert_eq!(live.disk_objects, 8);
+    drop(s);
+    let s = open_counted(config(dir.path()));
+    assert_eq!(s.stats().disk_bytes, live.disk_bytes);
+    // The setting only decides how new bodies are written: with inlining
+    // off, the inline record and the chunked ones both still read.
+    drop(s);
+    let s = open_counted(old);
+    assert_eq!(s.get("k0").unwrap().unwrap().body, body(100, 200));
+    assert_eq!(s.get("k4").unwrap().unwrap().body, body(4, 200));
+}
+
+#[test]
+fn inline_bodies_count_against_the_bound_and_are_evicted_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        disk_bytes: 1 << 20,
+        memory_bytes: 64 << 10,
+        ..config(dir.path())
+    };
+    let s = open_counted(cfg.clone());
+    // 1,000 objects of 3 KiB: about 3 MiB inline, three times the bound.
+    for i in 0..1000 {
+        s.put(&format!("k{i:04}"), meta(60_000, &["all"]), body(i, 3000))
+            .unwrap();
+        let st = s.stats();
+        assert!(st.disk_bytes <= 1 << 20, "over the bound after {i}: {st:?}");
+    }
+    let st = s.stats();
+    assert!(st.evicted_disk >= 600, "{st:?}");
+    // Each object is charged at least its body.
+    assert!(st.disk_bytes >= st.disk_objects * 3000, "{st:?}");
+    let e = s.disk().unwrap().engine();
+    assert_eq!(count(e, TreeId::Chunks), 0);
+    // Evicted objects took their index entries with them.
+    assert_eq!(count(e, TreeId::Meta), count(e, TreeId::Fifo));
+    assert_eq!(count(e, TreeId::Meta), count(e, TreeId::Surrogate));
+    assert_eq!(count(e, TreeId::Meta) as u64, st.disk_objects);
+    forget_memory(&s);
+    assert!(s.get("k0000").unwrap().is_none(), "oldest survived");
+    assert_eq!(s.get("k0999").unwrap().unwrap().body, body(999, 3000));
+    drop(s);
+    let s = open_counted(cfg);
+    assert_eq!(s.stats().disk_bytes, st.disk_bytes, "recount differs");
 }

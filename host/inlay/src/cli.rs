@@ -624,6 +624,9 @@ pub(crate) fn store_config(cfg: &Config) -> StoreConfig {
     };
     sc.memory_bytes = cfg.cache.memory_size;
     sc.disk_bytes = cfg.cache.disk_size;
+    if let Some(bytes) = cfg.cache.disk_index_cache {
+        sc.disk_cache_bytes = bytes;
+    }
     sc
 }
 

@@ -287,6 +287,10 @@ pub struct CacheConfig {
     pub memory_size: u64,
     /// Bound of the disk tier, bytes.
     pub disk_size: u64,
+    /// sled's cache of the disk tier's records, bytes; `None`: the store's
+    /// default (`disk_size` within 32 MiB..=1 GiB). Read when the store
+    /// opens.
+    pub disk_index_cache: Option<u64>,
     /// TTL when the response says nothing (Varnish's `default_ttl`).
     pub default_ttl: Duration,
     /// Grace when the response says nothing (Varnish's `default_grace`).
@@ -1786,6 +1790,7 @@ impl Reader {
                 "dir",
                 "memory_size",
                 "disk_size",
+                "disk_index_cache",
                 "default_ttl",
                 "default_grace",
                 "default_keep",
@@ -1816,10 +1821,20 @@ impl Reader {
                 format!("must be at least 1MiB, got {memory_size}"),
             );
         }
+        let disk_index_cache = t
+            .contains_key("disk_index_cache")
+            .then(|| self.size(t, p, "disk_index_cache", 32 << 20));
+        if let Some(n) = disk_index_cache.filter(|n| *n < 1 << 20) {
+            self.err(
+                "cache.disk_index_cache",
+                format!("must be at least 1MiB, got {n}"),
+            );
+        }
         CacheConfig {
             dir: self.string(t, p, "dir").map(PathBuf::from),
             memory_size,
             disk_size: self.size(t, p, "disk_size", 1 << 30),
+            disk_index_cache,
             default_ttl: self.duration(t, p, "default_ttl", Duration::from_secs(120)),
             default_grace: self.duration(t, p, "default_grace", Duration::from_secs(10)),
             default_keep: self.duration(t, p, "default_keep", Duration::ZERO),
@@ -2046,6 +2061,26 @@ mod tests {
         };
         let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
         assert_eq!(paths, ["metrics.port", "metrics.enabled"], "{issues:#?}");
+    }
+
+    #[test]
+    fn disk_index_cache_is_optional_and_at_least_a_mib() {
+        let backend = "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n";
+        assert_eq!(
+            Config::from_toml(backend).unwrap().cache.disk_index_cache,
+            None
+        );
+        let set = Config::from_toml(&format!("{backend}[cache]\ndisk_index_cache = \"64MiB\""));
+        assert_eq!(set.unwrap().cache.disk_index_cache, Some(64 << 20));
+        for bad in ["0", "1000", "\"lots\""] {
+            let err = Config::from_toml(&format!("{backend}[cache]\ndisk_index_cache = {bad}"))
+                .unwrap_err();
+            let ConfigError::Invalid(issues) = err else {
+                panic!("expected Invalid, got {err:?}")
+            };
+            let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+            assert_eq!(paths, ["cache.disk_index_cache"], "{bad}: {issues:#?}");
+        }
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! Write order of a put (each step a single atomic engine write):
 //! 1. `pending[id] = key`, so a crash before step 5 is cleaned up at the
 //!    next open;
-//! 2. the body chunks under `(key, id, index)`;
+//! 2. the body chunks under `(key, id, index)` (none for a body small enough
+//!    to go inline in the record: see [`record`]);
 //! 3. the FIFO, expiry and surrogate index entries;
 //! 4. the metadata record, LAST: before it exists the object does not, and
 //!    a record whose chunks were lost fails verification;
@@ -54,6 +55,8 @@ pub(crate) struct KeyGuard<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
 pub(crate) struct DiskTier {
     engine: Arc<dyn DiskEngine>,
     chunk_size: usize,
+    /// Bodies up to this size go inline in their record.
+    inline_body: usize,
     /// The bound, and the largest body accepted (a quarter of it); both
     /// change with [`DiskTier::set_capacity`] (a reload).
     capacity: AtomicU64,
@@ -88,6 +91,7 @@ impl DiskTier {
         Ok(DiskTier {
             engine,
             chunk_size: config.chunk_size,
+            inline_body: config.inline_body_bytes.min(crate::MAX_INLINE_BODY),
             capacity: AtomicU64::new(config.disk_bytes),
             max_body: AtomicU64::new(Self::body_limit(config.disk_bytes)),
             largest_capacity: AtomicU64::new(config.disk_bytes),

@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::DiskTier;
 use super::layout::{chunk_set_prefix, surrogate_prefix, utf8};
-use super::record::Record;
+use super::record::{BodyAt, Record};
 use crate::engine::{TreeId, Value, Wait};
 use crate::{StoreError, StoredObject};
 
@@ -59,7 +59,11 @@ impl DiskTier {
                     return Ok(None);
                 }
             };
-            match self.read_body(key, &rec, wait) {
+            let body = match rec.body {
+                BodyAt::Inline { at } => self.inline_body(&rec, &raw, at),
+                BodyAt::Chunks { chunk_size } => self.read_body(key, &rec, chunk_size, wait),
+            };
+            match body {
                 Ok(body) => {
                     let obj = StoredObject {
                         meta: Arc::new(rec.meta),
@@ -85,7 +89,23 @@ impl DiskTier {
         self.engine.get(TreeId::Meta, key.as_bytes())
     }
 
-    fn read_body(&self, key: &str, rec: &Record, wait: Wait) -> Result<Bytes, BodyError> {
+    /// The body inline in `raw` from `at` on, verified; shares `raw`'s
+    /// bytes where the engine allows.
+    fn inline_body(&self, rec: &Record, raw: &Value, at: usize) -> Result<Bytes, BodyError> {
+        let body = raw.slice_bytes(at);
+        if crc32fast::hash(&body) != rec.meta.checksum {
+            return Err(BodyError::Corrupt("inline body checksum mismatch".into()));
+        }
+        Ok(body)
+    }
+
+    fn read_body(
+        &self,
+        key: &str,
+        rec: &Record,
+        chunk_size: u32,
+        wait: Wait,
+    ) -> Result<Bytes, BodyError> {
         let body_len = rec.meta.body_len;
         if body_len > self.plausible_body() {
             return Err(BodyError::Corrupt(format!(
@@ -93,7 +113,7 @@ impl DiskTier {
             )));
         }
         let n = rec.chunk_count();
-        let chunk_size = u64::from(rec.chunk_size);
+        let chunk_size = u64::from(chunk_size);
         let prefix = chunk_set_prefix(key, rec.id);
         let mut chunks = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
         let mut next: u64 = 0;

@@ -26,8 +26,10 @@ impl Record {
             .iter()
             .map(|s| 4 + s.len() as u64 + k + ENTRY_OVERHEAD)
             .sum();
+        // An inline body is part of `record_len`.
+        let chunked_body = if chunks > 0 { self.meta.body_len } else { 0 };
         (k + record_len as u64 + ENTRY_OVERHEAD)
-            + self.meta.body_len
+            + chunked_body
             + chunks * (4 + k + 12 + ENTRY_OVERHEAD)
             + 2 * (8 + k + ENTRY_OVERHEAD)
             + skeys

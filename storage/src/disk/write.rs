@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use super::layout::{
     chunk_id_of, chunk_key, chunk_prefix, chunk_set_prefix, expiry_key, surrogate_key,
 };
-use super::record::Record;
+use super::record::{BodyAt, Record};
 use super::usage::{ENTRY_OVERHEAD, signed};
 use super::{DiskTier, KeyGuard};
 use crate::engine::{TreeId, Value};
@@ -138,6 +138,15 @@ impl DiskTier {
         meta: &ObjectMeta,
         body: &[u8],
     ) -> Result<bool, StoreError> {
+        if body.len() <= self.inline_body {
+            let rec = Record {
+                id,
+                seq: 0,
+                body: BodyAt::Inline { at: 0 },
+                meta: meta.clone(),
+            };
+            return self.commit_record(g, key, rec, Some(body), None);
+        }
         for (i, chunk) in body.chunks(self.chunk_size).enumerate() {
             let index = u32::try_from(i).map_err(|_| StoreError::TooLarge {
                 what: "body",
@@ -150,15 +159,18 @@ impl DiskTier {
         let rec = Record {
             id,
             seq: 0,
-            chunk_size: u32::try_from(self.chunk_size).unwrap_or(u32::MAX),
+            body: BodyAt::Chunks {
+                chunk_size: u32::try_from(self.chunk_size).unwrap_or(u32::MAX),
+            },
             meta: meta.clone(),
         };
-        self.commit_record(g, key, rec, None)
+        self.commit_record(g, key, rec, None, None)
     }
 
     /// Writes the index entries of `rec` (with a fresh FIFO seq), then the
-    /// record (atomically replacing `expect` if given, else whatever is
-    /// there), then cleans up after the replaced record. Returns whether the
+    /// record (with `inline` as its body if it is an inline record;
+    /// atomically replacing `expect` if given, else whatever is there),
+    /// then cleans up after the replaced record. Returns whether the
     /// cleanup was complete. Fails with `Ok(false)`-free semantics: a lost
     /// compare-and-swap is reported as [`StoreError::Engine`].
     fn commit_record(
@@ -166,6 +178,7 @@ impl DiskTier {
         g: &KeyGuard<'_>,
         key: &str,
         mut rec: Record,
+        inline: Option<&[u8]>,
         expect: Option<&Value>,
     ) -> Result<bool, StoreError> {
         rec.seq = self.engine.generate_id()?;
@@ -180,7 +193,7 @@ impl DiskTier {
             self.engine
                 .insert(TreeId::Surrogate, &surrogate_key(sk, key), &[])?;
         }
-        let raw = rec.encode();
+        let raw = rec.encode(inline);
         let inserted;
         let old = match expect {
             None => {
@@ -308,11 +321,11 @@ impl DiskTier {
         let rec = Record {
             id: old.id,
             seq: 0,
-            chunk_size: old.chunk_size,
+            body: old.body,
             meta: meta.clone(),
         };
         // A refresh moves the object to the back of the FIFO: it is in use.
-        let result = self.commit_record(g, key, rec, Some(&raw));
+        let result = self.commit_record(g, key, rec, old.inline_body(&raw), Some(&raw));
         if let Err(e) = &result {
             self.note_write_error(e);
         }

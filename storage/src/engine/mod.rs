@@ -89,6 +89,17 @@ impl Value {
     }
 }
 
+impl Value {
+    /// The bytes from `at` to the end (empty if `at` is past it) as
+    /// `Bytes`, sharing sled's buffer instead of copying it.
+    pub(crate) fn slice_bytes(&self, at: usize) -> bytes::Bytes {
+        match self {
+            Value::Sled(v) if at <= v.len() => bytes::Bytes::from_owner(v.clone()).slice(at..),
+            other => bytes::Bytes::copy_from_slice(other.get(at..).unwrap_or_default()),
+        }
+    }
+}
+
 impl PartialEq for Value {
     fn eq(&self, other: &Value) -> bool {
         **self == **other

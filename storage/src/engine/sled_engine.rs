@@ -104,7 +104,7 @@ fn is_system_error(e: &std::io::Error) -> bool {
 fn try_open(dir: &Path, config: &StoreConfig) -> Result<SledEngine, OpenFailure> {
     let sled_config = sled::Config::new()
         .path(dir)
-        .cache_capacity(config.disk_cache_bytes)
+        .cache_capacity(config.sled_cache_bytes())
         .flush_every_ms(Some(config.flush_every_ms))
         .segment_size(SEGMENT_SIZE)
         .mode(sled::Mode::LowSpace);

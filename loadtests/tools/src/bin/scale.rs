@@ -6,7 +6,8 @@
 //! * `inlay-scale probe --dir D --count N`: what a restart sees: the time
 //!   from `main()` to the store being open and to the first hit, RSS after
 //!   open and after the lookups, then `--lookups` gets of random stored
-//!   keys (and a quarter as many absent keys), each timed: p50, p99, p99.9.
+//!   keys (and a quarter as many absent keys), each timed: p50, p99, p99.9;
+//!   with `--settle`, only after the store's background count is done.
 //!
 //! The memory tier is set to its minimum (64 KiB) so lookups measure the
 //! disk tier (sled's index and the chunk files); the share of memory hits
@@ -62,9 +63,14 @@ enum Cmd {
         /// Timed lookups of stored keys.
         #[arg(long, default_value_t = 20_000)]
         lookups: u64,
-        /// sled's `cache_capacity` in MiB (the store's default if absent).
+        /// sled's `cache_capacity` in MiB (absent: the store's default,
+        /// derived from `disk_bytes`, here 64 GiB: 1 GiB).
         #[arg(long)]
         sled_cache_mib: Option<u64>,
+        /// Time the lookups only after the store's background count (which
+        /// reads every record once) has finished; prints how long it took.
+        #[arg(long)]
+        settle: bool,
         /// Write the figures as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -128,13 +134,14 @@ fn run(args: Args, started: Instant) -> anyhow::Result<()> {
             count,
             lookups,
             sled_cache_mib,
+            settle,
             json,
         } => {
             let mut cfg = config(dir);
             if let Some(mib) = sled_cache_mib {
                 cfg.disk_cache_bytes = mib << 20;
             }
-            probe(cfg, count, lookups, json, started)
+            probe(cfg, count, lookups, settle, json, started)
         }
     }
 }
@@ -207,6 +214,7 @@ fn probe(
     cfg: StoreConfig,
     count: u64,
     lookups: u64,
+    settle: bool,
     json_out: Option<PathBuf>,
     started: Instant,
 ) -> anyhow::Result<()> {
@@ -221,7 +229,7 @@ fn probe(
             dir.display()
         );
     }
-    let sled_cache_bytes = cfg.disk_cache_bytes;
+    let sled_cache_bytes = cfg.sled_cache_bytes();
     let store = TieredStore::open(cfg).context("opening the store")?;
     let open_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut rng = SplitMix::new(0x5ca1e);
@@ -232,6 +240,20 @@ fn probe(
         bail!("the first lookup missed: is --count the number `fill` stored?");
     }
     let after_open = ProcMemory::read("self")?;
+    let counted_ms = if settle {
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        while !store.stats().disk_counted {
+            if Instant::now() > deadline {
+                bail!("the background count did not finish within an hour");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        println!("background count finished {ms:.0} ms after main()");
+        Some(ms)
+    } else {
+        None
+    };
 
     let mut present = Vec::with_capacity(lookups as usize);
     let mut misses = 0u64;
@@ -277,6 +299,7 @@ fn probe(
     let doc = json!({
         "dir": dir, "count": count, "lookups": lookups, "sled_cache_bytes": sled_cache_bytes,
         "open_ms": open_ms, "first_hit_ms": first_hit_ms,
+        "settle": settle, "counted_ms": counted_ms,
         "rss_after_open_kib": after_open.rss_kib, "rss_after_lookups_kib": after.rss_kib,
         "hwm_kib": after.hwm_kib,
         "hit": p.to_json(), "absent": a.to_json(), "wrong_answers": misses,
