@@ -452,6 +452,11 @@ impl Proxy {
                 .with_tls(tls),
         );
         wire_admin(&admin, &reloader);
+        // Other nodes' purges this one missed are applied before it serves.
+        let fanout = match &cluster {
+            Some(c) => Some(crate::cluster::fanout::Fanout::start_for(c, &reloader).await?),
+            None => None,
+        };
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));
@@ -463,6 +468,9 @@ impl Proxy {
         crate::server::run(listeners, reloader.generations(), shutdown).await;
         if let Some(task) = on_hup {
             task.abort();
+        }
+        if let Some(fanout) = fanout {
+            fanout.stop(std::time::Duration::from_secs(5)).await;
         }
         if let Some(cluster) = &cluster {
             // What this node published (purges, bans) reaches NATS before it exits.
