@@ -418,3 +418,41 @@ async fn purges_a_policy_makes_reach_the_others() {
     assert_eq!(metrics.cluster_invalidations(kind::PUBLISHED), 2);
     fanout.stop(Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purges_made_while_nats_is_down_apply_here_and_reach_the_others_when_it_is_back() {
+    require_nats!();
+    let mut nats = NatsServer::start();
+    let origin = Origin::start();
+    let a = node(&nats, &origin, "a", "invalidation_queue = 2").await;
+    let b = node(&nats, &origin, "b", "").await;
+    let paths: Vec<String> = (0..5)
+        .map(|i| format!("/bytes/{}?cc=max-age%3D300", 150 + i))
+        .collect();
+    for p in &paths {
+        warm(&[&a, &b], p).await;
+    }
+    nats.stop();
+    for p in &paths {
+        ok(&send(&a, "PURGE", p, &[]).await);
+        assert!(!fresh_hit(&a, p).await, "applied here at once");
+    }
+    // Two wait for NATS; the other three are applied on a only, and counted.
+    assert_eq!(a.metrics.cluster_invalidations(kind::LOST), 3);
+    wait_count(&a, kind::PUBLISH_FAILED, 1).await;
+    assert!(fresh_hit(&b, &paths[0]).await, "b has heard nothing yet");
+
+    nats.restart();
+    wait_count(&a, kind::PUBLISHED, 2).await;
+    // b's reader comes back by itself (its consumer is made anew).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.metrics.cluster_invalidations(kind::APPLIED) < 2 {
+        assert!(Instant::now() < deadline, "b applied the queued purges");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!fresh_hit(&b, &paths[0]).await && !fresh_hit(&b, &paths[1]).await);
+    assert!(
+        fresh_hit(&b, &paths[4]).await,
+        "a lost purge never reaches b"
+    );
+}

@@ -540,6 +540,7 @@ impl Reader {
     async fn run(mut self, mut consumer: Consumer) {
         let mut check = tokio::time::interval(STREAM_CHECK);
         check.tick().await;
+        let mut applied_at_check = self.applied;
         loop {
             tokio::select! {
                 m = consumer.next() => match m {
@@ -551,9 +552,11 @@ impl Reader {
                     None => consumer = self.reopen(self.applied + 1).await,
                 },
                 _ = check.tick() => {
-                    if let Some(fresh) = self.check_stream().await {
+                    let stalled = self.applied == applied_at_check;
+                    if let Some(fresh) = self.check_stream(stalled).await {
                         consumer = fresh;
                     }
+                    applied_at_check = self.applied;
                 }
             }
         }
@@ -573,13 +576,24 @@ impl Reader {
     }
 
     /// When the stream was made anew (or lost what we had not read), empty
-    /// the cache and read the new stream from its end.
-    async fn check_stream(&mut self) -> Option<Consumer> {
+    /// the cache and read the new stream from its end. When it holds what
+    /// we have not read and nothing came since the last check (`stalled`:
+    /// the consumer did not survive a NATS restart), read it again from
+    /// there.
+    async fn check_stream(&mut self, stalled: bool) -> Option<Consumer> {
         let mut stream = self.js.get_stream(&self.config.name).await.ok()?;
         let info = stream.info().await.ok()?;
         let created = info.created.unix_timestamp_nanos().to_string();
         let (first, last) = (info.state.first_sequence, info.state.last_sequence);
         if created == self.stream_created && self.applied + 1 >= first {
+            if stalled && last > self.applied {
+                info!(
+                    from = self.applied + 1,
+                    to = last,
+                    "cluster: the invalidation stream's reader stalled; reading again"
+                );
+                return Some(self.reopen(self.applied + 1).await);
+            }
             return None;
         }
         let cache = (self.cache)();
