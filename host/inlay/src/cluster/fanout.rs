@@ -7,8 +7,9 @@
 //! stream `PREFIX_INVALIDATIONS` with an id (`node-boot-counter`, also the
 //! `Nats-Msg-Id`, so a retried publish is stored once). Every node reads
 //! the whole stream with an ordered consumer and applies what the others
-//! published through the `_local` forms of the same calls (its own are
-//! already applied), skipping ids it has applied recently.
+//! published through the `_local` forms of the same calls (what this
+//! process published is applied already), skipping ids it has applied
+//! recently.
 //!
 //! With a disk tier, a node records the stream sequence it has applied in
 //! the store's kv (`inlay.cluster` / `invalidations`, after applying), so
@@ -17,6 +18,26 @@
 //! record, or it is another stream than the one recorded, or a sequence is
 //! skipped while running), the node removes every object of its cache. A
 //! memory-only node starts empty and reads from the stream's end.
+//!
+//! What is guaranteed:
+//!
+//! - **Restart, kill -9 included.** A purge is flushed to the disk tier
+//!   before its sequence is recorded, so a node that died never records
+//!   more than it applied; at start it applies everything after its record
+//!   before it serves, or empties its cache. It never serves an object a
+//!   purge in the stream covered, and never one whose purges left the
+//!   stream unread.
+//! - **NATS unreachable while running.** Purges made here apply here at
+//!   once; up to `invalidation_queue` wait and are retried (the rest are
+//!   logged and counted `lost`: the other nodes never apply them). The
+//!   others' purges are applied when the connection is back, from the
+//!   stream (a reader that stalled is reopened from its last sequence
+//!   within about [`STREAM_CHECK`] twice); if the stream dropped some
+//!   meanwhile, the cache is emptied. **While disconnected, a node serves
+//!   what it has**, including objects other nodes purged in that time:
+//!   the window is the disconnection.
+//! - **Stop.** A clean stop waits up to 5 s for the queue to reach NATS;
+//!   kill -9 loses what was queued (applied here, never sent).
 //!
 //! Anyone who can publish on `PREFIX.inv.>` is trusted as a node (NATS
 //! authorization is the boundary); a message that is too large or does not
@@ -195,7 +216,7 @@ impl Fanout {
             cap: inv.queue,
             node: cluster.node().to_owned(),
             subject: cluster.subject(&format!("inv.{}", cluster.node())),
-            boot: format!("{:x}", inlay_storage::now_ms()),
+            boot: boot_id(),
             counter: AtomicU64::new(0),
             metrics: Arc::clone(&metrics),
         });
@@ -205,7 +226,7 @@ impl Fanout {
             config,
             cache,
             metrics,
-            node: cluster.node().to_owned(),
+            own: format!("{}-{}-", outbox.node, outbox.boot),
             recent: RecentIds::default(),
             applied: 0,
             stream_created: String::new(),
@@ -268,6 +289,18 @@ impl Drop for Fanout {
 struct Outgoing {
     id: String,
     payload: Bytes,
+}
+
+/// Unique to this start of this process (several nodes may share a
+/// process in tests): the time, the process id and a counter, without `-`.
+fn boot_id() -> String {
+    static STARTS: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{:x}.{:x}.{}",
+        inlay_storage::now_ms(),
+        std::process::id(),
+        STARTS.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The purges and bans this node made, waiting to be published: the
@@ -432,7 +465,11 @@ struct Reader {
     config: stream::Config,
     cache: CacheSource,
     metrics: Arc<Metrics>,
-    node: String,
+    /// The prefix of the ids this process publishes (`node-boot-`): its
+    /// own messages are applied already. Not the node name alone: two
+    /// nodes configured with one name still apply each other's purges, and
+    /// a restarted node applies again what it made before (harmless).
+    own: String,
     recent: RecentIds,
     /// The last stream sequence handled.
     applied: u64,
@@ -638,7 +675,7 @@ impl Reader {
                 self.metrics.cluster_invalidation(kind::MALFORMED, 1);
                 warn!(seq, subject = %m.subject, why, "cluster: skipping a malformed message");
             }
-            Ok(msg) if msg.node == self.node => {
+            Ok(msg) if msg.id.starts_with(&self.own) => {
                 // Applied here when it was made.
                 self.recent.insert(&msg.id);
             }
