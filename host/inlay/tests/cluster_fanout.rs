@@ -456,3 +456,28 @@ async fn purges_made_while_nats_is_down_apply_here_and_reach_the_others_when_it_
         "a lost purge never reaches b"
     );
 }
+
+/// How long a node with a disk tier takes to replay 500 purges it missed
+/// before it serves. Prints the figure; asserts that it replayed them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_rate_at_start() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(&nats, &origin, "a", "").await;
+    let mut b = disk_node(&nats, &origin, "b", dir.path(), "").await;
+    warm(&[&b], "/bytes/170?cc=max-age%3D600").await;
+    b.stop().await;
+    const N: u64 = 500;
+    for i in 0..N {
+        ok(&send(&a, "PURGE", &format!("/missed/{i}"), &[]).await);
+    }
+    wait_count(&a, kind::PUBLISHED, N).await;
+    let start = Instant::now();
+    let b = disk_node(&nats, &origin, "b", dir.path(), "").await;
+    assert!(fresh_hit(&b, "/bytes/170?cc=max-age%3D600").await);
+    let took = start.elapsed();
+    assert_eq!(b.metrics.cluster_invalidations(kind::REPLAYED), N);
+    println!("replay at start (disk tier): {N} purges, first answer after {took:?}");
+}

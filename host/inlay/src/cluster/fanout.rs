@@ -32,7 +32,7 @@
 //!   logged and counted `lost`: the other nodes never apply them). The
 //!   others' purges are applied when the connection is back, from the
 //!   stream (a reader that stalled is reopened from its last sequence
-//!   within about [`STREAM_CHECK`] twice); if the stream dropped some
+//!   within about 10 s); if the stream dropped some
 //!   meanwhile, the cache is emptied. **While disconnected, a node serves
 //!   what it has**, including objects other nodes purged in that time:
 //!   the window is the disconnection.
