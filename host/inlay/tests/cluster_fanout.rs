@@ -481,3 +481,27 @@ async fn replay_rate_at_start() {
     assert_eq!(b.metrics.cluster_invalidations(kind::REPLAYED), N);
     println!("replay at start (disk tier): {N} purges, first answer after {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_under_running_nodes_is_made_anew_and_their_caches_emptied() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let a = node(&nats, &origin, "a", "").await;
+    let b = node(&nats, &origin, "b", "").await;
+    let url = "/bytes/180?cc=max-age%3D600";
+    warm(&[&a, &b], url).await;
+    ok(&send(&a, "PURGE", "/before", &[]).await);
+    wait_count(&b, kind::APPLIED, 1).await;
+    let js = async_nats::jetstream::new(outsider(&nats).await);
+    js.delete_stream("INLAY_INVALIDATIONS").await.unwrap();
+    // Its sequences start again: what was published meanwhile is unknown.
+    wait_count(&b, kind::CACHE_CLEARED, 1).await;
+    assert!(!fresh_hit(&b, url).await, "emptied");
+    // And purges flow again through the new stream.
+    wait_count(&a, kind::CACHE_CLEARED, 1).await;
+    warm(&[&b], url).await;
+    ok(&send(&a, "PURGE", url, &[]).await);
+    wait_count(&b, kind::APPLIED, 2).await;
+    assert!(!fresh_hit(&b, url).await);
+}

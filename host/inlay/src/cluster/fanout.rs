@@ -618,7 +618,12 @@ impl Reader {
     /// the consumer did not survive a NATS restart), read it again from
     /// there.
     async fn check_stream(&mut self, stalled: bool) -> Option<Consumer> {
-        let mut stream = self.js.get_stream(&self.config.name).await.ok()?;
+        // Made anew when someone deleted it: purges need somewhere to go.
+        let mut stream = self
+            .js
+            .get_or_create_stream(self.config.clone())
+            .await
+            .ok()?;
         let info = stream.info().await.ok()?;
         let created = info.created.unix_timestamp_nanos().to_string();
         let (first, last) = (info.state.first_sequence, info.state.last_sequence);
