@@ -451,12 +451,13 @@ impl Proxy {
                 .with_admin(admin.clone())
                 .with_tls(tls),
         );
-        wire_admin(&admin, &reloader);
-        // Other nodes' purges this one missed are applied before it serves.
+        // Other nodes' purges this one missed are applied before it serves,
+        // and the admin API's purges are published from the first.
         let fanout = match &cluster {
             Some(c) => Some(crate::cluster::fanout::Fanout::start_for(c, &reloader).await?),
             None => None,
         };
+        wire_admin(&admin, &reloader);
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));
