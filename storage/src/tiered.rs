@@ -136,6 +136,11 @@ impl TieredStore {
         }
     }
 
+    /// Whether the store has a disk tier (what it holds survives a restart).
+    pub fn has_disk(&self) -> bool {
+        self.inner.disk.is_some()
+    }
+
     /// Whether the background count of the disk tier has finished (stats are
     /// exact from then on). Always true without a disk tier.
     pub fn disk_counted(&self) -> bool {

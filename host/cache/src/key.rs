@@ -53,6 +53,13 @@ impl PrimaryKey {
         &self.0
     }
 
+    /// A key from its text ([`as_str`](Self::as_str)), as another node sent
+    /// it; `None` unless it has a host part and no variant separator (which
+    /// would make it the key of one variant, or of none).
+    pub fn from_text(text: &str) -> Option<Self> {
+        (text.contains(PART_SEP) && !text.contains(VARIANT_SEP)).then(|| Self(text.to_owned()))
+    }
+
     /// Prefix shared by every variant of this key in the store.
     pub(crate) fn variants_prefix(&self) -> String {
         let mut k = String::with_capacity(self.0.len() + 16);

@@ -53,6 +53,39 @@ use ban::{BanList, BanSubject, FillTicket, FillTickets};
 use flight::{Flights, Waited};
 use hit_for_miss::HitForMiss;
 
+/// A purge or ban made on this cache through its public methods.
+#[derive(Debug, Clone, Copy)]
+pub enum Invalidation<'a> {
+    /// [`HttpCache::purge_url`]: every variant of the key.
+    Url {
+        /// The primary key purged.
+        key: &'a PrimaryKey,
+        /// Marked stale rather than removed.
+        soft: bool,
+    },
+    /// [`HttpCache::purge_key`]: every object tagged with the surrogate key.
+    SurrogateKey {
+        /// The surrogate key.
+        key: &'a str,
+        /// Marked stale rather than removed.
+        soft: bool,
+    },
+    /// [`HttpCache::ban`]: a ban now in effect.
+    Ban {
+        /// The expression as given.
+        expression: &'a str,
+    },
+}
+
+/// Told of every [`Invalidation`] made through the cache's public purge and
+/// ban methods, after it applied here: how the host sends them to other
+/// nodes without this crate knowing how. Called on the purging task: it
+/// must not block (queue and return).
+pub trait InvalidationSink: Send + Sync {
+    /// One purge or ban was applied here.
+    fn invalidated(&self, inv: Invalidation<'_>);
+}
+
 /// What the cache is configured with (`[cache]`).
 #[derive(Clone, Debug)]
 pub struct CacheRules {
@@ -181,6 +214,8 @@ struct Inner {
     tickets: FillTickets,
     lurker: parking_lot::Mutex<BanLurker>,
     lurker_running: AtomicBool,
+    /// Told of the purges and bans made through the public methods.
+    sink: parking_lot::RwLock<Option<Arc<dyn InvalidationSink>>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -266,6 +301,7 @@ impl HttpCache {
                 bans,
                 lurker: parking_lot::Mutex::new(lurker),
                 lurker_running: AtomicBool::new(false),
+                sink: parking_lot::RwLock::new(None),
             }),
             rules: Arc::new(rules),
         };
@@ -307,15 +343,41 @@ impl HttpCache {
             store.ban_remove_blocking(&carried.remove)?;
         }
         let lurker = self.inner.lurker.lock().clone();
-        Ok(Self::started(store, carried.list, lurker, rules))
+        let cache = Self::started(store, carried.list, lurker, rules);
+        *cache.inner.sink.write() = self.inner.sink.read().clone();
+        Ok(cache)
+    }
+
+    /// Tell `sink` of every purge and ban made from now on through
+    /// [`purge_url`](Self::purge_url), [`purge_key`](Self::purge_key) and
+    /// [`ban`](Self::ban) (not their `_local` forms), on this cache and
+    /// every cache made from it. Replaces the sink set before.
+    pub fn set_invalidation_sink(&self, sink: Arc<dyn InvalidationSink>) {
+        *self.inner.sink.write() = Some(sink);
+    }
+
+    fn tell_sink(&self, inv: Invalidation<'_>) {
+        let sink = self.inner.sink.read().clone();
+        if let Some(sink) = sink {
+            sink.invalidated(inv);
+        }
     }
 
     /// Adds a ban (see [`ban`]): every object cached before it that
     /// matches `expression` is removed at its next lookup or by the
     /// lurker. With a disk tier the ban is written and flushed before this
     /// returns. Fails on a bad expression, past [`MAX_BANS`], or when it
-    /// cannot be persisted (then it is not in effect).
+    /// cannot be persisted (then it is not in effect). A ban in effect is
+    /// told to the [`InvalidationSink`].
     pub async fn ban(&self, expression: &str) -> Result<BanInfo, BanError> {
+        let info = self.ban_local(expression).await?;
+        self.tell_sink(Invalidation::Ban { expression });
+        Ok(info)
+    }
+
+    /// [`ban`](Self::ban) on this node only, not told to the sink: for a
+    /// ban another node made (the cluster's fan-out).
+    pub async fn ban_local(&self, expression: &str) -> Result<BanInfo, BanError> {
         let expr = BanExpression::parse(expression)?;
         let bans = &self.inner.bans;
         let info = {
@@ -610,8 +672,22 @@ impl HttpCache {
     }
 
     /// Purges every variant of a URL; `soft` marks them stale instead.
-    /// Returns how many objects were affected.
+    /// Returns how many objects were affected. The purge is told to the
+    /// [`InvalidationSink`], even when the store failed here.
     pub async fn purge_url(&self, primary: &PrimaryKey, soft: bool) -> Result<u64, StoreError> {
+        let purged = self.purge_url_local(primary, soft).await;
+        self.tell_sink(Invalidation::Url { key: primary, soft });
+        purged
+    }
+
+    /// [`purge_url`](Self::purge_url) on this node only, not told to the
+    /// sink: for a purge another node made, or one only this cache should
+    /// see (an unsafe method's invalidation).
+    pub async fn purge_url_local(
+        &self,
+        primary: &PrimaryKey,
+        soft: bool,
+    ) -> Result<u64, StoreError> {
         self.inner.hit_for_miss.clear(primary);
         let header = self
             .base_of(primary)
@@ -626,8 +702,23 @@ impl HttpCache {
         Ok(purged.saturating_sub(u64::from(header)))
     }
 
-    /// Purges every object tagged with a surrogate key.
+    /// Purges every object tagged with a surrogate key. The purge is told
+    /// to the [`InvalidationSink`], even when the store failed here.
     pub async fn purge_key(&self, key: &str, soft: bool) -> Result<u64, StoreError> {
+        let purged = self.purge_key_local(key, soft).await;
+        self.tell_sink(Invalidation::SurrogateKey { key, soft });
+        purged
+    }
+
+    /// [`purge_key`](Self::purge_key) on this node only, not told to the sink.
+    pub async fn purge_key_local(&self, key: &str, soft: bool) -> Result<u64, StoreError> {
         self.inner.store.purge_surrogate(key.to_owned(), soft).await
+    }
+
+    /// Removes every object of both tiers (the bans and kv stay): what a
+    /// node does when it cannot know what it missed. Flushed before it
+    /// returns; the number of objects removed.
+    pub async fn purge_all(&self) -> Result<u64, StoreError> {
+        self.inner.store.purge_prefix(String::new(), false).await
     }
 }

@@ -130,6 +130,11 @@ impl CacheStore {
         blocking(move || objects.update_meta(&key, meta)).await
     }
 
+    /// Whether the store keeps objects across restarts (a disk tier).
+    pub fn has_disk(&self) -> bool {
+        self.tiered().is_some_and(|t| t.has_disk())
+    }
+
     /// Removes (or with `soft`, marks stale) every object under `prefix`.
     pub async fn purge_prefix(&self, prefix: String, soft: bool) -> Result<u64, StoreError> {
         let objects = self.objects.clone();

@@ -451,6 +451,12 @@ impl Proxy {
                 .with_admin(admin.clone())
                 .with_tls(tls),
         );
+        // Other nodes' purges this one missed are applied before it serves,
+        // and the admin API's purges are published from the first.
+        let fanout = match &cluster {
+            Some(c) => Some(crate::cluster::fanout::Fanout::start_for(c, &reloader).await?),
+            None => None,
+        };
         wire_admin(&admin, &reloader);
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
@@ -463,6 +469,9 @@ impl Proxy {
         crate::server::run(listeners, reloader.generations(), shutdown).await;
         if let Some(task) = on_hup {
             task.abort();
+        }
+        if let Some(fanout) = fanout {
+            fanout.stop(std::time::Duration::from_secs(5)).await;
         }
         if let Some(cluster) = &cluster {
             // What this node published (purges, bans) reaches NATS before it exits.

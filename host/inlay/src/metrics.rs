@@ -329,6 +329,8 @@ pub struct Metrics {
     policy_oom: Counter,
     policy_pool_in_use: Gauge,
     policy_pool_size: Gauge,
+
+    cluster_invalidations: Family<KindLabel, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -401,6 +403,7 @@ impl Metrics {
             policy_oom: c(),
             policy_pool_in_use: Gauge::default(),
             policy_pool_size: Gauge::default(),
+            cluster_invalidations: Family::default(),
         };
         let mut r = Registry::with_prefix("inlay");
         r.register(
@@ -637,6 +640,11 @@ impl Metrics {
             "Policy instance slots in the pool",
             self.policy_pool_size.clone(),
         );
+        r.register(
+            "cluster_invalidations",
+            "Purges and bans of the cluster's fan-out, by kind: published, publish_failed, lost, applied, replayed, duplicate, malformed, apply_failed, cache_cleared",
+            self.cluster_invalidations.clone(),
+        );
     }
 }
 
@@ -744,6 +752,24 @@ impl Metrics {
         if self.enabled() {
             self.purged_objects.inc_by(objects);
         }
+    }
+
+    /// Counts `n` events of the cluster's purge fan-out
+    /// (`inlay_cluster_invalidations_total{kind}`, see
+    /// [`crate::cluster::fanout::kind`]).
+    pub fn cluster_invalidation(&self, kind: &'static str, n: u64) {
+        if self.enabled() && n > 0 {
+            self.cluster_invalidations
+                .get_or_create(&KindLabel { kind })
+                .inc_by(n);
+        }
+    }
+
+    /// The count of one kind of [`cluster_invalidation`](Self::cluster_invalidation).
+    pub fn cluster_invalidations(&self, kind: &'static str) -> u64 {
+        self.cluster_invalidations
+            .get_or_create(&KindLabel { kind })
+            .get()
     }
 
     /// The ban list's counts, read from the cache at scrape time.

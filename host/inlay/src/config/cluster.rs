@@ -29,6 +29,35 @@ pub struct ClusterConfig {
     /// may take (default 2 s). A node whose NATS servers are all down at
     /// start does not start.
     pub connect_timeout: Duration,
+    /// Purge and ban fan-out (`invalidation_*`): the stream's retention
+    /// and the queue of purges waiting for NATS.
+    pub invalidations: InvalidationConfig,
+}
+
+/// How long the cluster keeps purges and bans for nodes that were away,
+/// and how many a node queues while NATS is unreachable.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvalidationConfig {
+    /// `invalidation_max_age`: the stream drops purges older than this
+    /// (default 24 h). A node away for longer starts with an empty cache.
+    pub max_age: Duration,
+    /// `invalidation_max_messages`: the stream keeps at most this many
+    /// purges (default 1 000 000); older ones go first.
+    pub max_messages: u64,
+    /// `invalidation_queue`: purges and bans made here that wait for NATS
+    /// (default 10 000); past it, new ones are applied here only, and
+    /// logged and counted as lost to the cluster.
+    pub queue: usize,
+}
+
+impl Default for InvalidationConfig {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(24 * 3600),
+            max_messages: 1_000_000,
+            queue: 10_000,
+        }
+    }
 }
 
 /// The credentials a node shows the NATS servers (at most one kind).
@@ -112,6 +141,9 @@ impl Reader {
                 "credentials_file",
                 "tls",
                 "connect_timeout",
+                "invalidation_max_age",
+                "invalidation_max_messages",
+                "invalidation_queue",
             ],
         );
         let nats_urls = self.strings(t, p, "nats_urls").unwrap_or_default();
@@ -188,6 +220,7 @@ impl Reader {
             auth,
             tls,
             connect_timeout,
+            invalidations: self.cluster_invalidations(t, p),
         })
     }
 
@@ -208,6 +241,35 @@ impl Reader {
         ClusterTls {
             ca_file,
             client_cert,
+        }
+    }
+}
+
+impl Reader {
+    /// The `invalidation_*` keys of `[cluster]` (purge and ban fan-out).
+    fn cluster_invalidations(&mut self, t: &Table, p: &str) -> InvalidationConfig {
+        let d = InvalidationConfig::default();
+        let max_age = self.positive_duration(t, p, "invalidation_max_age", d.max_age);
+        const YEAR: Duration = Duration::from_secs(365 * 86_400);
+        if max_age > YEAR {
+            self.err(
+                join(p, "invalidation_max_age"),
+                "at most \"365d\" (a node away longer starts empty anyway)",
+            );
+        }
+        let max_messages = self.uint(
+            t,
+            p,
+            "invalidation_max_messages",
+            d.max_messages,
+            1,
+            1 << 40,
+        );
+        let queue = self.uint(t, p, "invalidation_queue", d.queue as u64, 1, 10_000_000) as usize;
+        InvalidationConfig {
+            max_age: max_age.min(YEAR),
+            max_messages,
+            queue,
         }
     }
 }
@@ -262,6 +324,29 @@ mod tests {
         assert!(!c.shard);
         assert_eq!(c.auth, super::ClusterAuth::None);
         assert_eq!(c.connect_timeout, std::time::Duration::from_secs(2));
+        assert_eq!(c.invalidations, super::InvalidationConfig::default());
+    }
+
+    #[test]
+    fn invalidation_retention_parses_and_bad_values_are_named() {
+        let cfg = Config::from_toml(&format!(
+            "{BACKEND}[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\ninvalidation_max_age = \"2h\"\ninvalidation_max_messages = 5000\ninvalidation_queue = 7\n"
+        ))
+        .unwrap();
+        let inv = cfg.cluster.unwrap().invalidations;
+        assert_eq!(inv.max_age, std::time::Duration::from_secs(7200));
+        assert_eq!((inv.max_messages, inv.queue), (5000, 7));
+        let all = issues(
+            "nats_urls = [\"nats://127.0.0.1:4222\"]\ninvalidation_max_age = \"0s\"\ninvalidation_max_messages = 0\ninvalidation_queue = -1\n",
+        )
+        .join("\n");
+        for needle in [
+            "cluster.invalidation_max_age",
+            "cluster.invalidation_max_messages",
+            "cluster.invalidation_queue",
+        ] {
+            assert!(all.contains(needle), "{needle} not in:\n{all}");
+        }
     }
 
     #[test]

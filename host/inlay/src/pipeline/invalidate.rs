@@ -32,8 +32,10 @@ pub async fn after_unsafe(
         }
     }
     keys.dedup_by(|a, b| a.as_str() == b.as_str());
+    // This cache's own consequence of a write it forwarded: not sent to
+    // the cluster (every POST would be a message to every node).
     for key in &keys {
-        match cache.purge_url(key, false).await {
+        match cache.purge_url_local(key, false).await {
             Ok(n) => debug!(method = %head.method, key = key.as_str(), removed = n, "invalidated"),
             Err(e) => warn!(error = %e, key = key.as_str(), "invalidation failed"),
         }

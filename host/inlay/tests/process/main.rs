@@ -9,6 +9,7 @@ mod common;
 
 mod admin;
 mod cli;
+mod cluster_fanout;
 mod diagnostics;
 mod disk;
 mod memory;
