@@ -438,13 +438,15 @@ impl Proxy {
             cluster,
         } = self;
         let store = open_store(&cfg)?;
+        let shared_kv = crate::cluster::kv::open_if_configured(cluster.as_ref()).await?;
         let pipeline = Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
             policy.clone(),
             access_log,
             metrics,
-        );
+        )
+        .with_shared_kv(shared_kv);
         let (source, hup) = reload_source.unzip();
         let reloader = Arc::new(
             Reloader::new(pipeline, policy, source)

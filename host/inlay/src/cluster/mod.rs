@@ -10,6 +10,8 @@
 //! and object store name with its upper-case form, so several clusters can
 //! share NATS servers.
 
+pub mod kv;
+
 use std::sync::Arc;
 
 use anyhow::Context as _;
