@@ -454,6 +454,9 @@ impl Proxy {
                 .with_tls(tls),
         );
         wire_admin(&admin, &reloader);
+        // The cluster's current policy version applies before the node serves.
+        let rollout = crate::cluster::rollout::start(cluster.as_ref(), &reloader).await;
+        crate::cluster::rollout::wire_admin(&admin, rollout);
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));

@@ -329,6 +329,13 @@ pub struct Metrics {
     policy_oom: Counter,
     policy_pool_in_use: Gauge,
     policy_pool_size: Gauge,
+    /// `inlay_policy_info{version}`: the cluster policy version running.
+    policy_version: Family<VersionLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -401,6 +408,7 @@ impl Metrics {
             policy_oom: c(),
             policy_pool_in_use: Gauge::default(),
             policy_pool_size: Gauge::default(),
+            policy_version: Family::default(),
         };
         let mut r = Registry::with_prefix("inlay");
         r.register(
@@ -636,6 +644,11 @@ impl Metrics {
             "policy_pool_size",
             "Policy instance slots in the pool",
             self.policy_pool_size.clone(),
+        );
+        r.register(
+            "policy_info",
+            "The policy version pushed to the cluster this node runs (value 1)",
+            self.policy_version.clone(),
         );
     }
 }
@@ -883,6 +896,17 @@ impl Metrics {
         }
         self.store_expired.set(s.expired_removed);
         self.store_write_errors.set(s.write_errors);
+    }
+
+    /// This node now runs the cluster's policy `version` (set even while
+    /// counting is off: it is state, not a count).
+    pub fn set_policy_version(&self, version: &str) {
+        self.policy_version.clear();
+        self.policy_version
+            .get_or_create(&VersionLabel {
+                version: version.to_owned(),
+            })
+            .set(1);
     }
 
     /// Copies the policy runtime's counts: replayed and live hooks of the

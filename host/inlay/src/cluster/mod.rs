@@ -11,6 +11,7 @@
 //! share NATS servers.
 
 pub mod kv;
+pub mod rollout;
 
 use std::sync::Arc;
 

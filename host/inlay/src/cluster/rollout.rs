@@ -27,7 +27,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncReadExt as _;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::Cluster;
 use crate::reload::Reloader;
@@ -98,7 +98,9 @@ fn hash_of(version: &str) -> Option<&str> {
         && seq.len() <= 20
         && seq.bytes().all(|b| b.is_ascii_digit())
         && hash.len() == 16
-        && hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
     ok.then_some(hash)
 }
 
@@ -281,11 +283,9 @@ impl Rollout {
         }
         let result = async {
             let bytes = self.fetch(version).await?;
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let path = dir.join(format!("{version}.wasm"));
-            std::fs::write(&path, &bytes)
-                .with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
             match reloader.roll_out_policy(path.clone()).await {
                 Ok(report) => Ok((path, report.generation)),
                 Err(errors) => {
@@ -298,6 +298,7 @@ impl Rollout {
         match result {
             Ok((path, generation)) => {
                 let previous = self.status.running.write().replace(version.to_owned());
+                reloader.current().metrics().set_policy_version(version);
                 info!(%version, generation, "policy rollout: this node runs policy version {version}");
                 // The file of the version it replaced is no longer read.
                 if let Some(old) = previous
@@ -305,7 +306,7 @@ impl Rollout {
                 {
                     let _ = std::fs::remove_file(dir.join(format!("{old}.wasm")));
                 }
-                let _ = path;
+                debug!(path = %path.display(), "policy rollout: component written");
             }
             Err(e) => {
                 error!(%version, error = %format!("{e:#}"), "policy rollout: version {version} refused; this node keeps its policy");
@@ -350,7 +351,9 @@ impl Rollout {
             .await
             .is_err()
         {
-            warn!("policy rollout: the current version is not applied after {wait:?}; serving, it applies when it arrives");
+            warn!(
+                "policy rollout: the current version is not applied after {wait:?}; serving, it applies when it arrives"
+            );
         }
     }
 }
@@ -382,16 +385,61 @@ pub async fn start(cluster: Option<&Cluster>, reloader: &Arc<Reloader>) -> Optio
         info!("policy rollout: this node has no [policy]; it does not load pushed versions");
         return Some(rollout);
     }
-    // Beside the cache when it is on disk; else in the temporary directory.
+    // Beside the cache when it is on disk; else in a directory of this
+    // process's own in the temporary directory.
+    static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = match &cfg.cache.dir {
         Some(d) => d.join("rollout"),
-        None => std::env::temp_dir().join(format!("inlay-rollout-{}", cluster.node())),
+        None => std::env::temp_dir().join(format!(
+            "inlay-rollout-{}-{}-{}",
+            cluster.node(),
+            std::process::id(),
+            STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )),
     };
     rollout
         .clone()
         .follow(Arc::clone(reloader), dir, Duration::from_secs(30))
         .await;
     Some(rollout)
+}
+
+/// `GET /policy`, `POST /policy/push` and `POST /policy/rollback` on
+/// `admin`, when this node has the rollout.
+pub fn wire_admin(admin: &crate::admin::Admin, rollout: Option<Rollout>) {
+    use crate::admin::RolloutCall;
+    let Some(rollout) = rollout else { return };
+    let max = usize::try_from(rollout.max_size()).unwrap_or(usize::MAX);
+    admin.set_hooks(|h| {
+        let hook: crate::admin::RolloutHook = Arc::new(move |call| {
+            let rollout = rollout.clone();
+            Box::pin(async move {
+                match call {
+                    RolloutCall::Status => {
+                        let refused = rollout.status.refused().map(
+                            |(version, error)| serde_json::json!({"version": version, "error": error}),
+                        );
+                        Ok(serde_json::json!({
+                            "version": rollout.status.running(),
+                            "refused": refused,
+                            "cluster": rollout.pointer_json().await,
+                        }))
+                    }
+                    RolloutCall::Push(bytes) => rollout
+                        .push(bytes)
+                        .await
+                        .map(|v| serde_json::json!({"pushed": v}))
+                        .map_err(|e| format!("policy push refused: {e:#}")),
+                    RolloutCall::Rollback => rollout
+                        .rollback()
+                        .await
+                        .map(|v| serde_json::json!({"current": v}))
+                        .map_err(|e| format!("policy rollback refused: {e:#}")),
+                }
+            })
+        });
+        h.rollout = Some((hook, max));
+    });
 }
 
 #[cfg(test)]
@@ -403,7 +451,15 @@ mod tests {
         let v = version_of(7, b"\0asm");
         assert!(v.starts_with("7-"));
         assert_eq!(hash_of(&v).map(str::len), Some(16));
-        for bad in ["", "7", "-0123456789abcdef", "7-0123", "x-0123456789abcdef", "7-0123456789ABCDEF", "7-../../etc/passw"] {
+        for bad in [
+            "",
+            "7",
+            "-0123456789abcdef",
+            "7-0123",
+            "x-0123456789abcdef",
+            "7-0123456789ABCDEF",
+            "7-../../etc/passw",
+        ] {
             assert_eq!(hash_of(bad), None, "{bad}");
         }
         assert!(parse_pointer(b"{\"current\":\"../x\",\"history\":[],\"seq\":1}").is_err());
