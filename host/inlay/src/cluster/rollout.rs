@@ -317,7 +317,15 @@ impl Rollout {
 
     /// Applies the current version now (before the node serves, up to
     /// `wait`), then follows `current` in the background.
-    pub async fn follow(self, reloader: Arc<Reloader>, dir: PathBuf, wait: Duration) {
+    /// `temporary` is `dir` when it is a temporary directory: it goes
+    /// with the task.
+    pub async fn follow(
+        self,
+        reloader: Arc<Reloader>,
+        dir: PathBuf,
+        temporary: Option<tempfile::TempDir>,
+        wait: Duration,
+    ) {
         let mut watch = match self.pointer.watch_with_history("current").await {
             Ok(w) => w,
             Err(e) => {
@@ -328,6 +336,7 @@ impl Rollout {
         let (tx, mut rx) = tokio::sync::watch::channel(false);
         let this = self.clone();
         tokio::spawn(async move {
+            let _temporary = temporary;
             // Nothing pushed yet: nothing to wait for.
             if matches!(this.read_pointer().await, Ok((None, _))) {
                 tx.send_replace(true);
@@ -385,21 +394,26 @@ pub async fn start(cluster: Option<&Cluster>, reloader: &Arc<Reloader>) -> Optio
         info!("policy rollout: this node has no [policy]; it does not load pushed versions");
         return Some(rollout);
     }
-    // Beside the cache when it is on disk; else in a directory of this
-    // process's own in the temporary directory.
-    static STARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let dir = match &cfg.cache.dir {
-        Some(d) => d.join("rollout"),
-        None => std::env::temp_dir().join(format!(
-            "inlay-rollout-{}-{}-{}",
-            cluster.node(),
-            std::process::id(),
-            STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        )),
+    // Beside the cache when it is on disk; else in a temporary directory
+    // of its own, removed with the follow task.
+    let (dir, temporary) = match &cfg.cache.dir {
+        Some(d) => (d.join("rollout"), None),
+        None => match tempfile::Builder::new().prefix("inlay-rollout-").tempdir() {
+            Ok(t) => (t.path().to_owned(), Some(t)),
+            Err(e) => {
+                error!(error = %e, "policy rollout: no temporary directory for pushed components; this node will not follow pushes");
+                return Some(rollout);
+            }
+        },
     };
     rollout
         .clone()
-        .follow(Arc::clone(reloader), dir, Duration::from_secs(30))
+        .follow(
+            Arc::clone(reloader),
+            dir,
+            temporary,
+            Duration::from_secs(30),
+        )
         .await;
     Some(rollout)
 }
