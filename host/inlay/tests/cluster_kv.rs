@@ -104,6 +104,30 @@ async fn writes_and_deletes_propagate_between_nodes() {
         text(b.get(NS, "colour")).as_deref() == Some("blue")
     })
     .await;
+    // A figure for docs/SCALE.md (`cargo test -p inlay --test cluster_kv
+    // -- --nocapture`): from a write's start on one node to its read on
+    // the other, over 100 writes.
+    let mut seen = Vec::new();
+    for i in 0..100 {
+        let value = format!("v{i}");
+        let written = Instant::now();
+        a.set(NS, "latency", value.clone().into_bytes())
+            .await
+            .unwrap();
+        while text(b.get(NS, "latency")).as_deref() != Some(value.as_str()) {
+            assert!(
+                written.elapsed() < Duration::from_secs(10),
+                "write {i} not seen"
+            );
+            tokio::task::yield_now().await;
+        }
+        seen.push(written.elapsed());
+    }
+    seen.sort();
+    eprintln!(
+        "shared kv: write started on one node to read on another: p50 {:?}, p99 {:?}, max {:?} (100 writes, debug build)",
+        seen[49], seen[98], seen[99]
+    );
     // Any key a policy may use, empty included.
     b.set(NS, "", b"empty key".to_vec()).await.unwrap();
     b.set(NS, "a b/c.*>", b"odd key".to_vec()).await.unwrap();

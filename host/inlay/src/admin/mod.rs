@@ -434,7 +434,10 @@ impl Admin {
 
     async fn rollout(&self, route: Route, body: Bytes) -> Response<Full<Bytes>> {
         let Some((hook, _)) = self.hooks().rollout else {
-            return not_available("policy rollout (it needs [cluster])");
+            return error(
+                StatusCode::NOT_IMPLEMENTED,
+                "policy rollout needs [cluster] (and the node to be serving)",
+            );
         };
         let call = match route {
             Route::PolicyPush => RolloutCall::Push(body),

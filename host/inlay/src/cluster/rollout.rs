@@ -116,6 +116,9 @@ impl Rollout {
                 .create_object_store(object_store::Config {
                     bucket: store_name.clone(),
                     description: Some("inlay policy components".into()),
+                    // The versions kept, and room for a push in flight.
+                    max_bytes: i64::try_from(max_size.saturating_mul(MAX_HISTORY as u64 + 2))
+                        .unwrap_or(i64::MAX),
                     ..Default::default()
                 })
                 .await
