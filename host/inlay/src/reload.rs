@@ -233,6 +233,7 @@ impl Reloader {
                 if let Some(path) = &state.rollout {
                     source.path.clone_from(path);
                 }
+                let loading = source.path.clone();
                 match &state.slot {
                     Some(slot) => {
                         slot.reload(source).await.map_err(|e| match e {
@@ -241,7 +242,7 @@ impl Reloader {
                             }
                             e => vec![format!(
                                 "policy.path: cannot load {}: {e}",
-                                pc.path.display()
+                                loading.display()
                             )],
                         })?;
                         Some(Arc::clone(slot))

@@ -162,7 +162,10 @@ async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_cha
     })
     .await;
     for n in nodes {
-        assert_eq!(version(&status(n).await), Some(good.as_str()));
+        let s = status(n).await;
+        let why = s["refused"]["error"].as_str().unwrap_or_default();
+        assert!(why.contains(&format!("{broken}.wasm")), "{s}");
+        assert_eq!(version(&s), Some(good.as_str()));
         assert!(runs_headers(n).await, "a node lost its policy");
     }
 
