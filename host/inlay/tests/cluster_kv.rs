@@ -8,7 +8,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Harness, NatsServer, Origin, get, policy};
+use bytes::Bytes;
+use common::{Harness, NatsServer, Origin, get, policy, request};
 use inlay::cluster::Cluster;
 use inlay::cluster::kv::SharedKv;
 use inlay::config::Config;
@@ -29,7 +30,10 @@ async fn node(origin: &Origin, nats: &NatsServer, name: &str) -> Harness {
         .backend(origin)
         .arg("--policy")
         .arg(policy("capabilities").display().to_string())
-        .toml(&cluster_table(nats, name, ""))
+        .toml(&format!(
+            "[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+            cluster_table(nats, name, "")
+        ))
         .start_in_process()
         .await
 }
@@ -78,8 +82,12 @@ async fn a_policys_kv_writes_reach_the_other_nodes_and_a_node_started_later() {
     // A node started after the writes starts with them.
     let b = node(&origin, &nats, "edge-b").await;
     assert_eq!(get(&b.url("/cap/kv")).await.text(), "3");
-    eventually("the other node reads B's 3", || {
-        text(watcher.get(NS, "hits")).as_deref() == Some("3")
+    // A config reload keeps the shared kv.
+    let r = request("POST", &b.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(get(&b.url("/cap/kv")).await.text(), "4");
+    eventually("the other node reads B's 4", || {
+        text(watcher.get(NS, "hits")).as_deref() == Some("4")
     })
     .await;
     // Without `kv = "nats"` a node keeps its own kv.

@@ -190,6 +190,14 @@ async fn a_node_started_after_a_push_runs_the_pushed_version() {
     let late = node(&origin, &nats, "edge-late", "").await;
     assert_eq!(version(&status(&late).await), Some(pushed.as_str()));
     assert!(runs_headers(&late).await);
+    // A config reload keeps the pushed version (it replaces policy.path's
+    // file until the next push).
+    let r = request("POST", &late.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        runs_headers(&late).await,
+        "a reload went back to policy.path"
+    );
     // Its own policy.path is what a node without the cluster runs.
     let alone = Harness::builder()
         .backend(&origin)
