@@ -79,6 +79,12 @@ async fn a_policys_kv_writes_reach_the_other_nodes_and_a_node_started_later() {
         text(watcher.get(NS, "hits")).as_deref() == Some("2")
     })
     .await;
+    let metrics = a.metrics.render().await;
+    assert!(metrics.contains("inlay_cluster_kv_keys 1\n"), "{metrics}");
+    assert!(
+        metrics.contains("inlay_cluster_kv_dropped_total 0\n"),
+        "{metrics}"
+    );
     // A node started after the writes starts with them.
     let b = node(&origin, &nats, "edge-b").await;
     assert_eq!(get(&b.url("/cap/kv")).await.text(), "3");

@@ -263,6 +263,12 @@ impl SharedKv {
         debug!(key = %entry.key, revision = entry.revision, "cluster.kv: applied");
     }
 
+    /// Keys in this node's copy, and the bytes charged for them.
+    pub fn usage(&self) -> (u64, u64) {
+        let copy = self.inner.copy.lock();
+        (copy.entries.len() as u64, copy.bytes)
+    }
+
     /// Entries the watch delivered that this node's copy left out.
     pub fn dropped(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)

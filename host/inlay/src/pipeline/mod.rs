@@ -282,6 +282,10 @@ impl Pipeline {
         }
         let bans = self.cache.ban_counts();
         self.metrics.observe_bans(bans.added, bans.active);
+        if let Some(kv) = &self.shared_kv {
+            let (keys, bytes) = kv.usage();
+            self.metrics.observe_shared_kv(keys, bytes, kv.dropped());
+        }
     }
 
     /// A fresh instance of this generation's policy for one request, if any.
