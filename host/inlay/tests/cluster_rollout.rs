@@ -186,6 +186,28 @@ async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_cha
     .await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert_eq!(status(&c).await["cluster"]["current"], broken.as_str());
+    // One push at a time per node (each may buffer policy_max_size): while
+    // one's body is awaited, another is refused. (If the second comes
+    // first, the slow one is the refused one: try again.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut slow = tokio::net::TcpStream::connect(c.admin_addr.unwrap())
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut slow,
+            b"POST /policy/push HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n\0asm",
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (code, answer) = push(&c, wasm("headers")).await;
+        if code == 409 {
+            break;
+        }
+        assert_eq!(code, 200, "{answer}");
+        assert!(Instant::now() < deadline, "a second push was never refused");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -270,6 +270,9 @@ struct AdminState {
     hooks: RwLock<AdminHooks>,
     token: RwLock<Option<AdminToken>>,
     started: Instant,
+    /// One policy push read at a time: each buffers up to
+    /// `cluster.policy_max_size`.
+    pushing: tokio::sync::Semaphore,
 }
 
 impl Admin {
@@ -282,6 +285,7 @@ impl Admin {
             hooks: RwLock::new(hooks),
             token: RwLock::new(token),
             started: Instant::now(),
+            pushing: tokio::sync::Semaphore::new(1),
         }))
     }
 
@@ -371,6 +375,18 @@ impl Admin {
         let limit = match (route, &self.hooks().rollout) {
             (Route::PolicyPush, Some((_, max))) => *max,
             _ => MAX_BODY,
+        };
+        let _pushing = match route {
+            Route::PolicyPush => match self.0.pushing.try_acquire() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    return error(
+                        StatusCode::CONFLICT,
+                        "another policy push is in progress on this node",
+                    );
+                }
+            },
+            _ => None,
         };
         let body = if method == Method::POST {
             match read_body(&parts.headers, body, limit).await {
