@@ -286,9 +286,13 @@ impl Rollout {
         }
         let result = async {
             let bytes = self.fetch(version).await?;
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            tokio::fs::create_dir_all(dir)
+                .await
+                .with_context(|| format!("creating {}", dir.display()))?;
             let path = dir.join(format!("{version}.wasm"));
-            std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+            tokio::fs::write(&path, &bytes)
+                .await
+                .with_context(|| format!("writing {}", path.display()))?;
             match reloader.roll_out_policy(path.clone()).await {
                 Ok(report) => Ok((path, report.generation)),
                 Err(errors) => {
@@ -320,6 +324,7 @@ impl Rollout {
 
     /// Applies the current version now (before the node serves, up to
     /// `wait`), then follows `current` in the background.
+    ///
     /// `temporary` is `dir` when it is a temporary directory: it goes
     /// with the task.
     pub async fn follow(
