@@ -111,7 +111,7 @@ async fn a_push_reaches_every_node_and_a_rollback_returns_them_all() {
     .await;
     // A figure for docs/SCALE.md: `cargo test -p inlay --test cluster_rollout -- --nocapture`.
     eprintln!(
-        "rollout: push answered and 3 nodes running the new version after {:?} (debug build)",
+        "rollout: from the push request to 3 nodes seen running the new version: {:?} (debug build)",
         pushed.elapsed()
     );
     for n in nodes {
