@@ -438,13 +438,15 @@ impl Proxy {
             cluster,
         } = self;
         let store = open_store(&cfg)?;
+        let shared_kv = crate::cluster::kv::open_if_configured(cluster.as_ref()).await?;
         let pipeline = Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
             policy.clone(),
             access_log,
             metrics,
-        );
+        )
+        .with_shared_kv(shared_kv);
         let (source, hup) = reload_source.unzip();
         let reloader = Arc::new(
             Reloader::new(pipeline, policy, source)
@@ -458,6 +460,9 @@ impl Proxy {
             None => None,
         };
         wire_admin(&admin, &reloader);
+        // The cluster's current policy version applies before the node serves.
+        let rollout = crate::cluster::rollout::start(cluster.as_ref(), &reloader).await;
+        crate::cluster::rollout::wire_admin(&admin, rollout);
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));

@@ -19,7 +19,7 @@ use http::Uri;
 use crate::backend::tls::{BackendTls, TlsSettings};
 
 mod cluster;
-pub use cluster::{ClusterAuth, ClusterConfig, ClusterTls, InvalidationConfig};
+pub use cluster::{ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig};
 
 /// The configuration embedded in the binary, used when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");

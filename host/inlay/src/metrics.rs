@@ -331,6 +331,16 @@ pub struct Metrics {
     policy_pool_size: Gauge,
 
     cluster_invalidations: Family<KindLabel, Counter>,
+    /// `inlay_policy_info{version}`: the cluster policy version running.
+    policy_version: Family<VersionLabel, Gauge>,
+    cluster_kv_keys: Gauge,
+    cluster_kv_bytes: Gauge,
+    cluster_kv_dropped: CopiedCounter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -404,6 +414,10 @@ impl Metrics {
             policy_pool_in_use: Gauge::default(),
             policy_pool_size: Gauge::default(),
             cluster_invalidations: Family::default(),
+            policy_version: Family::default(),
+            cluster_kv_keys: Gauge::default(),
+            cluster_kv_bytes: Gauge::default(),
+            cluster_kv_dropped: CopiedCounter::default(),
         };
         let mut r = Registry::with_prefix("inlay");
         r.register(
@@ -644,6 +658,26 @@ impl Metrics {
             "cluster_invalidations",
             "Purges and bans of the cluster's fan-out, by kind: published, publish_failed, lost, applied, replayed, duplicate, malformed, apply_failed, cache_cleared",
             self.cluster_invalidations.clone(),
+        );
+        r.register(
+            "policy_info",
+            "The policy version pushed to the cluster this node runs (value 1)",
+            self.policy_version.clone(),
+        );
+        r.register(
+            "cluster_kv_keys",
+            "Keys in this node's copy of the shared policy kv",
+            self.cluster_kv_keys.clone(),
+        );
+        r.register(
+            "cluster_kv_bytes",
+            "Bytes charged to this node's copy of the shared policy kv",
+            self.cluster_kv_bytes.clone(),
+        );
+        r.register(
+            "cluster_kv_dropped",
+            "Shared kv entries left out of this node's copy (past cluster.kv_max_bytes)",
+            self.cluster_kv_dropped.clone(),
         );
     }
 }
@@ -909,6 +943,28 @@ impl Metrics {
         }
         self.store_expired.set(s.expired_removed);
         self.store_write_errors.set(s.write_errors);
+    }
+
+    /// This node's copy of the shared kv, read at scrape time.
+    pub fn observe_shared_kv(&self, keys: u64, bytes: u64, dropped: u64) {
+        if self.enabled() {
+            self.cluster_kv_keys
+                .set(i64::try_from(keys).unwrap_or(i64::MAX));
+            self.cluster_kv_bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            self.cluster_kv_dropped.set(dropped);
+        }
+    }
+
+    /// This node now runs the cluster's policy `version` (set even while
+    /// counting is off: it is state, not a count).
+    pub fn set_policy_version(&self, version: &str) {
+        self.policy_version.clear();
+        self.policy_version
+            .get_or_create(&VersionLabel {
+                version: version.to_owned(),
+            })
+            .set(1);
     }
 
     /// Copies the policy runtime's counts: replayed and live hooks of the

@@ -17,6 +17,7 @@ use inlay_runtime::{
 
 use crate::backend::director::key_hash;
 use crate::backend::{Backends, Picked};
+use crate::cluster::kv::SharedKv;
 
 /// Largest subrequest response body a policy may buffer.
 pub const MAX_SUBREQUEST_BODY: usize = 8 << 20;
@@ -32,6 +33,8 @@ pub struct HostServices {
     /// The request-id header carried from a request onto its policy's
     /// subrequests (`server.request_id_header`), if ids are on.
     request_id: Option<http::HeaderName>,
+    /// The cluster's shared kv (`cluster.kv = "nats"`) instead of the store's.
+    shared_kv: Option<SharedKv>,
 }
 
 impl HostServices {
@@ -41,6 +44,7 @@ impl HostServices {
             cache: cache.downgrade(),
             backends,
             request_id: None,
+            shared_kv: None,
         }
     }
 
@@ -55,6 +59,12 @@ impl HostServices {
     /// set one itself.
     pub fn with_request_id(mut self, header: Option<http::HeaderName>) -> Self {
         self.request_id = header;
+        self
+    }
+
+    /// Policies' kv calls go to the cluster's shared kv, if given.
+    pub fn with_shared_kv(mut self, kv: Option<SharedKv>) -> Self {
+        self.shared_kv = kv;
         self
     }
 }
@@ -159,6 +169,10 @@ impl PolicyServices for HostServices {
         namespace: &str,
         key: &str,
     ) -> BoxFuture<'static, Result<Option<Vec<u8>>, String>> {
+        if let Some(kv) = &self.shared_kv {
+            let value = kv.get(namespace, key);
+            return Box::pin(async move { Ok(value) });
+        }
         let (store, ns, key) = (
             self.cache().map(|c| c.store().clone()),
             kv_namespace(namespace),
@@ -179,6 +193,9 @@ impl PolicyServices for HostServices {
         key: &str,
         value: Vec<u8>,
     ) -> BoxFuture<'static, Result<(), String>> {
+        if let Some(kv) = &self.shared_kv {
+            return kv.set(namespace, key, value);
+        }
         let (store, ns, key) = (
             self.cache().map(|c| c.store().clone()),
             kv_namespace(namespace),
@@ -193,6 +210,9 @@ impl PolicyServices for HostServices {
     }
 
     fn kv_delete(&self, namespace: &str, key: &str) -> BoxFuture<'static, Result<bool, String>> {
+        if let Some(kv) = &self.shared_kv {
+            return kv.delete(namespace, key);
+        }
         let (store, ns, key) = (
             self.cache().map(|c| c.store().clone()),
             kv_namespace(namespace),

@@ -77,6 +77,9 @@ struct State {
     /// without a policy) so that its engine and instance pool are made
     /// again only when `policy.max_instances` changes.
     slot: Option<Arc<PolicySlot>>,
+    /// The component the cluster's policy rollout made current, loaded
+    /// instead of `policy.path`'s (same name, config and limits).
+    rollout: Option<std::path::PathBuf>,
 }
 
 impl Reloader {
@@ -93,6 +96,7 @@ impl Reloader {
             state: tokio::sync::Mutex::new(State {
                 generation: 1,
                 slot,
+                rollout: None,
             }),
         }
     }
@@ -174,6 +178,25 @@ impl Reloader {
         result
     }
 
+    /// Load the policy component at `path` instead of `policy.path`'s (the
+    /// cluster's rollout), as a reload does: on any error nothing changes
+    /// and the errors are returned. A node without `[policy]` refuses.
+    pub async fn roll_out_policy(
+        &self,
+        path: std::path::PathBuf,
+    ) -> Result<ReloadReport, Vec<String>> {
+        let mut state = self.state.lock().await;
+        if self.current_config().policy.is_none() {
+            return Err(vec!["this node has no [policy] to replace".to_owned()]);
+        }
+        let previous = state.rollout.replace(path);
+        let result = self.reload_locked(&mut state).await;
+        if result.is_err() {
+            state.rollout = previous;
+        }
+        result
+    }
+
     async fn reload_locked(&self, state: &mut State) -> Result<ReloadReport, Vec<String>> {
         let old = self.current.load_full();
         let mut cfg = self.read_config(old.config())?;
@@ -206,7 +229,11 @@ impl Reloader {
         let slot = match &cfg.policy {
             None => None,
             Some(pc) => {
-                let source = crate::cli::policy_source(pc);
+                let mut source = crate::cli::policy_source(pc);
+                if let Some(path) = &state.rollout {
+                    source.path.clone_from(path);
+                }
+                let loading = source.path.clone();
                 match &state.slot {
                     Some(slot) => {
                         slot.reload(source).await.map_err(|e| match e {
@@ -215,7 +242,7 @@ impl Reloader {
                             }
                             e => vec![format!(
                                 "policy.path: cannot load {}: {e}",
-                                pc.path.display()
+                                loading.display()
                             )],
                         })?;
                         Some(Arc::clone(slot))

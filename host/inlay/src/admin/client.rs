@@ -79,6 +79,28 @@ pub enum AdminCommand {
     Config,
     /// The Prometheus metrics (`GET /metrics`).
     Metrics,
+    /// The cluster's policy rollout (`[cluster]`).
+    Policy {
+        /// What to do.
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+}
+
+/// `inlay admin policy ...`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum PolicyAction {
+    /// Store a component as the cluster's new policy version; every node
+    /// loads it (`POST /policy/push`).
+    Push {
+        /// The `.wasm` component.
+        file: PathBuf,
+    },
+    /// Return every node to the version pushed before the current one
+    /// (`POST /policy/rollback`).
+    Rollback,
+    /// The version this node runs and the cluster's current one (`GET /policy`).
+    Status,
 }
 
 impl AdminCommand {
@@ -109,6 +131,16 @@ impl AdminCommand {
             Self::Reload => (Method::POST, "/reload", None),
             Self::Config => (Method::GET, "/config", None),
             Self::Metrics => (Method::GET, "/metrics", None),
+            // The component is the body, read in `main`.
+            Self::Policy {
+                action: PolicyAction::Push { .. },
+            } => (Method::POST, "/policy/push", None),
+            Self::Policy {
+                action: PolicyAction::Rollback,
+            } => (Method::POST, "/policy/rollback", None),
+            Self::Policy {
+                action: PolicyAction::Status,
+            } => (Method::GET, "/policy", None),
         }
     }
 }
@@ -138,6 +170,22 @@ pub fn main(args: AdminArgs) -> ExitCode {
         }
     };
     let (method, path, body) = args.command.request();
+    let body = match (&args.command, body) {
+        (
+            AdminCommand::Policy {
+                action: PolicyAction::Push { file },
+            },
+            _,
+        ) => match std::fs::read(file) {
+            Ok(bytes) => Some((Bytes::from(bytes), "application/wasm")),
+            Err(e) => {
+                eprintln!("inlay admin: cannot read {}: {e}", file.display());
+                return ExitCode::from(2);
+            }
+        },
+        (_, Some(v)) => Some((Bytes::from(v.to_string()), "application/json")),
+        (_, None) => None,
+    };
     match rt.block_on(call(addr, token.as_ref(), method, path, body)) {
         Err(e) => {
             eprintln!("inlay admin: {e:#}");
@@ -215,7 +263,7 @@ async fn call(
     token: Option<&AdminToken>,
     method: Method,
     path: &str,
-    body: Option<Value>,
+    body: Option<(Bytes, &'static str)>,
 ) -> anyhow::Result<(http::StatusCode, String)> {
     let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
         .await
@@ -237,9 +285,9 @@ async fn call(
         req = req.header(header::AUTHORIZATION, v);
     }
     let body = match body {
-        Some(v) => {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-            Bytes::from(v.to_string())
+        Some((bytes, content_type)) => {
+            req = req.header(header::CONTENT_TYPE, content_type);
+            bytes
         }
         None => Bytes::new(),
     };

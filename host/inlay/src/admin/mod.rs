@@ -181,6 +181,22 @@ pub type ReloadHook = Arc<dyn Fn() -> BoxFuture<'static, Result<Value, Vec<Strin
 pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
 /// `GET /stats`: the policy of the current generation, if any.
 pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
+/// `GET /policy`, `POST /policy/push` and `POST /policy/rollback`: the
+/// cluster's policy rollout (`[cluster]`); a JSON answer or why it failed.
+pub type RolloutHook =
+    Arc<dyn Fn(RolloutCall) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
+
+/// What the admin API asks of the cluster's policy rollout.
+#[derive(Debug)]
+pub enum RolloutCall {
+    /// `GET /policy`: the version this node runs and the cluster's current.
+    Status,
+    /// `POST /policy/push`: the component (the request body).
+    Push(Bytes),
+    /// `POST /policy/rollback`.
+    Rollback,
+}
+
 /// `POST /purge` and `GET /stats`: the cache new requests use.
 pub type CacheHook = Arc<dyn Fn() -> HttpCache + Send + Sync>;
 /// `GET /stats`: the health of each backend and director in the current
@@ -210,6 +226,9 @@ pub struct AdminHooks {
     pub cache: Option<CacheHook>,
     /// The backends' health in `GET /stats`.
     pub backends: Option<BackendsHook>,
+    /// The cluster's policy rollout, and the largest component
+    /// `POST /policy/push` reads (`cluster.policy_max_size`).
+    pub rollout: Option<(RolloutHook, usize)>,
 }
 
 impl std::fmt::Debug for AdminHooks {
@@ -223,6 +242,7 @@ impl std::fmt::Debug for AdminHooks {
             .field("policy", &self.policy.is_some())
             .field("cache", &self.cache.is_some())
             .field("backends", &self.backends.is_some())
+            .field("rollout", &self.rollout.is_some())
             .finish()
     }
 }
@@ -250,6 +270,9 @@ struct AdminState {
     hooks: RwLock<AdminHooks>,
     token: RwLock<Option<AdminToken>>,
     started: Instant,
+    /// One policy push read at a time: each buffers up to
+    /// `cluster.policy_max_size`.
+    pushing: tokio::sync::Semaphore,
 }
 
 impl Admin {
@@ -262,6 +285,7 @@ impl Admin {
             hooks: RwLock::new(hooks),
             token: RwLock::new(token),
             started: Instant::now(),
+            pushing: tokio::sync::Semaphore::new(1),
         }))
     }
 
@@ -348,8 +372,24 @@ impl Admin {
             );
             return resp;
         }
+        let limit = match (route, &self.hooks().rollout) {
+            (Route::PolicyPush, Some((_, max))) => *max,
+            _ => MAX_BODY,
+        };
+        let _pushing = match route {
+            Route::PolicyPush => match self.0.pushing.try_acquire() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    return error(
+                        StatusCode::CONFLICT,
+                        "another policy push is in progress on this node",
+                    );
+                }
+            },
+            _ => None,
+        };
         let body = if method == Method::POST {
-            match read_body(&parts.headers, body).await {
+            match read_body(&parts.headers, body, limit).await {
                 Ok(b) => b,
                 Err(refusal) => return refusal.into(),
             }
@@ -398,11 +438,32 @@ impl Admin {
                 },
                 None => not_available("reload"),
             },
+            Route::Policy | Route::PolicyPush | Route::PolicyRollback => {
+                self.rollout(route, body).await
+            }
         };
         if parts.method == Method::HEAD {
             *resp.body_mut() = Full::new(Bytes::new());
         }
         resp
+    }
+
+    async fn rollout(&self, route: Route, body: Bytes) -> Response<Full<Bytes>> {
+        let Some((hook, _)) = self.hooks().rollout else {
+            return error(
+                StatusCode::NOT_IMPLEMENTED,
+                "policy rollout needs [cluster] (and the node to be serving)",
+            );
+        };
+        let call = match route {
+            Route::PolicyPush => RolloutCall::Push(body),
+            Route::PolicyRollback => RolloutCall::Rollback,
+            _ => RolloutCall::Status,
+        };
+        match hook(call).await {
+            Ok(v) => ok(v),
+            Err(m) => error(StatusCode::BAD_REQUEST, m),
+        }
     }
 
     async fn stats(&self) -> Response<Full<Bytes>> {
@@ -504,10 +565,13 @@ enum Route {
     Ban,
     Bans,
     Reload,
+    Policy,
+    PolicyPush,
+    PolicyRollback,
 }
 
 impl Route {
-    const ALL: [Route; 9] = [
+    const ALL: [Route; 12] = [
         Route::Healthz,
         Route::Readyz,
         Route::Stats,
@@ -517,6 +581,9 @@ impl Route {
         Route::Ban,
         Route::Bans,
         Route::Reload,
+        Route::Policy,
+        Route::PolicyPush,
+        Route::PolicyRollback,
     ];
 
     fn of(path: &str) -> Option<Self> {
@@ -534,12 +601,19 @@ impl Route {
             Route::Ban => "/ban",
             Route::Bans => "/bans",
             Route::Reload => "/reload",
+            Route::Policy => "/policy",
+            Route::PolicyPush => "/policy/push",
+            Route::PolicyRollback => "/policy/rollback",
         }
     }
 
     fn method(self) -> Method {
         match self {
-            Route::Purge | Route::Ban | Route::Reload => Method::POST,
+            Route::Purge
+            | Route::Ban
+            | Route::Reload
+            | Route::PolicyPush
+            | Route::PolicyRollback => Method::POST,
             _ => Method::GET,
         }
     }
@@ -640,8 +714,9 @@ fn truncated(s: &str) -> String {
     s.chars().take(100).collect()
 }
 
-/// Read a request body of at most [`MAX_BODY`] bytes within [`BODY_READ_TIMEOUT`].
-async fn read_body<B>(headers: &HeaderMap, body: B) -> Result<Bytes, Refusal>
+/// Read a request body of at most `limit` bytes ([`MAX_BODY`] but for a
+/// pushed policy) within [`BODY_READ_TIMEOUT`].
+async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Refusal>
 where
     B: Body<Data = Bytes> + Send,
     B::Error: Into<BoxError>,
@@ -649,17 +724,17 @@ where
     let too_large = || {
         Refusal(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than {MAX_BODY} bytes"),
+            format!("the body is larger than {limit} bytes"),
         )
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
+    match tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect()).await {
         Err(_) => Err(Refusal(
             StatusCode::REQUEST_TIMEOUT,
             "the body did not come in time".into(),

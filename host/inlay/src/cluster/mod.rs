@@ -11,6 +11,8 @@
 //! share NATS servers.
 
 pub mod fanout;
+pub mod kv;
+pub mod rollout;
 
 use std::sync::Arc;
 

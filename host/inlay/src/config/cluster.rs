@@ -32,6 +32,14 @@ pub struct ClusterConfig {
     /// Purge and ban fan-out (`invalidation_*`): the stream's retention
     /// and the queue of purges waiting for NATS.
     pub invalidations: InvalidationConfig,
+    /// `kv`: where the policies' kv lives (`"local"` or `"nats"`).
+    pub kv: ClusterKv,
+    /// `kv_max_bytes`: bound on the shared kv bucket and on each node's
+    /// copy of it (default 64 MiB, the local kv's budget).
+    pub kv_max_bytes: u64,
+    /// `policy_max_size`: largest policy component `inlay admin policy
+    /// push` stores and a node fetches (default 64 MiB).
+    pub policy_max_size: u64,
 }
 
 /// How long the cluster keeps purges and bans for nodes that were away,
@@ -58,6 +66,17 @@ impl Default for InvalidationConfig {
             queue: 10_000,
         }
     }
+}
+
+/// `cluster.kv`: where the policies' kv lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClusterKv {
+    /// `"local"`: each node's own store (the default).
+    #[default]
+    Local,
+    /// `"nats"`: a JetStream KV bucket shared by the cluster, read from a
+    /// local copy its watch keeps (eventually consistent).
+    Nats,
 }
 
 /// The credentials a node shows the NATS servers (at most one kind).
@@ -144,6 +163,9 @@ impl Reader {
                 "invalidation_max_age",
                 "invalidation_max_messages",
                 "invalidation_queue",
+                "kv",
+                "kv_max_bytes",
+                "policy_max_size",
             ],
         );
         let nats_urls = self.strings(t, p, "nats_urls").unwrap_or_default();
@@ -212,6 +234,7 @@ impl Reader {
         let tls = self.table(t, p, "tls").map(|tt| self.cluster_tls(tt));
         let connect_timeout =
             self.positive_duration(t, p, "connect_timeout", Duration::from_secs(2));
+        let (kv, kv_max_bytes, policy_max_size) = self.cluster_kv_and_rollout(t, p);
         Some(ClusterConfig {
             nats_urls,
             node_name,
@@ -221,6 +244,9 @@ impl Reader {
             tls,
             connect_timeout,
             invalidations: self.cluster_invalidations(t, p),
+            kv,
+            kv_max_bytes,
+            policy_max_size,
         })
     }
 
@@ -272,7 +298,38 @@ impl Reader {
             queue,
         }
     }
+
+    /// `cluster.kv`, `cluster.kv_max_bytes` and `cluster.policy_max_size`.
+    fn cluster_kv_and_rollout(&mut self, t: &Table, p: &str) -> (ClusterKv, u64, u64) {
+        let kv = match self.string(t, p, "kv").as_deref() {
+            None | Some("local") => ClusterKv::Local,
+            Some("nats") => ClusterKv::Nats,
+            Some(other) => {
+                self.err(
+                    join(p, "kv"),
+                    format!("{other:?}: expected \"local\" or \"nats\""),
+                );
+                ClusterKv::Local
+            }
+        };
+        let kv_max_bytes = self.size(t, p, "kv_max_bytes", 64 << 20);
+        let policy_max_size = self.size(t, p, "policy_max_size", 64 << 20);
+        for (key, value) in [
+            ("kv_max_bytes", kv_max_bytes),
+            ("policy_max_size", policy_max_size),
+        ] {
+            if value == 0 {
+                self.err(join(p, key), "must be more than 0");
+            } else if value > MAX_CLUSTER_BYTES {
+                self.err(join(p, key), "at most 1GiB");
+            }
+        }
+        (kv, kv_max_bytes, policy_max_size)
+    }
 }
+
+/// Largest `kv_max_bytes` and `policy_max_size`: both are held in memory.
+const MAX_CLUSTER_BYTES: u64 = 1 << 30;
 
 /// A NATS server address: `nats://`, `tls://` (or `ws://`/`wss://`) with a
 /// host and a port.
@@ -367,5 +424,27 @@ mod tests {
             assert!(all.contains(needle), "{needle} not in:\n{all}");
         }
         assert!(issues("").join("\n").contains("at least one NATS server"));
+    }
+
+    #[test]
+    fn the_shared_kv_and_rollout_settings_parse_and_bad_ones_are_named() {
+        let cfg = Config::from_toml(&format!(
+            "{BACKEND}[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\nkv = \"nats\"\nkv_max_bytes = \"8MiB\"\npolicy_max_size = \"16MiB\"\n"
+        ))
+        .unwrap();
+        let c = cfg.cluster.unwrap();
+        assert_eq!(c.kv, super::ClusterKv::Nats);
+        assert_eq!((c.kv_max_bytes, c.policy_max_size), (8 << 20, 16 << 20));
+        let all = issues(
+            "nats_urls = [\"nats://127.0.0.1:4222\"]\nkv = \"redis\"\nkv_max_bytes = 0\npolicy_max_size = \"2GiB\"\n",
+        )
+        .join("\n");
+        for needle in [
+            "cluster.kv: \"redis\"",
+            "cluster.kv_max_bytes: must be more than 0",
+            "cluster.policy_max_size: at most 1GiB",
+        ] {
+            assert!(all.contains(needle), "{needle} not in:\n{all}");
+        }
     }
 }

@@ -43,6 +43,7 @@ use tracing::{Instrument, debug_span};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::backend::director::key_hash;
 use crate::backend::{Backends, Picked};
+use crate::cluster::kv::SharedKv;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
@@ -87,6 +88,8 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
     /// Accepts or mints each request's id.
     request_ids: RequestIds,
+    /// The cluster's shared policy kv, carried to later generations.
+    shared_kv: Option<SharedKv>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -219,6 +222,19 @@ impl Pipeline {
             backends,
             self.metrics.clone(),
         )
+        .with_shared_kv(self.shared_kv.clone())
+    }
+
+    /// Its policies' kv in the cluster's shared kv (`cluster.kv = "nats"`)
+    /// instead of the cache store; later generations keep it.
+    pub fn with_shared_kv(mut self, kv: Option<SharedKv>) -> Self {
+        self.services = Arc::new(
+            HostServices::new(self.cache.clone(), self.backends.clone())
+                .with_request_id(self.request_ids.header().cloned())
+                .with_shared_kv(kv.clone()),
+        );
+        self.shared_kv = kv;
+        self
     }
 
     fn build(
@@ -245,6 +261,7 @@ impl Pipeline {
             templates: ParsedTemplates::default(),
             metrics,
             request_ids,
+            shared_kv: None,
         }
     }
 
@@ -265,6 +282,10 @@ impl Pipeline {
         }
         let bans = self.cache.ban_counts();
         self.metrics.observe_bans(bans.added, bans.active);
+        if let Some(kv) = &self.shared_kv {
+            let (keys, bytes) = kv.usage();
+            self.metrics.observe_shared_kv(keys, bytes, kv.dropped());
+        }
     }
 
     /// A fresh instance of this generation's policy for one request, if any.

@@ -10,6 +10,7 @@ mod common;
 mod admin;
 mod cli;
 mod cluster_fanout;
+mod cluster_rollout;
 mod diagnostics;
 mod disk;
 mod memory;

@@ -1,0 +1,96 @@
+//! `inlay admin policy push`, `status` and `rollback` with the real binary
+//! against `inlay serve` in a cluster (a real `nats-server`; skipped, saying
+//! so, where it is not installed).
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use crate::common::{Inlay, NatsServer, Origin, get, policy};
+
+/// `inlay admin --address ADDR ARGS`, run off the runtime's threads.
+fn admin_cli(addr: SocketAddr, args: &[&str]) -> Output {
+    tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_inlay"))
+            .args(["admin", "--address", &addr.to_string()])
+            .args(args)
+            .output()
+            .unwrap()
+    })
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The admin API's address, from its "admin API listening on" line.
+fn admin_addr(inlay: &Inlay) -> SocketAddr {
+    const LINE: &str = "admin API listening on http://";
+    inlay.expect_log(LINE, Duration::from_secs(10));
+    let log = inlay.log.text();
+    let rest = log.split(LINE).nth(1).unwrap();
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inlay_admin_policy_push_status_and_rollback() {
+    crate::require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\n[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"edge-p\"",
+            policy("default").display().to_string(),
+            nats.url()
+        ))
+        .arg("--admin")
+        .arg("127.0.0.1:0")
+        .spawn_process();
+    let addr = admin_addr(&inlay);
+    // Its hooks are wired once it serves.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !admin_cli(addr, &["ready"]).status.success() {
+        assert!(Instant::now() < deadline, "not ready within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let headers = policy("headers").display().to_string();
+    let out = admin_cli(addr, &["policy", "push", &headers]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let version = answer["pushed"].as_str().expect("a version").to_owned();
+    // The node logs the version it runs, and serves with it.
+    inlay.expect_log(
+        &format!("this node runs policy version {version}"),
+        Duration::from_secs(20),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    loop {
+        n += 1;
+        let r = get(&inlay.url(&format!("/echo?n={n}"))).await;
+        if r.header("x-inlay-policy") == Some("headers") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pushed policy does not serve"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = admin_cli(addr, &["policy", "status"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["version"], version.as_str(), "{status}");
+    // One version only: nothing to roll back to; exit 1 and why.
+    let out = admin_cli(addr, &["policy", "rollback"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("no version before"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A file that is not there: a usage error.
+    let out = admin_cli(addr, &["policy", "push", "/nonexistent/policy.wasm"]);
+    assert_eq!(out.status.code(), Some(2));
+}
