@@ -438,13 +438,17 @@ impl Proxy {
             cluster,
         } = self;
         let store = open_store(&cfg)?;
+        let listeners: Vec<Listener> = listeners.into_iter().map(Into::into).collect();
+        let listening = listeners.first().and_then(|l| l.local_addr().ok());
+        let shard = crate::cluster::shard::start(cluster.as_ref(), listening).await?;
         let pipeline = Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
             policy.clone(),
             access_log,
             metrics,
-        );
+        )
+        .with_shard(shard.clone());
         let (source, hup) = reload_source.unzip();
         let reloader = Arc::new(
             Reloader::new(pipeline, policy, source)
@@ -459,6 +463,9 @@ impl Proxy {
         let shutdown = async {
             shutdown.await;
             admin.readiness().set_stopping();
+            if let Some(shard) = &shard {
+                shard.leave().await;
+            }
         };
         crate::server::run(listeners, reloader.generations(), shutdown).await;
         if let Some(task) = on_hup {

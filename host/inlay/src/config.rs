@@ -19,7 +19,7 @@ use http::Uri;
 use crate::backend::tls::{BackendTls, TlsSettings};
 
 mod cluster;
-pub use cluster::{ClusterAuth, ClusterConfig, ClusterTls};
+pub use cluster::{ClusterAuth, ClusterConfig, ClusterTls, ShardConfig};
 
 /// The configuration embedded in the binary, used when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
@@ -1144,6 +1144,7 @@ impl Reader {
         let cluster = self
             .table(root, "", "cluster")
             .and_then(|t| self.cluster(t));
+        self.cluster_advertised(cluster.as_ref(), &server.listen);
         Config {
             server,
             backends,

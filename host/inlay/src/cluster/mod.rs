@@ -10,6 +10,8 @@
 //! and object store name with its upper-case form, so several clusters can
 //! share NATS servers.
 
+pub mod shard;
+
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -24,6 +26,8 @@ pub struct Cluster {
     client: async_nats::Client,
     js: jetstream::Context,
     cfg: Arc<ClusterConfig>,
+    /// Sharding by key, once it runs (`shard = true`).
+    shard: Arc<std::sync::OnceLock<Arc<shard::Shard>>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -99,6 +103,7 @@ impl Cluster {
             client,
             js,
             cfg: Arc::new(cfg.clone()),
+            shard: Arc::default(),
         })
     }
 
@@ -115,6 +120,11 @@ impl Cluster {
     /// The `[cluster]` settings this connection was made with.
     pub fn config(&self) -> &ClusterConfig {
         &self.cfg
+    }
+
+    /// Sharding by key, once the node serves with `shard = true`.
+    pub fn shard(&self) -> Option<&Arc<shard::Shard>> {
+        self.shard.get()
     }
 
     /// This node's name.

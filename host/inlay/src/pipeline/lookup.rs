@@ -111,7 +111,19 @@ impl Pipeline {
         let backend = self.backend(head, || key_hash(fetch.primary().as_str()))?;
         let fill = for_cache(&self.cache, &self.config, fetch.validators());
         let sent = std::time::Instant::now();
-        let fetched = fetch::send(&backend, head, Method::GET, body::empty(), Some(fill)).await;
+        let owner = self
+            .shard
+            .as_ref()
+            .filter(|_| !head.headers.contains_key(crate::cluster::shard::HOP))
+            .and_then(|shard| Some((shard, shard.owner(fetch.primary().as_str())?)));
+        let fetched = match owner {
+            // Another node owns the key: it fetches from the origin, once for all.
+            Some((shard, owner)) => {
+                let req = fetch::request(head, Method::GET, body::empty(), Some(fill));
+                shard.fetch(&owner, req, &backend).await
+            }
+            None => fetch::send(&backend, head, Method::GET, body::empty(), Some(fill)).await,
+        };
         let took = sent.elapsed();
         match fetch.on_response(fetched).await? {
             Fetched::Cached { object, status } => {

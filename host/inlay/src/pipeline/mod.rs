@@ -87,6 +87,8 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
     /// Accepts or mints each request's id.
     request_ids: RequestIds,
+    /// `[cluster] shard = true`: misses go to their key's owner.
+    shard: Option<Arc<crate::cluster::shard::Shard>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -219,6 +221,14 @@ impl Pipeline {
             backends,
             self.metrics.clone(),
         )
+        .with_shard(self.shard.clone())
+    }
+
+    /// This pipeline fetching misses from their key's owner (`[cluster]
+    /// shard = true`); later generations keep it.
+    pub fn with_shard(mut self, shard: Option<Arc<crate::cluster::shard::Shard>>) -> Self {
+        self.shard = shard;
+        self
     }
 
     fn build(
@@ -245,6 +255,7 @@ impl Pipeline {
             templates: ParsedTemplates::default(),
             metrics,
             request_ids,
+            shard: None,
         }
     }
 
@@ -323,6 +334,9 @@ impl Pipeline {
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let (mut parts, body) = req.into_parts();
+        if let Some(shard) = &self.shard {
+            shard.accept_hop(&mut parts.headers);
+        }
         let request_id = self.request_ids.assign(&mut parts.headers);
         // Only the policy may turn Server-Timing on for one request.
         parts.headers.remove(server_timing::REQUEST_FLAG);

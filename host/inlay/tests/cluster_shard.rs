@@ -1,0 +1,361 @@
+//! Sharding by key (`[cluster] shard = true`): three nodes in process, a
+//! real `nats-server` and the test origin on loopback (skipped, saying so,
+//! where nats-server is not installed).
+//!
+//! Every request names `Host: www.example.com`, so the three nodes compute
+//! the same cache keys whatever port the client reached them on.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{NatsServer, Origin, Reply, request, unused_port};
+use inlay::cli::Proxy;
+use inlay::cluster::Cluster;
+use inlay::cluster::shard::MAX_MEMBERS;
+use inlay::config::{AccessLogTarget, Config};
+use inlay::server::Listener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const SITE: &str = "www.example.com";
+
+/// One node serving in the test's runtime.
+struct Node {
+    addr: SocketAddr,
+    cluster: Cluster,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    async fn start(nats: &NatsServer, origin: &Origin, name: &str, extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\nshutdown_timeout = \"10s\"\n\
+             [backends.default]\naddress = \"{}\"\nfirst_byte_timeout = \"3s\"\n\
+             [cache]\ndir = \"{}\"\n\
+             [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nshard = true\n\
+             heartbeat_interval = \"200ms\"\ndead_after = \"1s\"\n{extra}\n",
+            origin.url(),
+            dir.path().join("cache").display(),
+            nats.url(),
+        );
+        let mut cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        cfg.log.access_log = AccessLogTarget::Off;
+        let proxy = Proxy::load(cfg).await.expect("the node starts");
+        let cluster = proxy.cluster().cloned().expect("[cluster] joins");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(proxy.run([Listener::plain(listener)], async {
+            let _ = stopped.await;
+        }));
+        let node = Self {
+            addr,
+            cluster,
+            stop: Some(stop),
+            served: Some(served),
+            _dir: dir,
+        };
+        wait_until("the node shards", Duration::from_secs(10), || {
+            node.cluster.shard().is_some()
+        })
+        .await;
+        node
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// The members this node sees, in order.
+    fn members(&self) -> Vec<String> {
+        self.cluster.shard().expect("sharding").live().names()
+    }
+
+    /// Stop as SIGTERM does: leave, drain, flush.
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            tokio::time::timeout(Duration::from_secs(30), served)
+                .await
+                .expect("stopped within 30 s")
+                .expect("no panic")
+                .expect("stopped cleanly");
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn get(node: &Node, path: &str) -> Reply {
+    get_with(node, path, &[]).await
+}
+
+async fn get_with(node: &Node, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut all = vec![("host", SITE)];
+    all.extend_from_slice(headers);
+    request("GET", &node.url(path), &all, Bytes::new()).await
+}
+
+/// Polls `done` every 20 ms until it holds, or fails after `within`.
+async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+async fn three_nodes(nats: &NatsServer, origin: &Origin) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for name in ["edge-a", "edge-b", "edge-c"] {
+        nodes.push(Node::start(nats, origin, name, "").await);
+    }
+    let took = wait_until("membership converges", Duration::from_secs(10), || {
+        nodes
+            .iter()
+            .all(|n| n.members() == ["edge-a", "edge-b", "edge-c"])
+    })
+    .await;
+    eprintln!("membership of 3 nodes converged {took:?} after the last one started");
+    nodes
+}
+
+/// Object `i`: a distinct cacheable path of the test origin.
+fn object(i: usize) -> String {
+    format!("/static/{}", 1000 + i)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_the_origin_sees_one_fetch_per_object_not_one_per_node() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let nodes = three_nodes(&nats, &origin).await;
+    const N: usize = 30;
+    for i in 0..N {
+        for node in &nodes {
+            let r = get(node, &object(i)).await;
+            assert_eq!(r.status, 200, "{} on {}", object(i), node.addr);
+            assert_eq!(r.body.len(), 1000 + i);
+        }
+    }
+    let mut total = 0;
+    for i in 0..N {
+        let fetched = origin.count(&object(i)).await;
+        assert_eq!(fetched, 1, "{} fetched {fetched} times", object(i));
+        total += fetched;
+    }
+    let forwarded: u64 = nodes
+        .iter()
+        .map(|n| {
+            let s = n.cluster.shard().unwrap();
+            s.counts().forwarded.load(Ordering::Relaxed)
+        })
+        .sum();
+    eprintln!(
+        "sharded: {N} objects x 3 nodes -> {total} origin fetches, {forwarded} owner fetches"
+    );
+    // Each object: one node owns it; the two others fetched it from the owner.
+    assert_eq!(forwarded as usize, 2 * N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_hop_field_does_not_bypass_the_owner() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let nodes = three_nodes(&nats, &origin).await;
+    // A real node's name with a made-up token, a bare name, a second field.
+    let forged = [
+        "edge-a 0123456789abcdef0123456789abcdef",
+        "edge-b",
+        "edge-c x",
+    ];
+    const N: usize = 12;
+    for i in 0..N {
+        for (node, hop) in nodes.iter().zip(forged) {
+            let r = get_with(node, &object(i), &[("inlay-cluster-hop", hop)]).await;
+            assert_eq!(r.status, 200);
+        }
+    }
+    for i in 0..N {
+        assert_eq!(
+            origin.count(&object(i)).await,
+            1,
+            "a forged hop field made a node fetch {} itself",
+            object(i)
+        );
+    }
+    let forged_seen: u64 = nodes
+        .iter()
+        .map(|n| {
+            let s = n.cluster.shard().unwrap();
+            s.counts().forged_hops.load(Ordering::Relaxed)
+        })
+        .sum();
+    assert_eq!(forged_seen as usize, 3 * N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_stopped_under_load_costs_no_client_an_error() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let mut nodes = three_nodes(&nats, &origin).await;
+    let owner = nodes.pop().expect("edge-c");
+    let nodes = Arc::new(nodes);
+    let ok = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let (done, finished) = tokio::sync::watch::channel(false);
+    // Two clients loop over 200 objects on edge-a and edge-b; edge-c owns
+    // about a third of them.
+    let mut clients = Vec::new();
+    for c in 0..2 {
+        let (nodes, ok, errors, mut finished) =
+            (nodes.clone(), ok.clone(), errors.clone(), finished.clone());
+        clients.push(tokio::spawn(async move {
+            let mut i = c;
+            while !*finished.borrow_and_update() {
+                let node = &nodes[i % 2];
+                let path = object(i % 200);
+                let r = get(node, &path).await;
+                if r.status == 200 && r.body.len() == 1000 + i % 200 {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("{path} on {}: {} {:?}", node.addr, r.status, r.text());
+                }
+                i += 1;
+            }
+        }));
+    }
+    wait_until("load runs", Duration::from_secs(20), || {
+        ok.load(Ordering::Relaxed) >= 300
+    })
+    .await;
+    let mut owner = owner;
+    owner.stop().await;
+    let before = ok.load(Ordering::Relaxed);
+    let left = wait_until(
+        "the others drop the stopped node",
+        Duration::from_secs(5),
+        || nodes.iter().all(|n| n.members() == ["edge-a", "edge-b"]),
+    )
+    .await;
+    wait_until("load goes on", Duration::from_secs(20), || {
+        ok.load(Ordering::Relaxed) >= before + 600
+    })
+    .await;
+    done.send(true).unwrap();
+    for c in clients {
+        c.await.unwrap();
+    }
+    eprintln!(
+        "owner stopped under load: {} good responses, {} errors; the others dropped it {left:?} after it stopped",
+        ok.load(Ordering::Relaxed),
+        errors.load(Ordering::Relaxed)
+    );
+    assert_eq!(errors.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_owner_falls_back_to_the_origin_within_the_connect_timeout() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let node = Node::start(&nats, &origin, "edge-a", "peer_connect_timeout = \"300ms\"").await;
+    // A member that beats but refuses connections: it owns about half the keys.
+    let dead: SocketAddr = format!("127.0.0.1:{}", unused_port()).parse().unwrap();
+    let beating = tokio::spawn({
+        let url = nats.url();
+        async move {
+            let nats_url = url;
+            let client = async_nats::connect(nats_url).await.unwrap();
+            let beat = format!(
+                r#"{{"node":"ghost","addr":"{dead}","token":"0123456789abcdef0123456789abcdef"}}"#
+            );
+            loop {
+                let _ = client.publish("inlay.members", beat.clone().into()).await;
+                let _ = client.flush().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    wait_until("the ghost joins", Duration::from_secs(10), || {
+        node.members() == ["edge-a", "ghost"]
+    })
+    .await;
+    let mut slowest = Duration::ZERO;
+    for i in 0..40 {
+        let started = Instant::now();
+        let r = get(&node, &object(i)).await;
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(r.status, 200, "{}", object(i));
+        assert_eq!(origin.count(&object(i)).await, 1);
+    }
+    let shard = node.cluster.shard().unwrap();
+    let fallbacks = shard.counts().fallbacks.load(Ordering::Relaxed);
+    eprintln!("refused owner: {fallbacks} fallbacks to the origin; slowest request {slowest:?}");
+    assert!(fallbacks >= 1, "the ghost owned none of 40 keys?");
+    assert!(slowest < Duration::from_millis(300 + 1000), "{slowest:?}");
+    beating.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_heartbeats_neither_panic_nor_grow_the_member_table() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let node = Node::start(&nats, &origin, "edge-a", "").await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let shard = node.cluster.shard().unwrap().clone();
+    // Garbage, a huge message, a bad name, a bad address.
+    for bad in [
+        "garbage".to_owned(),
+        "x".repeat(256 << 10),
+        r#"{"node":"a.b","addr":"127.0.0.1:1","token":"0123456789abcdef"}"#.to_owned(),
+        r#"{"node":"a","addr":"0.0.0.0:1","token":"0123456789abcdef"}"#.to_owned(),
+        "\u{0}\u{ff}{".to_owned(),
+    ] {
+        client.publish("inlay.members", bad.into()).await.unwrap();
+    }
+    // Thousands of fake nodes.
+    for i in 0..3 * MAX_MEMBERS {
+        let beat = format!(
+            r#"{{"node":"fake-{i}","addr":"127.0.0.1:{}","token":"0123456789abcdef"}}"#,
+            1 + i % 60000
+        );
+        client.publish("inlay.members", beat.into()).await.unwrap();
+    }
+    client.flush().await.unwrap();
+    wait_until("the flood is read", Duration::from_secs(20), || {
+        shard.counts().refused_members.load(Ordering::Relaxed) > 0
+            && shard.counts().bad_heartbeats.load(Ordering::Relaxed) >= 5
+    })
+    .await;
+    assert!(shard.live().peers.len() <= MAX_MEMBERS);
+    // Still serving (keys owned by fakes go to the origin).
+    assert_eq!(get(&node, &object(1)).await.status, 200);
+    // The fakes stop beating: they are dropped.
+    wait_until("the fakes are dropped", Duration::from_secs(10), || {
+        node.members() == ["edge-a"]
+    })
+    .await;
+}
