@@ -359,3 +359,52 @@ async fn hostile_heartbeats_neither_panic_nor_grow_the_member_table() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_caches_the_owners_response_as_it_would_the_origins() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let nodes = three_nodes(&nats, &origin).await;
+    let forwarded = |nodes: &[Node]| -> u64 {
+        nodes
+            .iter()
+            .map(|n| {
+                let s = n.cluster.shard().unwrap();
+                s.counts().forwarded.load(Ordering::Relaxed)
+            })
+            .sum()
+    };
+    // Only Surrogate-Control lets an edge cache it: the owner must pass it on.
+    const N: usize = 6;
+    for i in 0..N {
+        let path = format!("{}?cc=no-store&sc=max-age%3D60", object(i));
+        for _ in 0..3 {
+            for node in &nodes {
+                assert_eq!(get(node, &path).await.status, 200);
+            }
+        }
+        assert_eq!(origin.count(&object(i)).await, 1);
+    }
+    // Each non-owner asked the owner once per object, then hit its own copy.
+    assert_eq!(forwarded(&nodes) as usize, 2 * N);
+    // An ESI page: the owner sends the template, each node assembles it,
+    // and the template and each fragment come from the origin once.
+    let before = forwarded(&nodes);
+    for node in &nodes {
+        let page = get(node, "/esi/page?n=3").await;
+        assert_eq!(page.status, 200);
+        let html = page.text();
+        assert!(
+            !html.contains("<esi:"),
+            "not assembled on {}: {html}",
+            node.addr
+        );
+        assert!(html.matches("fragment").count() >= 3, "{html}");
+    }
+    assert_eq!(origin.count("/esi/page").await, 1);
+    for i in 0..3 {
+        assert_eq!(origin.count(&format!("/esi/fragment/{i}")).await, 1);
+    }
+    assert!(forwarded(&nodes) > before);
+}

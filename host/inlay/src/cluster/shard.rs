@@ -560,6 +560,20 @@ fn parse_heartbeat(payload: &[u8]) -> Result<(String, SocketAddr, String, bool),
     Ok((hb.node, addr, hb.token, hb.leaving))
 }
 
+/// The fields meant for edge caches that deliver removes for clients
+/// (`Surrogate-Control`, `Surrogate-Key`, `Inlay-Cache-Control`): a key's
+/// owner sends them on to the peer that caches its response, so the peer
+/// stores the object as it would the origin's.
+pub fn edge_fields(headers: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for name in ["surrogate-control", "surrogate-key", "inlay-cache-control"] {
+        for v in headers.get_all(name) {
+            kept.append(HeaderName::from_static(name), v.clone());
+        }
+    }
+    kept
+}
+
 /// The error and its sources, in one line.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();

@@ -421,6 +421,9 @@ impl Pipeline {
         started: Instant,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
+        // A peer's fetch for its cache (its hop field was checked in handle).
+        let for_peer =
+            self.shard.is_some() && head.headers.contains_key(crate::cluster::shard::HOP);
         if head.method.as_str() == "PURGE" {
             record.cache = CacheStatus::Purge;
             return purge::purge(&self.cache, &self.config.cache, &head, &self.metrics).await;
@@ -481,6 +484,8 @@ impl Pipeline {
         }
         record.cache = out.status;
         let resp = match (&out.object, out.esi) {
+            // The peer caches the template and assembles it itself.
+            (_, true) if for_peer => out.resp,
             (_, true) if head.method == Method::HEAD => {
                 // The assembled length is unknown without assembling.
                 let mut resp = out.resp;
@@ -503,7 +508,12 @@ impl Pipeline {
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
         };
-        let resp = deliver::finish(resp, out.status);
+        let edge_fields = for_peer.then(|| crate::cluster::shard::edge_fields(resp.headers()));
+        let mut resp = deliver::finish(resp, out.status);
+        // A peer stores what the origin said to edges (TTL, ESI, surrogate keys).
+        if let Some(fields) = edge_fields {
+            resp.headers_mut().extend(fields);
+        }
         let resp = deliver::run_policy(policy.as_mut(), &mut head, resp, &self.metrics).await;
         timing.phase("deliver", delivering);
         resp
