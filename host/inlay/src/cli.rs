@@ -439,7 +439,8 @@ impl Proxy {
         } = self;
         let store = open_store(&cfg)?;
         let listeners: Vec<Listener> = listeners.into_iter().map(Into::into).collect();
-        let listening = listeners.first().and_then(|l| l.local_addr().ok());
+        let listening = listeners.iter().find(|l| !l.is_tls());
+        let listening = listening.and_then(|l| l.local_addr().ok());
         let shard = crate::cluster::shard::start(cluster.as_ref(), listening).await?;
         let pipeline = Pipeline::with_metrics(
             cfg.clone(),

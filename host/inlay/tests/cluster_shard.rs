@@ -275,46 +275,113 @@ async fn the_owner_stopped_under_load_costs_no_client_an_error() {
     assert_eq!(errors.load(Ordering::Relaxed), 0);
 }
 
+/// Publishes heartbeats of a member nobody runs, announcing `addr`, every 100 ms.
+fn ghost(nats: &NatsServer, name: &str, addr: SocketAddr) -> JoinHandle<()> {
+    let url = nats.url();
+    let beat = format!(
+        r#"{{"node":"{name}","addr":"{addr}","token":"0123456789abcdef0123456789abcdef"}}"#
+    );
+    tokio::spawn(async move {
+        let client = async_nats::connect(url).await.unwrap();
+        loop {
+            let _ = client.publish("inlay.members", beat.clone().into()).await;
+            let _ = client.flush().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// Requests objects `range` on `node`; each must be 200 and fetched from
+/// the origin once. Returns the slowest request's time.
+async fn each_once(node: &Node, origin: &Origin, range: std::ops::Range<usize>) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for i in range {
+        let started = Instant::now();
+        let r = get(node, &object(i)).await;
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(r.status, 200, "{}", object(i));
+        assert_eq!(origin.count(&object(i)).await, 1, "{}", object(i));
+    }
+    slowest
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_owner_falls_back_to_the_origin_within_the_connect_timeout() {
     require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let node = Node::start(&nats, &origin, "edge-a", "peer_connect_timeout = \"300ms\"").await;
+    let shard = node.cluster.shard().unwrap().clone();
     // A member that beats but refuses connections: it owns about half the keys.
-    let dead: SocketAddr = format!("127.0.0.1:{}", unused_port()).parse().unwrap();
-    let beating = tokio::spawn({
-        let url = nats.url();
-        async move {
-            let nats_url = url;
-            let client = async_nats::connect(nats_url).await.unwrap();
-            let beat = format!(
-                r#"{{"node":"ghost","addr":"{dead}","token":"0123456789abcdef0123456789abcdef"}}"#
-            );
-            loop {
-                let _ = client.publish("inlay.members", beat.clone().into()).await;
-                let _ = client.flush().await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    });
+    let refused: SocketAddr = format!("127.0.0.1:{}", unused_port()).parse().unwrap();
+    let beating = ghost(&nats, "ghost", refused);
     wait_until("the ghost joins", Duration::from_secs(10), || {
         node.members() == ["edge-a", "ghost"]
     })
     .await;
-    let mut slowest = Duration::ZERO;
-    for i in 0..40 {
-        let started = Instant::now();
-        let r = get(&node, &object(i)).await;
-        slowest = slowest.max(started.elapsed());
-        assert_eq!(r.status, 200, "{}", object(i));
-        assert_eq!(origin.count(&object(i)).await, 1);
-    }
-    let shard = node.cluster.shard().unwrap();
+    let slowest = each_once(&node, &origin, 0..40).await;
     let fallbacks = shard.counts().fallbacks.load(Ordering::Relaxed);
     eprintln!("refused owner: {fallbacks} fallbacks to the origin; slowest request {slowest:?}");
     assert!(fallbacks >= 1, "the ghost owned none of 40 keys?");
-    assert!(slowest < Duration::from_millis(300 + 1000), "{slowest:?}");
+    beating.abort();
+    // A member whose connections hang: a listener whose accept queue is
+    // full (the kernel drops further SYNs), so connecting times out.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let full = socket.listen(1).unwrap();
+    let hanging = full.local_addr().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        if let Ok(Ok(c)) =
+            tokio::time::timeout(Duration::from_millis(100), s.connect(hanging)).await
+        {
+            held.push(c);
+        }
+    }
+    let beating = ghost(&nats, "ghost2", hanging);
+    wait_until("ghost2 joins", Duration::from_secs(10), || {
+        node.members().contains(&"ghost2".to_owned())
+    })
+    .await;
+    let before = shard.counts().fallbacks.load(Ordering::Relaxed);
+    let slowest = each_once(&node, &origin, 40..80).await;
+    let fallbacks = shard.counts().fallbacks.load(Ordering::Relaxed) - before;
+    eprintln!(
+        "owner whose connect hangs (peer_connect_timeout 300ms): {fallbacks} fallbacks; slowest request {slowest:?}"
+    );
+    assert!(fallbacks >= 1, "ghost2 owned none of 40 keys?");
+    // Within the connect timeout and an origin fetch, not the 3 s first-byte timeout.
+    assert!(slowest < Duration::from_millis(2500), "{slowest:?}");
+    beating.abort();
+    drop((held, full));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_announcing_this_nodes_own_address_does_not_make_it_loop() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let node = Node::start(&nats, &origin, "edge-a", "").await;
+    let beating = ghost(&nats, "echo", node.addr);
+    wait_until("the echo joins", Duration::from_secs(10), || {
+        node.members() == ["echo", "edge-a"]
+    })
+    .await;
+    let slowest = each_once(&node, &origin, 0..20).await;
+    let counts = node.cluster.shard().unwrap().counts();
+    let forwarded = counts.forwarded.load(Ordering::Relaxed);
+    eprintln!(
+        "echo: {forwarded} forwarded, {} fallbacks, slowest {slowest:?}",
+        counts.fallbacks.load(Ordering::Relaxed)
+    );
+    assert_eq!(forwarded, 0);
+    assert!(
+        counts.fallbacks.load(Ordering::Relaxed) >= 1,
+        "echo owned none of 20 keys?"
+    );
+    // Told at once, not after the backend's 3 s first-byte timeout.
+    assert!(slowest < Duration::from_secs(2), "{slowest:?}");
     beating.abort();
 }
 

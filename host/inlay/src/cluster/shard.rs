@@ -324,12 +324,29 @@ impl Shard {
         }
     }
 
-    /// Whether `node` is a member whose token is `token`.
+    /// Whether `node` is a member whose token is `token` (this node too: a
+    /// member announcing this node's address must not make it forward to
+    /// itself forever).
     fn knows(&self, node: &str, token: &str) -> bool {
+        if node == self.me.name {
+            return bool::from(self.me.token.as_bytes().ct_eq(token.as_bytes()));
+        }
         let table = self.table.lock();
         table
             .get(node)
             .is_some_and(|(p, _)| bool::from(p.token.as_bytes().ct_eq(token.as_bytes())))
+    }
+
+    /// Whether the (checked) hop field of a request names this node: it
+    /// forwarded to itself (a member announced this node's address), and
+    /// must be told at once ([`loop_response`]) rather than wait on its own
+    /// fill of the key.
+    pub fn is_own_hop(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get(&HOP)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .is_some_and(|(node, _)| node == self.me.name)
     }
 
     /// Fetch `req` (a GET for the cache, no body) from `owner`, marked as a
@@ -363,6 +380,9 @@ impl Shard {
             match tokio::time::timeout(backend.first_byte_timeout, self.client.request(to_owner))
                 .await
             {
+                Ok(Ok(resp)) if is_loop(&resp) => {
+                    format!("{} is this node's own address", owner.addr)
+                }
                 Ok(Ok(resp)) => {
                     self.counts.forwarded.fetch_add(1, Ordering::Relaxed);
                     let (parts, incoming) = resp.into_parts();
@@ -558,6 +578,21 @@ fn parse_heartbeat(payload: &[u8]) -> Result<(String, SocketAddr, String, bool),
         return Err("bad token".into());
     }
     Ok((hb.node, addr, hb.token, hb.leaving))
+}
+
+/// What a node answers a request it forwarded to itself: 508 Loop
+/// Detected, marked, so that the forwarding side fetches from the origin.
+pub fn loop_response() -> Response<ProxyBody> {
+    let mut resp = Response::new(body::empty());
+    *resp.status_mut() = http::StatusCode::LOOP_DETECTED;
+    resp.headers_mut()
+        .insert(HOP, HeaderValue::from_static("loop"));
+    resp
+}
+
+fn is_loop(resp: &Response<hyper::body::Incoming>) -> bool {
+    resp.status() == http::StatusCode::LOOP_DETECTED
+        && resp.headers().get(&HOP).is_some_and(|v| v == "loop")
 }
 
 /// The fields meant for edge caches that deliver removes for clients

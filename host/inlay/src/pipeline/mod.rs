@@ -424,6 +424,10 @@ impl Pipeline {
         // A peer's fetch for its cache (its hop field was checked in handle).
         let for_peer =
             self.shard.is_some() && head.headers.contains_key(crate::cluster::shard::HOP);
+        if let Some(shard) = self.shard.as_ref().filter(|s| s.is_own_hop(&head.headers)) {
+            drop((body, shard));
+            return Ok(crate::cluster::shard::loop_response());
+        }
         if head.method.as_str() == "PURGE" {
             record.cache = CacheStatus::Purge;
             return purge::purge(&self.cache, &self.config.cache, &head, &self.metrics).await;
