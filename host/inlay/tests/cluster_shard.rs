@@ -475,3 +475,45 @@ async fn a_peer_caches_the_owners_response_as_it_would_the_origins() {
     }
     assert!(forwarded(&nodes) > before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_objects_refresh_goes_to_its_owner_too() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let nodes = three_nodes(&nats, &origin).await;
+    let path = "/static/2000?cc=max-age%3D2%2C%20stale-while-revalidate%3D60";
+    for node in &nodes {
+        assert_eq!(get(node, path).await.status, 200);
+    }
+    let fetched = Instant::now();
+    assert_eq!(origin.count("/static/2000").await, 1);
+    // Past max-age on every node: each serves it stale and refreshes it.
+    wait_until("the object expires", Duration::from_secs(5), || {
+        fetched.elapsed() > Duration::from_millis(2200)
+    })
+    .await;
+    for node in &nodes {
+        let r = get(node, path).await;
+        assert_eq!(r.status, 200);
+    }
+    // Until every node serves it fresh again.
+    let started = Instant::now();
+    for node in &nodes {
+        loop {
+            let r = get(node, path).await;
+            let status = r.headers["cache-status"].to_str().unwrap().to_owned();
+            if status.contains("hit; ttl=") && !status.contains("ttl=-") {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{} still serves {status}",
+                node.addr
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // One refresh from the origin (the owner's), not one per node.
+    assert_eq!(origin.count("/static/2000").await, 2);
+}
