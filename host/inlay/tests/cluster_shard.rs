@@ -35,12 +35,22 @@ struct Node {
 
 impl Node {
     async fn start(nats: &NatsServer, origin: &Origin, name: &str, extra: &str) -> Self {
+        Self::start_sharding(nats, origin, name, true, extra).await
+    }
+
+    async fn start_sharding(
+        nats: &NatsServer,
+        origin: &Origin,
+        name: &str,
+        shard: bool,
+        extra: &str,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
             "[server]\nlisten = [\"127.0.0.1:0\"]\nshutdown_timeout = \"10s\"\n\
              [backends.default]\naddress = \"{}\"\nfirst_byte_timeout = \"3s\"\n\
              [cache]\ndir = \"{}\"\n\
-             [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nshard = true\n\
+             [cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\nshard = {shard}\n\
              heartbeat_interval = \"200ms\"\ndead_after = \"1s\"\n{extra}\n",
             origin.url(),
             dir.path().join("cache").display(),
@@ -63,10 +73,12 @@ impl Node {
             served: Some(served),
             _dir: dir,
         };
-        wait_until("the node shards", Duration::from_secs(10), || {
-            node.cluster.shard().is_some()
-        })
-        .await;
+        if shard {
+            wait_until("the node shards", Duration::from_secs(10), || {
+                node.cluster.shard().is_some()
+            })
+            .await;
+        }
         node
     }
 
@@ -124,16 +136,21 @@ async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool
 
 async fn three_nodes(nats: &NatsServer, origin: &Origin) -> Vec<Node> {
     let mut nodes = Vec::new();
+    let mut last = Instant::now();
     for name in ["edge-a", "edge-b", "edge-c"] {
+        last = Instant::now();
         nodes.push(Node::start(nats, origin, name, "").await);
     }
-    let took = wait_until("membership converges", Duration::from_secs(10), || {
+    wait_until("membership converges", Duration::from_secs(10), || {
         nodes
             .iter()
             .all(|n| n.members() == ["edge-a", "edge-b", "edge-c"])
     })
     .await;
-    eprintln!("membership of 3 nodes converged {took:?} after the last one started");
+    eprintln!(
+        "membership of 3 nodes converged {:?} after the last one began to start",
+        last.elapsed()
+    );
     nodes
 }
 
@@ -174,6 +191,31 @@ async fn sharded_the_origin_sees_one_fetch_per_object_not_one_per_node() {
     );
     // Each object: one node owns it; the two others fetched it from the owner.
     assert_eq!(forwarded as usize, 2 * N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_shard_every_node_fetches_every_object() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let mut nodes = Vec::new();
+    for name in ["edge-a", "edge-b", "edge-c"] {
+        nodes.push(Node::start_sharding(&nats, &origin, name, false, "").await);
+    }
+    const N: usize = 30;
+    for i in 0..N {
+        for node in &nodes {
+            assert_eq!(get(node, &object(i)).await.status, 200);
+        }
+    }
+    let mut total = 0;
+    for i in 0..N {
+        total += origin.count(&object(i)).await;
+    }
+    eprintln!("not sharded: {N} objects x 3 nodes -> {total} origin fetches");
+    // The baseline the sharded test improves on (same requests, same keys).
+    assert_eq!(total as usize, 3 * N);
+    assert!(nodes.iter().all(|n| n.cluster.shard().is_none()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,6 +396,17 @@ async fn a_dead_owner_falls_back_to_the_origin_within_the_connect_timeout() {
     // Within the connect timeout and an origin fetch, not the 3 s first-byte timeout.
     assert!(slowest < Duration::from_millis(2500), "{slowest:?}");
     beating.abort();
+    let silent = Instant::now();
+    wait_until(
+        "the silent ghost2 is dropped",
+        Duration::from_secs(10),
+        || node.members() == ["edge-a"],
+    )
+    .await;
+    eprintln!(
+        "a member that stopped beating was dropped {:?} after its last heartbeat (dead_after 1s)",
+        silent.elapsed()
+    );
     drop((held, full));
 }
 
