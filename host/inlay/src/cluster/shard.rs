@@ -40,6 +40,9 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use inlay_core::ProxyError;
 use inlay_core::body::{self, ProxyBody};
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq as _;
 use tokio::sync::Notify;
@@ -148,6 +151,76 @@ pub struct ShardCounts {
     pub refused_members: AtomicU64,
     /// Client requests whose hop field did not match a member's token.
     pub forged_hops: AtomicU64,
+}
+
+/// Sharding's figures for `GET /metrics` (`inlay_cluster_*`), copied from
+/// the shard when the text is rendered; absent without `shard = true`
+/// (they stay at zero).
+#[derive(Debug, Default)]
+pub struct ShardMetrics {
+    members: Gauge,
+    forwarded: Counter,
+    fallbacks: Counter,
+    bad_heartbeats: Counter,
+    refused_members: Counter,
+    forged_hops: Counter,
+}
+
+impl ShardMetrics {
+    /// Register the series in `r`.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "cluster_members",
+            "Live members of the shard as this node sees them, itself included",
+            self.members.clone(),
+        );
+        for (name, help, counter) in [
+            (
+                "cluster_owner_fetches",
+                "Misses and refreshes fetched from their key's owner node",
+                &self.forwarded,
+            ),
+            (
+                "cluster_owner_fallbacks",
+                "Misses whose owner node could not be reached, fetched from the origin",
+                &self.fallbacks,
+            ),
+            (
+                "cluster_bad_heartbeats",
+                "Heartbeats dropped: too large, not JSON, or bad fields",
+                &self.bad_heartbeats,
+            ),
+            (
+                "cluster_refused_members",
+                "Heartbeats of new nodes dropped because the member table was full",
+                &self.refused_members,
+            ),
+            (
+                "cluster_forged_hops",
+                "Requests whose Inlay-Cluster-Hop field named no member's token (removed)",
+                &self.forged_hops,
+            ),
+        ] {
+            r.register(name, help, counter.clone());
+        }
+    }
+
+    /// Copy `shard`'s figures.
+    pub fn observe(&self, shard: &Shard) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = shard.counts();
+        self.members
+            .set(i64::try_from(shard.live().peers.len()).unwrap_or(i64::MAX));
+        for (to, from) in [
+            (&self.forwarded, &c.forwarded),
+            (&self.fallbacks, &c.fallbacks),
+            (&self.bad_heartbeats, &c.bad_heartbeats),
+            (&self.refused_members, &c.refused_members),
+            (&self.forged_hops, &c.forged_hops),
+        ] {
+            to.inner().store(load(from), Ordering::Relaxed);
+        }
+    }
 }
 
 /// This node's part in sharding: the member table, the heartbeat tasks,

@@ -276,6 +276,9 @@ impl Pipeline {
         }
         let bans = self.cache.ban_counts();
         self.metrics.observe_bans(bans.added, bans.active);
+        if let Some(shard) = &self.shard {
+            self.metrics.observe_shard(shard);
+        }
     }
 
     /// A fresh instance of this generation's policy for one request, if any.
