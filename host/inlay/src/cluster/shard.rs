@@ -20,10 +20,18 @@
 //! bytes, strict fields, and at most [`MAX_MEMBERS`] members (a table kept
 //! full by fake names empties as they stop beating).
 //!
-//! A owner that cannot be reached (connection refused, reset, the connect
+//! An owner that cannot be reached (connection refused, reset, the connect
 //! timeout `peer_connect_timeout`, no response head within the origin
 //! backend's `first_byte_timeout`) is suspect until its next heartbeat:
 //! the request, and the next ones for its keys, go to the origin.
+//!
+//! The owner answers a peer as an edge answers an edge: `Surrogate-Control`,
+//! `Surrogate-Key` and `Inlay-Cache-Control` go on and an ESI template is
+//! not assembled, so the peer caches and assembles the object as it would
+//! the origin's. Hop requests travel in plain HTTP with the client's own
+//! fields (as the origin gets them): advertise addresses on a network only
+//! the nodes share. A member announcing this node's own address makes it
+//! answer itself `508` ([`loop_response`]) and fetch from the origin.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
