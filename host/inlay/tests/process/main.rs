@@ -9,6 +9,7 @@ mod common;
 
 mod admin;
 mod cli;
+mod cluster_shard;
 mod diagnostics;
 mod disk;
 mod memory;
