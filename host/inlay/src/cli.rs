@@ -439,6 +439,10 @@ impl Proxy {
         } = self;
         let store = open_store(&cfg)?;
         let shared_kv = crate::cluster::kv::open_if_configured(cluster.as_ref()).await?;
+        let listeners: Vec<Listener> = listeners.into_iter().map(Into::into).collect();
+        let listening = listeners.iter().find(|l| !l.is_tls());
+        let listening = listening.and_then(|l| l.local_addr().ok());
+        let shard = crate::cluster::shard::start(cluster.as_ref(), listening).await?;
         let pipeline = Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
@@ -446,7 +450,8 @@ impl Proxy {
             access_log,
             metrics,
         )
-        .with_shared_kv(shared_kv);
+        .with_shared_kv(shared_kv)
+        .with_shard(shard.clone());
         let (source, hup) = reload_source.unzip();
         let reloader = Arc::new(
             Reloader::new(pipeline, policy, source)
@@ -470,6 +475,9 @@ impl Proxy {
         let shutdown = async {
             shutdown.await;
             admin.readiness().set_stopping();
+            if let Some(shard) = &shard {
+                shard.leave().await;
+            }
         };
         crate::server::run(listeners, reloader.generations(), shutdown).await;
         if let Some(task) = on_hup {

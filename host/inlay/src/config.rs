@@ -19,7 +19,9 @@ use http::Uri;
 use crate::backend::tls::{BackendTls, TlsSettings};
 
 mod cluster;
-pub use cluster::{ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig};
+pub use cluster::{
+    ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig, ShardConfig,
+};
 
 /// The configuration embedded in the binary, used when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
@@ -1148,6 +1150,7 @@ impl Reader {
         let cluster = self
             .table(root, "", "cluster")
             .and_then(|t| self.cluster(t));
+        self.cluster_advertised(cluster.as_ref(), &server.listen);
         Config {
             server,
             backends,

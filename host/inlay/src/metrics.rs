@@ -297,6 +297,8 @@ pub struct Metrics {
     purged_objects: Counter,
     bans_added: CopiedCounter,
     bans_active: Gauge,
+    /// `[cluster] shard = true`: members and owner fetches.
+    cluster_shard: crate::cluster::shard::ShardMetrics,
 
     store_objects: Family<TierLabel, Gauge>,
     store_bytes: Family<TierLabel, Gauge>,
@@ -385,6 +387,7 @@ impl Metrics {
             purged_objects: c(),
             bans_added: CopiedCounter::default(),
             bans_active: Gauge::default(),
+            cluster_shard: Default::default(),
             store_objects: Family::default(),
             store_bytes: Family::default(),
             store_capacity: Family::default(),
@@ -437,6 +440,7 @@ impl Metrics {
     }
 
     fn register_all(&self, r: &mut Registry) {
+        self.cluster_shard.register(r);
         r.register(
             "connections_open",
             "Client connections open now",
@@ -812,6 +816,13 @@ impl Metrics {
             self.bans_added.set(added);
             self.bans_active
                 .set(i64::try_from(active).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sharding's figures, read from the shard at scrape time.
+    pub fn observe_shard(&self, shard: &crate::cluster::shard::Shard) {
+        if self.enabled() {
+            self.cluster_shard.observe(shard);
         }
     }
 

@@ -13,6 +13,7 @@
 pub mod fanout;
 pub mod kv;
 pub mod rollout;
+pub mod shard;
 
 use std::sync::Arc;
 
@@ -28,6 +29,8 @@ pub struct Cluster {
     client: async_nats::Client,
     js: jetstream::Context,
     cfg: Arc<ClusterConfig>,
+    /// Sharding by key, once it runs (`shard = true`).
+    shard: Arc<std::sync::OnceLock<Arc<shard::Shard>>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -103,6 +106,7 @@ impl Cluster {
             client,
             js,
             cfg: Arc::new(cfg.clone()),
+            shard: Arc::default(),
         })
     }
 
@@ -119,6 +123,11 @@ impl Cluster {
     /// The `[cluster]` settings this connection was made with.
     pub fn config(&self) -> &ClusterConfig {
         &self.cfg
+    }
+
+    /// Sharding by key, once the node serves with `shard = true`.
+    pub fn shard(&self) -> Option<&Arc<shard::Shard>> {
+        self.shard.get()
     }
 
     /// This node's name.

@@ -40,6 +40,8 @@ pub struct ClusterConfig {
     /// `policy_max_size`: largest policy component `inlay admin policy
     /// push` stores and a node fetches (default 64 MiB).
     pub policy_max_size: u64,
+    /// Sharding by key (`shard = true`): membership and the owner fetch.
+    pub sharding: ShardConfig,
 }
 
 /// How long the cluster keeps purges and bans for nodes that were away,
@@ -77,6 +79,23 @@ pub enum ClusterKv {
     /// `"nats"`: a JetStream KV bucket shared by the cluster, read from a
     /// local copy its watch keeps (eventually consistent).
     Nats,
+}
+
+/// The `[cluster]` keys of sharding by key (read with or without `shard`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardConfig {
+    /// `advertise`: the `HOST:PORT` peers use to reach this node over HTTP
+    /// (default: the first `server.listen` address, which must then not be
+    /// `0.0.0.0` or `[::]`).
+    pub advertise: Option<std::net::SocketAddr>,
+    /// `heartbeat_interval`: how often a node says it is alive (default 1 s).
+    pub heartbeat_interval: Duration,
+    /// `dead_after`: a node not heard from for this long has left (default
+    /// 3 heartbeat intervals; more than one interval).
+    pub dead_after: Duration,
+    /// `peer_connect_timeout`: how long a connection to a key's owner may
+    /// take before the node fetches from the origin instead (default 500 ms).
+    pub peer_connect_timeout: Duration,
 }
 
 /// The credentials a node shows the NATS servers (at most one kind).
@@ -166,6 +185,11 @@ impl Reader {
                 "kv",
                 "kv_max_bytes",
                 "policy_max_size",
+                // sharding (cluster_sharding)
+                "advertise",
+                "heartbeat_interval",
+                "dead_after",
+                "peer_connect_timeout",
             ],
         );
         let nats_urls = self.strings(t, p, "nats_urls").unwrap_or_default();
@@ -235,6 +259,7 @@ impl Reader {
         let connect_timeout =
             self.positive_duration(t, p, "connect_timeout", Duration::from_secs(2));
         let (kv, kv_max_bytes, policy_max_size) = self.cluster_kv_and_rollout(t, p);
+        let sharding = self.cluster_sharding(t);
         Some(ClusterConfig {
             nats_urls,
             node_name,
@@ -247,6 +272,7 @@ impl Reader {
             kv,
             kv_max_bytes,
             policy_max_size,
+            sharding,
         })
     }
 
@@ -267,6 +293,69 @@ impl Reader {
         ClusterTls {
             ca_file,
             client_cert,
+        }
+    }
+
+    /// `advertise`, `heartbeat_interval`, `dead_after`, `peer_connect_timeout`.
+    fn cluster_sharding(&mut self, t: &Table) -> ShardConfig {
+        let p = "cluster";
+        let advertise =
+            self.string(t, p, "advertise")
+                .and_then(|a| match a.parse::<std::net::SocketAddr>() {
+                    Ok(addr) if addr.ip().is_unspecified() || addr.port() == 0 => {
+                        self.err(
+                            join(p, "advertise"),
+                            format!("{a:?}: give the address and port peers reach this node at"),
+                        );
+                        None
+                    }
+                    Ok(addr) => Some(addr),
+                    Err(_) => {
+                        self.err(
+                            join(p, "advertise"),
+                            format!("{a:?} is not IP:PORT (e.g. \"10.0.0.5:6081\")"),
+                        );
+                        None
+                    }
+                });
+        let heartbeat_interval =
+            self.positive_duration(t, p, "heartbeat_interval", Duration::from_secs(1));
+        let dead_after = self.positive_duration(t, p, "dead_after", heartbeat_interval * 3);
+        if dead_after <= heartbeat_interval {
+            self.err(
+                join(p, "dead_after"),
+                "must be longer than heartbeat_interval (one late heartbeat is not a death)",
+            );
+        }
+        let peer_connect_timeout =
+            self.positive_duration(t, p, "peer_connect_timeout", Duration::from_millis(500));
+        ShardConfig {
+            advertise,
+            heartbeat_interval,
+            dead_after,
+            peer_connect_timeout,
+        }
+    }
+
+    /// With `shard = true` and no `advertise`, the first `server.listen`
+    /// address is what peers use: it must be one they can reach.
+    pub(super) fn cluster_advertised(
+        &mut self,
+        cluster: Option<&ClusterConfig>,
+        listen: &[std::net::SocketAddr],
+    ) {
+        if !cluster.is_some_and(|c| c.shard && c.sharding.advertise.is_none()) {
+            return;
+        }
+        match listen.first() {
+            Some(a) if !a.ip().is_unspecified() => {}
+            first => self.err(
+                "cluster.advertise",
+                format!(
+                    "shard = true needs the address peers reach this node at: set cluster.advertise, or make the first server.listen address concrete (it is {})",
+                    first.map_or("absent".to_owned(), |a| a.to_string())
+                ),
+            ),
         }
     }
 }
@@ -443,6 +532,33 @@ mod tests {
             "cluster.kv: \"redis\"",
             "cluster.kv_max_bytes: must be more than 0",
             "cluster.policy_max_size: at most 1GiB",
+        ] {
+            assert!(all.contains(needle), "{needle} not in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn sharding_needs_an_address_peers_can_reach() {
+        let shard = "nats_urls = [\"nats://127.0.0.1:4222\"]\nshard = true\n";
+        let wildcard =
+            format!("[server]\nlisten = [\"0.0.0.0:6081\"]\n{BACKEND}[cluster]\n{shard}");
+        let e = Config::from_toml(&wildcard).unwrap_err().to_string();
+        assert!(
+            e.contains("cluster.advertise") && e.contains("0.0.0.0:6081"),
+            "{e}"
+        );
+        let advertised = format!("{wildcard}advertise = \"10.0.0.5:6081\"\n");
+        let c = Config::from_toml(&advertised).unwrap().cluster.unwrap();
+        assert_eq!(c.sharding.advertise, Some("10.0.0.5:6081".parse().unwrap()));
+        assert_eq!(c.sharding.dead_after, std::time::Duration::from_secs(3));
+        let all = issues(&format!(
+            "{shard}advertise = \"0.0.0.0:1\"\nheartbeat_interval = \"2s\"\ndead_after = \"1s\"\npeer_connect_timeout = \"0s\"\n"
+        ))
+        .join("\n");
+        for needle in [
+            "cluster.advertise",
+            "cluster.dead_after",
+            "cluster.peer_connect_timeout",
         ] {
             assert!(all.contains(needle), "{needle} not in:\n{all}");
         }

@@ -41,6 +41,18 @@ pub async fn send(
     body: ProxyBody,
     for_cache: Option<ForCache<'_>>,
 ) -> Result<http::Response<ProxyBody>, ProxyError> {
+    let req = request(head, method, body, for_cache);
+    tracing::debug!(backend = backend.name(), method = %req.method(), uri = %req.uri(), "backend fetch");
+    backend.send(req).await
+}
+
+/// The request [`send`] sends (a key's owner in the cluster gets it too).
+pub fn request(
+    head: &RequestHead,
+    method: Method,
+    body: ProxyBody,
+    for_cache: Option<ForCache<'_>>,
+) -> Request<ProxyBody> {
     let mut req = Request::new(body);
     *req.method_mut() = method;
     *req.uri_mut() = head.uri.clone();
@@ -59,8 +71,9 @@ pub async fn send(
         "surrogate-capability",
         http::HeaderValue::from_static("inlay=\"Surrogate/1.0 ESI/1.0\""),
     );
+    // A peer's hop token is for this node, not for the origin.
+    h.remove(crate::cluster::shard::HOP);
     headers::add_via(h);
     headers::add_forwarded_for(h, head.client_ip);
-    tracing::debug!(backend = backend.name(), method = %req.method(), uri = %req.uri(), "backend fetch");
-    backend.send(req).await
+    req
 }

@@ -111,7 +111,15 @@ impl Pipeline {
         let backend = self.backend(head, || key_hash(fetch.primary().as_str()))?;
         let fill = for_cache(&self.cache, &self.config, fetch.validators());
         let sent = std::time::Instant::now();
-        let fetched = fetch::send(&backend, head, Method::GET, body::empty(), Some(fill)).await;
+        let owner = self.owner_of(head, fetch.primary());
+        let fetched = match owner {
+            // Another node owns the key: it fetches from the origin, once for all.
+            Some((shard, owner)) => {
+                let req = fetch::request(head, Method::GET, body::empty(), Some(fill));
+                shard.fetch(&owner, req, &backend).await
+            }
+            None => fetch::send(&backend, head, Method::GET, body::empty(), Some(fill)).await,
+        };
         let took = sent.elapsed();
         match fetch.on_response(fetched).await? {
             Fetched::Cached { object, status } => {
@@ -153,11 +161,17 @@ impl Pipeline {
         let head = head.clone();
         let config = self.config.clone();
         let cache = self.cache.clone();
+        let owner = self.owner_of(&head, fetch.primary());
         tokio::spawn(async move {
             debug!(key = fetch.primary().as_str(), "background refresh");
             let fill = for_cache(&cache, &config, fetch.validators());
-            let fetched =
-                fetch::send(&backend, &head, Method::GET, body::empty(), Some(fill)).await;
+            let fetched = match owner {
+                Some((shard, owner)) => {
+                    let req = fetch::request(&head, Method::GET, body::empty(), Some(fill));
+                    shard.fetch(&owner, req, &backend).await
+                }
+                None => fetch::send(&backend, &head, Method::GET, body::empty(), Some(fill)).await,
+            };
             match fetch.on_response(fetched).await {
                 Ok(Fetched::New(new)) => {
                     let settings = new.defaults().clone();
@@ -171,6 +185,26 @@ impl Pipeline {
                 Err(e) => warn!(error = %e, "background refresh failed; the stale object stays"),
             }
         });
+    }
+}
+
+impl Pipeline {
+    /// With `[cluster] shard = true`, the owner of `key` when it is another
+    /// node and `head` is not already a peer's fetch (the owner fetches from
+    /// the origin itself).
+    fn owner_of(
+        &self,
+        head: &RequestHead,
+        key: &PrimaryKey,
+    ) -> Option<(
+        std::sync::Arc<crate::cluster::shard::Shard>,
+        std::sync::Arc<crate::cluster::shard::Peer>,
+    )> {
+        let shard = self.shard.as_ref()?;
+        if head.headers.contains_key(crate::cluster::shard::HOP) {
+            return None;
+        }
+        Some((shard.clone(), shard.owner(key.as_str())?))
     }
 }
 

@@ -90,6 +90,8 @@ pub struct Pipeline {
     request_ids: RequestIds,
     /// The cluster's shared policy kv, carried to later generations.
     shared_kv: Option<SharedKv>,
+    /// `[cluster] shard = true`: misses go to their key's owner.
+    shard: Option<Arc<crate::cluster::shard::Shard>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -223,6 +225,7 @@ impl Pipeline {
             self.metrics.clone(),
         )
         .with_shared_kv(self.shared_kv.clone())
+        .with_shard(self.shard.clone())
     }
 
     /// Its policies' kv in the cluster's shared kv (`cluster.kv = "nats"`)
@@ -234,6 +237,13 @@ impl Pipeline {
                 .with_shared_kv(kv.clone()),
         );
         self.shared_kv = kv;
+        self
+    }
+
+    /// This pipeline fetching misses from their key's owner (`[cluster]
+    /// shard = true`); later generations keep it.
+    pub fn with_shard(mut self, shard: Option<Arc<crate::cluster::shard::Shard>>) -> Self {
+        self.shard = shard;
         self
     }
 
@@ -262,6 +272,7 @@ impl Pipeline {
             metrics,
             request_ids,
             shared_kv: None,
+            shard: None,
         }
     }
 
@@ -285,6 +296,9 @@ impl Pipeline {
         if let Some(kv) = &self.shared_kv {
             let (keys, bytes) = kv.usage();
             self.metrics.observe_shared_kv(keys, bytes, kv.dropped());
+        }
+        if let Some(shard) = &self.shard {
+            self.metrics.observe_shard(shard);
         }
     }
 
@@ -344,6 +358,9 @@ impl Pipeline {
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let (mut parts, body) = req.into_parts();
+        if let Some(shard) = &self.shard {
+            shard.accept_hop(&mut parts.headers);
+        }
         let request_id = self.request_ids.assign(&mut parts.headers);
         // Only the policy may turn Server-Timing on for one request.
         parts.headers.remove(server_timing::REQUEST_FLAG);
@@ -428,6 +445,13 @@ impl Pipeline {
         started: Instant,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
+        // A peer's fetch for its cache (its hop field was checked in handle).
+        let for_peer =
+            self.shard.is_some() && head.headers.contains_key(crate::cluster::shard::HOP);
+        if let Some(shard) = self.shard.as_ref().filter(|s| s.is_own_hop(&head.headers)) {
+            drop((body, shard));
+            return Ok(crate::cluster::shard::loop_response());
+        }
         if head.method.as_str() == "PURGE" {
             record.cache = CacheStatus::Purge;
             return purge::purge(&self.cache, &self.config.cache, &head, &self.metrics).await;
@@ -488,6 +512,8 @@ impl Pipeline {
         }
         record.cache = out.status;
         let resp = match (&out.object, out.esi) {
+            // The peer caches the template and assembles it itself.
+            (_, true) if for_peer => out.resp,
             (_, true) if head.method == Method::HEAD => {
                 // The assembled length is unknown without assembling.
                 let mut resp = out.resp;
@@ -510,7 +536,12 @@ impl Pipeline {
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
         };
-        let resp = deliver::finish(resp, out.status);
+        let edge_fields = for_peer.then(|| crate::cluster::shard::edge_fields(resp.headers()));
+        let mut resp = deliver::finish(resp, out.status);
+        // A peer stores what the origin said to edges (TTL, ESI, surrogate keys).
+        if let Some(fields) = edge_fields {
+            resp.headers_mut().extend(fields);
+        }
         let resp = deliver::run_policy(policy.as_mut(), &mut head, resp, &self.metrics).await;
         timing.phase("deliver", delivering);
         resp

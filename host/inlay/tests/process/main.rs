@@ -11,6 +11,7 @@ mod admin;
 mod cli;
 mod cluster_fanout;
 mod cluster_rollout;
+mod cluster_shard;
 mod diagnostics;
 mod disk;
 mod memory;
