@@ -78,7 +78,11 @@ async fn an_origin_whose_certificate_does_not_verify_gets_no_request() {
     while failed() < 2 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(failed() >= 2, "the client aborted the handshakes: {}", failed());
+    assert!(
+        failed() >= 2,
+        "the client aborted the handshakes: {}",
+        failed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
