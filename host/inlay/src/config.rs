@@ -94,6 +94,10 @@ pub struct ServerConfig {
     /// `defer_accept`: a connection reaches Inlay once its first bytes have
     /// come (TCP_DEFER_ACCEPT), or after this; zero turns it off.
     pub defer_accept: Duration,
+    /// `tcp_notsent_lowat`: bytes a client connection's socket may hold
+    /// written by Inlay but not yet sent (Linux `TCP_NOTSENT_LOWAT`); zero
+    /// leaves the kernel's default (as much as the send buffer takes).
+    pub tcp_notsent_lowat: u64,
     /// Longest time to send one response (head and body); the connection
     /// (HTTP/1) or the stream (HTTP/2) is then cut.
     pub send_timeout: Duration,
@@ -1167,6 +1171,7 @@ impl Reader {
                 "idle_timeout",
                 "busy_idle_timeout",
                 "defer_accept",
+                "tcp_notsent_lowat",
                 "send_timeout",
                 "idle_send_timeout",
                 "max_header_size",
@@ -1217,6 +1222,13 @@ impl Reader {
                 format!("must be between 8KiB and 16MiB, got {h2_max_header_list_size}"),
             );
         }
+        let tcp_notsent_lowat = self.size(t, p, "tcp_notsent_lowat", 128 << 10);
+        if tcp_notsent_lowat > 1 << 30 {
+            self.err(
+                "server.tcp_notsent_lowat",
+                format!("must be at most 1GiB, got {tcp_notsent_lowat}"),
+            );
+        }
         let server = ServerConfig {
             listen,
             listen_tls,
@@ -1252,6 +1264,7 @@ impl Reader {
                 Duration::from_secs(1),
             ),
             defer_accept: self.duration(t, p, "defer_accept", Duration::from_secs(5)),
+            tcp_notsent_lowat,
             send_timeout: self.positive_duration(t, p, "send_timeout", Duration::from_secs(600)),
             idle_send_timeout: self.positive_duration(
                 t,
@@ -2353,6 +2366,23 @@ mod tests {
             ],
             "{issues:?}"
         );
+    }
+
+    #[test]
+    fn tcp_notsent_lowat_has_a_default_and_a_bound() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        let s = Config::embedded_default().server;
+        assert_eq!(s.tcp_notsent_lowat, 128 << 10);
+        let s = Config::from_toml(&format!("[server]\ntcp_notsent_lowat = 0\n{backend}"))
+            .unwrap()
+            .server;
+        assert_eq!(s.tcp_notsent_lowat, 0, "zero leaves the kernel's default");
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\ntcp_notsent_lowat = \"2GiB\"\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        assert_eq!(issues[0].path, "server.tcp_notsent_lowat", "{issues:?}");
     }
 
     #[test]

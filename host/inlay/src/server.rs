@@ -223,6 +223,7 @@ async fn accept_loop(
             Some(slot)
         };
         let _ = stream.set_nodelay(true);
+        notsent_lowat(&stream, config.server.tcp_notsent_lowat);
         let current = current.clone();
         let stop = stop.clone();
         let admission = admission.clone();
@@ -1524,6 +1525,44 @@ mod tests {
             "returned after {waited:?}"
         );
     }
+}
+
+/// `server.tcp_notsent_lowat`: the kernel takes at most `bytes` of a
+/// response that it cannot send yet (Linux `TCP_NOTSENT_LOWAT`). Without
+/// it a write goes on copying until the send buffer is full, and on a fast
+/// path the kernel grows that buffer to megabytes: a client that announces
+/// a tiny window and reads nothing (a slow reader asking for large objects)
+/// made Inlay copy megabytes per connection into the kernel at once, one
+/// long write after another on the thread that also accepts and answers
+/// everybody else. Bytes in flight are not counted, so a client that reads
+/// keeps its throughput; Inlay writes more when the unsent part falls
+/// under `bytes`. Zero leaves the kernel's default.
+fn notsent_lowat(stream: &TcpStream, bytes: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd as _;
+        if bytes == 0 {
+            return;
+        }
+        let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: setsockopt reads one c_int from our stack for a socket
+        // this stream owns for the duration of the call.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                std::ptr::from_ref(&value).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            debug!(error = %io::Error::last_os_error(), "cannot set TCP_NOTSENT_LOWAT");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (stream, bytes);
 }
 
 /// `server.defer_accept`: the kernel hands a connection to the accept loop

@@ -45,6 +45,7 @@ pub fn config_json(cfg: &Config) -> Value {
         "busy_idle_timeout": duration(s.busy_idle_timeout),
         "send_timeout": duration(s.send_timeout),
         "idle_send_timeout": duration(s.idle_send_timeout),
+        "tcp_notsent_lowat": s.tcp_notsent_lowat,
         "max_header_size": s.max_header_size,
         "h2_max_concurrent_streams": s.h2_max_concurrent_streams,
         "h2_max_header_list_size": s.h2_max_header_list_size,
