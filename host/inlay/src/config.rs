@@ -84,6 +84,10 @@ pub struct ServerConfig {
     /// limit); past it a new connection from that address is refused (held
     /// unanswered for `header_read_timeout`, then closed).
     pub max_connections_per_client: usize,
+    /// Connections refused for `max_connections_per_client` held unread at
+    /// most (each for `header_read_timeout`, the oldest closed first for a
+    /// new one); zero closes them at once.
+    pub tarpit_max: usize,
     /// A client must send its whole request head within this time.
     pub header_read_timeout: Duration,
     /// A connection with no traffic and no request in flight is closed after this.
@@ -1167,6 +1171,7 @@ impl Reader {
                 "proxy_protocol_from",
                 "max_connections",
                 "max_connections_per_client",
+                "tarpit_max",
                 "header_read_timeout",
                 "idle_timeout",
                 "busy_idle_timeout",
@@ -1250,6 +1255,7 @@ impl Reader {
                 0,
                 1_000_000,
             ) as usize,
+            tarpit_max: self.uint(t, p, "tarpit_max", 1024, 0, 1_000_000) as usize,
             header_read_timeout: self.duration(
                 t,
                 p,
@@ -2383,6 +2389,22 @@ mod tests {
             panic!("accepted")
         };
         assert_eq!(issues[0].path, "server.tcp_notsent_lowat", "{issues:?}");
+    }
+
+    #[test]
+    fn tarpit_max_has_a_default_and_a_bound() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        assert_eq!(Config::embedded_default().server.tarpit_max, 1024);
+        let s = Config::from_toml(&format!("[server]\ntarpit_max = 0\n{backend}"))
+            .unwrap()
+            .server;
+        assert_eq!(s.tarpit_max, 0, "zero: refused connections closed at once");
+        let Err(ConfigError::Invalid(issues)) =
+            Config::from_toml(&format!("[server]\ntarpit_max = -1\n{backend}"))
+        else {
+            panic!("accepted")
+        };
+        assert_eq!(issues[0].path, "server.tarpit_max", "{issues:?}");
     }
 
     #[test]

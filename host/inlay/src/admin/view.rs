@@ -40,6 +40,7 @@ pub fn config_json(cfg: &Config) -> Value {
         "proxy_protocol": s.proxy_protocol,
         "max_connections": s.max_connections,
         "max_connections_per_client": s.max_connections_per_client,
+        "tarpit_max": s.tarpit_max,
         "header_read_timeout": duration(s.header_read_timeout),
         "idle_timeout": duration(s.idle_timeout),
         "busy_idle_timeout": duration(s.busy_idle_timeout),
