@@ -108,16 +108,8 @@ pub async fn run(
         async move {
             let mut tick = tokio::time::interval(TARPIT_SWEEP);
             loop {
-                tokio::select! {
-                    _ = tick.tick() => admission.tarpit.sweep(Instant::now()),
-                    () = admission.tarpit.to_close.notified() => {}
-                }
-                // A few at a time: each close costs the FIN's round on
-                // loopback, and a batch of them would hold up the tasks
-                // behind it (a client's accept among them).
-                while admission.tarpit.close_some(TARPIT_CLOSE_CHUNK) {
-                    tokio::task::yield_now().await;
-                }
+                tick.tick().await;
+                admission.tarpit.sweep(Instant::now());
             }
         }
     });
@@ -147,9 +139,6 @@ pub async fn run(
 
 /// How often the connections held in the tarpit are looked at.
 const TARPIT_SWEEP: Duration = Duration::from_millis(250);
-
-/// Connections the tarpit closes in one turn of its task.
-const TARPIT_CLOSE_CHUNK: usize = 16;
 
 /// How often an accept loop that waits for a free connection slot looks
 /// whether a reload raised `max_connections`.
@@ -799,33 +788,16 @@ impl Admission {
 /// it is closed. At most `server.tarpit_max` are held (the oldest is
 /// closed for a new one; zero closes refused connections at once), so the
 /// descriptors it takes stay bounded.
-///
-/// The accept loop only hands connections over: closing them (the oldest
-/// of a full tarpit, or one past its time) is the tarpit's own task's
-/// work, a few at a time ([`Tarpit::close_some`]). Closed in the accept
-/// loop, each close (about a quarter of Inlay's CPU under the hostile
-/// test's flood) came before the next client's accept.
 struct Tarpit {
     held: std::sync::Mutex<std::collections::VecDeque<(Instant, TcpStream)>>,
-    /// Connections let go, not yet closed: at most [`TARPIT_CLOSING_MAX`]
-    /// (past it the accept loop closes them itself).
-    closing: std::sync::Mutex<Vec<TcpStream>>,
-    /// Wakes the tarpit's task when `closing` has work.
-    to_close: tokio::sync::Notify,
     /// `server.tarpit_max`, followed at every accept.
     max: AtomicUsize,
 }
-
-/// Connections let go by the tarpit and waiting for its task to close
-/// them, at most.
-const TARPIT_CLOSING_MAX: usize = 4096;
 
 impl Tarpit {
     fn new(max: usize) -> Self {
         Self {
             held: std::sync::Mutex::default(),
-            closing: std::sync::Mutex::default(),
-            to_close: tokio::sync::Notify::new(),
             max: AtomicUsize::new(max),
         }
     }
@@ -834,75 +806,27 @@ impl Tarpit {
     /// tarpit).
     fn hold(&self, stream: TcpStream, until: Instant) {
         let max = self.max.load(Ordering::Relaxed);
-        let mut let_go = Vec::new();
-        {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            // A lowered bound is applied here, oldest first.
-            while !held.is_empty() && held.len() >= max {
-                if let Some((_, s)) = held.pop_front() {
-                    let_go.push(s);
-                }
-            }
-            if max > 0 {
-                held.push_back((until, stream));
-            } else {
-                let_go.push(stream);
-            }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        // A lowered bound is applied here, oldest first.
+        while !held.is_empty() && held.len() >= max {
+            held.pop_front();
         }
-        self.let_go(let_go);
+        if max > 0 {
+            held.push_back((until, stream));
+        }
     }
 
-    /// Hand `streams` to the tarpit's task to close.
-    fn let_go(&self, streams: Vec<TcpStream>) {
-        if streams.is_empty() {
-            return;
-        }
-        let mut closing = self.closing.lock().unwrap_or_else(|e| e.into_inner());
-        if closing.len() + streams.len() > TARPIT_CLOSING_MAX {
-            // Bounded: the task is behind, so these are closed here.
-            drop(closing);
-            drop(streams);
-            return;
-        }
-        closing.extend(streams);
-        drop(closing);
-        self.to_close.notify_one();
-    }
-
-    /// Let go of the connections held past their time.
+    /// Close the connections held past their time.
     fn sweep(&self, now: Instant) {
-        let mut expired = Vec::new();
-        {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            while held.front().is_some_and(|(until, _)| *until <= now) {
-                if let Some((_, s)) = held.pop_front() {
-                    expired.push(s);
-                }
-            }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        while held.front().is_some_and(|(until, _)| *until <= now) {
+            held.pop_front();
         }
-        self.let_go(expired);
     }
 
-    /// Close up to `n` of the connections let go; `true` when more wait.
-    fn close_some(&self, n: usize) -> bool {
-        let (batch, more) = {
-            let mut closing = self.closing.lock().unwrap_or_else(|e| e.into_inner());
-            let at = closing.len().saturating_sub(n);
-            let batch = closing.split_off(at);
-            (batch, !closing.is_empty())
-        };
-        // Closed outside the lock.
-        drop(batch);
-        more
-    }
-
-    /// Close every connection held or let go (at shutdown).
+    /// Close every connection held (at shutdown).
     fn clear(&self) {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.closing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
     }
 }
 
@@ -1439,18 +1363,14 @@ mod tests {
         tarpit.hold(s1, now + Duration::from_millis(1));
         tarpit.hold(s2, later);
         assert!(!closed(&mut first).await, "held, not closed at once");
-        // Past its time, the sweep lets it go; the other stays.
+        // Past its time, the sweep closes it; the other stays.
         tarpit.sweep(now + Duration::from_secs(1));
-        assert!(!tarpit.close_some(usize::MAX));
         assert!(closed(&mut first).await);
         assert!(!closed(&mut second).await);
-        // Full: the oldest goes for a new one, closed by the tarpit's task
-        // rather than in the accept loop's turn.
+        // Full: the oldest goes for a new one.
         tarpit.hold(s3, later);
         let (mut fourth, s4) = pair(&listener).await;
         tarpit.hold(s4, later);
-        assert!(!closed(&mut second).await, "closed in the accept loop");
-        assert!(!tarpit.close_some(usize::MAX));
         assert!(closed(&mut second).await, "the oldest of a full tarpit");
         assert!(!closed(&mut third).await && !closed(&mut fourth).await);
         // A lowered bound (`server.tarpit_max` after a reload) closes the
@@ -1458,15 +1378,11 @@ mod tests {
         tarpit.max.store(1, Ordering::Relaxed);
         let (mut fifth, s5) = pair(&listener).await;
         tarpit.hold(s5, later);
-        // A few at a time: one of the two let go, then the other.
-        assert!(tarpit.close_some(1));
-        assert!(!tarpit.close_some(1));
         assert!(closed(&mut third).await && closed(&mut fourth).await);
         assert!(!closed(&mut fifth).await);
         tarpit.max.store(0, Ordering::Relaxed);
         let (mut sixth, s6) = pair(&listener).await;
         tarpit.hold(s6, later);
-        assert!(!tarpit.close_some(usize::MAX));
         assert!(closed(&mut fifth).await && closed(&mut sixth).await);
         tarpit.max.store(2, Ordering::Relaxed);
         let (mut seventh, s7) = pair(&listener).await;
