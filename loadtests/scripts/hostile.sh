@@ -65,9 +65,11 @@ done
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cat >"$work/inlay.toml" <<TOML
 # The embedded defaults (limits, timeouts) with the access log off: the
-# test measures the server, not the log's disk writes.
+# test measures the server, not the log's disk writes. HOSTILE_SERVER_TOML
+# adds [server] lines (to compare a setting on and off with one binary).
 [server]
 listen = ["127.0.0.1:$port"]
+${HOSTILE_SERVER_TOML:-}
 
 [backends.default]
 address = "$origin"

@@ -91,6 +91,10 @@ pub struct ServerConfig {
     /// limit); past it a new connection from that address is refused (held
     /// unanswered for `header_read_timeout`, then closed).
     pub max_connections_per_client: usize,
+    /// Connections refused for `max_connections_per_client` held unread at
+    /// most (each for `header_read_timeout`, the oldest closed first for a
+    /// new one); zero closes them at once.
+    pub tarpit_max: usize,
     /// A client must send its whole request head within this time.
     pub header_read_timeout: Duration,
     /// A connection with no traffic and no request in flight is closed after this.
@@ -101,6 +105,10 @@ pub struct ServerConfig {
     /// `defer_accept`: a connection reaches Inlay once its first bytes have
     /// come (TCP_DEFER_ACCEPT), or after this; zero turns it off.
     pub defer_accept: Duration,
+    /// `tcp_notsent_lowat`: bytes a client connection's socket may hold
+    /// written by Inlay but not yet sent (Linux `TCP_NOTSENT_LOWAT`); zero
+    /// leaves the kernel's default (as much as the send buffer takes).
+    pub tcp_notsent_lowat: u64,
     /// Longest time to send one response (head and body); the connection
     /// (HTTP/1) or the stream (HTTP/2) is then cut.
     pub send_timeout: Duration,
@@ -1180,10 +1188,12 @@ impl Reader {
                 "proxy_protocol_from",
                 "max_connections",
                 "max_connections_per_client",
+                "tarpit_max",
                 "header_read_timeout",
                 "idle_timeout",
                 "busy_idle_timeout",
                 "defer_accept",
+                "tcp_notsent_lowat",
                 "send_timeout",
                 "idle_send_timeout",
                 "max_header_size",
@@ -1234,6 +1244,13 @@ impl Reader {
                 format!("must be between 8KiB and 16MiB, got {h2_max_header_list_size}"),
             );
         }
+        let tcp_notsent_lowat = self.size(t, p, "tcp_notsent_lowat", 128 << 10);
+        if tcp_notsent_lowat > 1 << 30 {
+            self.err(
+                "server.tcp_notsent_lowat",
+                format!("must be at most 1GiB, got {tcp_notsent_lowat}"),
+            );
+        }
         let server = ServerConfig {
             listen,
             listen_tls,
@@ -1255,6 +1272,7 @@ impl Reader {
                 0,
                 1_000_000,
             ) as usize,
+            tarpit_max: self.uint(t, p, "tarpit_max", 1024, 0, 1_000_000) as usize,
             header_read_timeout: self.duration(
                 t,
                 p,
@@ -1269,6 +1287,7 @@ impl Reader {
                 Duration::from_secs(1),
             ),
             defer_accept: self.duration(t, p, "defer_accept", Duration::from_secs(5)),
+            tcp_notsent_lowat,
             send_timeout: self.positive_duration(t, p, "send_timeout", Duration::from_secs(600)),
             idle_send_timeout: self.positive_duration(
                 t,
@@ -2401,6 +2420,39 @@ mod tests {
             ],
             "{issues:?}"
         );
+    }
+
+    #[test]
+    fn tcp_notsent_lowat_has_a_default_and_a_bound() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        let s = Config::embedded_default().server;
+        assert_eq!(s.tcp_notsent_lowat, 128 << 10);
+        let s = Config::from_toml(&format!("[server]\ntcp_notsent_lowat = 0\n{backend}"))
+            .unwrap()
+            .server;
+        assert_eq!(s.tcp_notsent_lowat, 0, "zero leaves the kernel's default");
+        let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+            "[server]\ntcp_notsent_lowat = \"2GiB\"\n{backend}"
+        )) else {
+            panic!("accepted")
+        };
+        assert_eq!(issues[0].path, "server.tcp_notsent_lowat", "{issues:?}");
+    }
+
+    #[test]
+    fn tarpit_max_has_a_default_and_a_bound() {
+        let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+        assert_eq!(Config::embedded_default().server.tarpit_max, 1024);
+        let s = Config::from_toml(&format!("[server]\ntarpit_max = 0\n{backend}"))
+            .unwrap()
+            .server;
+        assert_eq!(s.tarpit_max, 0, "zero: refused connections closed at once");
+        let Err(ConfigError::Invalid(issues)) =
+            Config::from_toml(&format!("[server]\ntarpit_max = -1\n{backend}"))
+        else {
+            panic!("accepted")
+        };
+        assert_eq!(issues[0].path, "server.tarpit_max", "{issues:?}");
     }
 
     #[test]

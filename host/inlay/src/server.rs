@@ -223,6 +223,7 @@ async fn accept_loop(
             Some(slot)
         };
         let _ = stream.set_nodelay(true);
+        notsent_lowat(&stream, config.server.tcp_notsent_lowat);
         let current = current.clone();
         let stop = stop.clone();
         let admission = admission.clone();
@@ -717,7 +718,7 @@ impl Admission {
             size: AtomicUsize::new(server.max_connections),
             owed: Arc::default(),
             per_client: PerClient::new(server.max_connections_per_client),
-            tarpit: Tarpit::default(),
+            tarpit: Tarpit::new(server.tarpit_max),
         }
     }
 
@@ -726,6 +727,7 @@ impl Admission {
         self.per_client
             .limit
             .store(server.max_connections_per_client, Ordering::Relaxed);
+        self.tarpit.max.store(server.tarpit_max, Ordering::Relaxed);
         let want = server.max_connections;
         // Two listeners may see a reload at once: the one whose exchange
         // wins applies the change from the size it replaced.
@@ -783,34 +785,35 @@ impl Admission {
 /// and close tens of thousands a second, and that churn was the CPU its
 /// other clients waited for. Held unread for `header_read_timeout`
 /// instead, a refused connection costs one descriptor and no work until
-/// it is closed. At most [`TARPIT_MAX`] are held (the oldest is closed
-/// for a new one), so the descriptors it takes stay bounded.
+/// it is closed. At most `server.tarpit_max` are held (the oldest is
+/// closed for a new one; zero closes refused connections at once), so the
+/// descriptors it takes stay bounded.
 struct Tarpit {
     held: std::sync::Mutex<std::collections::VecDeque<(Instant, TcpStream)>>,
-    max: usize,
+    /// `server.tarpit_max`, followed at every accept.
+    max: AtomicUsize,
 }
-
-impl Default for Tarpit {
-    fn default() -> Self {
-        Self {
-            held: std::sync::Mutex::default(),
-            max: TARPIT_MAX,
-        }
-    }
-}
-
-/// Refused connections held at most.
-const TARPIT_MAX: usize = 1024;
 
 impl Tarpit {
+    fn new(max: usize) -> Self {
+        Self {
+            held: std::sync::Mutex::default(),
+            max: AtomicUsize::new(max),
+        }
+    }
+
     /// Hold `stream` until `until` (or until it is the oldest of a full
     /// tarpit).
     fn hold(&self, stream: TcpStream, until: Instant) {
+        let max = self.max.load(Ordering::Relaxed);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if held.len() >= self.max {
+        // A lowered bound is applied here, oldest first.
+        while !held.is_empty() && held.len() >= max {
             held.pop_front();
         }
-        held.push_back((until, stream));
+        if max > 0 {
+            held.push_back((until, stream));
+        }
     }
 
     /// Close the connections held past their time.
@@ -1351,10 +1354,7 @@ mod tests {
     #[tokio::test]
     async fn the_tarpit_holds_refused_connections_until_their_time_and_no_more_than_its_bound() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let tarpit = Tarpit {
-            held: std::sync::Mutex::default(),
-            max: 2,
-        };
+        let tarpit = Tarpit::new(2);
         let now = Instant::now();
         let later = now + Duration::from_secs(60);
         let (mut first, s1) = pair(&listener).await;
@@ -1373,8 +1373,22 @@ mod tests {
         tarpit.hold(s4, later);
         assert!(closed(&mut second).await, "the oldest of a full tarpit");
         assert!(!closed(&mut third).await && !closed(&mut fourth).await);
-        tarpit.clear();
+        // A lowered bound (`server.tarpit_max` after a reload) closes the
+        // oldest at the next hold; zero holds nothing.
+        tarpit.max.store(1, Ordering::Relaxed);
+        let (mut fifth, s5) = pair(&listener).await;
+        tarpit.hold(s5, later);
         assert!(closed(&mut third).await && closed(&mut fourth).await);
+        assert!(!closed(&mut fifth).await);
+        tarpit.max.store(0, Ordering::Relaxed);
+        let (mut sixth, s6) = pair(&listener).await;
+        tarpit.hold(s6, later);
+        assert!(closed(&mut fifth).await && closed(&mut sixth).await);
+        tarpit.max.store(2, Ordering::Relaxed);
+        let (mut seventh, s7) = pair(&listener).await;
+        tarpit.hold(s7, later);
+        tarpit.clear();
+        assert!(closed(&mut seventh).await);
     }
 
     #[test]
@@ -1524,6 +1538,44 @@ mod tests {
             "returned after {waited:?}"
         );
     }
+}
+
+/// `server.tcp_notsent_lowat`: the kernel takes at most `bytes` of a
+/// response that it cannot send yet (Linux `TCP_NOTSENT_LOWAT`). Without
+/// it a write goes on copying until the send buffer is full, and on a fast
+/// path the kernel grows that buffer to megabytes: a client that announces
+/// a tiny window and reads nothing (a slow reader asking for large objects)
+/// made Inlay copy megabytes per connection into the kernel at once, one
+/// long write after another on the thread that also accepts and answers
+/// everybody else. Bytes in flight are not counted, so a client that reads
+/// keeps its throughput; Inlay writes more when the unsent part falls
+/// under `bytes`. Zero leaves the kernel's default.
+fn notsent_lowat(stream: &TcpStream, bytes: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd as _;
+        if bytes == 0 {
+            return;
+        }
+        let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: setsockopt reads one c_int from our stack for a socket
+        // this stream owns for the duration of the call.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                std::ptr::from_ref(&value).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            debug!(error = %io::Error::last_os_error(), "cannot set TCP_NOTSENT_LOWAT");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (stream, bytes);
 }
 
 /// `server.defer_accept`: the kernel hands a connection to the accept loop

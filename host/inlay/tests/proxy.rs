@@ -507,6 +507,85 @@ async fn connections_that_send_nothing_do_not_take_the_slots_of_requests() {
     );
 }
 
+/// Bytes the kernel holds for Inlay's side of the connection from
+/// `client` (written, not yet acknowledged): `tx_queue` in /proc/net/tcp.
+#[cfg(target_os = "linux")]
+fn server_send_queue(server: std::net::SocketAddr, client: std::net::SocketAddr) -> Option<u64> {
+    let hex = |a: std::net::SocketAddr| match a {
+        std::net::SocketAddr::V4(a) => Some(format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(a.ip().octets()),
+            a.port()
+        )),
+        std::net::SocketAddr::V6(_) => None,
+    };
+    let (local, remote) = (hex(server)?, hex(client)?);
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) != Some(&local.as_str()) || f.get(2) != Some(&remote.as_str()) {
+            return None;
+        }
+        u64::from_str_radix(f.get(4)?.split(':').next()?, 16).ok()
+    })
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_gets_no_more_than_tcp_notsent_lowat_written_ahead() {
+    use tokio::io::AsyncWriteExt;
+    // A slow reader: a tiny receive window, a large object, nothing read.
+    // Without TCP_NOTSENT_LOWAT the kernel takes what the send buffer
+    // holds, megabytes on a fast path, and Inlay copies all of it at once.
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("tcp_notsent_lowat = \"64KiB\"")
+        .start_in_process()
+        .await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(inlay.addr).await.unwrap();
+    s.write_all(b"GET /static/16777216 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let client = s.local_addr().unwrap();
+    // Inlay writes until the kernel takes no more; then the queue stays as
+    // it is, since the client reads nothing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    let mut unchanged = 0;
+    while unchanged < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the send queue never settled: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let q = server_send_queue(inlay.addr, client);
+        if q.is_some_and(|q| q > 0) && q == last {
+            unchanged += 1;
+        } else {
+            unchanged = 0;
+        }
+        last = q;
+    }
+    let queued = last.unwrap_or(0);
+    // 64 KiB unsent, what the client's window took, and a segment of slack.
+    assert!(
+        queued < 512 << 10,
+        "{queued} bytes written ahead for a client that reads nothing"
+    );
+    // Once the client reads, Inlay writes the rest.
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut answer))
+        .await
+        .expect("the whole response within a minute")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+    assert!(answer.len() > 16 << 20, "{} bytes", answer.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_address_cannot_take_every_connection() {
     use tokio::io::AsyncReadExt;

@@ -152,6 +152,12 @@ struct Sample {
     fresh: bool,
     latency: Duration,
     ok: bool,
+    /// Fresh connections: how long the TCP connect took (SYN to SYN-ACK,
+    /// the kernel's part); the rest of `latency` is Inlay's accept, read,
+    /// answer and the client's own scheduling.
+    connect: Option<Duration>,
+    /// When the request started, since the client started.
+    at: Duration,
 }
 
 /// Counters of one attack.
@@ -200,6 +206,13 @@ struct ProcSample {
     phase: u8,
     mem: ProcMemory,
     fds: Option<usize>,
+    /// The kernel's TCP buffer memory, KiB (`/proc/net/sockstat`, the
+    /// whole network namespace: both ends of every loopback connection).
+    tcp_kib: Option<u64>,
+    /// Inlay's CPU time so far (user and system), in clock ticks.
+    cpu_ticks: Option<u64>,
+    /// When it was taken.
+    at: Instant,
 }
 
 fn main() {
@@ -361,10 +374,16 @@ fn report(
             .filter_map(|p| p.fds)
             .max()
             .unwrap_or(0);
-        (rss, fds)
+        let tcp = proc
+            .iter()
+            .filter(|p| p.phase == phase)
+            .filter_map(|p| p.tcp_kib)
+            .max()
+            .unwrap_or(0);
+        (rss, fds, tcp)
     };
-    let (rss_q, fds_q) = max_in(QUIET);
-    let (rss_a, fds_a) = max_in(ATTACK);
+    let (rss_q, fds_q, tcp_q) = max_in(QUIET);
+    let (rss_a, fds_a, tcp_a) = max_in(ATTACK);
     let hwm = end.map(|(m, _)| m.hwm_kib).unwrap_or(0);
     let peak_kib = rss_a.max(rss_q).max(hwm);
     let bound_kib = args.rss_bound_mib * 1024;
@@ -413,6 +432,72 @@ fn report(
         args.p99_factor,
         verdict(fr_pass)
     );
+    // Where a fresh connection's time goes: the TCP connect (the kernel
+    // answers the SYN; a dropped SYN costs a 1 s retransmit) and the rest
+    // (Inlay accepts, reads, answers).
+    let fresh_parts = |phase: u8| {
+        let v: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.phase == phase && s.fresh && s.ok)
+            .collect();
+        let connect: Vec<Duration> = v.iter().filter_map(|s| s.connect).collect();
+        let rest: Vec<Duration> = v
+            .iter()
+            .filter_map(|s| s.connect.map(|c| s.latency.saturating_sub(c)))
+            .collect();
+        (Percentiles::of(&connect), Percentiles::of(&rest))
+    };
+    let (fc_q, fx_q) = fresh_parts(QUIET);
+    let (fc_a, fx_a) = fresh_parts(ATTACK);
+    println!(
+        "  fresh connection, TCP connect p50/p99/max ms: quiet {:.2}/{:.2}/{:.2}; attack {:.2}/{:.2}/{:.2}",
+        ms(fc_q.p50_us),
+        ms(fc_q.p99_us),
+        ms(fc_q.max_us),
+        ms(fc_a.p50_us),
+        ms(fc_a.p99_us),
+        ms(fc_a.max_us),
+    );
+    println!(
+        "  fresh connection, after the connect p50/p99/max ms: quiet {:.2}/{:.2}/{:.2}; attack {:.2}/{:.2}/{:.2}",
+        ms(fx_q.p50_us),
+        ms(fx_q.p99_us),
+        ms(fx_q.max_us),
+        ms(fx_a.p50_us),
+        ms(fx_a.p99_us),
+        ms(fx_a.max_us),
+    );
+    let mut slowest: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.phase == ATTACK && s.fresh)
+        .collect();
+    slowest.sort_by_key(|s| std::cmp::Reverse(s.latency));
+    let attack_start = samples
+        .iter()
+        .filter(|s| s.phase == ATTACK)
+        .map(|s| s.at)
+        .min()
+        .unwrap_or_default();
+    let slowest: Vec<serde_json::Value> = slowest
+        .iter()
+        .take(10)
+        .map(|s| {
+            json!({
+                "at_s": round3(s.at.saturating_sub(attack_start).as_secs_f64()),
+                "ms": round3(s.latency.as_secs_f64() * 1000.0),
+                "connect_ms": s.connect.map(|c| round3(c.as_secs_f64() * 1000.0)),
+                "ok": s.ok,
+            })
+        })
+        .collect();
+    println!(
+        "  fresh connection, slowest under attack (seconds into the attack, ms, connect ms): {}",
+        slowest
+            .iter()
+            .map(|v| format!("{}s {}ms ({})", v["at_s"], v["ms"], v["connect_ms"]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if args.pid.is_some() {
         println!(
             "inlay RSS MiB: quiet max {:.1}, attack max {:.1}, VmHWM at end {:.1} (bound {} MiB): {}",
@@ -421,6 +506,32 @@ fn report(
             hwm as f64 / 1024.0,
             args.rss_bound_mib,
             verdict(rss_pass)
+        );
+        // Inlay's CPU (ticks of 10 ms on Linux) over a span of samples.
+        let cpu_share = |v: Vec<&ProcSample>| -> Option<f64> {
+            let (a, b) = (v.first()?, v.last()?);
+            let secs = b.at.duration_since(a.at).as_secs_f64();
+            let ticks = b.cpu_ticks?.checked_sub(a.cpu_ticks?)?;
+            (secs > 0.0).then(|| ticks as f64 / 100.0 / secs * 100.0)
+        };
+        let in_phase = |phase: u8| proc.iter().filter(move |p| p.phase == phase);
+        let attack_start = in_phase(ATTACK).next().map(|p| p.at);
+        let first = attack_start.map_or(Vec::new(), |t0| {
+            in_phase(ATTACK)
+                .filter(|p| p.at.duration_since(t0) <= Duration::from_secs(2))
+                .collect()
+        });
+        let pct = |x: Option<f64>| x.map_or("?".to_string(), |x| format!("{x:.0}%"));
+        println!(
+            "inlay CPU (one CPU = 100%): quiet {}, attack {} (its first 2 s {})",
+            pct(cpu_share(in_phase(QUIET).collect())),
+            pct(cpu_share(in_phase(ATTACK).collect())),
+            pct(cpu_share(first)),
+        );
+        println!(
+            "kernel TCP buffers MiB (whole namespace, not in RSS): quiet max {:.1}, attack max {:.1}",
+            tcp_q as f64 / 1024.0,
+            tcp_a as f64 / 1024.0
         );
         println!(
             "inlay open fds: quiet max {fds_q}, attack max {fds_a}, 2 s after the attack {}",
@@ -464,11 +575,15 @@ fn report(
         "keepalive": {"quiet": ka_q.to_json(), "quiet_failed": ka_q_fail,
                       "attack": ka_a.to_json(), "attack_failed": ka_a_fail, "pass": ka_pass},
         "fresh": {"quiet": fr_q.to_json(), "quiet_failed": fr_q_fail,
-                  "attack": fr_a.to_json(), "attack_failed": fr_a_fail, "pass": fr_pass},
+                  "attack": fr_a.to_json(), "attack_failed": fr_a_fail, "pass": fr_pass,
+                  "connect": {"quiet": fc_q.to_json(), "attack": fc_a.to_json()},
+                  "after_connect": {"quiet": fx_q.to_json(), "attack": fx_a.to_json()},
+                  "slowest_attack": slowest},
         "rss": {"quiet_max_kib": rss_q, "attack_max_kib": rss_a, "hwm_end_kib": hwm,
                 "bound_mib": args.rss_bound_mib, "pass": rss_pass},
         "fds": {"quiet_max": fds_q, "attack_max": fds_a, "after": end.and_then(|(_, f)| f)},
-        "rss_timeline": proc.iter().map(|p| json!([p.phase, p.mem.rss_kib, p.fds])).collect::<Vec<_>>(),
+        "kernel_tcp_kib": {"quiet_max": tcp_q, "attack_max": tcp_a},
+        "rss_timeline": proc.iter().map(|p| json!([p.phase, p.mem.rss_kib, p.fds, p.tcp_kib, p.cpu_ticks])).collect::<Vec<_>>(),
         "after_attack_ok": after_ok,
         "attacks": attacks,
         "pass": pass,
@@ -479,6 +594,35 @@ fn report(
         eprintln!("inlay-hostile: writing {}: {e}", path.display());
     }
     pass
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// A process's CPU time so far, user and system, in clock ticks
+/// (`/proc/PID/stat` fields 14 and 15).
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count after its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The kernel's TCP buffer memory in KiB: `mem` (pages) of the `TCP:`
+/// line of /proc/net/sockstat (4 KiB pages). Socket buffers are not in
+/// Inlay's RSS.
+fn tcp_memory_kib() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/net/sockstat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("TCP:"))?;
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "mem" {
+            return words.next()?.parse::<u64>().ok().map(|pages| pages * 4);
+        }
+    }
+    None
 }
 
 /// Samples Inlay's memory every 200 ms and its descriptors every second.
@@ -503,6 +647,9 @@ fn sample_proc(
             phase: phase.load(Ordering::Acquire),
             mem,
             fds,
+            tcp_kib: tcp_memory_kib(),
+            cpu_ticks: cpu_ticks(&pid),
+            at: Instant::now(),
         });
         n += 1;
         std::thread::sleep(Duration::from_millis(200));
@@ -512,8 +659,21 @@ fn sample_proc(
 
 /// A GET on a new connection; the status.
 async fn one_request(target: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<u16> {
+    timed_request(target, path, timeout, &mut None).await
+}
+
+/// A GET on a new connection; the status. `connected` gets how long the
+/// TCP connect took, once it is done.
+async fn timed_request(
+    target: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    connected: &mut Option<Duration>,
+) -> anyhow::Result<u16> {
+    let t = Instant::now();
     tokio::time::timeout(timeout, async {
         let mut sender = connect_h1(target).await?;
+        *connected = Some(t.elapsed());
         get(&mut sender, target, path).await
     })
     .await
@@ -569,6 +729,7 @@ fn normal_client(args: Args, phase: Arc<AtomicU8>, stop: CancellationToken) -> V
     else {
         return Vec::new();
     };
+    let t0 = Instant::now();
     rt.block_on(async move {
         let timeout = Duration::from_millis(args.timeout_ms);
         let mut tasks = JoinSet::new();
@@ -610,6 +771,8 @@ fn normal_client(args: Args, phase: Arc<AtomicU8>, stop: CancellationToken) -> V
                             timeout.max(t.elapsed())
                         },
                         ok,
+                        connect: None,
+                        at: t - t0,
                     });
                 }
                 out
@@ -629,7 +792,9 @@ fn normal_client(args: Args, phase: Arc<AtomicU8>, stop: CancellationToken) -> V
                     }
                     let p = phase.load(Ordering::Acquire);
                     let t = Instant::now();
-                    let ok = matches!(one_request(args.target, &args.path, timeout).await, Ok(200));
+                    let mut connect = None;
+                    let res = timed_request(args.target, &args.path, timeout, &mut connect).await;
+                    let ok = matches!(res, Ok(200));
                     out.push(Sample {
                         phase: p,
                         fresh: true,
@@ -639,6 +804,8 @@ fn normal_client(args: Args, phase: Arc<AtomicU8>, stop: CancellationToken) -> V
                             timeout.max(t.elapsed())
                         },
                         ok,
+                        connect,
+                        at: t - t0,
                     });
                 }
                 out
