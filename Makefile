@@ -47,8 +47,10 @@ demo: deps
 
 # Three inlay nodes in one cluster on nats-server (README, "Cluster"); the
 # demo origin behind them. Installs nats-server where it is missing.
+cluster-demo: export INLAY_COMPONENTIZE := $(CURDIR)/target/demo/inlay-componentize
 cluster-demo: deps
-	$(CARGO) build $(DEMO_PROFILE) -p inlay -p inlay-origin
+	$(CARGO) build $(DEMO_PROFILE) $(BINARIES)
+	bash policies/build.sh default headers
 	@bash loadtests/scripts/cluster-demo.sh target/demo
 
 # Every test: the vendored crate against its release and patches, formatting,

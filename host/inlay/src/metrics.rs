@@ -978,6 +978,11 @@ impl Metrics {
             .set(1);
     }
 
+    /// This node runs its own `policy.path` again: no pushed version.
+    pub fn clear_policy_version(&self) {
+        self.policy_version.clear();
+    }
+
     /// Copies the policy runtime's counts: replayed and live hooks of the
     /// current generation, and the instance pool.
     pub fn observe_policy(&self, slot: &PolicySlot) {

@@ -179,17 +179,18 @@ impl Reloader {
     }
 
     /// Load the policy component at `path` instead of `policy.path`'s (the
-    /// cluster's rollout), as a reload does: on any error nothing changes
-    /// and the errors are returned. A node without `[policy]` refuses.
+    /// cluster's rollout), or `policy.path`'s again with `None`, as a reload
+    /// does: on any error nothing changes and the errors are returned. A
+    /// node without `[policy]` refuses.
     pub async fn roll_out_policy(
         &self,
-        path: std::path::PathBuf,
+        path: Option<std::path::PathBuf>,
     ) -> Result<ReloadReport, Vec<String>> {
         let mut state = self.state.lock().await;
         if self.current_config().policy.is_none() {
             return Err(vec!["this node has no [policy] to replace".to_owned()]);
         }
-        let previous = state.rollout.replace(path);
+        let previous = std::mem::replace(&mut state.rollout, path);
         let result = self.reload_locked(&mut state).await;
         if result.is_err() {
             state.rollout = previous;

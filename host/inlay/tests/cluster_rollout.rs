@@ -130,9 +130,23 @@ async fn a_push_reaches_every_node_and_a_rollback_returns_them_all() {
         version(&status(n).await) == Some(v1.as_str()) && !runs_headers(n).await
     })
     .await;
-    // Nothing before v1.
+    // Rolling back the first version returns every node to its own
+    // policy.path; after that there is nothing to roll back.
+    let r = request("POST", &a.admin_url("/policy/rollback"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer: Value = serde_json::from_str(&r.text()).unwrap();
+    assert_eq!(answer["current"], Value::Null, "{answer}");
+    on_every_node(&nodes, "back on its own policy.path", async |n| {
+        status(n).await["version"] == Value::Null && !runs_headers(n).await
+    })
+    .await;
+    for n in nodes {
+        let text = n.metrics.render().await;
+        assert!(!text.contains("inlay_policy_info{"), "{text}");
+    }
     let r = request("POST", &a.admin_url("/policy/rollback"), &[], Bytes::new()).await;
     assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("nothing to roll back"), "{}", r.text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,7 +41,8 @@ const MAX_POINTER: usize = 4096;
 /// The value of the key `current`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 struct Pointer {
-    /// The version nodes run.
+    /// The version nodes run; empty: each node its own `policy.path`
+    /// (after the first pushed version was rolled back).
     current: String,
     /// Versions pushed, oldest first; the last is `current` (after a
     /// rollback, the versions after it are gone).
@@ -225,29 +226,38 @@ impl Rollout {
         Ok(version)
     }
 
-    /// Points `current` back at the version pushed before it; that version.
-    pub async fn rollback(&self) -> anyhow::Result<String> {
+    /// Points `current` back at the version pushed before it, or, when
+    /// none is left, at each node's own `policy.path` (`None`).
+    pub async fn rollback(&self) -> anyhow::Result<Option<String>> {
         let (p, revision) = self.read_pointer().await?;
-        let Some(mut p) = p else {
-            bail!("nothing was pushed");
+        let Some(mut p) = p.filter(|p| !p.history.is_empty()) else {
+            bail!("nothing to roll back: every node runs its own policy.path");
         };
-        if p.history.len() < 2 {
-            bail!("no version before {} to roll back to", p.current);
-        }
         let dropped = p.history.pop().unwrap_or_default();
         p.current = p.history.last().cloned().unwrap_or_default();
         self.write_pointer(&p, revision).await?;
         if let Err(e) = self.store.delete(&dropped).await {
             warn!(version = %dropped, error = %e, "policy rollout: deleting the rolled-back version failed");
         }
-        info!(version = %p.current, replaced = %dropped, "policy rollout: rolled back; every node loads it");
-        Ok(p.current)
+        let current = (!p.current.is_empty()).then_some(p.current);
+        match &current {
+            Some(v) => {
+                info!(version = %v, replaced = %dropped, "policy rollout: rolled back; every node loads it")
+            }
+            None => {
+                info!(replaced = %dropped, "policy rollout: rolled back; every node returns to its own policy.path")
+            }
+        }
+        Ok(current)
     }
 
     /// The current version and the history, for `GET /policy`.
     pub async fn pointer_json(&self) -> serde_json::Value {
         match self.read_pointer().await {
-            Ok((Some(p), _)) => serde_json::json!({"current": p.current, "history": p.history}),
+            Ok((Some(p), _)) => {
+                let current = (!p.current.is_empty()).then_some(p.current);
+                serde_json::json!({"current": current, "history": p.history})
+            }
             Ok((None, _)) => serde_json::Value::Null,
             Err(e) => serde_json::json!({"error": e.to_string()}),
         }
@@ -281,6 +291,9 @@ impl Rollout {
 
     /// Loads `version` into this node's policy slot through `reloader`.
     async fn apply(&self, version: &str, reloader: &Reloader, dir: &std::path::Path) {
+        if version.is_empty() {
+            return self.apply_own(reloader, dir).await;
+        }
         if self.status.running().as_deref() == Some(version) {
             return;
         }
@@ -293,7 +306,7 @@ impl Rollout {
             tokio::fs::write(&path, &bytes)
                 .await
                 .with_context(|| format!("writing {}", path.display()))?;
-            match reloader.roll_out_policy(path.clone()).await {
+            match reloader.roll_out_policy(Some(path.clone())).await {
                 Ok(report) => Ok((path, report.generation)),
                 Err(errors) => {
                     let _ = std::fs::remove_file(&path);
@@ -318,6 +331,30 @@ impl Rollout {
             Err(e) => {
                 error!(%version, error = %format!("{e:#}"), "policy rollout: version {version} refused; this node keeps its policy");
                 *self.status.refused.write() = Some((version.to_owned(), format!("{e:#}")));
+            }
+        }
+    }
+
+    /// Returns this node to its own `policy.path` (every pushed version
+    /// was rolled back).
+    async fn apply_own(&self, reloader: &Reloader, dir: &std::path::Path) {
+        let Some(old) = self.status.running() else {
+            return;
+        };
+        match reloader.roll_out_policy(None).await {
+            Ok(report) => {
+                *self.status.running.write() = None;
+                reloader.current().metrics().clear_policy_version();
+                info!(
+                    generation = report.generation,
+                    "policy rollout: this node runs its own policy.path again"
+                );
+                let _ = std::fs::remove_file(dir.join(format!("{old}.wasm")));
+            }
+            Err(errors) => {
+                let e = errors.join("; ");
+                error!(error = %e, "policy rollout: returning to policy.path refused; this node keeps version {old}");
+                *self.status.refused.write() = Some(("policy.path".to_owned(), e));
             }
         }
     }
@@ -380,7 +417,8 @@ fn parse_pointer(value: &[u8]) -> anyhow::Result<Pointer> {
         bail!("pointer of {} bytes", value.len());
     }
     let p: Pointer = serde_json::from_slice(value).context("pointer")?;
-    if hash_of(&p.current).is_none() || p.history.len() > MAX_HISTORY {
+    let own = p.current.is_empty() && p.history.is_empty();
+    if (!own && hash_of(&p.current).is_none()) || p.history.len() > MAX_HISTORY {
         bail!("malformed pointer");
     }
     Ok(p)

@@ -82,11 +82,18 @@ async fn inlay_admin_policy_push_status_and_rollback() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["version"], version.as_str(), "{status}");
-    // One version only: nothing to roll back to; exit 1 and why.
+    // Rolling back the only version returns to the node's own policy.path.
+    let out = admin_cli(addr, &["policy", "rollback"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    inlay.expect_log(
+        "this node runs its own policy.path again",
+        Duration::from_secs(20),
+    );
+    // Then nothing is left to roll back: exit 1 and why.
     let out = admin_cli(addr, &["policy", "rollback"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(
-        text(&out.stderr).contains("no version before"),
+        text(&out.stderr).contains("nothing to roll back"),
         "{}",
         text(&out.stderr)
     );
