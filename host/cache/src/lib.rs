@@ -29,7 +29,7 @@ mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -216,6 +216,8 @@ struct Inner {
     lurker_running: AtomicBool,
     /// Told of the purges and bans made through the public methods.
     sink: parking_lot::RwLock<Option<Arc<dyn InvalidationSink>>>,
+    /// Reads answer nothing (see [`HttpCache::set_reads_suspended`]).
+    reads_suspended: AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -302,6 +304,7 @@ impl HttpCache {
                 lurker: parking_lot::Mutex::new(lurker),
                 lurker_running: AtomicBool::new(false),
                 sink: parking_lot::RwLock::new(None),
+                reads_suspended: AtomicBool::new(false),
             }),
             rules: Arc::new(rules),
         };
@@ -345,6 +348,7 @@ impl HttpCache {
         let lurker = self.inner.lurker.lock().clone();
         let cache = Self::started(store, carried.list, lurker, rules);
         *cache.inner.sink.write() = self.inner.sink.read().clone();
+        cache.set_reads_suspended(self.reads_suspended());
         Ok(cache)
     }
 
@@ -354,6 +358,21 @@ impl HttpCache {
     /// every cache made from it. Replaces the sink set before.
     pub fn set_invalidation_sink(&self, sink: Arc<dyn InvalidationSink>) {
         *self.inner.sink.write() = Some(sink);
+    }
+
+    /// While `on`, every read of the cache ([`get`](Self::get),
+    /// [`get_fresh`](Self::get_fresh), so lookups, ESI includes and
+    /// policies alike) finds nothing: requests go to the backend (still
+    /// coalesced) and what they fetch is stored, but nothing stored is
+    /// served. For a cache that may hold objects purged elsewhere and not
+    /// yet applied here (a cluster node cut off from the others' purges).
+    pub fn set_reads_suspended(&self, on: bool) {
+        self.inner.reads_suspended.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether reads are suspended ([`set_reads_suspended`](Self::set_reads_suspended)).
+    pub fn reads_suspended(&self) -> bool {
+        self.inner.reads_suspended.load(Ordering::Relaxed)
     }
 
     fn tell_sink(&self, inv: Invalidation<'_>) {
@@ -493,6 +512,9 @@ impl HttpCache {
     /// coalescing, no waiting, no I/O. For callers that have a slower path
     /// for everything else.
     pub fn get_fresh(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
+        if self.reads_suspended() {
+            return None;
+        }
         let mut obj = self.inner.store.get_resident(&long_keys::base(primary))?;
         if variants::is_header(&obj.meta) {
             let key = self.variant_key(primary, &obj.meta.vary, req_headers);
@@ -508,6 +530,9 @@ impl HttpCache {
     /// The object a request selects, fresh or not (the caller decides).
     /// An object a ban covers is removed, and is none.
     pub async fn get(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Option<StoredObject> {
+        if self.reads_suspended() {
+            return None;
+        }
         let base_key = long_keys::base(primary);
         let base = self.inner.store.get(&base_key).await?;
         if !variants::is_header(&base.meta) {

@@ -250,7 +250,7 @@ impl Backend {
         &self.config
     }
 
-    /// Whether `authority` (host[:port]) names this backend's address or Host override.
+    /// Whether `authority` (`host[:port]`) names this backend's address or Host override.
     pub fn serves_authority(&self, authority: &str) -> bool {
         let own = self.config.authority();
         authority.eq_ignore_ascii_case(&own)

@@ -81,7 +81,7 @@ pub struct OverTls;
 /// A connection takes its limits (`[server]` timeouts and sizes) from the
 /// generation current when it is accepted. `max_connections`,
 /// `max_connections_per_client` and `defer_accept` follow the current
-/// generation too ([`Admission`]): a reload changes them for the listeners
+/// generation too (`Admission`): a reload changes them for the listeners
 /// already open; connections open beyond a lowered limit finish.
 pub async fn run(
     listeners: impl IntoIterator<Item = impl Into<Listener>>,

@@ -457,6 +457,58 @@ async fn purges_made_while_nats_is_down_apply_here_and_reach_the_others_when_it_
     );
 }
 
+/// `max_disconnected`: a node that cannot confirm it has read every purge
+/// stops reading its cache (requests go to the origin) until it has caught
+/// up; a node without it serves what it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_max_disconnected_a_node_cut_off_from_purges_stops_reading_its_cache_until_it_caught_up()
+ {
+    require_nats!();
+    let mut nats = NatsServer::start();
+    let origin = Origin::start();
+    let a = node(&nats, &origin, "a", "").await;
+    let b = node(&nats, &origin, "b", "max_disconnected = \"2s\"").await;
+    let c = node(&nats, &origin, "c", "").await;
+    let url = "/bytes/190?cc=max-age%3D600";
+    warm(&[&a, &b, &c], url).await;
+    nats.stop();
+    // Purged on a while the others cannot hear of it.
+    ok(&send(&a, "PURGE", url, &[]).await);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fresh_hit(&b, url).await {
+        assert!(
+            Instant::now() < deadline,
+            "b still serves its cache 30 s after it lost NATS"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = status(&fetch(&b, url).await);
+    assert!(s.contains("fwd="), "b goes to the origin: {s}");
+    assert!(
+        fresh_hit(&c, url).await,
+        "without max_disconnected a node serves what it has"
+    );
+    nats.restart();
+    // b applies a's purge, then serves from its cache again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        fetch(&b, url).await;
+        if b.metrics.cluster_invalidations(kind::APPLIED) >= 1 && fresh_hit(&b, url).await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b reads its cache again once it has caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_count(&c, kind::APPLIED, 1).await;
+    assert!(
+        !fresh_hit(&c, url).await,
+        "c applied the purge when NATS came back"
+    );
+}
+
 /// How long a node with a disk tier takes to replay 500 purges it missed
 /// before it serves. Prints the figure; asserts that it replayed them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

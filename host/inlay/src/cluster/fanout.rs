@@ -2,7 +2,7 @@
 //!
 //! Every purge and ban this node makes through the cache's public methods
 //! (`PURGE` and `BAN`, the admin API's `/purge` and `/ban`, a policy's
-//! `cache.purge-*`) is applied here first, then queued ([`Outbox`], the
+//! `cache.purge-*`) is applied here first, then queued (`Outbox`, the
 //! cache's [`InvalidationSink`]) and published on `PREFIX.inv.NODE` to the
 //! stream `PREFIX_INVALIDATIONS` with an id (`node-boot-counter`, also the
 //! `Nats-Msg-Id`, so a retried publish is stored once). Every node reads
@@ -35,7 +35,9 @@
 //!   within about 10 s); if the stream dropped some
 //!   meanwhile, the cache is emptied. **While disconnected, a node serves
 //!   what it has**, including objects other nodes purged in that time:
-//!   the window is the disconnection.
+//!   the window is the disconnection, or at most `max_disconnected` when
+//!   it is set (the guard: past it the cache's reads are suspended until
+//!   the reader has caught up).
 //! - **Stop.** A clean stop waits up to 5 s for the queue to reach NATS;
 //!   kill -9 loses what was queued (applied here, never sent).
 //!
@@ -229,14 +231,23 @@ impl Fanout {
             own: format!("{}-{}-", outbox.node, outbox.boot),
             recent: RecentIds::default(),
             applied: 0,
+            applied_shared: Arc::new(AtomicU64::new(0)),
             stream_created: String::new(),
         };
         let (consumer, last) = reader.position(stream).await?;
         let consumer = reader.replay(consumer, last).await;
-        let tasks = vec![
+        let guard = (!inv.max_disconnected.is_zero()).then(|| Guard {
+            js: js.clone(),
+            stream: stream_name,
+            applied: Arc::clone(&reader.applied_shared),
+            cache: Arc::clone(&reader.cache),
+            max: inv.max_disconnected,
+        });
+        let mut tasks = vec![
             tokio::spawn(reader.run(consumer)),
             tokio::spawn(publish(Arc::clone(&outbox), js)),
         ];
+        tasks.extend(guard.map(|g| tokio::spawn(g.run())));
         Ok(Self { outbox, tasks })
     }
 
@@ -447,6 +458,78 @@ impl RecentIds {
     }
 }
 
+/// How often the guard of `max_disconnected` asks the stream where it ends.
+const GUARD_CHECK: Duration = Duration::from_secs(1);
+
+/// `max_disconnected`: suspends the cache's reads while this node cannot
+/// confirm that it has read every purge in the stream.
+///
+/// Each check asks the stream where it ends now (`target`, at `asked`).
+/// Once the reader has applied up to a target, every purge stored before
+/// its `asked` time is applied here: the node is in touch as of then. When
+/// that time is more than `max` ago (NATS unreachable, the reader stalled
+/// or far behind), reads are suspended until a later check confirms again.
+struct Guard {
+    js: jetstream::Context,
+    stream: String,
+    applied: Arc<AtomicU64>,
+    cache: CacheSource,
+    max: Duration,
+}
+
+impl Guard {
+    async fn run(self) {
+        let mut in_touch = tokio::time::Instant::now();
+        let mut pending: Option<(u64, tokio::time::Instant)> = None;
+        let mut suspended = false;
+        let mut tick = tokio::time::interval(GUARD_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = tokio::time::Instant::now();
+            if let Some((target, asked)) = pending
+                && self.applied.load(Ordering::Relaxed) >= target
+            {
+                in_touch = in_touch.max(asked);
+                pending = None;
+            }
+            if let Some(last) = self.stream_end().await {
+                if self.applied.load(Ordering::Relaxed) >= last {
+                    in_touch = now;
+                    pending = None;
+                } else if pending.is_none_or(|(target, _)| last < target) {
+                    // A stream made anew restarts its sequences: the
+                    // reader starts over at its end, below the old target.
+                    pending = Some((last, now));
+                }
+            }
+            let out = now.saturating_duration_since(in_touch) > self.max;
+            // Set on every check: a reload may have made another cache.
+            (self.cache)().set_reads_suspended(out);
+            if out != suspended {
+                suspended = out;
+                if out {
+                    warn!(
+                        max_disconnected = ?self.max,
+                        "cluster: this node cannot confirm it has read every purge; its cache is not read (requests go to the origin) until it has"
+                    );
+                } else {
+                    info!("cluster: this node has read every purge again; its cache is read again");
+                }
+            }
+        }
+    }
+
+    /// The stream's last sequence now, if NATS answers within a check.
+    async fn stream_end(&self) -> Option<u64> {
+        let ask = async {
+            let stream = self.js.get_stream(&self.stream).await.ok()?;
+            Some(stream.cached_info().state.last_sequence)
+        };
+        tokio::time::timeout(GUARD_CHECK, ask).await.ok().flatten()
+    }
+}
+
 /// The applied position, as recorded in the store's kv.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 struct Record {
@@ -473,10 +556,17 @@ struct Reader {
     recent: RecentIds,
     /// The last stream sequence handled.
     applied: u64,
+    /// `applied`, for the guard of `max_disconnected`.
+    applied_shared: Arc<AtomicU64>,
     stream_created: String,
 }
 
 impl Reader {
+    fn set_applied(&mut self, seq: u64) {
+        self.applied = seq;
+        self.applied_shared.store(seq, Ordering::Relaxed);
+    }
+
     /// Decide where to read from: after the recorded sequence when the
     /// stream still holds everything after it, otherwise from the end,
     /// with the cache emptied. Returns the consumer and the stream's last
@@ -524,7 +614,7 @@ impl Reader {
                 }
             }
         };
-        self.applied = start - 1;
+        self.set_applied(start - 1);
         self.save(&cache).await;
         Ok((self.consumer(start).await?, last))
     }
@@ -564,7 +654,7 @@ impl Reader {
                     let cache = (self.cache)();
                     self.clear(&cache, "the replay of missed purges stalled")
                         .await;
-                    self.applied = last;
+                    self.set_applied(last);
                     self.save(&cache).await;
                     break;
                 }
@@ -646,7 +736,7 @@ impl Reader {
         };
         self.clear(&cache, why).await;
         self.stream_created = created;
-        self.applied = last;
+        self.set_applied(last);
         self.save(&cache).await;
         Some(self.reopen(last + 1).await)
     }
@@ -674,7 +764,7 @@ impl Reader {
             );
             self.clear(&cache, &why).await;
         }
-        self.applied = seq;
+        self.set_applied(seq);
         match parse(&m.payload) {
             Err(why) => {
                 self.metrics.cluster_invalidation(kind::MALFORMED, 1);

@@ -724,7 +724,7 @@ fn score(key: u64, node: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Rendezvous hashing: of `nodes` (name, [`node_hash`], value), the one
+/// Rendezvous hashing: of `nodes` (name, `node_hash`, value), the one
 /// with the highest score for `key` (ties to the greater name). Removing a
 /// node moves only the keys it owned; adding one moves only keys to it.
 pub fn owner_of<'a, T>(key: &str, nodes: impl Iterator<Item = (&'a str, u64, T)>) -> Option<T> {

@@ -58,6 +58,11 @@ pub struct InvalidationConfig {
     /// (default 10 000); past it, new ones are applied here only, and
     /// logged and counted as lost to the cluster.
     pub queue: usize,
+    /// `max_disconnected`: how long the node serves from its cache without
+    /// confirming that it has read every purge in the stream (NATS
+    /// unreachable, its reader stalled); past it the cache is not read
+    /// until it has caught up. Zero (the default): no limit.
+    pub max_disconnected: Duration,
 }
 
 impl Default for InvalidationConfig {
@@ -66,6 +71,7 @@ impl Default for InvalidationConfig {
             max_age: Duration::from_secs(24 * 3600),
             max_messages: 1_000_000,
             queue: 10_000,
+            max_disconnected: Duration::ZERO,
         }
     }
 }
@@ -182,6 +188,7 @@ impl Reader {
                 "invalidation_max_age",
                 "invalidation_max_messages",
                 "invalidation_queue",
+                "max_disconnected",
                 "kv",
                 "kv_max_bytes",
                 "policy_max_size",
@@ -381,10 +388,22 @@ impl Reader {
             1 << 40,
         );
         let queue = self.uint(t, p, "invalidation_queue", d.queue as u64, 1, 10_000_000) as usize;
+        let max_disconnected = self.duration(t, p, "max_disconnected", d.max_disconnected);
+        if !max_disconnected.is_zero() && max_disconnected < MIN_DISCONNECTED {
+            self.err(
+                join(p, "max_disconnected"),
+                "at least \"2s\" (the node checks that it is in touch every second), or \"0s\" for no limit",
+            );
+        }
         InvalidationConfig {
             max_age: max_age.min(YEAR),
             max_messages,
             queue,
+            max_disconnected: if max_disconnected < MIN_DISCONNECTED {
+                Duration::ZERO
+            } else {
+                max_disconnected
+            },
         }
     }
 
@@ -416,6 +435,10 @@ impl Reader {
         (kv, kv_max_bytes, policy_max_size)
     }
 }
+
+/// Shortest non-zero `max_disconnected`: the node confirms that it is in
+/// touch every second.
+const MIN_DISCONNECTED: Duration = Duration::from_secs(2);
 
 /// Largest `kv_max_bytes` and `policy_max_size`: both are held in memory.
 const MAX_CLUSTER_BYTES: u64 = 1 << 30;
@@ -476,20 +499,22 @@ mod tests {
     #[test]
     fn invalidation_retention_parses_and_bad_values_are_named() {
         let cfg = Config::from_toml(&format!(
-            "{BACKEND}[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\ninvalidation_max_age = \"2h\"\ninvalidation_max_messages = 5000\ninvalidation_queue = 7\n"
+            "{BACKEND}[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\ninvalidation_max_age = \"2h\"\ninvalidation_max_messages = 5000\ninvalidation_queue = 7\nmax_disconnected = \"30s\"\n"
         ))
         .unwrap();
         let inv = cfg.cluster.unwrap().invalidations;
         assert_eq!(inv.max_age, std::time::Duration::from_secs(7200));
         assert_eq!((inv.max_messages, inv.queue), (5000, 7));
+        assert_eq!(inv.max_disconnected, std::time::Duration::from_secs(30));
         let all = issues(
-            "nats_urls = [\"nats://127.0.0.1:4222\"]\ninvalidation_max_age = \"0s\"\ninvalidation_max_messages = 0\ninvalidation_queue = -1\n",
+            "nats_urls = [\"nats://127.0.0.1:4222\"]\ninvalidation_max_age = \"0s\"\ninvalidation_max_messages = 0\ninvalidation_queue = -1\nmax_disconnected = \"500ms\"\n",
         )
         .join("\n");
         for needle in [
             "cluster.invalidation_max_age",
             "cluster.invalidation_max_messages",
             "cluster.invalidation_queue",
+            "cluster.max_disconnected",
         ] {
             assert!(all.contains(needle), "{needle} not in:\n{all}");
         }

@@ -1,5 +1,5 @@
 //! ESI: when a response opted in (`Surrogate-Control: content="ESI/1.0"`, or
-//! a policy turned it on), its body is assembled by [`inlay_esi::assemble`]:
+//! a policy turned it on), its body is assembled by [`inlay_esi::assemble()`]:
 //! every include is fetched at once, through the cache, and the page streams
 //! in document order.
 //!
