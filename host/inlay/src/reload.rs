@@ -531,6 +531,15 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
     // The NATS connection and the node's identity in the cluster are made
     // once, before the node serves.
     note("cluster", restore(&old.cluster, &mut new.cluster));
+    // A node replays the purges it missed against a store only at start,
+    // before it serves: a store opened by a reload would serve what the
+    // cluster purged while it was closed.
+    if old.cluster.is_some() {
+        note(
+            "cache.dir (with [cluster])",
+            restore(&old.cache.dir, &mut new.cache.dir),
+        );
+    }
     warnings
 }
 
@@ -618,6 +627,20 @@ mod tests {
         assert_eq!(new.cache.memory_size, 8 << 20);
         assert_eq!(new.cache.disk_size, 2 << 20);
         assert!(new.cache.dir.is_some());
+    }
+
+    #[test]
+    fn with_a_cluster_a_new_cache_dir_waits_for_a_restart() {
+        let clustered = format!("{BASE}[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\n");
+        let old = config(&clustered);
+        let mut new = config(&clustered.replace("[cache]\n", "[cache]\ndir = \"/var/cache/x\"\n"));
+        let warnings = keep_restart_only(&old, &mut new);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("cache.dir (with [cluster]) changed"),
+            "{warnings:?}"
+        );
+        assert_eq!(new.cache.dir, None);
     }
 
     #[test]
