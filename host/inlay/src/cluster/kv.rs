@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_nats::jetstream::{self, kv, stream};
+use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
@@ -170,18 +170,11 @@ impl SharedKv {
         // does not send. The same settings a KV bucket gets.
         let max_bytes = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut stream = js
-            .get_or_create_stream(stream::Config {
-                name: format!("KV_{bucket}"),
-                subjects: vec![format!("$KV.{bucket}.>")],
-                max_messages_per_subject: 1,
+            .get_or_create_stream(super::kv_bucket_stream(
+                &bucket,
                 max_bytes,
-                max_message_size: (MAX_KV_VALUE_LEN + 4 * MAX_KV_KEY_LEN) as i32,
-                allow_rollup: true,
-                deny_delete: true,
-                allow_direct: true,
-                discard: stream::DiscardPolicy::New,
-                ..Default::default()
-            })
+                (MAX_KV_VALUE_LEN + 4 * MAX_KV_KEY_LEN) as i32,
+            ))
             .await
             .with_context(|| format!("cluster.kv: creating the stream of bucket {bucket}"))?;
         let pending = stream

@@ -155,3 +155,26 @@ fn read_secret(path: &std::path::Path, key: &str) -> anyhow::Result<String> {
     anyhow::ensure!(!secret.is_empty(), "{key}: {} is empty", path.display());
     Ok(secret.to_owned())
 }
+
+/// The stream of a JetStream KV bucket holding the latest value of each
+/// key, made by hand: `create_key_value` reads account fields that
+/// nats-server 2.9 (Debian's) does not send. The settings are the ones a
+/// KV bucket gets; `max_bytes` `-1` is no bound.
+fn kv_bucket_stream(
+    bucket: &str,
+    max_bytes: i64,
+    max_message_size: i32,
+) -> jetstream::stream::Config {
+    jetstream::stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_bytes,
+        max_message_size,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    }
+}

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use async_nats::jetstream::{kv, object_store, stream};
+use async_nats::jetstream::{kv, object_store};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use parking_lot::RwLock;
@@ -127,19 +127,9 @@ impl Rollout {
         };
         let bucket = cluster.name("ROLLOUT");
         // By hand, as the shared kv's: nats-server 2.9.
-        js.get_or_create_stream(stream::Config {
-            name: format!("KV_{bucket}"),
-            subjects: vec![format!("$KV.{bucket}.>")],
-            max_messages_per_subject: 1,
-            max_message_size: MAX_POINTER as i32,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            discard: stream::DiscardPolicy::New,
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("policy rollout: creating bucket {bucket}"))?;
+        js.get_or_create_stream(super::kv_bucket_stream(&bucket, -1, MAX_POINTER as i32))
+            .await
+            .with_context(|| format!("policy rollout: creating bucket {bucket}"))?;
         let pointer = js
             .get_key_value(&bucket)
             .await
