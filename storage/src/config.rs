@@ -28,7 +28,7 @@ pub const MAX_INLINE_BODY: usize = 16 * 1024;
 /// | `chunk_size` | 1 MiB | body chunk size on disk (one file per chunk; a body of one chunk is read without a copy) |
 /// | `flush_every_ms` | 500 | sled's periodic fsync interval |
 /// | `sweep_interval` | 30 s | how often expired objects are removed |
-/// | `disk_cache_bytes` | 0: `disk_bytes` within 32 MiB..=1 GiB | sled's own page cache (see [`StoreConfig::sled_cache_bytes`]) |
+/// | `disk_cache_bytes` | 0: a quarter of `disk_bytes`, within 32 MiB..=1 GiB | sled's own page cache (see [`StoreConfig::sled_cache_bytes`]) |
 /// | `inline_body_bytes` | 4 KiB | bodies up to this size are stored in their record, not in chunk files |
 /// | `kv_bytes` | 64 MiB | bound on all kv records together |
 #[derive(Debug, Clone)]
@@ -93,8 +93,10 @@ impl StoreConfig {
         }
     }
 
-    /// sled's page cache: `disk_cache_bytes`, or if that is 0, `disk_bytes`
-    /// within 32 MiB..=1 GiB. Disk-tier lookups stay about as fast at 1M
+    /// sled's page cache: `disk_cache_bytes`, or if that is 0, a quarter of
+    /// `disk_bytes` within 32 MiB..=1 GiB (a default that keeps the memory
+    /// a disk tier may cost below its size; set it to the tier's logical
+    /// bytes for flat lookups of many small objects). Disk-tier lookups stay about as fast at 1M
     /// objects as at 1k only while sled keeps the `meta` tree (records,
     /// small bodies inline) in this cache: a tier of small objects needs
     /// about as much as its logical bytes (`loadtests/reports/scale.md`:
@@ -105,7 +107,7 @@ impl StoreConfig {
         if self.disk_cache_bytes != 0 {
             return self.disk_cache_bytes;
         }
-        self.disk_bytes.clamp(32 * MIB, 1024 * MIB)
+        (self.disk_bytes / 4).clamp(32 * MIB, 1024 * MIB)
     }
 
     /// Checks the values; every problem is reported, not only the first.
@@ -168,7 +170,7 @@ mod tests {
             ..StoreConfig::default()
         };
         assert_eq!(with(MIB, 0).sled_cache_bytes(), 32 * MIB);
-        assert_eq!(with(300 * MIB, 0).sled_cache_bytes(), 300 * MIB);
+        assert_eq!(with(1200 * MIB, 0).sled_cache_bytes(), 300 * MIB);
         assert_eq!(with(64 << 30, 0).sled_cache_bytes(), 1024 * MIB);
         assert_eq!(with(64 << 30, 5 * MIB).sled_cache_bytes(), 5 * MIB);
     }
