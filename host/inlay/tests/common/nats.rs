@@ -38,26 +38,39 @@ pub struct NatsServer {
     /// The client port on 127.0.0.1.
     pub addr: SocketAddr,
     dir: PathBuf,
+    args: Vec<String>,
     _tmp: Option<tempfile::TempDir>,
 }
 
 impl NatsServer {
     /// Start on a free port with its JetStream store in a new temporary directory.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with more command-line `args` (`--auth
+    /// TOKEN`, `--tlscert FILE`, `-c FILE`, ...).
+    pub fn start_with(args: &[&str]) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_owned();
-        let mut s = Self::start_in(&dir, crate::common::unused_port());
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let mut s = Self::launch(&dir, crate::common::unused_port(), args);
         s._tmp = Some(tmp);
         s
     }
 
     /// Start on `port` with its JetStream store in `dir` (a restart keeps both).
     pub fn start_in(dir: &Path, port: u16) -> Self {
+        Self::launch(dir, port, Vec::new())
+    }
+
+    fn launch(dir: &Path, port: u16, args: Vec<String>) -> Self {
         let bin = nats_server_binary().expect("nats-server is installed (require_nats!)");
         let log = std::fs::File::create(dir.join(format!("nats-{port}.log"))).unwrap();
         let child = Command::new(bin)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(dir.join("js"))
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -67,6 +80,7 @@ impl NatsServer {
             child: Some(child),
             addr,
             dir: dir.to_owned(),
+            args,
             _tmp: None,
         };
         server.wait_ready();
@@ -82,7 +96,7 @@ impl NatsServer {
     /// store: streams and buckets survive, connections do not.
     pub fn restart(&mut self) {
         self.stop();
-        let again = Self::start_in(&self.dir, self.addr.port());
+        let again = Self::launch(&self.dir, self.addr.port(), self.args.clone());
         self.child = again.child_taken();
     }
 
