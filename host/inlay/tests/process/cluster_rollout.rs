@@ -37,11 +37,15 @@ async fn inlay_admin_policy_push_status_and_rollback() {
     crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
+    // A cache directory of the test's: the node keeps pushed components
+    // there (without one, in a temporary directory a killed node leaves).
+    let cache = tempfile::tempdir().unwrap();
     let inlay = Inlay::builder()
         .backend(&origin)
         .toml(&format!(
-            "[policy]\npath = {:?}\n[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"edge-p\"",
+            "[policy]\npath = {:?}\n[cache]\ndir = {:?}\n[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"edge-p\"",
             policy("default").display().to_string(),
+            cache.path().display().to_string(),
             nats.url()
         ))
         .arg("--admin")
