@@ -1552,26 +1552,10 @@ mod tests {
 /// under `bytes`. Zero leaves the kernel's default.
 fn notsent_lowat(stream: &TcpStream, bytes: u64) {
     #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd as _;
-        if bytes == 0 {
-            return;
-        }
+    if bytes > 0 {
         let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-        // SAFETY: setsockopt reads one c_int from our stack for a socket
-        // this stream owns for the duration of the call.
-        #[allow(unsafe_code)]
-        let rc = unsafe {
-            libc::setsockopt(
-                stream.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_NOTSENT_LOWAT,
-                std::ptr::from_ref(&value).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            debug!(error = %io::Error::last_os_error(), "cannot set TCP_NOTSENT_LOWAT");
+        if let Err(error) = set_tcp_option(stream, libc::TCP_NOTSENT_LOWAT, value) {
+            debug!(%error, "cannot set TCP_NOTSENT_LOWAT");
         }
     }
     #[cfg(not(target_os = "linux"))]
@@ -1588,26 +1572,41 @@ fn notsent_lowat(stream: &TcpStream, bytes: u64) {
 fn defer_accept(listener: &TcpListener, wait: Duration) {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd as _;
         let secs = if wait.is_zero() {
             0
         } else {
             libc::c_int::try_from(wait.as_secs().max(1)).unwrap_or(libc::c_int::MAX)
         };
-        // SAFETY: setsockopt reads one c_int from our stack for a socket
-        // this listener owns for the duration of the call.
-        #[allow(unsafe_code)]
-        let rc = unsafe {
-            libc::setsockopt(
-                listener.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_DEFER_ACCEPT,
-                std::ptr::from_ref(&secs).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            warn!(error = %io::Error::last_os_error(), "cannot set TCP_DEFER_ACCEPT; idle connections are accepted at once");
+        if let Err(error) = set_tcp_option(listener, libc::TCP_DEFER_ACCEPT, secs) {
+            warn!(%error, "cannot set TCP_DEFER_ACCEPT; idle connections are accepted at once");
         }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (listener, wait);
+}
+
+/// Sets the `IPPROTO_TCP` option `option` of `socket` to `value`.
+#[cfg(target_os = "linux")]
+fn set_tcp_option(
+    socket: &impl std::os::fd::AsRawFd,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: setsockopt reads one c_int from our stack for a socket the
+    // caller owns for the duration of the call.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            option,
+            std::ptr::from_ref(&value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }

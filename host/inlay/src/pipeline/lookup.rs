@@ -6,6 +6,7 @@
 //! for the states).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::task::Poll;
 
 use http::Method;
@@ -19,7 +20,9 @@ use tracing::{debug, warn};
 
 use super::fetch::{self, ForCache};
 use super::{Outcome, Pipeline, backend_response, deliver};
+use crate::backend::Picked;
 use crate::backend::director::key_hash;
+use crate::cluster::shard::{Peer, Shard};
 use crate::config::Config;
 
 impl Pipeline {
@@ -112,14 +115,7 @@ impl Pipeline {
         let fill = for_cache(&self.cache, &self.config, fetch.validators());
         let sent = std::time::Instant::now();
         let owner = self.owner_of(head, fetch.primary());
-        let fetched = match owner {
-            // Another node owns the key: it fetches from the origin, once for all.
-            Some((shard, owner)) => {
-                let req = fetch::request(head, Method::GET, body::empty(), Some(fill));
-                shard.fetch(&owner, req, &backend).await
-            }
-            None => fetch::send(&backend, head, Method::GET, body::empty(), Some(fill)).await,
-        };
+        let fetched = send_for_cache(owner, &backend, head, fill).await;
         let took = sent.elapsed();
         match fetch.on_response(fetched).await? {
             Fetched::Cached { object, status } => {
@@ -165,13 +161,7 @@ impl Pipeline {
         tokio::spawn(async move {
             debug!(key = fetch.primary().as_str(), "background refresh");
             let fill = for_cache(&cache, &config, fetch.validators());
-            let fetched = match owner {
-                Some((shard, owner)) => {
-                    let req = fetch::request(&head, Method::GET, body::empty(), Some(fill));
-                    shard.fetch(&owner, req, &backend).await
-                }
-                None => fetch::send(&backend, &head, Method::GET, body::empty(), Some(fill)).await,
-            };
+            let fetched = send_for_cache(owner, &backend, &head, fill).await;
             match fetch.on_response(fetched).await {
                 Ok(Fetched::New(new)) => {
                     let settings = new.defaults().clone();
@@ -188,18 +178,32 @@ impl Pipeline {
     }
 }
 
+/// A key's owner among the cluster's nodes, and the shard that chose it.
+type Owner = (Arc<Shard>, Arc<Peer>);
+
+/// A GET for the cache (a miss or a background refresh): to the key's
+/// `owner` when another node owns it (it fetches from the origin, once for
+/// the cluster, and `backend` is the fallback), else to `backend`.
+async fn send_for_cache(
+    owner: Option<Owner>,
+    backend: &Picked,
+    head: &RequestHead,
+    fill: ForCache<'_>,
+) -> Result<http::Response<ProxyBody>, ProxyError> {
+    match owner {
+        Some((shard, owner)) => {
+            let req = fetch::request(head, Method::GET, body::empty(), Some(fill));
+            shard.fetch(&owner, req, backend).await
+        }
+        None => fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await,
+    }
+}
+
 impl Pipeline {
     /// With `[cluster] shard = true`, the owner of `key` when it is another
     /// node and `head` is not already a peer's fetch (the owner fetches from
     /// the origin itself).
-    fn owner_of(
-        &self,
-        head: &RequestHead,
-        key: &PrimaryKey,
-    ) -> Option<(
-        std::sync::Arc<crate::cluster::shard::Shard>,
-        std::sync::Arc<crate::cluster::shard::Peer>,
-    )> {
+    fn owner_of(&self, head: &RequestHead, key: &PrimaryKey) -> Option<Owner> {
         let shard = self.shard.as_ref()?;
         if head.headers.contains_key(crate::cluster::shard::HOP) {
             return None;

@@ -60,6 +60,21 @@ fn release_while_waiting(policy: Option<&mut PolicyCall>) {
     }
 }
 
+/// What a generation's policies reach the host through: its cache and
+/// backends, request ids on subrequests, and the shared kv if any.
+fn host_services(
+    cache: &HttpCache,
+    backends: &Backends,
+    request_ids: &RequestIds,
+    shared_kv: Option<SharedKv>,
+) -> Arc<dyn PolicyServices> {
+    Arc::new(
+        HostServices::new(cache.clone(), backends.clone())
+            .with_request_id(request_ids.header().cloned())
+            .with_shared_kv(shared_kv),
+    )
+}
+
 /// What recv decided.
 #[derive(Debug)]
 pub enum Route {
@@ -231,11 +246,7 @@ impl Pipeline {
     /// Its policies' kv in the cluster's shared kv (`cluster.kv = "nats"`)
     /// instead of the cache store; later generations keep it.
     pub fn with_shared_kv(mut self, kv: Option<SharedKv>) -> Self {
-        self.services = Arc::new(
-            HostServices::new(self.cache.clone(), self.backends.clone())
-                .with_request_id(self.request_ids.header().cloned())
-                .with_shared_kv(kv.clone()),
-        );
+        self.services = host_services(&self.cache, &self.backends, &self.request_ids, kv.clone());
         self.shared_kv = kv;
         self
     }
@@ -256,10 +267,7 @@ impl Pipeline {
         metrics: Arc<Metrics>,
     ) -> Self {
         let request_ids = RequestIds::new(&config.server);
-        let services: Arc<dyn PolicyServices> = Arc::new(
-            HostServices::new(cache.clone(), backends.clone())
-                .with_request_id(request_ids.header().cloned()),
-        );
+        let services = host_services(&cache, &backends, &request_ids, None);
         Self {
             config,
             backends,

@@ -13,7 +13,7 @@ fn inlay() -> Command {
 }
 
 /// The admin API's address, from its "admin API listening on" line.
-fn admin_addr(inlay: &Inlay) -> SocketAddr {
+pub(crate) fn admin_addr(inlay: &Inlay) -> SocketAddr {
     const LINE: &str = "admin API listening on http://";
     inlay.expect_log(LINE, Duration::from_secs(10));
     let log = inlay.log.text();
@@ -22,7 +22,7 @@ fn admin_addr(inlay: &Inlay) -> SocketAddr {
 }
 
 /// `inlay admin --address ADDR ARGS`, run off the runtime's threads.
-fn admin_cli(addr: SocketAddr, args: &[&str]) -> Output {
+pub(crate) fn admin_cli(addr: SocketAddr, args: &[&str]) -> Output {
     tokio::task::block_in_place(|| {
         inlay()
             .args(["admin", "--address", &addr.to_string()])
@@ -32,7 +32,7 @@ fn admin_cli(addr: SocketAddr, args: &[&str]) -> Output {
     })
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 

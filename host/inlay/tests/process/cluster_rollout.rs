@@ -2,35 +2,10 @@
 //! against `inlay serve` in a cluster (a real `nats-server`; skipped, saying
 //! so, where it is not installed).
 
-use std::net::SocketAddr;
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::admin::{admin_addr, admin_cli, text};
 use crate::common::{Inlay, NatsServer, Origin, get, policy};
-
-/// `inlay admin --address ADDR ARGS`, run off the runtime's threads.
-fn admin_cli(addr: SocketAddr, args: &[&str]) -> Output {
-    tokio::task::block_in_place(|| {
-        Command::new(env!("CARGO_BIN_EXE_inlay"))
-            .args(["admin", "--address", &addr.to_string()])
-            .args(args)
-            .output()
-            .unwrap()
-    })
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// The admin API's address, from its "admin API listening on" line.
-fn admin_addr(inlay: &Inlay) -> SocketAddr {
-    const LINE: &str = "admin API listening on http://";
-    inlay.expect_log(LINE, Duration::from_secs(10));
-    let log = inlay.log.text();
-    let rest = log.split(LINE).nth(1).unwrap();
-    rest.split_whitespace().next().unwrap().parse().unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inlay_admin_policy_push_status_and_rollback() {
