@@ -28,7 +28,7 @@ pub const MAX_INLINE_BODY: usize = 16 * 1024;
 /// | `chunk_size` | 1 MiB | body chunk size on disk (one file per chunk; a body of one chunk is read without a copy) |
 /// | `flush_every_ms` | 500 | sled's periodic fsync interval |
 /// | `sweep_interval` | 30 s | how often expired objects are removed |
-/// | `disk_cache_bytes` | 0: a quarter of `disk_bytes`, within 32 MiB..=1 GiB | sled's own page cache (see [`StoreConfig::sled_cache_bytes`]) |
+/// | `disk_cache_bytes` | 0: a quarter of `disk_bytes`, within 32 MiB..=1 GiB | memory for the disk tier's index: three quarters hold records in a hash map, one quarter is sled's page cache (see [`StoreConfig::index_bytes`]) |
 /// | `inline_body_bytes` | 4 KiB | bodies up to this size are stored in their record, not in chunk files |
 /// | `kv_bytes` | 64 MiB | bound on all kv records together |
 #[derive(Debug, Clone)]
@@ -49,8 +49,9 @@ pub struct StoreConfig {
     /// Interval of the background sweeper that removes expired objects and
     /// enforces the disk bound.
     pub sweep_interval: Duration,
-    /// sled's page cache in bytes; 0 (the default) derives it from
-    /// `disk_bytes` (see [`StoreConfig::sled_cache_bytes`]).
+    /// Memory for the disk tier's index in bytes (records held in memory
+    /// and sled's page cache); 0 (the default) derives it from
+    /// `disk_bytes` (see [`StoreConfig::index_bytes`]).
     pub disk_cache_bytes: u64,
     /// Bound on the bytes of all kv records (keys and values) together.
     pub kv_bytes: u64,
@@ -93,21 +94,37 @@ impl StoreConfig {
         }
     }
 
-    /// sled's page cache: `disk_cache_bytes`, or if that is 0, a quarter of
-    /// `disk_bytes` within 32 MiB..=1 GiB (a default that keeps the memory
-    /// a disk tier may cost below its size; set it to the tier's logical
-    /// bytes for flat lookups of many small objects). Disk-tier lookups stay about as fast at 1M
-    /// objects as at 1k only while sled keeps the `meta` tree (records,
-    /// small bodies inline) in this cache: a tier of small objects needs
-    /// about as much as its logical bytes (`loadtests/reports/scale.md`:
-    /// 1M objects of 200 B, 660 MiB, needed 1 GiB). sled fills it only with
-    /// what it reads, so a tier of large objects (few records) uses little
-    /// of it. Read at open: a new `disk_bytes` (a reload) does not change it.
-    pub fn sled_cache_bytes(&self) -> u64 {
+    /// Memory for the disk tier's index: `disk_cache_bytes`, or if that is
+    /// 0, a quarter of `disk_bytes` within 32 MiB..=1 GiB (a default that
+    /// keeps the memory a disk tier may cost below its size).
+    ///
+    /// Three quarters ([`StoreConfig::record_cache_bytes`]) hold records
+    /// (with their small bodies inline) in a hash map, so that while they
+    /// fit a disk-tier lookup at 1M objects costs what a hash table in RAM
+    /// costs, not a walk of sled's tree: a
+    /// record of a 200 B object weighs about 515 B there, so 1M such objects
+    /// need about 700 MiB of it (`loadtests/reports/scale.md`). Records it cannot
+    /// hold are read from sled, whose page cache is the other quarter
+    /// ([`StoreConfig::sled_cache_bytes`]). Both fill only with what is
+    /// read or written, so a tier of large objects (few records) uses
+    /// little of it. Read at open: a new `disk_bytes` (a reload) does not
+    /// change it.
+    pub fn index_bytes(&self) -> u64 {
         if self.disk_cache_bytes != 0 {
             return self.disk_cache_bytes;
         }
         (self.disk_bytes / 4).clamp(32 * MIB, 1024 * MIB)
+    }
+
+    /// sled's page cache: a quarter of [`StoreConfig::index_bytes`].
+    pub fn sled_cache_bytes(&self) -> u64 {
+        self.index_bytes() / 4
+    }
+
+    /// The records held in memory: the rest of
+    /// [`StoreConfig::index_bytes`].
+    pub fn record_cache_bytes(&self) -> u64 {
+        self.index_bytes() - self.sled_cache_bytes()
     }
 
     /// Checks the values; every problem is reported, not only the first.
@@ -163,16 +180,19 @@ mod tests {
     }
 
     #[test]
-    fn sled_cache_follows_the_disk_bound_within_its_limits() {
+    fn index_memory_follows_the_disk_bound_within_its_limits_and_is_split() {
         let with = |disk_bytes, disk_cache_bytes| StoreConfig {
             disk_bytes,
             disk_cache_bytes,
             ..StoreConfig::default()
         };
-        assert_eq!(with(MIB, 0).sled_cache_bytes(), 32 * MIB);
-        assert_eq!(with(1200 * MIB, 0).sled_cache_bytes(), 300 * MIB);
-        assert_eq!(with(64 << 30, 0).sled_cache_bytes(), 1024 * MIB);
-        assert_eq!(with(64 << 30, 5 * MIB).sled_cache_bytes(), 5 * MIB);
+        assert_eq!(with(MIB, 0).index_bytes(), 32 * MIB);
+        assert_eq!(with(1200 * MIB, 0).index_bytes(), 300 * MIB);
+        assert_eq!(with(64 << 30, 0).index_bytes(), 1024 * MIB);
+        assert_eq!(with(64 << 30, 5 * MIB).index_bytes(), 5 * MIB);
+        let c = with(1024 * MIB, 0);
+        assert_eq!(c.sled_cache_bytes(), 64 * MIB);
+        assert_eq!(c.record_cache_bytes(), 192 * MIB);
     }
 
     #[test]

@@ -363,6 +363,14 @@ pub struct StoreStats {
     pub disk_file_bytes: u64,
     /// Whether the background count of the disk tier after open finished.
     pub disk_counted: bool,
+    /// Disk-tier records held in memory (the record index; see
+    /// [`StoreConfig::index_bytes`]).
+    pub disk_index_records: u64,
+    /// Bytes those records take in memory, as the index weighs them.
+    pub disk_index_bytes: u64,
+    /// Whether the index holds every record of the disk tier (absent keys
+    /// are then answered from memory too).
+    pub disk_index_complete: bool,
     /// Whether the disk tier refuses writes after a write error.
     pub disk_degraded: bool,
     /// Whether the database was moved aside at open because it was corrupt.

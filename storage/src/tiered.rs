@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crate::disk::DiskTier;
 #[cfg(test)]
 use crate::engine::DiskEngine;
-use crate::engine::{Wait, open_sled};
+use crate::engine::{RecordCache, Wait, open_sled};
 use crate::memory::Counters;
 use crate::{
     BanRecord, KvStore, MemoryStore, ObjectMeta, ObjectStore, Peek, StoreConfig, StoreError,
@@ -51,7 +51,10 @@ impl TieredStore {
             Some(dir) => {
                 let opened = open_sled(dir, &config)?;
                 Some(DiskTier::new(
-                    Arc::new(opened.engine),
+                    Arc::new(RecordCache::new(
+                        Arc::new(opened.engine),
+                        config.record_cache_bytes(),
+                    )),
                     &config,
                     opened.moved_aside,
                 )?)
@@ -68,6 +71,7 @@ impl TieredStore {
         engine: Arc<dyn DiskEngine>,
     ) -> Result<TieredStore, StoreError> {
         config.validate()?;
+        let engine = Arc::new(RecordCache::new(engine, config.record_cache_bytes()));
         let disk = DiskTier::new(engine, &config, None)?;
         Ok(Self::start(config, Some(disk)))
     }
@@ -576,6 +580,11 @@ impl ObjectStore for TieredStore {
             s.disk_capacity = d.capacity();
             s.disk_file_bytes = d.size_on_disk();
             s.disk_counted = u.counted;
+            if let Some(index) = d.index_stats() {
+                s.disk_index_records = index.records;
+                s.disk_index_bytes = index.bytes;
+                s.disk_index_complete = index.complete;
+            }
             s.disk_degraded = u.degraded;
             s.disk_recreated = d.moved_aside.is_some();
             s.evicted_disk = u.evicted;

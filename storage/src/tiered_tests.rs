@@ -1390,3 +1390,46 @@ fn inline_bodies_count_against_the_bound_and_are_evicted_oldest_first() {
     let s = open_counted(cfg);
     assert_eq!(s.stats().disk_bytes, st.disk_bytes, "recount differs");
 }
+
+/// After a restart, the background count reads every record once: the disk
+/// tier's index then holds them all, answers each lookup (and an absent
+/// key) from memory, and follows purges and new writes.
+#[test]
+fn after_the_count_every_record_is_held_in_memory_and_follows_later_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = open_counted(config(dir.path()));
+        for i in 0..300u64 {
+            s.put(&format!("k{i}\u{1}"), meta(60_000, &["t"]), body(i, 200))
+                .unwrap();
+        }
+    }
+    let s = open_counted(config(dir.path()));
+    let st = s.stats();
+    assert_eq!(st.disk_index_records, 300, "{st:?}");
+    assert!(st.disk_index_complete, "{st:?}");
+    assert!(st.disk_index_bytes >= 300 * 200, "{st:?}");
+    let engine_reads = |s: &TieredStore| {
+        s.disk()
+            .unwrap()
+            .engine()
+            .record_cache()
+            .map(|c| c.misses)
+            .unwrap()
+    };
+    let before = engine_reads(&s);
+    forget_memory(&s);
+    for i in 0..300u64 {
+        let got = s.get(&format!("k{i}\u{1}")).unwrap().unwrap();
+        assert_eq!(got.body, body(i, 200), "k{i}");
+    }
+    assert!(s.get("absent\u{1}").unwrap().is_none());
+    assert_eq!(engine_reads(&s), before, "a lookup read sled");
+    // A removal and a new object are seen at once.
+    assert!(s.remove("k7\u{1}").unwrap());
+    s.put("new\u{1}", meta(60_000, &[]), body(9, 10)).unwrap();
+    forget_memory(&s);
+    assert!(s.get("k7\u{1}").unwrap().is_none());
+    assert_eq!(s.get("new\u{1}").unwrap().unwrap().body, body(9, 10));
+    assert_eq!(s.stats().disk_index_records, 300);
+}

@@ -306,6 +306,8 @@ pub struct Metrics {
     store_evictions: Family<TierLabel, CopiedCounter>,
     store_expired: CopiedCounter,
     store_write_errors: CopiedCounter,
+    store_disk_index_records: Gauge,
+    store_disk_index_bytes: Gauge,
 
     backend_requests: Family<BackendLabel, Counter>,
     backend_failures: Family<BackendLabel, Counter>,
@@ -394,6 +396,8 @@ impl Metrics {
             store_evictions: Family::default(),
             store_expired: CopiedCounter::default(),
             store_write_errors: CopiedCounter::default(),
+            store_disk_index_records: Gauge::default(),
+            store_disk_index_bytes: Gauge::default(),
             backend_requests: Family::default(),
             backend_failures: Family::default(),
             backend_connect_errors: Family::default(),
@@ -581,6 +585,16 @@ impl Metrics {
             "store_write_errors",
             "Store writes that failed (SMF c_fail)",
             self.store_write_errors.clone(),
+        );
+        r.register(
+            "store_disk_index_records",
+            "Disk-tier records held in memory (cache.disk_index_cache)",
+            self.store_disk_index_records.clone(),
+        );
+        r.register(
+            "store_disk_index_bytes",
+            "Bytes of the disk-tier records held in memory",
+            self.store_disk_index_bytes.clone(),
         );
         r.register(
             "backend_requests",
@@ -954,6 +968,9 @@ impl Metrics {
         }
         self.store_expired.set(s.expired_removed);
         self.store_write_errors.set(s.write_errors);
+        self.store_disk_index_records
+            .set(gauge(s.disk_index_records));
+        self.store_disk_index_bytes.set(gauge(s.disk_index_bytes));
     }
 
     /// This node's copy of the shared kv, read at scrape time.

@@ -112,6 +112,7 @@ impl DiskTier {
             self.usage.scanned_up_to(&k);
         }
         self.usage.scanned_all();
+        self.engine.all_records_read();
         let mut kv = 0u64;
         let legacy = kv_key(LEGACY_VARY_NS, "");
         let mut dropped = 0u64;

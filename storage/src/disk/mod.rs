@@ -148,6 +148,11 @@ impl DiskTier {
         self.engine.size_on_disk().unwrap_or(0)
     }
 
+    /// How the engine's in-memory record index is doing, if it has one.
+    pub(crate) fn index_stats(&self) -> Option<crate::engine::RecordCacheStats> {
+        self.engine.record_cache()
+    }
+
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity.load(Ordering::Relaxed)
     }

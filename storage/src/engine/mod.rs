@@ -5,10 +5,12 @@
 //! small adapter. Tests wrap the sled engine to inject write failures.
 
 mod chunk_files;
+mod record_cache;
 mod sled_engine;
 
 use std::ops::Deref;
 
+pub(crate) use record_cache::{RecordCache, RecordCacheStats};
 pub(crate) use sled_engine::open_sled;
 
 use crate::StoreError;
@@ -160,6 +162,14 @@ pub(crate) trait DiskEngine: Send + Sync {
     /// `stop` is set. Returns how many leftovers it deleted.
     fn sweep_orphans(&self, _stop: &std::sync::atomic::AtomicBool) -> Result<u64, StoreError> {
         Ok(0)
+    }
+    /// Every record of the `meta` tree has been read once through this
+    /// engine since it was opened (the recount after the open): an engine
+    /// that holds records in memory ([`RecordCache`]) then holds them all.
+    fn all_records_read(&self) {}
+    /// How an engine that holds records in memory is doing.
+    fn record_cache(&self) -> Option<RecordCacheStats> {
+        None
     }
     /// Makes all completed writes durable.
     fn flush(&self) -> Result<(), StoreError>;

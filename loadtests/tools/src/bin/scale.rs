@@ -8,6 +8,10 @@
 //!   open and after the lookups, then `--lookups` gets of random stored
 //!   keys (and a quarter as many absent keys), each timed: p50, p99, p99.9;
 //!   with `--settle`, only after the store's background count is done.
+//! * `inlay-scale memory --count N`: the same lookups against a
+//!   memory-only store holding `N` such objects: what a hash table in RAM
+//!   costs at that size, the floor for a disk tier whose index is in
+//!   memory.
 //!
 //! The memory tier is set to its minimum (64 KiB) so lookups measure the
 //! disk tier (sled's index and the chunk files); the share of memory hits
@@ -52,6 +56,19 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Fill a memory-only store with `count` small objects and time the
+    /// same lookups as `probe`.
+    Memory {
+        /// Number of objects.
+        #[arg(long)]
+        count: u64,
+        /// Timed lookups of stored keys.
+        #[arg(long, default_value_t = 20_000)]
+        lookups: u64,
+        /// Write the figures as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Reopen a filled disk tier and time the first hit and lookups.
     Probe {
         /// Directory of the disk tier.
@@ -63,10 +80,12 @@ enum Cmd {
         /// Timed lookups of stored keys.
         #[arg(long, default_value_t = 20_000)]
         lookups: u64,
-        /// sled's `cache_capacity` in MiB (absent: the store's default,
-        /// derived from `disk_bytes`, here 64 GiB: 1 GiB).
-        #[arg(long)]
-        sled_cache_mib: Option<u64>,
+        /// The disk tier's index memory in MiB (`cache.disk_index_cache`:
+        /// three quarters hold records in memory, one is sled's cache;
+        /// absent: the store's default, derived from `disk_bytes`, here
+        /// 64 GiB: 1 GiB).
+        #[arg(long, alias = "sled-cache-mib")]
+        index_cache_mib: Option<u64>,
         /// Time the lookups only after the store's background count (which
         /// reads every record once) has finished; prints how long it took.
         #[arg(long)]
@@ -129,16 +148,21 @@ fn run(args: Args, started: Instant) -> anyhow::Result<()> {
             threads,
             json,
         } => fill(dir, count, body, threads.max(1), json),
+        Cmd::Memory {
+            count,
+            lookups,
+            json,
+        } => memory(count, lookups, json),
         Cmd::Probe {
             dir,
             count,
             lookups,
-            sled_cache_mib,
+            index_cache_mib,
             settle,
             json,
         } => {
             let mut cfg = config(dir);
-            if let Some(mib) = sled_cache_mib {
+            if let Some(mib) = index_cache_mib {
                 cfg.disk_cache_bytes = mib << 20;
             }
             probe(cfg, count, lookups, settle, json, started)
@@ -230,6 +254,7 @@ fn probe(
         );
     }
     let sled_cache_bytes = cfg.sled_cache_bytes();
+    let record_cache_bytes = cfg.record_cache_bytes();
     let store = TieredStore::open(cfg).context("opening the store")?;
     let open_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut rng = SplitMix::new(0x5ca1e);
@@ -255,28 +280,9 @@ fn probe(
         None
     };
 
-    let mut present = Vec::with_capacity(lookups as usize);
-    let mut misses = 0u64;
-    for _ in 0..lookups {
-        let k = key(rng.below(count));
-        let t = Instant::now();
-        let got = store.get(&k)?;
-        present.push(t.elapsed());
-        misses += u64::from(got.is_none());
-    }
-    let mut absent = Vec::with_capacity((lookups / 4) as usize);
-    for _ in 0..lookups / 4 {
-        // Beyond the stored range: never stored.
-        let k = key(count + 1 + rng.below(1 << 40));
-        let t = Instant::now();
-        let got = store.get(&k)?;
-        absent.push(t.elapsed());
-        misses += u64::from(got.is_some());
-    }
+    let (p, a, misses) = time_lookups(&store, count, lookups, &mut rng)?;
     let after = ProcMemory::read("self")?;
     let stats = store.stats();
-    let p = Percentiles::of(&present);
-    let a = Percentiles::of(&absent);
     println!(
         "{count} objects: open {open_ms:.0} ms, first hit {first_hit_ms:.0} ms after main(); RSS after open {:.1} MiB, after lookups {:.1} MiB (VmHWM {:.1} MiB)",
         mib(after_open.rss_kib),
@@ -296,8 +302,22 @@ fn probe(
         stats.hits_memory,
         stats.hits_disk
     );
+    println!(
+        "  record index: {} records, {:.1} MiB of its {:.1} MiB, {} ({:.0} B per record); sled cache {:.1} MiB",
+        stats.disk_index_records,
+        stats.disk_index_bytes as f64 / (1 << 20) as f64,
+        record_cache_bytes as f64 / (1 << 20) as f64,
+        if stats.disk_index_complete {
+            "every record"
+        } else {
+            "not every record"
+        },
+        stats.disk_index_bytes as f64 / stats.disk_index_records.max(1) as f64,
+        sled_cache_bytes as f64 / (1 << 20) as f64,
+    );
     let doc = json!({
         "dir": dir, "count": count, "lookups": lookups, "sled_cache_bytes": sled_cache_bytes,
+        "record_cache_bytes": record_cache_bytes,
         "open_ms": open_ms, "first_hit_ms": first_hit_ms,
         "settle": settle, "counted_ms": counted_ms,
         "rss_after_open_kib": after_open.rss_kib, "rss_after_lookups_kib": after.rss_kib,
@@ -308,6 +328,78 @@ fn probe(
     write_json(json_out, &doc);
     if misses > 0 {
         bail!("{misses} lookups answered wrongly (a stored key missed or an absent one hit)");
+    }
+    Ok(())
+}
+
+/// `lookups` gets of random stored keys and a quarter as many of keys never
+/// stored, each timed; the percentiles of both and the wrong answers.
+fn time_lookups(
+    store: &TieredStore,
+    count: u64,
+    lookups: u64,
+    rng: &mut SplitMix,
+) -> anyhow::Result<(Percentiles, Percentiles, u64)> {
+    let mut present = Vec::with_capacity(lookups as usize);
+    let mut wrong = 0u64;
+    for _ in 0..lookups {
+        let k = key(rng.below(count));
+        let t = Instant::now();
+        let got = store.get(&k)?;
+        present.push(t.elapsed());
+        wrong += u64::from(got.is_none());
+    }
+    let mut absent = Vec::with_capacity((lookups / 4) as usize);
+    for _ in 0..lookups / 4 {
+        // Beyond the stored range: never stored.
+        let k = key(count + 1 + rng.below(1 << 40));
+        let t = Instant::now();
+        let got = store.get(&k)?;
+        absent.push(t.elapsed());
+        wrong += u64::from(got.is_some());
+    }
+    Ok((Percentiles::of(&present), Percentiles::of(&absent), wrong))
+}
+
+fn memory(count: u64, lookups: u64, json_out: Option<PathBuf>) -> anyhow::Result<()> {
+    if count == 0 {
+        bail!("--count must be at least 1");
+    }
+    let store = TieredStore::open(StoreConfig {
+        sweep_interval: Duration::from_secs(24 * 3600),
+        ..StoreConfig::memory_only(8 << 30)
+    })
+    .context("opening the store")?;
+    let data = Bytes::from(vec![b'a'; 200]);
+    for i in 0..count {
+        store.put(&key(i), meta(), data.clone())?;
+    }
+    let mem = ProcMemory::read("self")?;
+    let mut rng = SplitMix::new(0x5ca1e);
+    let (p, a, wrong) = time_lookups(&store, count, lookups, &mut rng)?;
+    let stats = store.stats();
+    println!(
+        "memory-only, {count} objects ({} held; RSS {:.1} MiB): hit lookups ({}): p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us; absent keys ({}): p50 {:.1} us, p99 {:.1} us; wrong answers {wrong}",
+        stats.memory_objects,
+        mib(mem.rss_kib),
+        p.count,
+        p.p50_us,
+        p.p99_us,
+        p.p999_us,
+        a.count,
+        a.p50_us,
+        a.p99_us,
+    );
+    write_json(
+        json_out,
+        &json!({
+            "count": count, "lookups": lookups, "rss_kib": mem.rss_kib,
+            "hit": p.to_json(), "absent": a.to_json(), "wrong_answers": wrong,
+            "stats": stats,
+        }),
+    );
+    if wrong > 0 {
+        bail!("{wrong} lookups answered wrongly");
     }
     Ok(())
 }
