@@ -4,9 +4,11 @@
 # Fills a disk tier with 1k and with $SCALE_COUNT (1M) small objects through
 # the storage crate's API (inlay-scale fill), then reopens each as a restart
 # would (inlay-scale probe): time from main() to the first hit, RSS per
-# object, lookup p50/p99 at both sizes. The 1M fill writes about 1.1 GB
-# (200 B bodies are inline in their records) and took 60 s on the shared
-# 2-core machine: run it once, not in a loop.
+# object, lookup p50/p99 at both sizes once the background count has read
+# every record (--settle), and the same lookups against a memory-only
+# store of as many objects (inlay-scale memory: the floor). The 1M fill
+# writes about 1.1 GB (200 B bodies are inline in their records) and took
+# 43 s on the shared 2-core machine: run it once, not in a loop.
 #
 #   SCALE_DIR    where the stores go (/tmp/inlay-scale; removed at the end
 #                unless SCALE_KEEP=1; an existing full store is reused)
@@ -33,7 +35,8 @@ for n in 1000 "$COUNT"; do
         touch "$store.filled"
     fi
     echo "scale: reopening $store"
-    "$BIN/inlay-scale" probe --dir "$store" --count "$n" --json "$OUT/probe-$n.json"
+    "$BIN/inlay-scale" probe --dir "$store" --count "$n" --settle --json "$OUT/probe-$n.json"
+    "$BIN/inlay-scale" memory --count "$n" --json "$OUT/memory-$n.json"
     echo "scale: on disk: $(du -sh "$store" | cut -f1)"
 done
 if [ "${SCALE_KEEP:-0}" != 1 ]; then

@@ -9,7 +9,6 @@ use clap::{Parser, Subcommand};
 use inlay_cache::{CacheStore, HttpCache};
 use inlay_runtime::{PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 use inlay_storage::{StoreConfig, StoreError, TieredStore};
-use tokio::net::TcpListener;
 use tracing::{error, info};
 
 use crate::access_log::AccessLog;
@@ -291,17 +290,16 @@ pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
     // The policy is compiled before we listen: a bad one stops start-up here.
     let proxy = Proxy::load(cfg).await?.reloading(args)?;
     let mut listeners = Vec::new();
+    let backlog = proxy.config().server.listen_backlog;
     for addr in &proxy.config().server.listen {
-        let l = TcpListener::bind(addr)
-            .await
+        let l = crate::server::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on {addr}"))?;
         // Tests and scripts read this line to learn the port of `-a 127.0.0.1:0`.
         info!("listening on http://{}", l.local_addr()?);
         listeners.push(Listener::plain(l));
     }
     for addr in &proxy.config().server.listen_tls {
-        let l = TcpListener::bind(addr)
-            .await
+        let l = crate::server::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on https://{addr}"))?;
         info!("listening on https://{}", l.local_addr()?);
         listeners.push(Listener::tls(l, proxy.tls().clone()));

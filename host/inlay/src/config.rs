@@ -95,6 +95,9 @@ pub struct ServerConfig {
     /// most (each for `header_read_timeout`, the oldest closed first for a
     /// new one); zero closes them at once.
     pub tarpit_max: usize,
+    /// The kernel's queue of connections not yet accepted, per listener
+    /// (`listen(2)`'s backlog; Linux caps it at `net.core.somaxconn`).
+    pub listen_backlog: u32,
     /// A client must send its whole request head within this time.
     pub header_read_timeout: Duration,
     /// A connection with no traffic and no request in flight is closed after this.
@@ -1189,6 +1192,7 @@ impl Reader {
                 "max_connections",
                 "max_connections_per_client",
                 "tarpit_max",
+                "listen_backlog",
                 "header_read_timeout",
                 "idle_timeout",
                 "busy_idle_timeout",
@@ -1273,6 +1277,7 @@ impl Reader {
                 1_000_000,
             ) as usize,
             tarpit_max: self.uint(t, p, "tarpit_max", 1024, 0, 1_000_000) as usize,
+            listen_backlog: self.uint(t, p, "listen_backlog", 1024, 1, 65_535) as u32,
             header_read_timeout: self.duration(
                 t,
                 p,
@@ -2437,6 +2442,20 @@ mod tests {
             panic!("accepted")
         };
         assert_eq!(issues[0].path, "server.tcp_notsent_lowat", "{issues:?}");
+    }
+
+    #[test]
+    fn listen_backlog_has_a_default_and_bounds() {
+        let backend = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n";
+        assert_eq!(Config::embedded_default().server.listen_backlog, 1024);
+        for bad in ["0", "65536", "\"big\""] {
+            let err = Config::from_toml(&format!("[server]\nlisten_backlog = {bad}\n{backend}"))
+                .unwrap_err();
+            let ConfigError::Invalid(issues) = err else {
+                panic!("{bad}: {err:?}");
+            };
+            assert_eq!(issues[0].path, "server.listen_backlog", "{bad}: {issues:?}");
+        }
     }
 
     #[test]

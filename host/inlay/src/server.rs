@@ -27,6 +27,23 @@ use crate::config::{Config, ServerConfig};
 use crate::pipeline::Pipeline;
 use crate::tls::Tls;
 
+/// A listening socket on `addr` whose kernel queue of connections not yet
+/// accepted holds `backlog` (`server.listen_backlog`; Linux caps it at
+/// `net.core.somaxconn`). tokio's own `TcpListener::bind` asks for 128, as
+/// the standard library does: under a connection flood that queue filled
+/// between two turns of the accept loop and the kernel dropped the SYNs of
+/// normal clients, who then waited a whole second for their retransmit.
+pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// The pipeline generation new requests get; a config reload swaps it.
 pub type Generations = arc_swap::ArcSwap<Pipeline>;
 
@@ -137,8 +154,14 @@ pub async fn run(
     }
 }
 
-/// How often the connections held in the tarpit are looked at.
-const TARPIT_SWEEP: Duration = Duration::from_millis(250);
+/// Connections an accept loop takes before it lets other tasks run.
+const ACCEPTS_PER_TURN: u32 = 8;
+
+/// How often the connections held in the tarpit are looked at. Often: the
+/// clients closed by one sweep come back at once, and every 250 ms that
+/// was a burst of a few hundred connections for the accept loop, milliseconds
+/// during which a normal client's new connection waited behind them.
+const TARPIT_SWEEP: Duration = Duration::from_millis(10);
 
 /// How often an accept loop that waits for a free connection slot looks
 /// whether a reload raised `max_connections`.
@@ -168,6 +191,7 @@ async fn accept_loop(
 ) {
     let Listener { tcp: listener, tls } = listener;
     let mut deferred = None;
+    let mut backlog = None;
     // The limits are read again after each wait: a reload may come while
     // this loop waits for a slot or for a client.
     let mut follow = || {
@@ -177,9 +201,24 @@ async fn accept_loop(
             deferred = Some(config.server.defer_accept);
             defer_accept(&listener, config.server.defer_accept);
         }
+        if backlog != Some(config.server.listen_backlog) {
+            // The first time, the listener already has it (`bind`).
+            if backlog.is_some() {
+                relisten(&listener, config.server.listen_backlog);
+            }
+            backlog = Some(config.server.listen_backlog);
+        }
         config
     };
+    let mut accepted = 0u32;
     loop {
+        // A flood of connections keeps the listener ready: every few
+        // accepts, the connections already accepted get their turn (a
+        // normal client's request waited for a hundred refusals).
+        accepted = accepted.wrapping_add(1);
+        if accepted.is_multiple_of(ACCEPTS_PER_TURN) {
+            tokio::task::yield_now().await;
+        }
         // Wait for a free slot before accepting: excess clients wait in the
         // kernel's backlog instead of costing us memory.
         let permit = free_slot(&admission, &mut follow).await;
@@ -447,12 +486,16 @@ async fn serve_connection<I>(
     let busy_idle = idle.min(limits.busy_idle_timeout);
     // Fewer free slots than this: idle connections go after `busy_idle`.
     let reserve = (limits.max_connections / 10).max(1);
-    let mut tick = tokio::time::interval(
-        busy_idle
-            .min(limits.idle_send_timeout)
-            .min(Duration::from_secs(1))
-            .max(Duration::from_millis(10)),
-    );
+    let period = busy_idle
+        .min(limits.idle_send_timeout)
+        .min(Duration::from_secs(1))
+        .max(Duration::from_millis(10));
+    // Each connection checks at a phase of its own: connections accepted
+    // in one burst (a flood) ticked in the same millisecond, a few
+    // thousand wake-ups at once on the thread that also accepts and
+    // answers everyone.
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + phase(peer, period), period);
     let mut closing = false;
     loop {
         tokio::select! {
@@ -490,6 +533,18 @@ async fn serve_connection<I>(
             }
         }
     }
+}
+
+/// A point within `period` that differs from one connection to the next
+/// (the peer's address and the clock, mixed).
+fn phase(peer: SocketAddr, period: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    thread_local! {
+        static SEED: RandomState = RandomState::new();
+    }
+    let h = SEED.with(|s| s.hash_one((peer, Instant::now())));
+    let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX).max(1);
+    Duration::from_micros(h % period_us)
 }
 
 /// `server.send_timeout` and `server.idle_send_timeout`.
@@ -788,10 +843,17 @@ impl Admission {
 /// it is closed. At most `server.tarpit_max` are held (the oldest is
 /// closed for a new one; zero closes refused connections at once), so the
 /// descriptors it takes stay bounded.
+///
+/// Held connections are out of the reactor (nothing is read from them),
+/// and they are closed by a thread of their own ([`Closer`]): on loopback
+/// a `close` also runs the peer's side of the FIN, and the sweep closed a
+/// few hundred at a time on the thread that accepts and answers everyone,
+/// a stall of milliseconds four times a second.
 struct Tarpit {
-    held: std::sync::Mutex<std::collections::VecDeque<(Instant, TcpStream)>>,
+    held: std::sync::Mutex<std::collections::VecDeque<(Instant, std::net::TcpStream)>>,
     /// `server.tarpit_max`, followed at every accept.
     max: AtomicUsize,
+    closer: Closer,
 }
 
 impl Tarpit {
@@ -799,6 +861,7 @@ impl Tarpit {
         Self {
             held: std::sync::Mutex::default(),
             max: AtomicUsize::new(max),
+            closer: Closer::start(),
         }
     }
 
@@ -806,27 +869,133 @@ impl Tarpit {
     /// tarpit).
     fn hold(&self, stream: TcpStream, until: Instant) {
         let max = self.max.load(Ordering::Relaxed);
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        // A lowered bound is applied here, oldest first.
-        while !held.is_empty() && held.len() >= max {
-            held.pop_front();
+        let Ok(stream) = stream.into_std() else {
+            return;
+        };
+        let mut gone = Vec::new();
+        {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            // A lowered bound is applied here, oldest first.
+            while !held.is_empty() && held.len() >= max {
+                gone.extend(held.pop_front().map(|(_, s)| s));
+            }
+            if max > 0 {
+                held.push_back((until, stream));
+            } else {
+                gone.push(stream);
+            }
         }
-        if max > 0 {
-            held.push_back((until, stream));
-        }
+        self.closer.close(gone);
     }
 
     /// Close the connections held past their time.
     fn sweep(&self, now: Instant) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        while held.front().is_some_and(|(until, _)| *until <= now) {
-            held.pop_front();
+        let mut gone = Vec::new();
+        {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            while held.front().is_some_and(|(until, _)| *until <= now) {
+                gone.extend(held.pop_front().map(|(_, s)| s));
+            }
         }
+        self.closer.close(gone);
     }
 
     /// Close every connection held (at shutdown).
     fn clear(&self) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let gone = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+        self.closer
+            .close(gone.into_iter().map(|(_, s)| s).collect());
+    }
+}
+
+/// Closes connections on a thread of its own, off the runtime's workers,
+/// at the lowest priority (nice 19): it runs when the workers wait.
+/// What it has not closed yet is bounded ([`CLOSER_BACKLOG`]); past that
+/// (or if the thread could not start) the caller closes them itself, so
+/// descriptors never pile up.
+struct Closer {
+    shared: Option<Arc<CloserQueue>>,
+}
+
+#[derive(Default)]
+struct CloserQueue {
+    pending: std::sync::Mutex<Vec<std::net::TcpStream>>,
+    ready: std::sync::Condvar,
+    /// Set when the tarpit is dropped: the thread closes what is left and ends.
+    done: std::sync::atomic::AtomicBool,
+}
+
+/// Connections waiting for the closing thread at most (as many as the
+/// default tarpit holds: refused connections take at most twice
+/// `server.tarpit_max` descriptors).
+const CLOSER_BACKLOG: usize = 1024;
+
+impl Closer {
+    fn start() -> Self {
+        let shared = Arc::new(CloserQueue::default());
+        let queue = shared.clone();
+        let started = std::thread::Builder::new()
+            .name("inlay-closer".into())
+            .spawn(move || {
+                idle_priority();
+                loop {
+                    let batch = {
+                        let mut pending = queue.pending.lock().unwrap_or_else(|e| e.into_inner());
+                        while pending.is_empty() && !queue.done.load(Ordering::Acquire) {
+                            pending = queue.ready.wait(pending).unwrap_or_else(|e| e.into_inner());
+                        }
+                        std::mem::take(&mut *pending)
+                    };
+                    if batch.is_empty() {
+                        return;
+                    }
+                    drop(batch);
+                }
+            });
+        match started {
+            Ok(_) => Self {
+                shared: Some(shared),
+            },
+            Err(error) => {
+                warn!(%error, "cannot start the thread that closes refused connections; the accept loop closes them");
+                Self { shared: None }
+            }
+        }
+    }
+
+    fn close(&self, batch: Vec<std::net::TcpStream>) {
+        if batch.is_empty() {
+            return;
+        }
+        let Some(queue) = &self.shared else {
+            return;
+        };
+        let mut pending = queue.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.len() + batch.len() > CLOSER_BACKLOG {
+            drop(pending);
+            // Closed here, now: the thread is that far behind.
+            drop(batch);
+            return;
+        }
+        let was_empty = pending.is_empty();
+        pending.extend(batch);
+        drop(pending);
+        if was_empty {
+            queue.ready.notify_one();
+        }
+    }
+}
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        if let Some(queue) = &self.shared {
+            // Under the lock: the thread cannot be between its check and
+            // its wait.
+            let pending = queue.pending.lock().unwrap_or_else(|e| e.into_inner());
+            queue.done.store(true, Ordering::Release);
+            drop(pending);
+            queue.ready.notify_one();
+        }
     }
 }
 
@@ -1337,6 +1506,57 @@ mod tests {
         assert!(next.unless_owed().is_some());
     }
 
+    /// Connections accepted in one burst must not all wake in the same
+    /// millisecond for their idle checks.
+    #[test]
+    fn connections_check_their_timers_at_phases_of_their_own() {
+        let period = Duration::from_secs(1);
+        let phases: std::collections::HashSet<Duration> = (0..64u16)
+            .map(|i| phase(SocketAddr::from(([127, 0, 0, 1], 40_000 + i)), period))
+            .collect();
+        assert!(phases.iter().all(|p| *p < period), "{phases:?}");
+        assert!(phases.len() > 48, "{} distinct phases of 64", phases.len());
+    }
+
+    /// How many of `n` connections to `listener`, none of them accepted,
+    /// complete their handshake within a second each.
+    async fn queued(listener: &TcpListener, n: usize) -> (usize, Vec<TcpStream>) {
+        let addr = listener.local_addr().unwrap();
+        let mut open = Vec::new();
+        for _ in 0..n {
+            match tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => open.push(s),
+                // A dropped SYN: the next try comes a second later.
+                _ => break,
+            }
+        }
+        (open.len(), open)
+    }
+
+    /// A flood of connections arriving faster than they are accepted waits
+    /// in the kernel's queue: with tokio's default backlog (128) the SYNs
+    /// past it were dropped and each such client lost a second.
+    #[tokio::test]
+    async fn the_listen_backlog_queues_a_burst_of_connections_and_a_reload_resizes_it() {
+        let listener = bind("127.0.0.1:0".parse().unwrap(), 600).unwrap();
+        let (n, held) = queued(&listener, 500).await;
+        assert_eq!(n, 500, "connections queued before the first accept");
+        drop(held);
+        // `server.listen_backlog` lowered, then raised by reloads: a second
+        // listen(2) on the open listener.
+        let small = bind("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let (n, held) = queued(&small, 100).await;
+        assert!(n < 100, "a backlog of 16 queued {n} connections");
+        drop(held);
+        while tokio::time::timeout(Duration::from_millis(50), small.accept())
+            .await
+            .is_ok()
+        {}
+        relisten(&small, 600);
+        let (n, _held) = queued(&small, 500).await;
+        assert_eq!(n, 500, "after the reload");
+    }
+
     /// A connected pair: the client's end and the server's.
     async fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
         let client = TcpStream::connect(listener.local_addr().unwrap());
@@ -1344,11 +1564,19 @@ mod tests {
         (client.unwrap(), server.unwrap().0)
     }
 
-    /// Whether the server closed `client`'s connection (EOF or reset).
+    /// Whether the server closed `client` (EOF or reset; within 2 s: the tarpit's
+    /// closes run on a thread of their own).
     async fn closed(client: &mut TcpStream) -> bool {
         let mut b = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_millis(200), client.read(&mut b));
+        let read = tokio::time::timeout(Duration::from_secs(2), client.read(&mut b));
         matches!(read.await, Ok(Ok(0) | Err(_)))
+    }
+
+    /// Whether `client` is still open 200 ms on.
+    async fn open(client: &mut TcpStream) -> bool {
+        let mut b = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(200), client.read(&mut b));
+        read.await.is_err()
     }
 
     #[tokio::test]
@@ -1362,24 +1590,24 @@ mod tests {
         let (mut third, s3) = pair(&listener).await;
         tarpit.hold(s1, now + Duration::from_millis(1));
         tarpit.hold(s2, later);
-        assert!(!closed(&mut first).await, "held, not closed at once");
+        assert!(open(&mut first).await, "held, not closed at once");
         // Past its time, the sweep closes it; the other stays.
         tarpit.sweep(now + Duration::from_secs(1));
         assert!(closed(&mut first).await);
-        assert!(!closed(&mut second).await);
+        assert!(open(&mut second).await);
         // Full: the oldest goes for a new one.
         tarpit.hold(s3, later);
         let (mut fourth, s4) = pair(&listener).await;
         tarpit.hold(s4, later);
         assert!(closed(&mut second).await, "the oldest of a full tarpit");
-        assert!(!closed(&mut third).await && !closed(&mut fourth).await);
+        assert!(open(&mut third).await && open(&mut fourth).await);
         // A lowered bound (`server.tarpit_max` after a reload) closes the
         // oldest at the next hold; zero holds nothing.
         tarpit.max.store(1, Ordering::Relaxed);
         let (mut fifth, s5) = pair(&listener).await;
         tarpit.hold(s5, later);
         assert!(closed(&mut third).await && closed(&mut fourth).await);
-        assert!(!closed(&mut fifth).await);
+        assert!(open(&mut fifth).await);
         tarpit.max.store(0, Ordering::Relaxed);
         let (mut sixth, s6) = pair(&listener).await;
         tarpit.hold(s6, later);
@@ -1583,6 +1811,54 @@ fn defer_accept(listener: &TcpListener, wait: Duration) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (listener, wait);
+}
+
+/// Gives the calling thread the lowest priority (nice 19): the closes it
+/// makes then wait for the runtime's workers instead of taking slices of a
+/// millisecond and more from the thread that accepts and answers everyone
+/// (measured at a fair share), yet it still gets a little CPU when the
+/// workers never rest, so what it holds is closed.
+fn idle_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return integers only; on
+        // Linux the nice value of PRIO_PROCESS with a thread id is that
+        // thread's.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19)
+        };
+        if rc != 0 {
+            let error = io::Error::last_os_error();
+            debug!(%error, "cannot lower the closing thread's priority");
+        }
+    }
+}
+
+/// A new backlog for a listening socket (`server.listen_backlog` after a
+/// reload): Linux applies a second `listen(2)` to the open listener.
+fn relisten(listener: &TcpListener, backlog: u32) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+        // SAFETY: listen takes a descriptor the listener owns for the
+        // duration of the call and an integer; no memory is passed.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::listen(listener.as_raw_fd(), backlog) };
+        if rc == 0 {
+            info!(
+                backlog,
+                "server.listen_backlog applied to the open listener"
+            );
+        } else {
+            let error = io::Error::last_os_error();
+            warn!(%error, "cannot apply server.listen_backlog to the open listener");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (listener, backlog);
 }
 
 /// Sets the `IPPROTO_TCP` option `option` of `socket` to `value`.
