@@ -535,14 +535,11 @@ async fn serve_connection<I>(
     }
 }
 
-/// A point within `period` that differs from one connection to the next
-/// (the peer's address and the clock, mixed).
+/// A point within `period` that differs from one connection to the next.
 fn phase(peer: SocketAddr, period: Duration) -> Duration {
     use std::hash::{BuildHasher, RandomState};
-    thread_local! {
-        static SEED: RandomState = RandomState::new();
-    }
-    let h = SEED.with(|s| s.hash_one((peer, Instant::now())));
+    // Each `RandomState` has keys of its own.
+    let h = RandomState::new().hash_one(peer);
     let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX).max(1);
     Duration::from_micros(h % period_us)
 }
@@ -919,10 +916,15 @@ struct Closer {
 
 #[derive(Default)]
 struct CloserQueue {
-    pending: std::sync::Mutex<Vec<std::net::TcpStream>>,
+    pending: std::sync::Mutex<Pending>,
     ready: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    streams: Vec<std::net::TcpStream>,
     /// Set when the tarpit is dropped: the thread closes what is left and ends.
-    done: std::sync::atomic::AtomicBool,
+    done: bool,
 }
 
 /// Connections waiting for the closing thread at most (as many as the
@@ -930,28 +932,37 @@ struct CloserQueue {
 /// `server.tarpit_max` descriptors).
 const CLOSER_BACKLOG: usize = 1024;
 
+impl CloserQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The closing thread: closes what is queued until the tarpit is gone.
+    fn run(&self) {
+        idle_priority();
+        loop {
+            let (batch, done) = {
+                let mut pending = self.lock();
+                while pending.streams.is_empty() && !pending.done {
+                    pending = self.ready.wait(pending).unwrap_or_else(|e| e.into_inner());
+                }
+                (std::mem::take(&mut pending.streams), pending.done)
+            };
+            drop(batch);
+            if done {
+                return;
+            }
+        }
+    }
+}
+
 impl Closer {
     fn start() -> Self {
         let shared = Arc::new(CloserQueue::default());
         let queue = shared.clone();
         let started = std::thread::Builder::new()
             .name("inlay-closer".into())
-            .spawn(move || {
-                idle_priority();
-                loop {
-                    let batch = {
-                        let mut pending = queue.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        while pending.is_empty() && !queue.done.load(Ordering::Acquire) {
-                            pending = queue.ready.wait(pending).unwrap_or_else(|e| e.into_inner());
-                        }
-                        std::mem::take(&mut *pending)
-                    };
-                    if batch.is_empty() {
-                        return;
-                    }
-                    drop(batch);
-                }
-            });
+            .spawn(move || queue.run());
         match started {
             Ok(_) => Self {
                 shared: Some(shared),
@@ -963,22 +974,20 @@ impl Closer {
         }
     }
 
+    /// Closes `batch` on the closing thread, or here when it is too far
+    /// behind (or missing).
     fn close(&self, batch: Vec<std::net::TcpStream>) {
-        if batch.is_empty() {
-            return;
-        }
-        let Some(queue) = &self.shared else {
+        let Some(queue) = self.shared.as_ref().filter(|_| !batch.is_empty()) else {
             return;
         };
-        let mut pending = queue.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if pending.len() + batch.len() > CLOSER_BACKLOG {
-            drop(pending);
-            // Closed here, now: the thread is that far behind.
-            drop(batch);
+        let mut pending = queue.lock();
+        if pending.streams.len() + batch.len() > CLOSER_BACKLOG {
+            // Closed here as `batch` drops, after the lock: the thread is
+            // that far behind.
             return;
         }
-        let was_empty = pending.is_empty();
-        pending.extend(batch);
+        let was_empty = pending.streams.is_empty();
+        pending.streams.extend(batch);
         drop(pending);
         if was_empty {
             queue.ready.notify_one();
@@ -989,11 +998,7 @@ impl Closer {
 impl Drop for Closer {
     fn drop(&mut self) {
         if let Some(queue) = &self.shared {
-            // Under the lock: the thread cannot be between its check and
-            // its wait.
-            let pending = queue.pending.lock().unwrap_or_else(|e| e.into_inner());
-            queue.done.store(true, Ordering::Release);
-            drop(pending);
+            queue.lock().done = true;
             queue.ready.notify_one();
         }
     }

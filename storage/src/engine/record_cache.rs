@@ -86,13 +86,14 @@ pub(crate) struct RecordCache {
     records:
         Cache<Box<[u8]>, sled::IVec, RecordWeight, quick_cache::DefaultHashBuilder, EvictionFlag>,
     stripes: Box<[Stripe]>,
-    /// Set by an eviction, a write that failed or a record too heavy to
-    /// hold: the cache may miss a record the engine has.
+    /// Set by an eviction (quick_cache also reports a record too heavy to
+    /// hold as one) or a write that failed: the cache may miss a record the
+    /// engine has.
     incomplete: Arc<AtomicBool>,
     /// Set once the recount has read every record through this cache.
     filled: AtomicBool,
-    /// Lookups answered from memory, and those that went to the engine.
-    hits: AtomicU64,
+    /// Lookups that went to the engine (the slow path only: the hits cost
+    /// no shared write).
     misses: AtomicU64,
 }
 
@@ -101,7 +102,6 @@ pub(crate) struct RecordCache {
 pub(crate) struct RecordCacheStats {
     pub(crate) records: u64,
     pub(crate) bytes: u64,
-    pub(crate) hits: u64,
     pub(crate) misses: u64,
     pub(crate) complete: bool,
 }
@@ -129,7 +129,6 @@ impl RecordCache {
                 .collect(),
             incomplete,
             filled: AtomicBool::new(false),
-            hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
     }
@@ -143,41 +142,35 @@ impl RecordCache {
         self.filled.load(Ordering::Acquire) && !self.incomplete.load(Ordering::Relaxed)
     }
 
+    /// Holds `value` under `key`. A record heavier than quick_cache admits
+    /// replaces nothing: quick_cache drops the key's old value and reports
+    /// both as evicted, which clears complete mode.
     fn hold(&self, key: &[u8], value: sled::IVec) {
-        let weight = key.len() as u64 + value.len() as u64 + ENTRY_OVERHEAD;
-        // quick_cache refuses (through `on_evict`) what is heavier than a
-        // shard; the flag then says the cache misses it.
-        if weight > self.records.capacity() {
-            self.records.remove(key);
-            self.incomplete.store(true, Ordering::Relaxed);
-            return;
-        }
         self.records.insert(key.into(), value);
     }
 
     /// Runs `write` on a record under its stripe's lock and brings the
-    /// cache in line: `Some(after)` is what the key holds when `write`
-    /// succeeded (`None` inside: removed); `after` is ignored on failure,
-    /// when the cache forgets the key.
+    /// cache in line with what it says the key holds after it; on failure
+    /// the cache forgets the key.
     fn write<T>(
         &self,
         key: &[u8],
-        write: impl FnOnce() -> Result<(T, Option<Option<sled::IVec>>), StoreError>,
+        write: impl FnOnce() -> Result<(T, After), StoreError>,
     ) -> Result<T, StoreError> {
         let stripe = self.stripe(key);
         let _g = stripe.write.lock();
         let r = write();
         stripe.epoch.fetch_add(1, Ordering::AcqRel);
         match r {
-            Ok((out, Some(Some(value)))) => {
+            Ok((out, After::Holds(value))) => {
                 self.hold(key, value);
                 Ok(out)
             }
-            Ok((out, Some(None))) => {
+            Ok((out, After::Gone)) => {
                 self.records.remove(key);
                 Ok(out)
             }
-            Ok((out, None)) => Ok(out),
+            Ok((out, After::Unchanged)) => Ok(out),
             Err(e) => {
                 // The engine may or may not hold the write.
                 self.records.remove(key);
@@ -189,11 +182,9 @@ impl RecordCache {
 
     fn get_record(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
         if let Some(v) = self.records.get(key) {
-            self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(Value::Sled(v)));
         }
         if self.complete() {
-            self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
@@ -237,9 +228,12 @@ fn stripe_of(key: &[u8]) -> usize {
     (h as usize) & (STRIPES - 1)
 }
 
-/// The value a write leaves, as the cache holds it.
-fn held(value: &[u8]) -> sled::IVec {
-    sled::IVec::from(value)
+/// What a write of a record leaves under its key.
+enum After {
+    Holds(sled::IVec),
+    Gone,
+    /// Nothing was written (a refused compare-and-swap).
+    Unchanged,
 }
 
 impl DiskEngine for RecordCache {
@@ -256,7 +250,7 @@ impl DiskEngine for RecordCache {
         }
         self.write(key, || {
             let old = self.inner.insert(tree, key, value)?;
-            Ok((old, Some(Some(held(value)))))
+            Ok((old, After::Holds(value.into())))
         })
     }
 
@@ -266,7 +260,7 @@ impl DiskEngine for RecordCache {
         }
         self.write(key, || {
             let old = self.inner.remove(tree, key)?;
-            Ok((old, Some(None)))
+            Ok((old, After::Gone))
         })
     }
 
@@ -282,8 +276,12 @@ impl DiskEngine for RecordCache {
         }
         self.write(key, || {
             let swapped = self.inner.compare_and_swap(tree, key, old, new)?;
-            // Refused: the engine is unchanged, and so is the cache.
-            let after = swapped.then(|| new.map(held));
+            let after = match (swapped, new) {
+                // Refused: the engine is unchanged, and so is the cache.
+                (false, _) => After::Unchanged,
+                (true, Some(new)) => After::Holds(new.into()),
+                (true, None) => After::Gone,
+            };
             Ok((swapped, after))
         })
     }
@@ -317,7 +315,6 @@ impl DiskEngine for RecordCache {
         Some(RecordCacheStats {
             records: self.records.len() as u64,
             bytes: self.records.weight(),
-            hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             complete: self.complete(),
         })
