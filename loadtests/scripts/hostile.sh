@@ -22,8 +22,8 @@ BIN=${BIN:-target/release}
 OUT=${OUT:-loadtests/reports/hostile}
 TIMEOUT=${HOSTILE_TIMEOUT:-300}
 # 10k idle connections plus the other attacks: Inlay and the attacker each
-# need more than 10k descriptors. Inlay does not raise its own
-# RLIMIT_NOFILE: it inherits this shell's soft limit.
+# need more than 10k descriptors. Inlay raises its own soft limit (up to
+# the hard one) to what its [server] limits need.
 NOFILE=${HOSTILE_NOFILE:-16384}
 
 for b in inlay inlay-origin inlay-hostile; do

@@ -9,13 +9,14 @@ use clap::{Parser, Subcommand};
 use inlay_cache::{CacheStore, HttpCache};
 use inlay_runtime::{PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 use inlay_storage::{StoreConfig, StoreError, TieredStore};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
 use crate::cluster::Cluster;
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::metrics::Metrics;
+use crate::open_files::Shortfall;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, log_replay_stats};
 use crate::server::Listener;
@@ -289,8 +290,20 @@ pub fn set_log_level(level: &str) -> Result<(), String> {
 pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
     // The policy is compiled before we listen: a bad one stops start-up here.
     let proxy = Proxy::load(cfg).await?.reloading(args)?;
+    let server = &proxy.config().server;
+    match crate::open_files::raise(server) {
+        Ok(limit) => {
+            info!(limit, "open-file limit");
+            match crate::open_files::shortfall(server, limit) {
+                Some(Shortfall::Clients(w)) => warn!("{w}"),
+                Some(Shortfall::Tarpit(note)) => info!("{note}"),
+                None => {}
+            }
+        }
+        Err(error) => warn!(%error, "cannot read or raise the open-file limit"),
+    }
     let mut listeners = Vec::new();
-    let backlog = proxy.config().server.listen_backlog;
+    let backlog = server.listen_backlog;
     for addr in &proxy.config().server.listen {
         let l = crate::server::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on {addr}"))?;

@@ -93,7 +93,8 @@ pub struct ServerConfig {
     pub max_connections_per_client: usize,
     /// Connections refused for `max_connections_per_client` held unread at
     /// most (each for `header_read_timeout`, the oldest closed first for a
-    /// new one); zero closes them at once.
+    /// new one); zero closes them at once. Fewer when the open-file limit
+    /// has no room for them beside `max_connections` ([`crate::open_files`]).
     pub tarpit_max: usize,
     /// The kernel's queue of connections not yet accepted, per listener
     /// (`listen(2)`'s backlog; Linux caps it at `net.core.somaxconn`).
@@ -1276,7 +1277,7 @@ impl Reader {
                 0,
                 1_000_000,
             ) as usize,
-            tarpit_max: self.uint(t, p, "tarpit_max", 1024, 0, 1_000_000) as usize,
+            tarpit_max: self.uint(t, p, "tarpit_max", 10_000, 0, 1_000_000) as usize,
             listen_backlog: self.uint(t, p, "listen_backlog", 1024, 1, 65_535) as u32,
             header_read_timeout: self.duration(
                 t,
@@ -1291,7 +1292,7 @@ impl Reader {
                 "busy_idle_timeout",
                 Duration::from_secs(1),
             ),
-            defer_accept: self.duration(t, p, "defer_accept", Duration::from_secs(5)),
+            defer_accept: self.duration(t, p, "defer_accept", Duration::from_secs(3)),
             tcp_notsent_lowat,
             send_timeout: self.positive_duration(t, p, "send_timeout", Duration::from_secs(600)),
             idle_send_timeout: self.positive_duration(
@@ -2461,7 +2462,7 @@ mod tests {
     #[test]
     fn tarpit_max_has_a_default_and_a_bound() {
         let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
-        assert_eq!(Config::embedded_default().server.tarpit_max, 1024);
+        assert_eq!(Config::embedded_default().server.tarpit_max, 10_000);
         let s = Config::from_toml(&format!("[server]\ntarpit_max = 0\n{backend}"))
             .unwrap()
             .server;

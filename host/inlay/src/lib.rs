@@ -24,6 +24,7 @@ pub mod codec;
 pub mod config;
 pub mod manpage;
 pub mod metrics;
+pub mod open_files;
 pub mod pipeline;
 pub mod policy_services;
 pub mod proxy_protocol;

@@ -16,7 +16,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use inlay_core::body::ProxyBody;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -189,7 +190,24 @@ async fn accept_loop(
     connections: TaskTracker,
     stop: CancellationToken,
 ) {
-    let Listener { tcp: listener, tls } = listener;
+    let Listener { tcp, tls } = listener;
+    // Accepted here without tokio's `accept`, which registers every new
+    // connection with the reactor: a refused one never is (it went in and
+    // out again, two `epoll_ctl` calls for each connection of a flood).
+    let registered = tcp.into_std().and_then(|l| {
+        // SAFETY: a std listener owns its descriptor: it stays open, the
+        // same one, until the AsyncFd drops the listener with it.
+        #[allow(unsafe_code)]
+        let fd = unsafe { AsyncFd::register_with_interest(l, Interest::READABLE) };
+        fd.map_err(io::Error::from)
+    });
+    let listener = match registered {
+        Ok(l) => l,
+        Err(error) => {
+            warn!(%error, "cannot watch the listener; it accepts nothing");
+            return;
+        }
+    };
     let mut deferred = None;
     let mut backlog = None;
     // The limits are read again after each wait: a reload may come while
@@ -199,12 +217,12 @@ async fn accept_loop(
         admission.follow(&config.server);
         if deferred != Some(config.server.defer_accept) {
             deferred = Some(config.server.defer_accept);
-            defer_accept(&listener, config.server.defer_accept);
+            defer_accept(listener.get_ref(), config.server.defer_accept);
         }
         if backlog != Some(config.server.listen_backlog) {
             // The first time, the listener already has it (`bind`).
             if backlog.is_some() {
-                relisten(&listener, config.server.listen_backlog);
+                relisten(listener.get_ref(), config.server.listen_backlog);
             }
             backlog = Some(config.server.listen_backlog);
         }
@@ -222,10 +240,25 @@ async fn accept_loop(
         // Wait for a free slot before accepting: excess clients wait in the
         // kernel's backlog instead of costing us memory.
         let permit = free_slot(&admission, &mut follow).await;
-        let (stream, peer) = match listener.accept().await {
+        let (stream, peer) = match accept(&listener).await {
             Ok(x) => x,
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
+                // Out of descriptors: refused connections give theirs back
+                // first, so that they never keep a client out.
+                if out_of_descriptors(&e) {
+                    let shed = admission.tarpit.shed(SHED_ON_EMFILE);
+                    if shed > 0 {
+                        if let Some(more) = SHED_WARNINGS.admit() {
+                            warn!(
+                                closed = shed,
+                                suppressed = more,
+                                "out of descriptors: refused connections held in the tarpit closed early"
+                            );
+                        }
+                        continue;
+                    }
+                }
+                // Otherwise back off instead of spinning.
                 warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -260,6 +293,17 @@ async fn accept_loop(
                 continue;
             };
             Some(slot)
+        };
+        // Admitted: now it joins the reactor.
+        let stream = match stream
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(stream))
+        {
+            Ok(s) => s,
+            Err(error) => {
+                debug!(%peer, %error, "cannot register an accepted connection; closed");
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         notsent_lowat(&stream, config.server.tcp_notsent_lowat);
@@ -324,6 +368,28 @@ async fn accept_loop(
             drop(permit);
         });
     }
+}
+
+/// One connection from `listener`, as a std stream in blocking mode: not
+/// registered with the reactor, and not to be read before it is.
+async fn accept(
+    listener: &AsyncFd<std::net::TcpListener>,
+) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    loop {
+        let mut ready = listener.readable().await?;
+        if let Ok(accepted) = ready.try_io(|l| l.get_ref().accept()) {
+            return accepted;
+        }
+    }
+}
+
+/// Held connections closed at once when an accept finds no descriptor
+/// left (then the accept is tried again).
+const SHED_ON_EMFILE: usize = 64;
+
+/// The process (EMFILE) or the system (ENFILE) has no descriptor left.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 fn over_client_share(peer: SocketAddr) {
@@ -770,7 +836,7 @@ impl Admission {
             size: AtomicUsize::new(server.max_connections),
             owed: Arc::default(),
             per_client: PerClient::new(server.max_connections_per_client),
-            tarpit: Tarpit::new(server.tarpit_max),
+            tarpit: Tarpit::new(crate::open_files::tarpit_bound(server)),
         }
     }
 
@@ -779,7 +845,9 @@ impl Admission {
         self.per_client
             .limit
             .store(server.max_connections_per_client, Ordering::Relaxed);
-        self.tarpit.max.store(server.tarpit_max, Ordering::Relaxed);
+        self.tarpit
+            .max
+            .store(crate::open_files::tarpit_bound(server), Ordering::Relaxed);
         let want = server.max_connections;
         // Two listeners may see a reload at once: the one whose exchange
         // wins applies the change from the size it replaced.
@@ -864,11 +932,8 @@ impl Tarpit {
 
     /// Hold `stream` until `until` (or until it is the oldest of a full
     /// tarpit).
-    fn hold(&self, stream: TcpStream, until: Instant) {
+    fn hold(&self, stream: std::net::TcpStream, until: Instant) {
         let max = self.max.load(Ordering::Relaxed);
-        let Ok(stream) = stream.into_std() else {
-            return;
-        };
         let mut gone = Vec::new();
         {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -895,6 +960,18 @@ impl Tarpit {
             }
         }
         self.closer.close(gone);
+    }
+
+    /// Close the `n` oldest connections held, and those waiting for the
+    /// closing thread, here and now (the process is out of descriptors);
+    /// how many were closed.
+    fn shed(&self, n: usize) -> usize {
+        let oldest: Vec<_> = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let n = n.min(held.len());
+            held.drain(..n).map(|(_, s)| s).collect()
+        };
+        oldest.len() + self.closer.take_pending().len()
     }
 
     /// Close every connection held (at shutdown).
@@ -927,10 +1004,10 @@ struct Pending {
     done: bool,
 }
 
-/// Connections waiting for the closing thread at most (as many as the
-/// default tarpit holds: refused connections take at most twice
-/// `server.tarpit_max` descriptors).
-const CLOSER_BACKLOG: usize = 1024;
+/// Connections waiting for the closing thread at most: refused
+/// connections take at most `server.tarpit_max` and this many descriptors
+/// (counted in [`crate::open_files::needed`]).
+pub(crate) const CLOSER_BACKLOG: usize = 1024;
 
 impl CloserQueue {
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
@@ -972,6 +1049,14 @@ impl Closer {
                 Self { shared: None }
             }
         }
+    }
+
+    /// What waits for the closing thread, taken back (the caller drops it).
+    fn take_pending(&self) -> Vec<std::net::TcpStream> {
+        self.shared
+            .as_ref()
+            .map(|queue| std::mem::take(&mut queue.lock().streams))
+            .unwrap_or_default()
     }
 
     /// Closes `batch` on the closing thread, or here when it is too far
@@ -1096,6 +1181,10 @@ impl Drop for ClientSlot {
 /// lines (each costs CPU and disk). The next line that is written says how
 /// many were left out.
 static CLIENT_WARNINGS: RateLimit = RateLimit::new();
+
+/// The warnings of a tarpit that sheds (not to be lost among the refusals
+/// that filled it).
+static SHED_WARNINGS: RateLimit = RateLimit::new();
 
 /// Client warnings written per second at most.
 const WARNINGS_PER_SEC: u64 = 20;
@@ -1562,11 +1651,12 @@ mod tests {
         assert_eq!(n, 500, "after the reload");
     }
 
-    /// A connected pair: the client's end and the server's.
-    async fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
+    /// A connected pair: the client's end and the server's (as the accept
+    /// loop has it, out of the reactor).
+    async fn pair(listener: &TcpListener) -> (TcpStream, std::net::TcpStream) {
         let client = TcpStream::connect(listener.local_addr().unwrap());
         let (client, server) = tokio::join!(client, listener.accept());
-        (client.unwrap(), server.unwrap().0)
+        (client.unwrap(), server.unwrap().0.into_std().unwrap())
     }
 
     /// Whether the server closed `client` (EOF or reset; within 2 s: the tarpit's
@@ -1620,8 +1710,14 @@ mod tests {
         tarpit.max.store(2, Ordering::Relaxed);
         let (mut seventh, s7) = pair(&listener).await;
         tarpit.hold(s7, later);
-        tarpit.clear();
+        // Out of descriptors: the oldest go at once, on the caller's thread.
+        let (mut eighth, s8) = pair(&listener).await;
+        tarpit.hold(s8, later);
+        assert_eq!(tarpit.shed(1), 1);
         assert!(closed(&mut seventh).await);
+        assert!(open(&mut eighth).await);
+        tarpit.clear();
+        assert!(closed(&mut eighth).await);
     }
 
     #[test]
@@ -1802,7 +1898,14 @@ fn notsent_lowat(stream: &TcpStream, bytes: u64) {
 /// `wait` between its tries instead of a loop as fast as both CPUs go.
 /// HTTP and TLS clients speak first, so they see no difference (nginx's
 /// `deferred`, HAProxy's `defer-accept`). Zero turns it off.
-fn defer_accept(listener: &TcpListener, wait: Duration) {
+///
+/// Linux counts the wait in SYN-ACK retransmissions (after 1 s, 2 s, 4 s,
+/// ...) and hands the connection over at the retransmission that ends
+/// it. The default of 3 s ends on the 2 s timer: a wait past 3 s ends on
+/// the 4 s one, which the kernel's timer wheel rounds to 256 ms (at
+/// HZ=250), and an idle flood's connections then came four times a second
+/// in bursts of hundreds, a new client's connection queued behind each.
+fn defer_accept(listener: &impl std::os::fd::AsRawFd, wait: Duration) {
     #[cfg(target_os = "linux")]
     {
         let secs = if wait.is_zero() {
@@ -1843,10 +1946,9 @@ fn idle_priority() {
 
 /// A new backlog for a listening socket (`server.listen_backlog` after a
 /// reload): Linux applies a second `listen(2)` to the open listener.
-fn relisten(listener: &TcpListener, backlog: u32) {
+fn relisten(listener: &impl std::os::fd::AsRawFd, backlog: u32) {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
         let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
         // SAFETY: listen takes a descriptor the listener owns for the
         // duration of the call and an integer; no memory is passed.

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Harness, Origin, get, raw, request};
+use common::{Harness, Origin, get, get_resp_from, raw, request};
 use http_body_util::BodyExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,7 +465,7 @@ async fn idle_clients_cannot_hold_every_connection_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_send_nothing_do_not_take_the_slots_of_requests() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let origin = Origin::start();
     // defer_accept on (the default): the kernel hands Inlay a connection
     // once it has sent something, so an idle flood from one address does
@@ -483,20 +483,14 @@ async fn connections_that_send_nothing_do_not_take_the_slots_of_requests() {
         idle.push(tokio::net::TcpStream::connect(inlay.addr).await.unwrap());
     }
     for _ in 0..3 {
-        let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
-        s.write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut answer))
-            .await
-            .expect("answered")
-            .unwrap();
-        assert!(
-            answer.starts_with(b"HTTP/1.1 200"),
-            "{:?}",
-            String::from_utf8_lossy(&answer)
-        );
+        let answer = get_resp_from(
+            "127.0.0.1",
+            inlay.addr,
+            Duration::from_secs(3),
+            "beside the idle flood",
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
     }
     // None of the idle ones was accepted and closed for being over the share.
     let mut buf = [0u8; 1];
@@ -588,7 +582,7 @@ async fn a_client_that_reads_nothing_gets_no_more_than_tcp_notsent_lowat_written
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_address_cannot_take_every_connection() {
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let origin = Origin::start();
     let inlay = Harness::builder()
         .backend(&origin)
@@ -614,21 +608,14 @@ async fn one_client_address_cannot_take_every_connection() {
         .expect("the sixth connection was kept open past header_read_timeout");
     assert!(matches!(n, Ok(0) | Err(_)), "answered: {n:?}");
     // Another address is served while this one holds its share.
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-    let mut other = sock.connect(inlay.addr).await.unwrap();
-    use tokio::io::AsyncWriteExt;
-    other
-        .write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    other.read_to_end(&mut answer).await.unwrap();
-    assert!(
-        answer.starts_with(b"HTTP/1.1 200"),
-        "{:?}",
-        String::from_utf8_lossy(&answer)
-    );
+    let answer = get_resp_from(
+        "127.0.0.2",
+        inlay.addr,
+        Duration::from_secs(10),
+        "another address",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
     // A connection given back is a slot for the same address again (once
     // the server has seen it close).
     drop(held.pop());

@@ -134,3 +134,27 @@ pub async fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> (String, 
     };
     (String::from_utf8_lossy(&out).into_owned(), closed)
 }
+
+/// `GET /resp` with `Connection: close` on a new connection from `source`
+/// (another loopback address is another client to Inlay's per-address
+/// limits): the whole answer, as text. Panics when it takes over
+/// `timeout`, with `what` in the message.
+pub async fn get_resp_from(
+    source: &str,
+    addr: SocketAddr,
+    timeout: Duration,
+    what: &str,
+) -> String {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(timeout, s.read_to_end(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {timeout:?}: {what}"))
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}

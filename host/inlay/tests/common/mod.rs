@@ -17,7 +17,9 @@ mod tls_origin;
 
 use std::path::{Path, PathBuf};
 
-pub use client::{Reply, echo_headers, echoed, esi_page, get, get_site, raw, request, urlencode};
+pub use client::{
+    Reply, echo_headers, echoed, esi_page, get, get_resp_from, get_site, raw, request, urlencode,
+};
 pub use harness::{AccessLog, Harness};
 pub use nats::{NatsServer, nats_server_binary};
 pub use origin::Origin;
@@ -56,6 +58,8 @@ pub struct InlayBuilder {
     backend: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// Soft and hard `RLIMIT_NOFILE` of a spawned process (`prlimit`).
+    open_files: Option<(u64, u64)>,
 }
 
 impl InlayBuilder {
@@ -87,6 +91,12 @@ impl InlayBuilder {
 
     /// An environment variable for the process (e.g. `TOKIO_WORKER_THREADS`);
     /// the real binary only.
+    /// Spawned processes start with this soft and hard open-file limit.
+    pub fn open_files(mut self, soft: u64, hard: u64) -> Self {
+        self.open_files = Some((soft, hard));
+        self
+    }
+
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_string(), value.to_string()));
         self

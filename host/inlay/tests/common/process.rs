@@ -67,7 +67,17 @@ impl InlayBuilder {
     pub fn spawn_process(self) -> Inlay {
         let dir = tempfile::tempdir().unwrap();
         let config = self.write_config(dir.path());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlay"));
+        let mut cmd = match self.open_files {
+            // prlimit sets its own limits, then execs inlay (same pid).
+            Some((soft, hard)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={soft}:{hard}"))
+                    .arg("--")
+                    .arg(env!("CARGO_BIN_EXE_inlay"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_inlay")),
+        };
         cmd.arg("serve")
             .arg("--config")
             .arg(&config)

@@ -15,6 +15,7 @@ mod cluster_shard;
 mod diagnostics;
 mod disk;
 mod memory;
+mod open_files;
 mod persistence;
 mod probes;
 mod reload;
