@@ -77,9 +77,19 @@ impl InlayBuilder {
             listeners.push(Listener::tls(l, proxy.tls().clone()));
         }
         let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(proxy.run(listeners, async {
-            let _ = stopped.await;
-        }));
+        let served = tokio::spawn(async move {
+            let result = proxy
+                .run(listeners, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            // Shown with the test's output when it fails: a server that
+            // stopped before serving leaves only refused connections.
+            if let Err(e) = &result {
+                eprintln!("inlay stopped with an error: {e:#}");
+            }
+            result
+        });
         Harness {
             addr,
             tls_addr,
