@@ -15,6 +15,7 @@ tarpit_max = 10000";; esac
     d=$(echo "$v" | sed -n 's/.*+d\([0-9]*\).*/\1/p')
     [ -n "$d" ] && toml="$toml
 defer_accept = \"${d}s\""
+    case $v in *+i14k*) extra=(--idle 14000);; esac
     case $v in *+noreset*) extra=(--reset-conns 0);; esac
     case $v in *+onlyreset*) extra=(--idle 0 --slowloris 0 --slow-readers 0 --h2-zero-window 0 --garbage-per-sec 0);; esac
     case $v in *+noh2*) extra=(--reset-conns 0 --h2-zero-window 0);; esac
