@@ -16,7 +16,6 @@ use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
 use crate::cluster::Cluster;
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::metrics::Metrics;
-use crate::open_files::Shortfall;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, log_replay_stats};
 use crate::server::Listener;
@@ -290,20 +289,11 @@ pub fn set_log_level(level: &str) -> Result<(), String> {
 pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
     // The policy is compiled before we listen: a bad one stops start-up here.
     let proxy = Proxy::load(cfg).await?.reloading(args)?;
-    let server = &proxy.config().server;
-    match crate::open_files::raise(server) {
-        Ok(limit) => {
-            info!(limit, "open-file limit");
-            match crate::open_files::shortfall(server, limit) {
-                Some(Shortfall::Clients(w)) => warn!("{w}"),
-                Some(Shortfall::Tarpit(note)) => info!("{note}"),
-                None => {}
-            }
-        }
-        Err(error) => warn!(%error, "cannot read or raise the open-file limit"),
+    if let Some(warning) = crate::open_files::apply(&proxy.config().server) {
+        warn!("{warning}");
     }
     let mut listeners = Vec::new();
-    let backlog = server.listen_backlog;
+    let backlog = proxy.config().server.listen_backlog;
     for addr in &proxy.config().server.listen {
         let l = crate::server::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on {addr}"))?;

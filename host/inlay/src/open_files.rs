@@ -14,9 +14,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tracing::info;
+
 use crate::config::ServerConfig;
 
-/// The soft limit [`raise`] left (unknown: no bound).
+/// The soft limit [`apply`] left (unknown: no bound).
 static LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Descriptors kept for everything that is not a client connection:
@@ -51,20 +53,29 @@ fn tarpit_bound_under(server: &ServerConfig, limit: u64) -> usize {
 }
 
 /// Raise the soft open-file limit to what `server` needs, up to the hard
-/// limit; the soft limit in force after it.
-///
-/// # Errors
-/// When the limit cannot be read or set.
-pub fn raise(server: &ServerConfig) -> std::io::Result<u64> {
-    let limit = rlimit::increase_nofile_limit(needed(server))?;
+/// limit, at start and at every reload; the limit and a smaller tarpit are
+/// logged. Returns a warning for the operator when admitted connections
+/// may not fit or the limit cannot be read or set.
+pub fn apply(server: &ServerConfig) -> Option<String> {
+    let limit = match rlimit::increase_nofile_limit(needed(server)) {
+        Ok(limit) => limit,
+        Err(e) => return Some(format!("cannot read or raise the open-file limit: {e}")),
+    };
     LIMIT.store(limit, Ordering::Relaxed);
-    Ok(limit)
+    info!(limit, "open-file limit");
+    match shortfall(server, limit)? {
+        Shortfall::Clients(warning) => Some(warning),
+        Shortfall::Tarpit(note) => {
+            info!("{note}");
+            None
+        }
+    }
 }
 
 /// What to tell the operator when `limit` is below what `server` needs:
 /// a warning when admitted connections may not fit, a note when only the
 /// tarpit is smaller than `server.tarpit_max`.
-pub fn shortfall(server: &ServerConfig, limit: u64) -> Option<Shortfall> {
+fn shortfall(server: &ServerConfig, limit: u64) -> Option<Shortfall> {
     let admitted = admitted(server);
     if limit < admitted {
         return Some(Shortfall::Clients(format!(
@@ -87,7 +98,7 @@ pub fn shortfall(server: &ServerConfig, limit: u64) -> Option<Shortfall> {
 
 /// What [`shortfall`] found short.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Shortfall {
+enum Shortfall {
     /// Admitted connections may run out of descriptors (a warning).
     Clients(String),
     /// Only the tarpit holds fewer than configured (a note).

@@ -268,14 +268,7 @@ impl Reloader {
         {
             warnings.push(w);
         }
-        match crate::open_files::raise(&cfg.server) {
-            Ok(limit) => match crate::open_files::shortfall(&cfg.server, limit) {
-                Some(crate::open_files::Shortfall::Clients(w)) => warnings.push(w),
-                Some(crate::open_files::Shortfall::Tarpit(note)) => info!("reload: {note}"),
-                None => {}
-            },
-            Err(e) => warnings.push(format!("cannot read or raise the open-file limit: {e}")),
-        }
+        warnings.extend(crate::open_files::apply(&cfg.server));
         if let Some(admin) = self.admin.as_ref().and_then(WeakAdmin::upgrade) {
             admin.set_token(token);
         }
