@@ -21,7 +21,7 @@ from procs import BenchError, Inlay, Nginx, Origin, Registry, TlsFiles, Varnish,
 
 @dataclass(frozen=True)
 class Mode:
-    """How long and how often: `quick` for everyday checks, `full` for the README."""
+    """How long and how often: `quick` for everyday checks, `full` for the figures docs/performance.md quotes."""
 
     name: str
     pairs: int  # A/B pairs per measurement

@@ -187,7 +187,7 @@ def wrk_policy(ctx: Context) -> Section:
         "`--policy target/policies/headers.wasm` (build it with `make policies`), and with its "
         "C, JavaScript and Python ports (`headers-c|-js|-py.wasm`) where built. The policy runs "
         "on every request (on-request, on-deliver; a request it has seen before is replayed "
-        "from the recorded path, see the README's policy section) "
+        "from the recorded path, see docs/policies.md) "
         "and adds `x-inlay-policy: headers`. `replay off` (`memo_size = 0`) runs a fresh "
         "instance of the pre-warmed snapshot for every request, as a request the policy "
         "has not seen does (each worker thread keeps one made ahead, `pre_instantiate`, but "

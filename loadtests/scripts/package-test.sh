@@ -64,6 +64,10 @@ for f in usr/bin/inlay etc/inlay/inlay.toml usr/lib/systemd/system/inlay.service
   usr/share/doc/inlay/README.md usr/share/doc/inlay/CONFIG.md usr/share/doc/inlay/copyright; do
   [ -s "$root/$f" ] || fail "missing from the package: /$f"
 done
+# Every page of docs/ beside the README, where its links point.
+for page in docs/*.md; do
+  [ -s "$root/usr/share/doc/inlay/$page" ] || fail "missing from the package: /usr/share/doc/inlay/$page"
+done
 
 # The packaged binary on the packaged config.
 "$root/usr/bin/inlay" --help | grep -q 'serve' || fail "inlay --help"

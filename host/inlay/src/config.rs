@@ -326,7 +326,7 @@ pub struct CacheConfig {
 
 /// The default of `cache.strip_request_headers`: fields frameworks trust to
 /// build absolute links and redirects, or to rewrite the URL or method,
-/// none of them in the cache key (see the README's "Forwarding headers").
+/// none of them in the cache key (see docs/cache.md, "Forwarding headers").
 pub const STRIP_REQUEST_HEADERS: [&str; 13] = [
     "forwarded",
     "x-forwarded-host",

@@ -64,6 +64,9 @@ The persistent cache tier of the packaged configuration (the unit's StateDirecto
 .TP
 \fI/usr/share/doc/inlay/CONFIG.md\fR
 Every configuration key and its default.
+.TP
+\fI/usr/share/doc/inlay/docs/\fR
+One page per topic (reload, metrics, admin API, bans, cluster...); \fIREADME.md\fR maps them.
 .SH ENVIRONMENT
 .TP
 \fBINLAY_LOG\fR

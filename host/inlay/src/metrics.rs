@@ -11,7 +11,7 @@
 //! With `[metrics] enabled = false` nothing is counted.
 //!
 //! The names follow Varnish's counters so that a varnish_exporter
-//! dashboard can be mapped over; README `### Metrics` has the table.
+//! dashboard can be mapped over; docs/metrics.md has the table.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

@@ -289,7 +289,7 @@ async fn alpn_h2_and_http11_both_serve_a_cached_hit_and_the_origin_learns_https(
     assert_eq!(origin.count("/static/1000").await, 1);
 
     // A pass tells the origin https, whatever the client claimed; a fetch
-    // for the cache leaves it out (it is not in the key: README,
+    // for the cache leaves it out (it is not in the key: docs/cache.md,
     // "Forwarding headers").
     assert_eq!(forwarded_proto(&mut h2, "POST").await, ["https"]);
     assert!(forwarded_proto(&mut h2, "GET").await.is_empty());
