@@ -14,26 +14,6 @@ use crate::config::ServerConfig;
 /// Longest client-sent id kept, in bytes.
 pub const MAX_LEN: usize = 200;
 
-/// Fields `server.request_id_header` may not name: they frame, route or
-/// authenticate the message, or are Inlay's own.
-pub const RESERVED: &[&str] = &[
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "te",
-    "trailer",
-    "upgrade",
-    "keep-alive",
-    "cookie",
-    "authorization",
-    "via",
-    "x-forwarded-for",
-    "cache-control",
-    "inlay-server-timing",
-    "server-timing",
-];
-
 /// Whether a client-sent id is kept: 1 to [`MAX_LEN`] bytes of visible
 /// ASCII other than `"`, `\` and `,` (so that it stays one token in a log
 /// line and one element of a field list).

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Reader, Table, join};
+use super::read::{Reader, Table, join};
 
 /// `[cluster]`: one cache fabric over NATS with JetStream.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,33 +172,6 @@ impl Reader {
     /// `[cluster]`, or `None` when the table is absent.
     pub(super) fn cluster(&mut self, t: &Table) -> Option<ClusterConfig> {
         let p = "cluster";
-        self.known_keys(
-            t,
-            p,
-            &[
-                "nats_urls",
-                "node_name",
-                "subject_prefix",
-                "shard",
-                "token_file",
-                "nkey_seed_file",
-                "credentials_file",
-                "tls",
-                "connect_timeout",
-                "invalidation_max_age",
-                "invalidation_max_messages",
-                "invalidation_queue",
-                "max_disconnected",
-                "kv",
-                "kv_max_bytes",
-                "policy_max_size",
-                // sharding (cluster_sharding)
-                "advertise",
-                "heartbeat_interval",
-                "dead_after",
-                "peer_connect_timeout",
-            ],
-        );
         let nats_urls = self.strings(t, p, "nats_urls").unwrap_or_default();
         if nats_urls.is_empty() {
             self.err(
@@ -267,7 +240,7 @@ impl Reader {
             self.positive_duration(t, p, "connect_timeout", Duration::from_secs(2));
         let (kv, kv_max_bytes, policy_max_size) = self.cluster_kv_and_rollout(t, p);
         let sharding = self.cluster_sharding(t);
-        Some(ClusterConfig {
+        let section = ClusterConfig {
             nats_urls,
             node_name,
             subject_prefix,
@@ -280,12 +253,13 @@ impl Reader {
             kv_max_bytes,
             policy_max_size,
             sharding,
-        })
+        };
+        self.unknown_keys(t, p);
+        Some(section)
     }
 
     fn cluster_tls(&mut self, t: &Table) -> ClusterTls {
         let p = "cluster.tls";
-        self.known_keys(t, p, &["ca_file", "client_cert", "client_key"]);
         let ca_file = self.string(t, p, "ca_file").map(PathBuf::from);
         let cert = self.string(t, p, "client_cert").map(PathBuf::from);
         let key = self.string(t, p, "client_key").map(PathBuf::from);
@@ -297,10 +271,12 @@ impl Reader {
                 None
             }
         };
-        ClusterTls {
+        let section = ClusterTls {
             ca_file,
             client_cert,
-        }
+        };
+        self.unknown_keys(t, p);
+        section
     }
 
     /// `advertise`, `heartbeat_interval`, `dead_after`, `peer_connect_timeout`.

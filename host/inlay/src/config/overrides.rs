@@ -1,0 +1,116 @@
+//! The quick flags of `inlay serve` (`-a`, `-b`, `--policy`, ...), applied
+//! over the file at start and at every reload.
+
+use std::path::PathBuf;
+
+use super::admin::unguarded_admin;
+use super::backends::parse_backend_uri;
+use super::read::{issue, parse_listen};
+use super::server::{parse_listener, tls_listeners_without_certificate};
+use super::{BackendConfig, Config, ConfigError, PolicyConfig, TlsCertConfig};
+
+/// Command-line settings that override the file (varnishd-style quick flags).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `-a ADDR`, repeatable.
+    pub listen: Vec<String>,
+    /// `-b URL`: the default backend's address.
+    pub backend: Option<String>,
+    /// `--policy FILE.wasm`.
+    pub policy: Option<PathBuf>,
+    /// `--no-policy`: run without a policy even if the config names one.
+    pub no_policy: bool,
+    /// `--cache-dir DIR`.
+    pub cache_dir: Option<PathBuf>,
+    /// `--admin ADDR`.
+    pub admin: Option<String>,
+    /// `--tls-cert FILE`: with `tls_key`, replaces `[[server.tls]]` by one
+    /// default certificate.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key FILE`.
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Config {
+    /// Apply `-a`, `-b`, `--policy`, `--cache-dir` overrides, then validate again.
+    pub fn apply_overrides(&mut self, o: &Overrides) -> Result<(), ConfigError> {
+        let mut issues = Vec::new();
+        if !o.listen.is_empty() {
+            self.server.listen.clear();
+            self.server.listen_tls.clear();
+            for a in &o.listen {
+                match parse_listener(a) {
+                    Ok((addr, false)) => self.server.listen.push(addr),
+                    Ok((addr, true)) => self.server.listen_tls.push(addr),
+                    Err(m) => issues.push(issue("-a", m)),
+                }
+            }
+        }
+        match (&o.tls_cert, &o.tls_key) {
+            (Some(cert), Some(key)) => {
+                self.server.tls = vec![TlsCertConfig {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    names: Vec::new(),
+                }];
+            }
+            (Some(_), None) => issues.push(issue("--tls-cert", "needs --tls-key too")),
+            (None, Some(_)) => issues.push(issue("--tls-key", "needs --tls-cert too")),
+            (None, None) => {}
+        }
+        if let Some(m) = tls_listeners_without_certificate(&self.server) {
+            issues.push(issue("-a", m));
+        }
+        if o.backend.is_some() && self.directors.contains_key(&self.default_backend) {
+            issues.push(issue(
+                "-b",
+                format!(
+                    "default_backend {:?} is a director: set its backends' addresses in the file",
+                    self.default_backend
+                ),
+            ));
+        } else if let Some(b) = &o.backend {
+            match parse_backend_uri(b) {
+                Ok(address) => {
+                    let name = self.default_backend.clone();
+                    let entry = self
+                        .backends
+                        .entry(name.clone())
+                        .or_insert_with(|| BackendConfig::with_defaults(name, address.clone()));
+                    entry.address = address;
+                    if let Err(m) = entry.load_tls(entry.tls.as_ref().map(|t| t.settings().clone()))
+                    {
+                        issues.push(issue("-b", m));
+                    }
+                }
+                Err(m) => issues.push(issue("-b", m)),
+            }
+        }
+        if let Some(p) = &o.policy {
+            match &mut self.policy {
+                Some(pc) => pc.path = p.clone(),
+                None => self.policy = Some(PolicyConfig::with_defaults(p.clone())),
+            }
+        }
+        if o.no_policy {
+            self.policy = None;
+        }
+        if let Some(d) = &o.cache_dir {
+            self.cache.dir = Some(d.clone());
+        }
+        if let Some(a) = &o.admin {
+            match parse_listen(a) {
+                Ok(addr) => match unguarded_admin(addr, self.admin_token_file.as_deref()) {
+                    Some(m) => issues.push(issue("--admin", m)),
+                    None => self.admin = Some(addr),
+                },
+                Err(m) => issues.push(issue("--admin", m)),
+            }
+        }
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(issues))
+        }
+    }
+}
