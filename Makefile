@@ -45,7 +45,7 @@ demo: deps
 	bash policies/build.sh $(DEMO_POLICY)
 	@bash loadtests/scripts/demo.sh "$(DEMO_ORIGIN)" "$(DEMO_LISTEN)" "target/policies/$(DEMO_POLICY).wasm" target/demo
 
-# Three inlay nodes in one cluster on nats-server (README, "Cluster"); the
+# Three inlay nodes in one cluster on nats-server (docs/cluster.md); the
 # demo origin behind them. Installs nats-server where it is missing.
 cluster-demo: export INLAY_COMPONENTIZE := $(CURDIR)/target/demo/inlay-componentize
 cluster-demo: deps
@@ -60,6 +60,7 @@ cluster-demo: deps
 # the componentize tool); the policies are built between it and the runs.
 test: deps vendor-check
 	$(CARGO) fmt --all -- --check
+	python3 loadtests/scripts/check-doc-links.py
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --no-run
 	bash policies/build.sh --test
@@ -68,7 +69,7 @@ test: deps vendor-check
 	bash loadtests/scripts/package-test.sh
 
 # The Debian package, target/debian/inlay_<version>-1_amd64.deb, from the
-# release build (README, "Debian package"); the man pages come from the
+# release build (docs/debian-package.md); the man pages come from the
 # binary's clap definitions. `make test` checks the same layout built from
 # the debug binary (loadtests/scripts/package-test.sh).
 package: deps
