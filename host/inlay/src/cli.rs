@@ -531,11 +531,8 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>) {
     let policy = Arc::clone(reloader);
     let reload = Arc::clone(reloader);
     let metrics = Arc::clone(reloader);
-    let (ban, bans, cache) = (
-        Arc::clone(reloader),
-        Arc::clone(reloader),
-        Arc::clone(reloader),
-    );
+    let (bans, cache) = (Arc::clone(reloader), Arc::clone(reloader));
+    let invalidator = Arc::clone(reloader.current().invalidator());
     let backends = Arc::clone(reloader);
     admin.set_hooks(|h| {
         h.cache = Some(Arc::new(move || cache.current().cache().clone()));
@@ -551,13 +548,7 @@ fn wire_admin(admin: &Admin, reloader: &Arc<Reloader>) {
                 serde_json::to_value(report).map_err(|e| vec![e.to_string()])
             })
         }));
-        h.ban = Some(Arc::new(move |expression: String| {
-            let reloader = Arc::clone(&ban);
-            Box::pin(async move {
-                let info = reloader.ban(&expression).await.map_err(|e| e.to_string())?;
-                Ok(serde_json::json!({ "ban": info }))
-            })
-        }));
+        h.invalidator = Some(invalidator);
         h.bans = Some(Arc::new(move || {
             let current = bans.current();
             let cache = current.cache();

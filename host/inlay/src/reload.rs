@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use inlay_cache::{BanError, BanInfo, CacheStore, HttpCache};
+use inlay_cache::{CacheStore, HttpCache};
 use inlay_runtime::{LoadedPolicy, PolicyError, PolicySlot};
 use inlay_storage::{StoreConfig, TieredStore};
 use tracing::{error, info, warn};
@@ -106,15 +106,6 @@ impl Reloader {
     pub fn with_admin(mut self, admin: Admin) -> Self {
         self.admin = Some(admin.downgrade());
         self
-    }
-
-    /// Add a ban on the current generation's cache (see [`HttpCache::ban`]),
-    /// one at a time with reloads, so that a reload that moves the cache
-    /// carries every ban made before it.
-    pub async fn ban(&self, expression: &str) -> Result<BanInfo, BanError> {
-        let _no_reload = self.state.lock().await;
-        let current = self.current();
-        current.cache().ban(expression).await
     }
 
     /// Reloads read `[[server.tls]]`'s files again for `tls`.
@@ -216,6 +207,14 @@ impl Reloader {
         } else {
             old.access_log().clone()
         };
+        // A new cache.dir: purges and bans wait from the moment the bans are
+        // carried over until the new cache is the one requests use, so that
+        // none lands on the cache being left.
+        let invalidator = Arc::clone(old.invalidator());
+        let mut moving = match old.config().cache.dir != cfg.cache.dir {
+            true => Some(invalidator.moving().await),
+            false => None,
+        };
         // Dropped unused (a policy that does not load), it closes again.
         let mut moved = MovedCache(None);
         let bounds = match prepare_cache(old.cache(), old.config(), &cfg).await? {
@@ -294,7 +293,11 @@ impl Reloader {
         state.generation += 1;
         // `GET /metrics` reads the store and policy of the generation serving.
         next.metrics().serve_from(&next);
+        if let Some(guard) = moving.as_mut() {
+            **guard = next.cache().clone();
+        }
         self.current.store(next);
+        drop(moving);
         if moved.is_some() {
             close_when_unused(old.cache().clone());
         }

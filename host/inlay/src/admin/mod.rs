@@ -10,7 +10,7 @@
 //! | `POST /purge`  | `{"url": …}` or `{"surrogate_keys": […]}`, `"soft"`      |
 //! | `GET /config`  | the running config, secrets redacted                     |
 //! | `GET /metrics` | Prometheus text ([`AdminHooks::metrics`])                |
-//! | `POST /ban`, `GET /bans` | bans ([`AdminHooks::ban`], [`AdminHooks::bans`]) |
+//! | `POST /ban`, `GET /bans` | bans (through [`Invalidator`], [`AdminHooks::bans`]) |
 //! | `POST /reload` | a full reload ([`AdminHooks::reload`])                   |
 //!
 //! With `admin.token_file`, every route but the two probes needs
@@ -49,6 +49,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::pipeline::{Invalidator, PurgeTarget};
 
 pub use view::config_json;
 
@@ -171,8 +172,6 @@ impl AdminToken {
 
 /// `GET /metrics`: the Prometheus text.
 pub type MetricsHook = Arc<dyn Fn() -> BoxFuture<'static, String> + Send + Sync>;
-/// `POST /ban`: add the ban expression; its description, or why it is refused.
-pub type BanHook = Arc<dyn Fn(String) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
 /// `GET /bans`: the ban list.
 pub type BansHook = Arc<dyn Fn() -> Value + Send + Sync>;
 /// `POST /reload`: reload the config; what changed, or every error.
@@ -209,8 +208,9 @@ pub type BackendsHook = Arc<dyn Fn() -> Value + Send + Sync>;
 pub struct AdminHooks {
     /// `GET /metrics`.
     pub metrics: Option<MetricsHook>,
-    /// `POST /ban` (body `{"expression": "..."}`).
-    pub ban: Option<BanHook>,
+    /// `POST /purge` and `POST /ban`: the purge path the PURGE and BAN
+    /// methods take.
+    pub invalidator: Option<Arc<Invalidator>>,
     /// `GET /bans`.
     pub bans: Option<BansHook>,
     /// `POST /reload`: `Ok` answers 200 with its value, `Err` 500 with
@@ -235,7 +235,7 @@ impl std::fmt::Debug for AdminHooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminHooks")
             .field("metrics", &self.metrics.is_some())
-            .field("ban", &self.ban.is_some())
+            .field("invalidator", &self.invalidator.is_some())
             .field("bans", &self.bans.is_some())
             .field("reload", &self.reload.is_some())
             .field("config", &self.config.is_some())
@@ -500,32 +500,15 @@ impl Admin {
             Ok(r) => r,
             Err(refusal) => return refusal.into(),
         };
-        let target = match req.target() {
+        let (target, what) = match req.target() {
             Ok(t) => t,
             Err(m) => return error(StatusCode::BAD_REQUEST, m),
         };
-        let Some(cache) = self.cache() else {
+        let Some(invalidator) = self.hooks().invalidator else {
             return error(StatusCode::SERVICE_UNAVAILABLE, "the cache is not open yet");
         };
-        let soft = req.soft;
-        let (what, purged) = match target {
-            PurgeTarget::Url(key, url) => (format!("url {url}"), cache.purge_url(&key, soft).await),
-            PurgeTarget::Keys(keys) => {
-                let mut n = Ok(0);
-                for k in &keys {
-                    n = match (n, cache.purge_key(k, soft).await) {
-                        (Ok(a), Ok(b)) => Ok(a + b),
-                        (Err(e), _) | (_, Err(e)) => Err(e),
-                    };
-                }
-                (format!("keys {}", keys.join(" ")), n)
-            }
-        };
-        match purged {
-            Ok(n) => {
-                info!(soft, purged = n, "admin purge {what}");
-                ok(json!({ "status": "ok", "purged": n, "soft": soft, "what": what }))
-            }
+        match invalidator.purge(&target, req.soft).await {
+            Ok(n) => ok(json!({ "status": "ok", "purged": n, "soft": req.soft, "what": what })),
             Err(e) => error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("purge failed: {e}"),
@@ -539,16 +522,16 @@ impl Admin {
         struct BanRequest {
             expression: String,
         }
-        let Some(ban) = self.hooks().ban else {
+        let Some(invalidator) = self.hooks().invalidator else {
             return not_available("bans");
         };
         let req: BanRequest = match parse(body) {
             Ok(r) => r,
             Err(refusal) => return refusal.into(),
         };
-        match ban(req.expression).await {
-            Ok(v) => ok(v),
-            Err(m) => error(StatusCode::BAD_REQUEST, m),
+        match invalidator.ban(&req.expression).await {
+            Ok(info) => ok(json!({ "ban": info })),
+            Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         }
     }
 }
@@ -636,13 +619,9 @@ struct PurgeRequest {
     soft: bool,
 }
 
-enum PurgeTarget {
-    Url(PrimaryKey, String),
-    Keys(Vec<String>),
-}
-
 impl PurgeRequest {
-    fn target(&self) -> Result<PurgeTarget, String> {
+    /// What to purge, and how the answer names it (`url HOST/PATH`, `keys A B`).
+    fn target(&self) -> Result<(PurgeTarget, String), String> {
         match (&self.url, &self.surrogate_keys) {
             (Some(url), None) => self.url_target(url),
             (None, Some(keys)) => {
@@ -664,7 +643,10 @@ impl PurgeRequest {
                         ));
                     }
                 }
-                Ok(PurgeTarget::Keys(keys.clone()))
+                Ok((
+                    PurgeTarget::Keys(keys.clone()),
+                    format!("keys {}", keys.join(" ")),
+                ))
             }
             _ => Err("give either \"url\" or \"surrogate_keys\"".into()),
         }
@@ -672,7 +654,7 @@ impl PurgeRequest {
 
     /// The key the public `PURGE` method computes for this URL: the
     /// request goes through the same normalisation as a client's.
-    fn url_target(&self, url: &str) -> Result<PurgeTarget, String> {
+    fn url_target(&self, url: &str) -> Result<(PurgeTarget, String), String> {
         if url.len() > MAX_URL_LEN {
             return Err(format!("the URL is longer than {MAX_URL_LEN} bytes"));
         }
@@ -704,8 +686,8 @@ impl PurgeRequest {
         let peer = SocketAddr::from(([127, 0, 0, 1], 0));
         let head = crate::pipeline::recv::normalise(parts, peer, "")
             .map_err(|e| format!("{e} in {:?}", truncated(url)))?;
-        let shown = format!("{}{}", head.host(), head.path_and_query());
-        Ok(PurgeTarget::Url(PrimaryKey::of(&head), shown))
+        let shown = format!("url {}{}", head.host(), head.path_and_query());
+        Ok((PurgeTarget::Url(PrimaryKey::of(&head)), shown))
     }
 }
 
@@ -763,17 +745,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
 }
 
 fn answer(status: StatusCode, v: Value) -> Response<Full<Bytes>> {
-    let mut text = serde_json::to_vec_pretty(&v).unwrap_or_default();
-    text.push(b'\n');
-    let mut resp = Response::new(Full::new(Bytes::from(text)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
+    crate::pipeline::purge::json_response(status, &v).map(Full::new)
 }
 
 fn ok(v: Value) -> Response<Full<Bytes>> {
@@ -986,9 +958,10 @@ mod tests {
     }
 
     fn target(v: Value) -> Result<PurgeTarget, String> {
-        serde_json::from_value::<PurgeRequest>(v)
+        let (target, _) = serde_json::from_value::<PurgeRequest>(v)
             .map_err(|e| e.to_string())?
-            .target()
+            .target()?;
+        Ok(target)
     }
 
     #[test]
@@ -1008,7 +981,7 @@ mod tests {
             json!({ "url": "http://WWW.Example.com/a/b?x=1" }),
             json!({ "url": "/a/b?x=1", "host": "www.example.com" }),
         ] {
-            let Ok(PurgeTarget::Url(key, _)) = target(v.clone()) else {
+            let Ok(PurgeTarget::Url(key)) = target(v.clone()) else {
                 panic!("{v} refused")
             };
             assert_eq!(key, want, "{v}");

@@ -1,36 +1,103 @@
-//! deliver: the last edits before the response goes to the client: the
-//! response made from a cached object (Age, conditional requests, Range),
-//! `Cache-Status`, `Via`, and the removal of what is only for us.
+//! deliver: the last edits before the response goes to the client:
+//! conditional requests and Range answered from a cached object (or cut
+//! from a body still being stored), `Cache-Status`, `Via`, the removal of
+//! what is only for us, the policy's `on-deliver`; then, on every response
+//! (failures included), the request id and `Server-Timing`.
+
+use std::sync::atomic::Ordering;
 
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
-use inlay_cache::stored_headers;
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError, RequestHead, ResponseHead, headers};
 use inlay_runtime::{Hook, PolicyCall};
 use inlay_storage::StoredObject;
 
+use super::{Outcome, Pipeline, RequestCtx};
 use crate::metrics::Metrics;
+use crate::server_timing;
 
-/// Build the response for a cached object. Returns it and whether its body
-/// is an ESI template.
-pub fn from_object(obj: &StoredObject, now_ms: u64) -> (Response<ProxyBody>, bool) {
-    let mut resp = Response::new(body::full(obj.body.clone()));
-    *resp.status_mut() = StatusCode::from_u16(obj.meta.status).unwrap_or(StatusCode::OK);
-    let (stored, esi) = stored_headers(&obj.meta);
-    *resp.headers_mut() = stored;
-    let h = resp.headers_mut();
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(obj.body.len()));
-    h.insert(
-        header::AGE,
-        HeaderValue::from(obj.meta.age_ms(now_ms) / 1000),
-    );
-    (resp, esi)
+/// deliver: the response for `out`.
+pub(super) async fn run(
+    p: &Pipeline,
+    ctx: &mut RequestCtx,
+    out: Outcome,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let delivering = ctx.timing.now();
+    ctx.record.cache = out.status;
+    let head = &ctx.head;
+    // An ESI page's validators and bytes are not its template's.
+    let resp = match (out.esi, &out.object) {
+        (true, _) => out.resp,
+        (false, Some(obj)) => conditional_and_range(head, out.resp, obj),
+        (false, None) if out.joined => conditional_and_range_of_stream(head, out.resp),
+        (false, None) => out.resp,
+    };
+    let edge_fields = ctx
+        .for_peer
+        .then(|| crate::cluster::shard::edge_fields(resp.headers()));
+    let mut resp = finish(resp, out.status);
+    // A peer stores what the origin said to edges (TTL, ESI, surrogate keys).
+    if let Some(fields) = edge_fields {
+        resp.headers_mut().extend(fields);
+    }
+    let resp = run_policy(ctx.policy.as_mut(), &mut ctx.head, resp, &p.metrics).await;
+    ctx.timing.phase("deliver", delivering);
+    resp
+}
+
+/// The response for a request that failed: its status, decided once
+/// ([`ProxyError::status`]), and one diagnostic line at the level of whose
+/// fault it is.
+pub(super) fn failure(ctx: &mut RequestCtx, e: ProxyError) -> Response<ProxyBody> {
+    // A backend fetch that failed because the body was cut is a 413.
+    let e = match ctx.body_over.load(Ordering::Relaxed) {
+        true => ProxyError::RequestTooLarge {
+            limit: ctx.body_limit,
+        },
+        false => e,
+    };
+    super::log::failure(&e, &ctx.record);
+    ctx.record.error = Some(e.to_string());
+    ctx.record.cache = CacheStatus::Error;
+    let mut resp = finish(e.to_response(), CacheStatus::Error);
+    // After a malformed request nothing on the connection can be trusted
+    // (Varnish and nginx close too); HTTP/2 has no such field.
+    if ctx.http1 && matches!(e, ProxyError::BadRequest(_)) {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// What every response gets, answered or failed: the request's id, and
+/// `Server-Timing` (the head's entries; an ESI page's includes in a trailer).
+pub(super) fn stamp(
+    p: &Pipeline,
+    ctx: &mut RequestCtx,
+    mut resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    if let (Some(name), Some(id)) = (p.request_ids.header(), ctx.request_id.clone()) {
+        resp.headers_mut().insert(name.clone(), id);
+    }
+    let timing = &mut ctx.timing;
+    if timing.on {
+        timing.head.cache(ctx.record.cache.log_name());
+        if let Some(v) = timing.head.header_value() {
+            resp.headers_mut().append(server_timing::SERVER_TIMING, v);
+        }
+        if let Some(includes) = timing.includes.take() {
+            resp.headers_mut()
+                .insert(header::TRAILER, HeaderValue::from_static("server-timing"));
+            resp = resp.map(|b| server_timing::with_trailer(b, includes));
+        }
+    }
+    resp
 }
 
 /// Answer a client's conditional request (If-None-Match, If-Modified-Since)
 /// from the headers alone (for a response whose body is still coming, one
 /// joined while another request stores it).
-pub fn conditional(head: &RequestHead, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+fn conditional(head: &RequestHead, resp: Response<ProxyBody>) -> Response<ProxyBody> {
     if resp.status() != StatusCode::OK || !not_modified(&head.headers, resp.headers()) {
         return resp;
     }
@@ -45,7 +112,7 @@ pub fn conditional(head: &RequestHead, resp: Response<ProxyBody>) -> Response<Pr
 /// stores it): the range is cut from the body as it streams, when the
 /// length is declared; without one the whole body is sent, which RFC 9110
 /// allows.
-pub fn conditional_and_range_of_stream(
+fn conditional_and_range_of_stream(
     head: &RequestHead,
     resp: Response<ProxyBody>,
 ) -> Response<ProxyBody> {
@@ -64,7 +131,7 @@ pub fn conditional_and_range_of_stream(
 /// Answer a client's conditional request (If-None-Match, If-Modified-Since)
 /// and single-range request from a complete object. Multi-range requests get
 /// the whole object, which RFC 9110 allows.
-pub fn conditional_and_range(
+fn conditional_and_range(
     head: &RequestHead,
     resp: Response<ProxyBody>,
     obj: &StoredObject,
@@ -283,7 +350,7 @@ fn not_modified(req: &HeaderMap, resp: &HeaderMap) -> bool {
 }
 
 /// The policy's `on-deliver`: the last edits of status and headers.
-pub async fn run_policy(
+async fn run_policy(
     policy: Option<&mut PolicyCall>,
     head: &mut RequestHead,
     mut resp: Response<ProxyBody>,
@@ -309,7 +376,7 @@ pub async fn run_policy(
 
 /// Final edits for every response: our own fields out, hop-by-hop fields
 /// out, `Via` and `Cache-Status` in.
-pub fn finish(mut resp: Response<ProxyBody>, status: CacheStatus) -> Response<ProxyBody> {
+fn finish(mut resp: Response<ProxyBody>, status: CacheStatus) -> Response<ProxyBody> {
     // The backend's HTTP version is not the client's: let the server choose.
     *resp.version_mut() = http::Version::HTTP_11;
     let h = resp.headers_mut();

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use futures_util::stream::{BoxStream, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Response, Uri, header};
 use http_body_util::{BodyExt, StreamBody};
-use inlay_cache::{ESI_MARK, PrimaryKey};
+use inlay_cache::ESI_MARK;
 use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestHead};
 use inlay_esi::{
@@ -33,10 +33,49 @@ use inlay_esi::{
 };
 use tracing::{debug, warn};
 
-use super::Pipeline;
+use super::lookup::ThroughCache;
+use super::{Outcome, Pipeline, RequestCtx};
 use crate::codec;
 use crate::config::EsiConfig;
 use crate::server_timing::IncludeTimings;
+
+/// esi: a response that opted in (or that the policy turned ESI on for) is
+/// assembled; a peer's fetch gets the template as it is (the peer caches it
+/// and assembles it itself), and a HEAD no length (unknown without
+/// assembling).
+pub(super) async fn run(
+    p: &Pipeline,
+    ctx: &mut RequestCtx,
+    mut out: Outcome,
+) -> Result<Outcome, ProxyError> {
+    let mut vars = Vec::new();
+    if let Some(call) = &ctx.policy {
+        let o = call.esi_overrides();
+        if let Some(enabled) = o.enabled {
+            out.esi = enabled;
+        }
+        vars.clone_from(&o.vars);
+    }
+    if !out.esi || ctx.for_peer {
+        return Ok(out);
+    }
+    if ctx.head.method == Method::HEAD {
+        out.resp.headers_mut().remove(header::CONTENT_LENGTH);
+        return Ok(out);
+    }
+    let object = out.object.take();
+    let omitted = Arc::new(AtomicU32::new(0));
+    ctx.record.esi_omitted = Some(Arc::clone(&omitted));
+    if ctx.timing.on && ctx.timing.trailers {
+        ctx.timing.includes = Some(Arc::default());
+    }
+    let includes = ctx.timing.includes.clone();
+    let resp = std::mem::replace(&mut out.resp, Response::new(body::empty()));
+    let template = object.as_ref().map(|o| &o.body);
+    out.resp = process(p, &ctx.head, resp, template, &vars, omitted, includes).await?;
+    out.joined = false;
+    Ok(out)
+}
 
 /// The limits of the config, in the assembler's terms.
 pub fn limits(cfg: &EsiConfig) -> EsiLimits {
@@ -104,8 +143,8 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 /// includes left out of this page; `timings`, when given, gets each
 /// include's time and outcome (for `Server-Timing`). An error only with
 /// `esi.on_include_error = "fail"`, when the page fails before its first byte.
-pub async fn process(
-    pipeline: &Arc<Pipeline>,
+async fn process(
+    pipeline: &Pipeline,
     head: &RequestHead,
     resp: Response<ProxyBody>,
     template: Option<&Bytes>,
@@ -137,7 +176,7 @@ pub async fn process(
         vars.set(k.clone(), v.clone());
     }
     let fetcher = Arc::new(IncludeFetcher {
-        pipeline: pipeline.clone(),
+        through: pipeline.through.clone(),
         page: include_head(head, &pipeline.config().esi, pipeline.request_ids.header()),
         omitted,
         timings,
@@ -247,7 +286,7 @@ fn include_head(
 
 /// Fetches includes through the cache and the configured backends only.
 struct IncludeFetcher {
-    pipeline: Arc<Pipeline>,
+    through: ThroughCache,
     page: RequestHead,
     /// Includes of this page left out.
     omitted: Arc<AtomicU32>,
@@ -285,11 +324,7 @@ impl IncludeFetcher {
             let backend = if page_host.is_some_and(|h| h.eq_ignore_ascii_case(authority)) {
                 Some(self.page.backend.clone())
             } else {
-                self.pipeline
-                    .backends()
-                    .iter()
-                    .find(|b| b.serves_authority(authority))
-                    .map(|b| b.name().to_owned())
+                self.through.upstreams().backend_serving(authority)
             };
             let Some(backend) = backend else {
                 return Err(FragmentError::NotAllowed(format!(
@@ -328,10 +363,7 @@ impl IncludeFetcher {
     /// else (a failure that may fall back to `alt`, a nested ESI fragment,
     /// an encoded body, a miss) is fetched through the cache.
     fn at_hand(&self, head: &RequestHead) -> Option<Bytes> {
-        let obj = self
-            .pipeline
-            .cache
-            .get_fresh(&PrimaryKey::of(head), &head.headers)?;
+        let obj = self.through.get_fresh(head)?;
         let plain = obj.meta.headers.iter().all(|(name, _)| {
             name != ESI_MARK && !name.eq_ignore_ascii_case(header::CONTENT_ENCODING.as_str())
         });
@@ -341,7 +373,7 @@ impl IncludeFetcher {
 
 impl FragmentFetcher for IncludeFetcher {
     fn fetch(&self, src: &str) -> Fetch {
-        let metrics = &self.pipeline.metrics;
+        let metrics = self.through.metrics();
         let started = metrics.esi_include();
         let timed = self.timings.as_ref().map(|_| Instant::now());
         let head = match self.resolve(src) {
@@ -362,13 +394,16 @@ impl FragmentFetcher for IncludeFetcher {
             }
             return Fetch::Ready(body);
         }
-        let pipeline = self.pipeline.clone();
+        let through = self.through.clone();
         let src = src.to_owned();
         let timings = self.timings.clone();
         Fetch::Pending(Box::pin(async move {
-            let out = pipeline.fetch_for_include(&head).await;
+            // Without the client's conditional or Range fields (they are
+            // not forwarded to includes), and without the policy.
+            let mut head = head;
+            let out = through.serve(&mut head, None).await;
             // The time to the include's response head, as for a backend.
-            pipeline.metrics.esi_include_done(started);
+            through.metrics().esi_include_done(started);
             if let (Some(t), Some(timed)) = (&timings, timed) {
                 match &out {
                     Ok(o) if o.resp.status().is_success() => {
@@ -396,7 +431,7 @@ impl FragmentFetcher for IncludeFetcher {
     fn omitted(&self, src: &str, reason: &FailureReason) {
         // The assembler has logged the src and the reason.
         self.omitted.fetch_add(1, Ordering::Relaxed);
-        self.pipeline.metrics.esi_include_omitted();
+        self.through.metrics().esi_include_omitted();
         if let Some(t) = &self.timings {
             t.omitted(src, &reason.to_string());
         }

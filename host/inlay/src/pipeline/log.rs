@@ -14,11 +14,12 @@ use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_core::{Blame, ProxyError};
 use tracing::{error, info, warn};
 
+use super::{Pipeline, RequestCtx};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::metrics::Metrics;
 
 /// Start the record from the request head as received.
-pub fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
+pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
     let get = |name: http::header::HeaderName| {
         parts
             .headers
@@ -46,7 +47,7 @@ pub fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
 }
 
 /// One diagnostic line for a failed request, at a level that says whose fault it is.
-pub fn failure(e: &ProxyError, r: &AccessRecord) {
+pub(super) fn failure(e: &ProxyError, r: &AccessRecord) {
     match e.blame() {
         Blame::Client => {
             info!(method = %r.method, url = %r.url, status = e.status().as_u16(), "{e}")
@@ -60,14 +61,12 @@ pub fn failure(e: &ProxyError, r: &AccessRecord) {
     }
 }
 
-/// Attach the record to the response body; the line is written when the body ends.
-pub fn finish(
-    resp: Response<ProxyBody>,
-    mut record: AccessRecord,
-    started: Instant,
-    log: AccessLog,
-    metrics: &Arc<Metrics>,
-) -> Response<ProxyBody> {
+/// log: the request's record goes with the response body; its line is
+/// written when the body ends (or is dropped), with the bytes sent and the
+/// time taken.
+pub(super) fn run(p: &Pipeline, ctx: RequestCtx, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    let (log, metrics) = (p.access_log.clone(), &p.metrics);
+    let (mut record, started) = (ctx.record, ctx.started);
     record.status = resp.status().as_u16();
     metrics.served(&record.cache);
     // Only when counting: an Arc clone per request otherwise saved.

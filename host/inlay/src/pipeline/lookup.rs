@@ -4,31 +4,78 @@
 //! the request that holds it fetches for the cache; the others stream its
 //! response from the object being filled (see `inlay_cache::lookup`
 //! for the states).
+//!
+//! [`ThroughCache`] is the cache in front of the upstreams, as the lookup
+//! phase and ESI includes both use it: all an include needs of a
+//! generation, and nothing else.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
 
-use http::Method;
+use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::BodyExt;
+use inlay_cache::stored_headers;
 use inlay_cache::{CacheFetch, Fetched, HttpCache, Lookup, PrimaryKey, fresh_status, stale_status};
-use inlay_core::body::ProxyBody;
-use inlay_core::{CacheStatus, ProxyError, RequestHead, StaleReason, body};
+use inlay_core::body::{self, ProxyBody};
+use inlay_core::{CacheStatus, ProxyError, RequestHead, StaleReason};
 use inlay_runtime::PolicyCall;
 use inlay_storage::StoredObject;
 use tracing::{debug, warn};
 
-use super::fetch::{self, ForCache};
-use super::{Outcome, Pipeline, backend_response, deliver};
-use crate::backend::Picked;
-use crate::backend::director::key_hash;
-use crate::cluster::shard::{Peer, Shard};
-use crate::config::Config;
+use super::fetch::Upstreams;
+use super::{Outcome, Pipeline, RequestCtx, backend_response};
+use crate::metrics::Metrics;
 
-impl Pipeline {
-    /// Looks the request up and, when the cache has nothing to serve,
-    /// fetches it for the cache.
-    pub(super) async fn lookup_and_fetch(
+/// lookup: the request through the cache (the client's body is not sent).
+pub(super) async fn run(p: &Pipeline, ctx: &mut RequestCtx) -> Result<Outcome, ProxyError> {
+    ctx.body = None;
+    let routed = ctx.timing.now();
+    let out = p.through.serve(&mut ctx.head, ctx.policy.as_mut()).await?;
+    ctx.timing.phase("lookup", routed);
+    if let (true, Some(took)) = (ctx.timing.on, out.fetched) {
+        ctx.timing.head.phase("fetch", took);
+    }
+    Ok(out)
+}
+
+/// The cache in front of one generation's upstreams.
+#[derive(Clone)]
+pub struct ThroughCache {
+    cache: HttpCache,
+    upstreams: Upstreams,
+    metrics: Arc<Metrics>,
+}
+
+impl ThroughCache {
+    /// `cache` in front of `upstreams`, counting in `metrics`.
+    pub fn new(cache: HttpCache, upstreams: Upstreams, metrics: Arc<Metrics>) -> Self {
+        Self {
+            cache,
+            upstreams,
+            metrics,
+        }
+    }
+
+    /// The upstreams misses go to.
+    pub fn upstreams(&self) -> &Upstreams {
+        &self.upstreams
+    }
+
+    /// The counters includes are counted in.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// A fresh object for `head` already in memory, without waiting.
+    pub fn get_fresh(&self, head: &RequestHead) -> Option<StoredObject> {
+        self.cache.get_fresh(&PrimaryKey::of(head), &head.headers)
+    }
+
+    /// Looks `head` up and, when the cache has nothing to serve, fetches
+    /// it for the cache; `policy` (none for an ESI include) decides how a
+    /// new response is cached.
+    pub async fn serve(
         &self,
         head: &mut RequestHead,
         mut policy: Option<&mut PolicyCall>,
@@ -43,7 +90,7 @@ impl Pipeline {
             match std::future::poll_fn(|cx| Poll::Ready(lookup.as_mut().poll(cx))).await {
                 Poll::Ready(found) => found,
                 Poll::Pending => {
-                    super::release_while_waiting(policy.as_deref_mut());
+                    release(policy.as_deref_mut());
                     lookup.await
                 }
             }
@@ -51,14 +98,14 @@ impl Pipeline {
         match found {
             Lookup::Fresh(object) => {
                 let status = fresh_status(&object, now);
-                Ok(self.hit(object, status))
+                Ok(hit(object, status))
             }
             Lookup::Stale { object, refresh } => {
                 if let Some(fetch) = refresh {
                     self.refresh_in_background(head, fetch);
                 }
                 let status = stale_status(&object, now, StaleReason::Grace);
-                Ok(self.hit(object, status))
+                Ok(hit(object, status))
             }
             Lookup::Joined(joined) => {
                 let status = joined.status(now);
@@ -67,38 +114,15 @@ impl Pipeline {
                 let mut resp = joined.into_response();
                 // A hit carries its Age, as one from a stored object does.
                 resp.headers_mut()
-                    .insert(http::header::AGE, http::HeaderValue::from(age));
-                // A client that has it gets a 304 now, one that asks for a
-                // range gets it as the body comes; an ESI template's
-                // validators and bytes are not the assembled page's.
-                if !esi {
-                    resp = deliver::conditional_and_range_of_stream(head, resp);
-                }
-                Ok(Outcome::new(resp, status).with_esi(esi))
+                    .insert(header::AGE, HeaderValue::from(age));
+                let mut out = Outcome::new(resp, status).with_esi(esi);
+                out.joined = true;
+                Ok(out)
             }
             Lookup::Fetch(fetch) => {
-                super::release_while_waiting(policy.as_deref_mut());
+                release(policy.as_deref_mut());
                 self.fetch_for_cache(head, fetch, policy).await
             }
-        }
-    }
-
-    /// An ESI include: through the cache, without the client's conditional
-    /// or Range fields (they are not forwarded to includes), and without
-    /// the policy.
-    pub async fn fetch_for_include(&self, head: &RequestHead) -> Result<Outcome, ProxyError> {
-        let mut head = head.clone();
-        self.lookup_and_fetch(&mut head, None).await
-    }
-
-    fn hit(&self, object: StoredObject, status: CacheStatus) -> Outcome {
-        let (resp, esi) = deliver::from_object(&object, inlay_storage::now_ms());
-        Outcome {
-            resp,
-            status,
-            object: Some(object),
-            esi,
-            fetched: None,
         }
     }
 
@@ -111,16 +135,12 @@ impl Pipeline {
         fetch: CacheFetch,
         policy: Option<&mut PolicyCall>,
     ) -> Result<Outcome, ProxyError> {
-        let backend = self.backend(head, || key_hash(fetch.primary().as_str()))?;
-        let fill = for_cache(&self.cache, &self.config, fetch.validators());
+        let upstream = self.upstreams.for_cache(head, fetch.primary())?;
         let sent = std::time::Instant::now();
-        let owner = self.owner_of(head, fetch.primary());
-        let fetched = send_for_cache(owner, &backend, head, fill).await;
+        let fetched = upstream.fetch(head, fetch.validators()).await;
         let took = sent.elapsed();
         match fetch.on_response(fetched).await? {
-            Fetched::Cached { object, status } => {
-                Ok(self.hit(object, status).with_fetch_time(took))
-            }
+            Fetched::Cached { object, status } => Ok(hit(object, status).with_fetch_time(took)),
             Fetched::New(mut new) => {
                 let defaults = new.defaults().clone();
                 let settings = backend_response::run_policy(
@@ -143,25 +163,19 @@ impl Pipeline {
     /// cache as a miss, with the host's default settings (no policy: the
     /// request it would run for is already answered).
     fn refresh_in_background(&self, head: &RequestHead, fetch: CacheFetch) {
-        let Some(backend) = self
-            .backends
-            .pick(&head.backend, || key_hash(fetch.primary().as_str()))
-        else {
+        let Ok(upstream) = self.upstreams.for_cache(head, fetch.primary()) else {
             return;
         };
         // A sick backend is not asked: the stale object is served in its
         // grace (dropping the fetch lets a later request try again).
-        if !backend.backend().is_healthy() {
+        if !upstream.is_healthy() {
             return;
         }
         let head = head.clone();
-        let config = self.config.clone();
         let cache = self.cache.clone();
-        let owner = self.owner_of(&head, fetch.primary());
         tokio::spawn(async move {
             debug!(key = fetch.primary().as_str(), "background refresh");
-            let fill = for_cache(&cache, &config, fetch.validators());
-            let fetched = send_for_cache(owner, &backend, &head, fill).await;
+            let fetched = upstream.fetch(&head, fetch.validators()).await;
             match fetch.on_response(fetched).await {
                 Ok(Fetched::New(new)) => {
                     let settings = new.defaults().clone();
@@ -178,52 +192,34 @@ impl Pipeline {
     }
 }
 
-/// A key's owner among the cluster's nodes, and the shard that chose it.
-type Owner = (Arc<Shard>, Arc<Peer>);
-
-/// A GET for the cache (a miss or a background refresh): to the key's
-/// `owner` when another node owns it (it fetches from the origin, once for
-/// the cluster, and `backend` is the fallback), else to `backend`.
-async fn send_for_cache(
-    owner: Option<Owner>,
-    backend: &Picked,
-    head: &RequestHead,
-    fill: ForCache<'_>,
-) -> Result<http::Response<ProxyBody>, ProxyError> {
-    match owner {
-        Some((shard, owner)) => {
-            let req = fetch::request(head, Method::GET, body::empty(), Some(fill));
-            shard.fetch(&owner, req, backend).await
-        }
-        None => fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await,
+fn release(policy: Option<&mut PolicyCall>) {
+    if let Some(call) = policy {
+        call.release();
     }
 }
 
-impl Pipeline {
-    /// With `[cluster] shard = true`, the owner of `key` when it is another
-    /// node and `head` is not already a peer's fetch (the owner fetches from
-    /// the origin itself).
-    fn owner_of(&self, head: &RequestHead, key: &PrimaryKey) -> Option<Owner> {
-        let shard = self.shard.as_ref()?;
-        if head.headers.contains_key(crate::cluster::shard::HOP) {
-            return None;
-        }
-        Some((shard.clone(), shard.owner(key.as_str())?))
-    }
+/// The outcome of a hit: the response made from the stored object.
+fn hit(object: StoredObject, status: CacheStatus) -> Outcome {
+    let (resp, esi) = from_object(&object, inlay_storage::now_ms());
+    let mut out = Outcome::new(resp, status).with_esi(esi);
+    out.object = Some(object);
+    out
 }
 
-/// What a fetch for the cache (a miss or a background refresh) changes in
-/// the client's request.
-fn for_cache<'a>(
-    cache: &'a HttpCache,
-    config: &'a Config,
-    validators: http::HeaderMap,
-) -> ForCache<'a> {
-    ForCache {
-        validators,
-        codings: &cache.rules().accept_encoding,
-        strip: &config.cache.strip_request_headers,
-    }
+/// The response for a cached object, and whether its body is an ESI
+/// template.
+fn from_object(obj: &StoredObject, now_ms: u64) -> (Response<ProxyBody>, bool) {
+    let mut resp = Response::new(body::full(obj.body.clone()));
+    *resp.status_mut() = StatusCode::from_u16(obj.meta.status).unwrap_or(StatusCode::OK);
+    let (stored, esi) = stored_headers(&obj.meta);
+    *resp.headers_mut() = stored;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(obj.body.len()));
+    h.insert(
+        header::AGE,
+        HeaderValue::from(obj.meta.age_ms(now_ms) / 1000),
+    );
+    (resp, esi)
 }
 
 /// Reads `body` to its end without keeping it, stopping (and dropping the

@@ -1,64 +1,58 @@
 //! The request's way through the host, one phase per file, in the order
-//! they run (see `docs/ARCHITECTURE.md`):
+//! they run (see `docs/ARCHITECTURE.md`). Every phase takes the generation
+//! and the request's context ([`RequestCtx`]), and is entered once:
 //!
-//! 1. [`recv`]: normalise the request; the policy may rewrite it, answer it,
-//!    pick a backend, or choose pass / lookup.
+//! 1. [`recv`]: count, bound and normalise the request; the policy may
+//!    rewrite it, answer it, pick a backend, or choose pass / lookup.
 //! 2. [`lookup`]: the cache key and what the cache holds (coalescing, grace),
-//!    and the fetch for the cache on a miss (revalidation, stale-if-error).
-//! 3. [`fetch`]: the backend request, with Via / X-Forwarded-For.
-//! 4. [`backend_response`]: the policy decides how a response is cached.
-//! 5. [`esi`]: pages that opted in are assembled, includes in parallel.
-//! 6. [`deliver`]: the response headers for the client, conditional and Range.
-//! 7. [`log`]: always runs: one access-log line when the body is done.
+//!    and the fetch for the cache on a miss (revalidation, stale-if-error);
+//!    or [`pass`]: the backend, not the cache. Both send through [`fetch`],
+//!    the one place an upstream is chosen, and let the policy decide on the
+//!    response in [`backend_response`].
+//! 3. [`esi`]: pages that opted in are assembled, includes in parallel.
+//! 4. [`deliver`]: the response headers for the client, conditional and Range.
+//! 5. [`log`]: always runs: one access-log line when the body is done.
 //!
-//! [`purge`] answers the PURGE method; [`invalidate`] drops what a passed
-//! unsafe request (POST, PUT, DELETE...) changed. This file only sequences
-//! the phases.
+//! [`purge`] answers the PURGE and BAN methods (and holds the purge path the
+//! admin API shares); [`invalidate`] drops what a passed unsafe request
+//! (POST, PUT, DELETE...) changed. This file holds the generation and
+//! sequences the phases, nothing else.
 
-pub mod backend_response;
-pub mod deliver;
-pub mod esi;
-pub mod fetch;
-pub mod invalidate;
-pub mod log;
-pub mod lookup;
+mod backend_response;
+mod context;
+mod deliver;
+mod esi;
+mod fetch;
+mod invalidate;
+mod log;
+mod lookup;
+mod pass;
 pub mod purge;
 pub mod recv;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
 
-use http::{Method, Request, Response, header};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use inlay_cache::HttpCache;
-use inlay_core::body::{self, ProxyBody};
-use inlay_core::{CacheStatus, ProxyError, RequestHead};
+use inlay_core::ProxyError;
+use inlay_core::body::ProxyBody;
 use inlay_esi::ParsedTemplates;
 use inlay_runtime::{LoadedPolicy, PolicyCall, PolicyServices, PolicySlot};
-use inlay_storage::StoredObject;
 use tracing::{Instrument, debug_span};
 
-use crate::access_log::{AccessLog, AccessRecord};
-use crate::backend::director::key_hash;
-use crate::backend::{Backends, Picked};
+use crate::access_log::AccessLog;
+use crate::backend::Backends;
 use crate::cluster::kv::SharedKv;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
 use crate::request_id::RequestIds;
-use crate::server_timing::{self, IncludeTimings};
-
-/// Gives the request's policy instance back to the pool before the
-/// request waits on I/O (the backend, another request's fill), so that
-/// slow requests do not keep policy requests, hits included, from getting
-/// one; the next hook catches a new instance up (`PolicyCall::release`).
-fn release_while_waiting(policy: Option<&mut PolicyCall>) {
-    if let Some(call) = policy {
-        call.release();
-    }
-}
+pub use context::{Outcome, RequestCtx};
+use lookup::ThroughCache;
+pub use purge::{Invalidator, PurgeTarget};
+use recv::Route;
 
 /// What a generation's policies reach the host through: its cache and
 /// backends, request ids on subrequests, and the shared kv if any.
@@ -75,22 +69,33 @@ fn host_services(
     )
 }
 
-/// What recv decided.
-#[derive(Debug)]
-pub enum Route {
-    /// Use the cache.
-    Lookup,
-    /// Go to the backend; do not use the cache.
-    Pass,
-    /// Answer at once.
-    Synthetic(Response<ProxyBody>),
+/// The cache in front of a generation's upstreams.
+fn through_cache(
+    config: &Config,
+    cache: &HttpCache,
+    backends: &Backends,
+    shard: Option<Arc<crate::cluster::shard::Shard>>,
+    metrics: &Arc<Metrics>,
+) -> ThroughCache {
+    let upstreams = fetch::Upstreams::new(
+        backends.clone(),
+        shard,
+        cache.rules().accept_encoding.clone(),
+        &config.cache.strip_request_headers,
+    );
+    ThroughCache::new(cache.clone(), upstreams, Arc::clone(metrics))
 }
 
-/// Everything a request needs, shared by all connections.
+/// One generation: everything a request needs, shared by all connections
+/// until a reload makes the next one.
 pub struct Pipeline {
     config: Arc<Config>,
     backends: Backends,
     cache: HttpCache,
+    /// The cache in front of the upstreams (lookups and ESI includes).
+    through: ThroughCache,
+    /// Purges and bans, shared by every generation and the admin API.
+    invalidator: Arc<Invalidator>,
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
     /// The slot's policy when this generation was built: its requests
@@ -118,68 +123,6 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
-/// A response on its way to deliver, with what deliver must know about it.
-pub struct Outcome {
-    resp: Response<ProxyBody>,
-    /// How it was served.
-    status: CacheStatus,
-    /// The complete cached object the response was made from (for
-    /// conditional and Range answers, and the template of an ESI page).
-    object: Option<StoredObject>,
-    /// The body is an ESI template to assemble.
-    esi: bool,
-    /// The backend's time to the response head, when this request fetched.
-    fetched: Option<Duration>,
-}
-
-impl Outcome {
-    fn new(resp: Response<ProxyBody>, status: CacheStatus) -> Self {
-        Self {
-            resp,
-            status,
-            object: None,
-            esi: false,
-            fetched: None,
-        }
-    }
-
-    fn with_esi(mut self, esi: bool) -> Self {
-        self.esi = esi;
-        self
-    }
-
-    fn with_fetch_time(mut self, took: Duration) -> Self {
-        self.fetched = Some(took);
-        self
-    }
-}
-
-/// `Server-Timing` for one request: whether it is on (config, or the
-/// policy's request flag), the head's entries, and an ESI page's include
-/// entries for the trailer.
-#[derive(Debug, Default)]
-struct RequestTiming {
-    on: bool,
-    /// The client can take a trailer (HTTP/2, or HTTP/1.1 with `TE: trailers`).
-    trailers: bool,
-    head: server_timing::Timing,
-    includes: Option<Arc<IncludeTimings>>,
-}
-
-impl RequestTiming {
-    /// `Some(now)` when timing is on, so that requests without it do not
-    /// read the clock.
-    fn now(&self) -> Option<Instant> {
-        self.on.then(Instant::now)
-    }
-
-    fn phase(&mut self, name: &str, since: Option<Instant>) {
-        if let Some(since) = since {
-            self.head.phase(name, since.elapsed());
-        }
-    }
-}
-
 impl Pipeline {
     /// Build the pipeline from a validated config, an open cache and the
     /// policy slot (if a policy is configured), with metrics of its own
@@ -203,7 +146,16 @@ impl Pipeline {
         metrics: Arc<Metrics>,
     ) -> Self {
         let backends = Backends::new(&config, &metrics);
-        Self::build(config, cache, policy, access_log, backends, metrics)
+        let invalidator = Arc::new(Invalidator::new(cache.clone(), Arc::clone(&metrics)));
+        Self::build(
+            config,
+            cache,
+            policy,
+            access_log,
+            backends,
+            metrics,
+            invalidator,
+        )
     }
 
     /// The next generation, for a config reload: `config` with the same
@@ -238,6 +190,7 @@ impl Pipeline {
             access_log,
             backends,
             self.metrics.clone(),
+            Arc::clone(&self.invalidator),
         )
         .with_shared_kv(self.shared_kv.clone())
         .with_shard(self.shard.clone())
@@ -254,6 +207,13 @@ impl Pipeline {
     /// This pipeline fetching misses from their key's owner (`[cluster]
     /// shard = true`); later generations keep it.
     pub fn with_shard(mut self, shard: Option<Arc<crate::cluster::shard::Shard>>) -> Self {
+        self.through = through_cache(
+            &self.config,
+            &self.cache,
+            &self.backends,
+            shard.clone(),
+            &self.metrics,
+        );
         self.shard = shard;
         self
     }
@@ -265,13 +225,17 @@ impl Pipeline {
         access_log: AccessLog,
         backends: Backends,
         metrics: Arc<Metrics>,
+        invalidator: Arc<Invalidator>,
     ) -> Self {
         let request_ids = RequestIds::new(&config.server);
         let services = host_services(&cache, &backends, &request_ids, None);
+        let through = through_cache(&config, &cache, &backends, None, &metrics);
         Self {
             config,
             backends,
             cache,
+            through,
+            invalidator,
             access_log,
             pinned: policy.as_ref().map(|slot| slot.current()),
             policy,
@@ -345,17 +309,14 @@ impl Pipeline {
         &self.cache
     }
 
+    /// Purges and bans (shared by every generation and the admin API).
+    pub fn invalidator(&self) -> &Arc<Invalidator> {
+        &self.invalidator
+    }
+
     /// The validated config this pipeline runs.
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    /// The backend a request goes to: the one it names, or one its
-    /// director picks (a `shard` director hashes `key`, the cache key).
-    fn backend(&self, head: &RequestHead, key: impl FnOnce() -> u64) -> Result<Picked, ProxyError> {
-        self.backends.pick(&head.backend, key).ok_or_else(|| {
-            ProxyError::Internal(format!("backend {} is not configured", head.backend))
-        })
     }
 
     /// Serve one request. Never fails: errors become responses here.
@@ -364,194 +325,33 @@ impl Pipeline {
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
-        let started = Instant::now();
-        let (mut parts, body) = req.into_parts();
-        if let Some(shard) = &self.shard {
-            shard.accept_hop(&mut parts.headers);
-        }
-        let request_id = self.request_ids.assign(&mut parts.headers);
-        // Only the policy may turn Server-Timing on for one request.
-        parts.headers.remove(server_timing::REQUEST_FLAG);
-        let mut timing = RequestTiming {
-            on: self.config.server.server_timing,
-            trailers: server_timing::trailers_allowed(parts.version, &parts.headers),
-            ..RequestTiming::default()
-        };
-        let http1 = parts.version < http::Version::HTTP_2;
-        let mut record = log::start(&parts, peer);
-        self.metrics.client_request(parts.version);
-        record.request_id = request_id
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let (parts, body) = req.into_parts();
+        let mut ctx = RequestCtx::new(&parts, peer, self.config.server.server_timing);
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
-        let limit = self.config.server.max_request_body;
-        let over = Arc::new(AtomicBool::new(false));
-        let result = match recv::check_declared_length(&parts.headers, limit) {
-            Ok(()) => {
-                let body = recv::capped_body(body::boxed(body), limit, over.clone());
-                self.process(parts, body, peer, &mut record, &mut timing, started)
-                    .instrument(span)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        // A backend fetch that failed because the body was cut is a 413.
-        let result = result.map_err(|e| match over.load(Ordering::Relaxed) {
-            true => ProxyError::RequestTooLarge { limit },
-            false => e,
-        });
-        let resp = match result {
+        let req = Request::from_parts(parts, body);
+        let resp = match self.phases(&mut ctx, req).instrument(span).await {
             Ok(resp) => resp,
-            Err(e) => {
-                log::failure(&e, &record);
-                record.error = Some(e.to_string());
-                record.cache = CacheStatus::Error;
-                let mut resp = deliver::finish(e.to_response(), CacheStatus::Error);
-                // After a malformed request nothing on the connection can be
-                // trusted (Varnish and nginx close too); HTTP/2 has no such field.
-                if http1 && matches!(e, ProxyError::BadRequest(_)) {
-                    resp.headers_mut()
-                        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
-                }
-                resp
-            }
+            Err(e) => deliver::failure(&mut ctx, e),
         };
-        let mut resp = resp;
-        if let (Some(name), Some(id)) = (self.request_ids.header(), request_id) {
-            resp.headers_mut().insert(name.clone(), id);
-        }
-        if timing.on {
-            timing.head.cache(record.cache.log_name());
-            if let Some(v) = timing.head.header_value() {
-                resp.headers_mut().append(server_timing::SERVER_TIMING, v);
-            }
-            if let Some(includes) = timing.includes.take() {
-                resp.headers_mut().insert(
-                    header::TRAILER,
-                    http::HeaderValue::from_static("server-timing"),
-                );
-                resp = resp.map(|b| server_timing::with_trailer(b, includes));
-            }
-        }
-        log::finish(
-            resp,
-            record,
-            started,
-            self.access_log.clone(),
-            &self.metrics,
-        )
+        let resp = deliver::stamp(self, &mut ctx, resp);
+        log::run(self, ctx, resp)
     }
 
-    async fn process(
-        self: &Arc<Self>,
-        parts: http::request::Parts,
-        body: ProxyBody,
-        peer: SocketAddr,
-        record: &mut AccessRecord,
-        timing: &mut RequestTiming,
-        started: Instant,
+    /// The phases in order, from the request to the response.
+    async fn phases(
+        &self,
+        ctx: &mut RequestCtx,
+        req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
-        // A peer's fetch for its cache (its hop field was checked in handle).
-        let for_peer =
-            self.shard.is_some() && head.headers.contains_key(crate::cluster::shard::HOP);
-        if let Some(shard) = self.shard.as_ref().filter(|s| s.is_own_hop(&head.headers)) {
-            drop((body, shard));
-            return Ok(crate::cluster::shard::loop_response());
-        }
-        if head.method.as_str() == "PURGE" {
-            record.cache = CacheStatus::Purge;
-            return purge::purge(&self.cache, &self.config.cache, &head, &self.metrics).await;
-        }
-        if head.method.as_str() == "BAN" {
-            record.cache = CacheStatus::Purge;
-            return purge::ban(&self.cache, &self.config.cache, &head).await;
-        }
-        let mut policy = self.start_policy().await?;
-        let route = recv::route(&mut head, policy.as_mut(), &self.metrics).await?;
-        // Whatever the policy set, the flag goes no further.
-        timing.on |= server_timing::take_request_flag(&mut head.headers);
-        timing.phase("recv", Some(started));
-        let routed = timing.now();
-        record.backend = Some(head.backend.clone());
-        let mut out = match route {
-            Route::Synthetic(resp) => Outcome::new(resp, CacheStatus::Synthetic),
-            Route::Pass => {
-                release_while_waiting(policy.as_mut());
-                let backend = self.backend(&head, || {
-                    key_hash(inlay_cache::PrimaryKey::of(&head).as_str())
-                })?;
-                let body = recv::counted_body(body, &self.metrics);
-                let mut resp =
-                    fetch::send(&backend, &head, head.method.clone(), body, None).await?;
-                timing.phase("fetch", routed);
-                invalidate::after_unsafe(&self.cache, &head, resp.status(), resp.headers()).await;
-                let defaults =
-                    backend_response::default_settings(&resp, &self.cache.rules().defaults);
-                let settings = backend_response::run_policy(
-                    policy.as_mut(),
-                    &mut head,
-                    &mut resp,
-                    defaults,
-                    &self.metrics,
-                )
-                .await?;
-                Outcome::new(resp, CacheStatus::Pass).with_esi(settings.esi)
-            }
-            Route::Lookup => {
-                drop(body);
-                let out = self.lookup_and_fetch(&mut head, policy.as_mut()).await?;
-                timing.phase("lookup", routed);
-                if let (true, Some(took)) = (timing.on, out.fetched) {
-                    timing.head.phase("fetch", took);
-                }
-                out
-            }
+        let out = match recv::run(self, ctx, req).await? {
+            Route::Answer(resp) => return Ok(resp),
+            Route::Purge => return purge::purge_method(self, ctx).await,
+            Route::Ban => return purge::ban_method(self, ctx).await,
+            Route::Synthetic(resp) => Outcome::new(resp, inlay_core::CacheStatus::Synthetic),
+            Route::Pass => pass::run(self, ctx).await?,
+            Route::Lookup => lookup::run(self, ctx).await?,
         };
-        let delivering = timing.now();
-        let mut esi_vars = Vec::new();
-        if let Some(call) = &policy {
-            let o = call.esi_overrides();
-            if let Some(enabled) = o.enabled {
-                out.esi = enabled;
-            }
-            esi_vars = o.vars.clone();
-        }
-        record.cache = out.status;
-        let resp = match (&out.object, out.esi) {
-            // The peer caches the template and assembles it itself.
-            (_, true) if for_peer => out.resp,
-            (_, true) if head.method == Method::HEAD => {
-                // The assembled length is unknown without assembling.
-                let mut resp = out.resp;
-                resp.headers_mut().remove(header::CONTENT_LENGTH);
-                resp
-            }
-            (obj, true) => {
-                let template = obj.as_ref().map(|o| &o.body);
-                let omitted = Arc::new(AtomicU32::new(0));
-                record.esi_omitted = Some(Arc::clone(&omitted));
-                if timing.on && timing.trailers {
-                    timing.includes = Some(Arc::default());
-                }
-                let includes = timing.includes.clone();
-                esi::process(
-                    self, &head, out.resp, template, &esi_vars, omitted, includes,
-                )
-                .await?
-            }
-            (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
-            (None, false) => out.resp,
-        };
-        let edge_fields = for_peer.then(|| crate::cluster::shard::edge_fields(resp.headers()));
-        let mut resp = deliver::finish(resp, out.status);
-        // A peer stores what the origin said to edges (TTL, ESI, surrogate keys).
-        if let Some(fields) = edge_fields {
-            resp.headers_mut().extend(fields);
-        }
-        let resp = deliver::run_policy(policy.as_mut(), &mut head, resp, &self.metrics).await;
-        timing.phase("deliver", delivering);
-        resp
+        let out = esi::run(self, ctx, out).await?;
+        deliver::run(self, ctx, out).await
     }
 }

@@ -1,5 +1,8 @@
-//! recv: the first phase. The host normalises the request (Host, URI form,
-//! hop-by-hop fields); then the route is decided.
+//! recv: the first phase, in one place. The request is counted, given its
+//! id, bounded (its declared and streamed body), normalised (Host, URI
+//! form, hop-by-hop fields) and checked for the cluster's hop; then the
+//! route is decided: PURGE and BAN go to their handlers, the policy's
+//! `on-request` (or the built-in rules) chooses lookup, pass or an answer.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -8,34 +11,86 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, Uri, header};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::{LengthLimitError, Limited};
+use hyper::body::Incoming;
 use inlay_core::body::{BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestAction, RequestHead, body, headers};
 use inlay_runtime::{Hook, PolicyCall};
 
-use super::Route;
+use super::{Pipeline, RequestCtx};
 use crate::metrics::Metrics;
+use crate::server_timing;
 
-/// The request body, its bytes counted in `metrics` as they are read (a
-/// passed request's body; the cache never reads one).
-pub fn counted_body(body: ProxyBody, metrics: &Arc<Metrics>) -> ProxyBody {
-    if !metrics.enabled() {
-        return body;
+/// What recv decided.
+#[derive(Debug)]
+pub enum Route {
+    /// Use the cache.
+    Lookup,
+    /// Go to the backend; do not use the cache.
+    Pass,
+    /// Answer at once: the policy's synthetic response.
+    Synthetic(Response<ProxyBody>),
+    /// Answer at once, as it is (a peer's fetch that came back to this node).
+    Answer(Response<ProxyBody>),
+    /// The PURGE method.
+    Purge,
+    /// The BAN method.
+    Ban,
+}
+
+/// recv: from the request as it came to the route, with `ctx` holding the
+/// normalised head, the bounded body and the policy instance.
+pub(super) async fn run(
+    p: &Pipeline,
+    ctx: &mut RequestCtx,
+    req: Request<Incoming>,
+) -> Result<Route, ProxyError> {
+    let (mut parts, body) = req.into_parts();
+    p.metrics.client_request(parts.version);
+    if let Some(shard) = &p.shard {
+        shard.accept_hop(&mut parts.headers);
     }
-    let metrics = Arc::clone(metrics);
-    body::boxed(body.map_frame(move |frame| {
-        if let Some(data) = frame.data_ref() {
-            metrics.request_body_bytes(data.len() as u64);
-        }
-        frame
-    }))
+    ctx.request_id = p.request_ids.assign(&mut parts.headers);
+    ctx.record.request_id = ctx
+        .request_id
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // Only the policy may turn Server-Timing on for one request.
+    parts.headers.remove(server_timing::REQUEST_FLAG);
+    let limit = p.config.server.max_request_body;
+    ctx.body_limit = limit;
+    check_declared_length(&parts.headers, limit)?;
+    ctx.body = Some(capped_body(body::boxed(body), limit, ctx.body_over.clone()));
+    ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
+    let hop = crate::cluster::shard::HOP;
+    ctx.for_peer = p.shard.is_some() && ctx.head.headers.contains_key(hop);
+    if p.shard
+        .as_ref()
+        .is_some_and(|s| s.is_own_hop(&ctx.head.headers))
+    {
+        ctx.body = None;
+        return Ok(Route::Answer(crate::cluster::shard::loop_response()));
+    }
+    match ctx.head.method.as_str() {
+        "PURGE" => return Ok(Route::Purge),
+        "BAN" => return Ok(Route::Ban),
+        _ => {}
+    }
+    ctx.policy = p.start_policy().await?;
+    let route = route(&mut ctx.head, ctx.policy.as_mut(), &p.metrics).await?;
+    // Whatever the policy set, the flag goes no further.
+    ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
+    ctx.timing.phase("recv", Some(ctx.started));
+    ctx.record.backend = Some(ctx.head.backend.clone());
+    Ok(route)
 }
 
 /// Refuses a request whose declared `Content-Length` is over `limit`
 /// bytes, before anything is sent to a backend.
-pub fn check_declared_length(headers: &HeaderMap, limit: u64) -> Result<(), ProxyError> {
+fn check_declared_length(headers: &HeaderMap, limit: u64) -> Result<(), ProxyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -50,7 +105,7 @@ pub fn check_declared_length(headers: &HeaderMap, limit: u64) -> Result<(), Prox
 /// chunked body can claim any chunk size, so the stream itself is
 /// counted); `over` is set when it did, so the failure is the client's 413
 /// and not the backend's 502.
-pub fn capped_body(body: ProxyBody, limit: u64, over: Arc<AtomicBool>) -> ProxyBody {
+fn capped_body(body: ProxyBody, limit: u64, over: Arc<AtomicBool>) -> ProxyBody {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     inlay_core::body::boxed(CappedBody {
         inner: Limited::new(body, limit),
@@ -149,7 +204,7 @@ pub fn normalise(
 
 /// The route: the policy's `on-request` decides when there is a policy (it
 /// may also rewrite `head`); otherwise the built-in rules.
-pub async fn route(
+async fn route(
     head: &mut RequestHead,
     policy: Option<&mut PolicyCall>,
     metrics: &Metrics,
@@ -178,7 +233,7 @@ pub async fn route(
 }
 
 /// Varnish's built-in `vcl_recv` decision.
-pub fn builtin(head: &RequestHead) -> Route {
+fn builtin(head: &RequestHead) -> Route {
     let cacheable_method = head.method == http::Method::GET || head.method == http::Method::HEAD;
     if !cacheable_method
         || head.headers.contains_key(header::AUTHORIZATION)

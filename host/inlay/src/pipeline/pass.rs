@@ -1,0 +1,50 @@
+//! pass: the request goes to its backend with the client's body, and the
+//! response to the client; nothing is looked up or stored. A non-error
+//! answer to an unsafe method drops what it changed from the cache
+//! ([`invalidate`](super::invalidate)); the policy's `on-backend-response`
+//! still sees the response (and may turn ESI on).
+
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
+use inlay_core::body::{self, ProxyBody};
+use inlay_core::{CacheStatus, ProxyError};
+
+use super::{Outcome, Pipeline, RequestCtx, backend_response, fetch, invalidate};
+use crate::metrics::Metrics;
+
+/// pass: fetch, invalidate after an unsafe method, backend response.
+pub(super) async fn run(p: &Pipeline, ctx: &mut RequestCtx) -> Result<Outcome, ProxyError> {
+    ctx.release_policy();
+    let routed = ctx.timing.now();
+    let backend = p.through.upstreams().for_pass(&ctx.head)?;
+    let body = counted_body(ctx.body.take().unwrap_or_else(body::empty), &p.metrics);
+    let mut resp = fetch::pass(&backend, &ctx.head, body).await?;
+    ctx.timing.phase("fetch", routed);
+    invalidate::after_unsafe(&p.cache, &ctx.head, resp.status(), resp.headers()).await;
+    let defaults = backend_response::default_settings(&resp, &p.cache.rules().defaults);
+    let settings = backend_response::run_policy(
+        ctx.policy.as_mut(),
+        &mut ctx.head,
+        &mut resp,
+        defaults,
+        &p.metrics,
+    )
+    .await?;
+    Ok(Outcome::new(resp, CacheStatus::Pass).with_esi(settings.esi))
+}
+
+/// The request body, its bytes counted in `metrics` as they are read (a
+/// passed request's body; the cache never reads one).
+fn counted_body(body: ProxyBody, metrics: &Arc<Metrics>) -> ProxyBody {
+    if !metrics.enabled() {
+        return body;
+    }
+    let metrics = Arc::clone(metrics);
+    body::boxed(body.map_frame(move |frame| {
+        if let Some(data) = frame.data_ref() {
+            metrics.request_body_bytes(data.len() as u64);
+        }
+        frame
+    }))
+}
