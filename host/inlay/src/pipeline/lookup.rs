@@ -12,6 +12,7 @@ use std::task::Poll;
 use http::Method;
 use http_body_util::BodyExt;
 use inlay_cache::{CacheFetch, Fetched, HttpCache, Lookup, PrimaryKey, fresh_status, stale_status};
+use inlay_cluster::shard::{Peer, Shard};
 use inlay_core::body::ProxyBody;
 use inlay_core::{CacheStatus, ProxyError, RequestHead, StaleReason, body};
 use inlay_runtime::PolicyCall;
@@ -22,7 +23,7 @@ use super::fetch::{self, ForCache};
 use super::{Outcome, Pipeline, backend_response, deliver};
 use crate::backend::Picked;
 use crate::backend::director::key_hash;
-use crate::cluster::shard::{Peer, Shard};
+use crate::body::TimeoutBody;
 use crate::config::Config;
 
 impl Pipeline {
@@ -192,8 +193,29 @@ async fn send_for_cache(
 ) -> Result<http::Response<ProxyBody>, ProxyError> {
     match owner {
         Some((shard, owner)) => {
-            let req = fetch::request(head, Method::GET, body::empty(), Some(fill));
-            shard.fetch(&owner, req, backend).await
+            let (parts, _) =
+                fetch::request(head, Method::GET, body::empty(), Some(fill)).into_parts();
+            let timeouts = backend.backend().config();
+            match shard
+                .fetch(&owner, &parts, timeouts.first_byte_timeout)
+                .await
+            {
+                Ok(resp) => Ok(resp.map(|incoming| {
+                    let name = format!("cluster node {}", owner.name());
+                    body::boxed(TimeoutBody::new(
+                        incoming,
+                        timeouts.between_bytes_timeout,
+                        name,
+                        (),
+                    ))
+                })),
+                // Unreachable: the backend, as if no node owned the key.
+                Err(_) => {
+                    backend
+                        .send(http::Request::from_parts(parts, body::empty()))
+                        .await
+                }
+            }
         }
         None => fetch::send(backend, head, Method::GET, body::empty(), Some(fill)).await,
     }
@@ -205,7 +227,7 @@ impl Pipeline {
     /// the origin itself).
     fn owner_of(&self, head: &RequestHead, key: &PrimaryKey) -> Option<Owner> {
         let shard = self.shard.as_ref()?;
-        if head.headers.contains_key(crate::cluster::shard::HOP) {
+        if head.headers.contains_key(inlay_cluster::shard::HOP) {
             return None;
         }
         Some((shard.clone(), shard.owner(key.as_str())?))

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use http::{Method, Request, Response, header};
 use hyper::body::Incoming;
 use inlay_cache::HttpCache;
+use inlay_cluster::kv::SharedKv;
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError, RequestHead};
 use inlay_esi::ParsedTemplates;
@@ -43,7 +44,6 @@ use tracing::{Instrument, debug_span};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::backend::director::key_hash;
 use crate::backend::{Backends, Picked};
-use crate::cluster::kv::SharedKv;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
@@ -106,7 +106,7 @@ pub struct Pipeline {
     /// The cluster's shared policy kv, carried to later generations.
     shared_kv: Option<SharedKv>,
     /// `[cluster] shard = true`: misses go to their key's owner.
-    shard: Option<Arc<crate::cluster::shard::Shard>>,
+    shard: Option<Arc<inlay_cluster::shard::Shard>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -253,7 +253,7 @@ impl Pipeline {
 
     /// This pipeline fetching misses from their key's owner (`[cluster]
     /// shard = true`); later generations keep it.
-    pub fn with_shard(mut self, shard: Option<Arc<crate::cluster::shard::Shard>>) -> Self {
+    pub fn with_shard(mut self, shard: Option<Arc<inlay_cluster::shard::Shard>>) -> Self {
         self.shard = shard;
         self
     }
@@ -301,13 +301,6 @@ impl Pipeline {
         }
         let bans = self.cache.ban_counts();
         self.metrics.observe_bans(bans.added, bans.active);
-        if let Some(kv) = &self.shared_kv {
-            let (keys, bytes) = kv.usage();
-            self.metrics.observe_shared_kv(keys, bytes, kv.dropped());
-        }
-        if let Some(shard) = &self.shard {
-            self.metrics.observe_shard(shard);
-        }
     }
 
     /// A fresh instance of this generation's policy for one request, if any.
@@ -454,11 +447,10 @@ impl Pipeline {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut head = recv::normalise(parts, peer, self.backends.default_name())?;
         // A peer's fetch for its cache (its hop field was checked in handle).
-        let for_peer =
-            self.shard.is_some() && head.headers.contains_key(crate::cluster::shard::HOP);
+        let for_peer = self.shard.is_some() && head.headers.contains_key(inlay_cluster::shard::HOP);
         if let Some(shard) = self.shard.as_ref().filter(|s| s.is_own_hop(&head.headers)) {
             drop((body, shard));
-            return Ok(crate::cluster::shard::loop_response());
+            return Ok(inlay_cluster::shard::loop_response());
         }
         if head.method.as_str() == "PURGE" {
             record.cache = CacheStatus::Purge;
@@ -544,7 +536,7 @@ impl Pipeline {
             (Some(obj), false) => deliver::conditional_and_range(&head, out.resp, obj),
             (None, false) => out.resp,
         };
-        let edge_fields = for_peer.then(|| crate::cluster::shard::edge_fields(resp.headers()));
+        let edge_fields = for_peer.then(|| inlay_cluster::shard::edge_fields(resp.headers()));
         let mut resp = deliver::finish(resp, out.status);
         // A peer stores what the origin said to edges (TTL, ESI, surrogate keys).
         if let Some(fields) = edge_fields {
