@@ -14,7 +14,9 @@
 //!   becomes an HTTP status;
 //! - [`body`]: the one body type ([`ProxyBody`]) every layer streams;
 //! - [`headers`]: header rules every phase applies (hop-by-hop, `Via`,
-//!   `X-Forwarded-For`).
+//!   `X-Forwarded-For`);
+//! - [`rendezvous`]: the one hash that picks a key's backend in a `shard`
+//!   director and a key's owner node in a sharded cluster.
 //!
 //! This crate depends on neither tokio nor wasmtime.
 
@@ -23,6 +25,7 @@ mod error;
 mod head;
 pub mod headers;
 mod policy;
+pub mod rendezvous;
 mod status;
 
 pub use body::{BoxError, ProxyBody};

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use inlay_cache::{CacheStore, HttpCache};
+use inlay_cluster::Cluster;
 use inlay_runtime::{PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
 use inlay_storage::{StoreConfig, StoreError, TieredStore};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
-use crate::cluster::Cluster;
 use crate::config::{Config, Overrides, PolicyConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -355,6 +355,7 @@ impl Proxy {
         let policy = load_policy(&cfg).await?;
         let admin = admin_of(&cfg, policy.as_ref())?;
         let metrics = Metrics::new(cfg.metrics.enabled);
+        let cluster_metrics = crate::cluster::metrics(&metrics);
         // A certificate or key that does not load stops start-up here.
         let tls = Tls::new(&cfg.server.tls).map_err(|errors| {
             anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
@@ -363,7 +364,7 @@ impl Proxy {
         // miss the purges of the others.
         let cluster = match &cfg.cluster {
             Some(c) => {
-                let cluster = Cluster::connect(c).await?;
+                let cluster = Cluster::connect(c, cluster_metrics).await?;
                 info!(node = %c.node_name, servers = %c.nats_urls.join(", "), "cluster: joined");
                 Some(cluster)
             }
@@ -439,11 +440,11 @@ impl Proxy {
             cluster,
         } = self;
         let store = open_store(&cfg)?;
-        let shared_kv = crate::cluster::kv::open_if_configured(cluster.as_ref()).await?;
+        let shared_kv = inlay_cluster::kv::open_if_configured(cluster.as_ref()).await?;
         let listeners: Vec<Listener> = listeners.into_iter().map(Into::into).collect();
         let listening = listeners.iter().find(|l| !l.is_tls());
         let listening = listening.and_then(|l| l.local_addr().ok());
-        let shard = crate::cluster::shard::start(cluster.as_ref(), listening).await?;
+        let shard = inlay_cluster::shard::start(cluster.as_ref(), listening).await?;
         let pipeline = Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
@@ -462,13 +463,12 @@ impl Proxy {
         // Other nodes' purges this one missed are applied before it serves,
         // and the admin API's purges are published from the first.
         let fanout = match &cluster {
-            Some(c) => Some(crate::cluster::fanout::Fanout::start_for(c, &reloader).await?),
+            Some(c) => Some(crate::cluster::start_fanout(c, &reloader).await?),
             None => None,
         };
         wire_admin(&admin, &reloader);
         // The cluster's current policy version applies before the node serves.
-        let rollout = crate::cluster::rollout::start(cluster.as_ref(), &reloader).await;
-        crate::cluster::rollout::wire_admin(&admin, rollout);
+        crate::cluster::start_rollout(cluster.as_ref(), &reloader, &admin).await;
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));

@@ -8,18 +8,18 @@
 //! request's path through the host ([`pipeline`], one phase per file), the
 //! backends ([`backend`]), the access log ([`access_log`]), config
 //! reloads ([`reload`]), the admin API ([`admin`]) and the Prometheus
-//! counters ([`metrics`]), and the NATS cluster several nodes share
-//! ([`cluster`]). The HTTP
-//! model, the cache, ESI and the policy runtime are crates of their own
-//! (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`); see
-//! `docs/ARCHITECTURE.md`.
+//! counters ([`metrics`]), and this node's side of the NATS cluster several
+//! nodes share (`cluster`). The HTTP
+//! model, the cache, ESI, the policy runtime and the cluster are crates of
+//! their own (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`,
+//! `inlay-cluster`); see `docs/ARCHITECTURE.md`.
 
 pub mod access_log;
 pub mod admin;
 pub mod backend;
 pub mod body;
 pub mod cli;
-pub mod cluster;
+mod cluster;
 pub mod codec;
 pub mod config;
 pub mod manpage;

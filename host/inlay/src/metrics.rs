@@ -21,6 +21,7 @@ use inlay_core::CacheStatus;
 use inlay_runtime::{Hook, PolicyError, PolicySlot};
 use inlay_storage::StoreStats;
 use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -274,7 +275,8 @@ impl BackendMetrics {
 pub struct Metrics {
     /// `[metrics] enabled` of the current generation (a reload sets it).
     enabled: Arc<AtomicBool>,
-    registry: Registry,
+    /// Locked to add a collector and to write the text.
+    registry: Mutex<Registry>,
     /// The pipeline generation `render` reads the store and policy of.
     source: Mutex<Weak<Pipeline>>,
 
@@ -297,8 +299,6 @@ pub struct Metrics {
     purged_objects: Counter,
     bans_added: CopiedCounter,
     bans_active: Gauge,
-    /// `[cluster] shard = true`: members and owner fetches.
-    cluster_shard: crate::cluster::shard::ShardMetrics,
 
     store_objects: Family<TierLabel, Gauge>,
     store_bytes: Family<TierLabel, Gauge>,
@@ -333,18 +333,6 @@ pub struct Metrics {
     policy_oom: Counter,
     policy_pool_in_use: Gauge,
     policy_pool_size: Gauge,
-
-    cluster_invalidations: Family<KindLabel, Counter>,
-    /// `inlay_policy_info{version}`: the cluster policy version running.
-    policy_version: Family<VersionLabel, Gauge>,
-    cluster_kv_keys: Gauge,
-    cluster_kv_bytes: Gauge,
-    cluster_kv_dropped: CopiedCounter,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VersionLabel {
-    version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -368,7 +356,7 @@ impl Metrics {
         let hook_time: TimingFamily<HookLabel> = Family::new_with_constructor(hook_timing);
         let mut m = Self {
             enabled: Arc::new(AtomicBool::new(enabled)),
-            registry: Registry::with_prefix("inlay"),
+            registry: Mutex::new(Registry::with_prefix("inlay")),
             source: Mutex::new(Weak::new()),
             requests: PROTOCOLS
                 .map(|protocol| requests.get_or_create(&ProtocolLabel { protocol }).clone()),
@@ -389,7 +377,6 @@ impl Metrics {
             purged_objects: c(),
             bans_added: CopiedCounter::default(),
             bans_active: Gauge::default(),
-            cluster_shard: Default::default(),
             store_objects: Family::default(),
             store_bytes: Family::default(),
             store_capacity: Family::default(),
@@ -420,11 +407,6 @@ impl Metrics {
             policy_oom: c(),
             policy_pool_in_use: Gauge::default(),
             policy_pool_size: Gauge::default(),
-            cluster_invalidations: Family::default(),
-            policy_version: Family::default(),
-            cluster_kv_keys: Gauge::default(),
-            cluster_kv_bytes: Gauge::default(),
-            cluster_kv_dropped: CopiedCounter::default(),
         };
         let mut r = Registry::with_prefix("inlay");
         r.register(
@@ -439,12 +421,11 @@ impl Metrics {
             hook_time,
         );
         m.register_all(&mut r);
-        m.registry = r;
+        m.registry = Mutex::new(r);
         Arc::new(m)
     }
 
     fn register_all(&self, r: &mut Registry) {
-        self.cluster_shard.register(r);
         r.register(
             "connections_open",
             "Client connections open now",
@@ -672,31 +653,6 @@ impl Metrics {
             "Policy instance slots in the pool",
             self.policy_pool_size.clone(),
         );
-        r.register(
-            "cluster_invalidations",
-            "Purges and bans of the cluster's fan-out, by kind: published, publish_failed, lost, applied, replayed, duplicate, malformed, apply_failed, cache_cleared",
-            self.cluster_invalidations.clone(),
-        );
-        r.register(
-            "policy_info",
-            "The policy version pushed to the cluster this node runs (value 1)",
-            self.policy_version.clone(),
-        );
-        r.register(
-            "cluster_kv_keys",
-            "Keys in this node's copy of the shared policy kv",
-            self.cluster_kv_keys.clone(),
-        );
-        r.register(
-            "cluster_kv_bytes",
-            "Bytes charged to this node's copy of the shared policy kv",
-            self.cluster_kv_bytes.clone(),
-        );
-        r.register(
-            "cluster_kv_dropped",
-            "Shared kv entries left out of this node's copy (past cluster.kv_max_bytes)",
-            self.cluster_kv_dropped.clone(),
-        );
     }
 }
 
@@ -710,6 +666,18 @@ impl Metrics {
     /// counts so far stay; nothing is counted while it is off.
     pub fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// The flag [`Metrics::enabled`] reads, for counters kept elsewhere
+    /// that count only while these do (the cluster's).
+    pub fn enabled_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.enabled)
+    }
+
+    /// Figures their owner keeps and writes itself at each scrape, after
+    /// these (the cluster's: `inlay_cluster_*`, `inlay_policy_info`).
+    pub fn register_collector(&self, collector: Box<dyn Collector>) {
+        self.registry.lock().register_collector(collector);
     }
 
     /// The pipeline whose store and policy [`Metrics::render`] reads: the
@@ -735,7 +703,7 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(16 << 10);
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock());
         out
     }
 
@@ -806,37 +774,12 @@ impl Metrics {
         }
     }
 
-    /// Counts `n` events of the cluster's purge fan-out
-    /// (`inlay_cluster_invalidations_total{kind}`, see
-    /// [`crate::cluster::fanout::kind`]).
-    pub fn cluster_invalidation(&self, kind: &'static str, n: u64) {
-        if self.enabled() && n > 0 {
-            self.cluster_invalidations
-                .get_or_create(&KindLabel { kind })
-                .inc_by(n);
-        }
-    }
-
-    /// The count of one kind of [`cluster_invalidation`](Self::cluster_invalidation).
-    pub fn cluster_invalidations(&self, kind: &'static str) -> u64 {
-        self.cluster_invalidations
-            .get_or_create(&KindLabel { kind })
-            .get()
-    }
-
     /// The ban list's counts, read from the cache at scrape time.
     pub fn observe_bans(&self, added: u64, active: u64) {
         if self.enabled() {
             self.bans_added.set(added);
             self.bans_active
                 .set(i64::try_from(active).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// Sharding's figures, read from the shard at scrape time.
-    pub fn observe_shard(&self, shard: &crate::cluster::shard::Shard) {
-        if self.enabled() {
-            self.cluster_shard.observe(shard);
         }
     }
 
@@ -971,33 +914,6 @@ impl Metrics {
         self.store_disk_index_records
             .set(gauge(s.disk_index_records));
         self.store_disk_index_bytes.set(gauge(s.disk_index_bytes));
-    }
-
-    /// This node's copy of the shared kv, read at scrape time.
-    pub fn observe_shared_kv(&self, keys: u64, bytes: u64, dropped: u64) {
-        if self.enabled() {
-            self.cluster_kv_keys
-                .set(i64::try_from(keys).unwrap_or(i64::MAX));
-            self.cluster_kv_bytes
-                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-            self.cluster_kv_dropped.set(dropped);
-        }
-    }
-
-    /// This node now runs the cluster's policy `version` (set even while
-    /// counting is off: it is state, not a count).
-    pub fn set_policy_version(&self, version: &str) {
-        self.policy_version.clear();
-        self.policy_version
-            .get_or_create(&VersionLabel {
-                version: version.to_owned(),
-            })
-            .set(1);
-    }
-
-    /// This node runs its own `policy.path` again: no pushed version.
-    pub fn clear_policy_version(&self) {
-        self.policy_version.clear();
     }
 
     /// Copies the policy runtime's counts: replayed and live hooks of the

@@ -10,6 +10,7 @@ use futures_util::future::BoxFuture;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use inlay_cache::{HttpCache, PrimaryKey, WeakHttpCache, object_meta, stored_headers};
+use inlay_cluster::kv::SharedKv;
 use inlay_core::{CacheSettings, ProxyError, body, headers};
 use inlay_runtime::{
     BodyBudget, CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse,
@@ -17,7 +18,6 @@ use inlay_runtime::{
 
 use crate::backend::director::key_hash;
 use crate::backend::{Backends, Picked};
-use crate::cluster::kv::SharedKv;
 
 /// Largest subrequest response body a policy may buffer.
 pub const MAX_SUBREQUEST_BODY: usize = 8 << 20;

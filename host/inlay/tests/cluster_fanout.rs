@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{Harness, NatsServer, Origin, Reply, request};
-use inlay::cluster::fanout::kind;
+use inlay_cluster::fanout::kind;
 
 const HOST: &str = "www.example.com";
 
@@ -68,11 +68,11 @@ async fn fresh_hit(node: &Harness, path: &str) -> bool {
 /// Wait (at most 20 s) until `node` has counted `n` events of `kind`.
 async fn wait_count(node: &Harness, kind: &'static str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while node.metrics.cluster_invalidations(kind) < n {
+    while node.cluster_invalidations(kind) < n {
         assert!(
             Instant::now() < deadline,
             "{kind}: {} of {n} within 20 s",
-            node.metrics.cluster_invalidations(kind)
+            node.cluster_invalidations(kind)
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -107,7 +107,7 @@ async fn purges_soft_purges_and_bans_on_one_node_reach_the_others() {
     wait_count(&b, kind::APPLIED, 1).await;
     wait_count(&c, kind::APPLIED, 1).await;
     assert!(!fresh_hit(&b, url).await && !fresh_hit(&c, url).await);
-    assert_eq!(a.metrics.cluster_invalidations(kind::APPLIED), 0, "its own");
+    assert_eq!(a.cluster_invalidations(kind::APPLIED), 0, "its own");
     wait_count(&a, kind::PUBLISHED, 1).await;
 
     // By surrogate key on b.
@@ -141,6 +141,37 @@ async fn purges_soft_purges_and_bans_on_one_node_reach_the_others() {
         assert!(!fresh_hit(n, banned).await, "banned");
         assert!(fresh_hit(n, spared).await, "the ban spares other URLs");
     }
+}
+
+/// A series' value in `node`'s metrics text.
+async fn metric(node: &Harness, series: &str) -> u64 {
+    let text = node.metrics.render().await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+/// The objects another node's purge removes here count in this node's
+/// `inlay_purged_objects_total`, as its own purges' do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_another_nodes_purge_removes_here_are_counted_here() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let a = node(&nats, &origin, "a", "").await;
+    let b = node(&nats, &origin, "b", "").await;
+    let tagged = [
+        "/bytes/91?cc=max-age%3D60&sk=counted",
+        "/bytes/92?cc=max-age%3D60&sk=counted",
+    ];
+    for path in tagged {
+        warm(&[&a, &b], path).await;
+    }
+    assert_eq!(metric(&b, "inlay_purged_objects_total").await, 0);
+    ok(&send(&a, "PURGE", "/", &[("surrogate-key", "counted")]).await);
+    wait_count(&b, kind::APPLIED, 1).await;
+    assert_eq!(metric(&a, "inlay_purged_objects_total").await, 2);
+    assert_eq!(metric(&b, "inlay_purged_objects_total").await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,8 +227,8 @@ async fn a_node_restarted_on_its_disk_serves_nothing_purged_while_it_was_away() 
         assert!(!fresh_hit(&b, p).await, "{p} was purged while b was away");
     }
     // It answered: it replayed before it served.
-    assert_eq!(b.metrics.cluster_invalidations(kind::REPLAYED), 3);
-    assert_eq!(b.metrics.cluster_invalidations(kind::CACHE_CLEARED), 0);
+    assert_eq!(b.cluster_invalidations(kind::REPLAYED), 3);
+    assert_eq!(b.cluster_invalidations(kind::CACHE_CLEARED), 0);
     for p in &paths[3..] {
         assert!(fresh_hit(&b, p).await, "{p} is still served from disk");
     }
@@ -229,7 +260,7 @@ async fn a_node_that_missed_more_than_the_stream_keeps_starts_empty() {
         !fresh_hit(&b, kept).await,
         "b cannot know what it missed: nothing from before is served"
     );
-    assert_eq!(b.metrics.cluster_invalidations(kind::CACHE_CLEARED), 1);
+    assert_eq!(b.cluster_invalidations(kind::CACHE_CLEARED), 1);
 }
 
 /// A client of the test's own on the cluster's subjects, as any node (or
@@ -329,7 +360,7 @@ async fn fan_out_latency_with(disk: bool) {
         let start = Instant::now();
         ok(&send(&nodes[0], "PURGE", &format!("/latency/{i}"), &[]).await);
         for n in &nodes[1..] {
-            while n.metrics.cluster_invalidations(kind::APPLIED) < i + 1 {
+            while n.cluster_invalidations(kind::APPLIED) < i + 1 {
                 assert!(start.elapsed() < Duration::from_secs(20), "purge {i} lost");
                 tokio::time::sleep(Duration::from_micros(100)).await;
             }
@@ -346,7 +377,7 @@ async fn fan_out_latency_with(disk: bool) {
         took[took.len() - 1]
     );
     for n in &nodes[1..] {
-        assert_eq!(n.metrics.cluster_invalidations(kind::APPLIED), N);
+        assert_eq!(n.cluster_invalidations(kind::APPLIED), N);
     }
 }
 
@@ -365,13 +396,24 @@ async fn fan_out_latency_disk_tier() {
 /// public pieces (its cache, its fan-out, the host's policy services).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purges_a_policy_makes_reach_the_others() {
-    use inlay::cluster::Cluster;
-    use inlay::cluster::fanout::Fanout;
     use inlay::config::Config;
     use inlay::metrics::Metrics;
     use inlay::policy_services::HostServices;
+    use inlay_cluster::Cluster;
+    use inlay_cluster::fanout::{Fanout, FanoutHost};
     use inlay_runtime::PolicyServices as _;
     use std::sync::Arc;
+
+    /// The node: one cache, whose purges from others count in `metrics`.
+    struct Node(inlay_cache::HttpCache, Arc<Metrics>);
+    impl FanoutHost for Node {
+        fn cache(&self) -> inlay_cache::HttpCache {
+            self.0.clone()
+        }
+        fn purged(&self, objects: u64) {
+            self.1.purged(objects);
+        }
+    }
 
     require_nats!();
     let nats = NatsServer::start();
@@ -384,7 +426,7 @@ async fn purges_a_policy_makes_reach_the_others() {
         nats.url()
     ))
     .unwrap();
-    let cluster = Cluster::connect(cfg.cluster.as_ref().unwrap())
+    let cluster = Cluster::connect(cfg.cluster.as_ref().unwrap(), Arc::default())
         .await
         .unwrap();
     let store =
@@ -394,10 +436,8 @@ async fn purges_a_policy_makes_reach_the_others() {
         cfg.cache.rules(),
     );
     let metrics = Metrics::new(true);
-    let source = cache.clone();
-    let fanout = Fanout::start(&cluster, Arc::new(move || source.clone()), metrics.clone())
-        .await
-        .unwrap();
+    let node = Arc::new(Node(cache.clone(), metrics.clone()));
+    let fanout = Fanout::start(&cluster, node).await.unwrap();
     let services = HostServices::new(cache.clone(), inlay::backend::Backends::new(&cfg, &metrics));
 
     let url = "/bytes/140?cc=max-age%3D60&sk=from-policy";
@@ -415,7 +455,7 @@ async fn purges_a_policy_makes_reach_the_others() {
     wait_count(&b, kind::APPLIED, 2).await;
     wait_count(&c, kind::APPLIED, 2).await;
     assert!(!fresh_hit(&b, other).await && !fresh_hit(&c, other).await);
-    assert_eq!(metrics.cluster_invalidations(kind::PUBLISHED), 2);
+    assert_eq!(cluster.metrics().invalidations(kind::PUBLISHED), 2);
     fanout.stop(Duration::from_secs(5)).await;
 }
 
@@ -438,7 +478,7 @@ async fn purges_made_while_nats_is_down_apply_here_and_reach_the_others_when_it_
         assert!(!fresh_hit(&a, p).await, "applied here at once");
     }
     // Two wait for NATS; the other three are applied on a only, and counted.
-    assert_eq!(a.metrics.cluster_invalidations(kind::LOST), 3);
+    assert_eq!(a.cluster_invalidations(kind::LOST), 3);
     wait_count(&a, kind::PUBLISH_FAILED, 1).await;
     assert!(fresh_hit(&b, &paths[0]).await, "b has heard nothing yet");
 
@@ -446,7 +486,7 @@ async fn purges_made_while_nats_is_down_apply_here_and_reach_the_others_when_it_
     wait_count(&a, kind::PUBLISHED, 2).await;
     // b's reader comes back by itself (its consumer is made anew).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while b.metrics.cluster_invalidations(kind::APPLIED) < 2 {
+    while b.cluster_invalidations(kind::APPLIED) < 2 {
         assert!(Instant::now() < deadline, "b applied the queued purges");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -493,7 +533,7 @@ async fn with_max_disconnected_a_node_cut_off_from_purges_stops_reading_its_cach
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         fetch(&b, url).await;
-        if b.metrics.cluster_invalidations(kind::APPLIED) >= 1 && fresh_hit(&b, url).await {
+        if b.cluster_invalidations(kind::APPLIED) >= 1 && fresh_hit(&b, url).await {
             break;
         }
         assert!(
@@ -530,7 +570,7 @@ async fn replay_rate_at_start() {
     let b = disk_node(&nats, &origin, "b", dir.path(), "").await;
     assert!(fresh_hit(&b, "/bytes/170?cc=max-age%3D600").await);
     let took = start.elapsed();
-    assert_eq!(b.metrics.cluster_invalidations(kind::REPLAYED), N);
+    assert_eq!(b.cluster_invalidations(kind::REPLAYED), N);
     println!("replay at start (disk tier): {N} purges, first answer after {took:?}");
 }
 

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{Harness, NatsServer, Origin, get, policy, request};
-use inlay::cluster::Cluster;
-use inlay::cluster::kv::SharedKv;
 use inlay::config::Config;
+use inlay_cluster::Cluster;
+use inlay_cluster::kv::SharedKv;
 
 /// The `capabilities` fixture's kv namespace (its file's name).
 const NS: &str = "capabilities";
@@ -45,7 +45,7 @@ async fn shared_kv(nats: &NatsServer, name: &str, extra: &str) -> SharedKv {
         cluster_table(nats, name, extra)
     ))
     .unwrap();
-    let cluster = Cluster::connect(cfg.cluster.as_ref().unwrap())
+    let cluster = Cluster::connect(cfg.cluster.as_ref().unwrap(), Default::default())
         .await
         .unwrap();
     SharedKv::open(&cluster).await.unwrap()

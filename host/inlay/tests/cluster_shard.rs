@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{NatsServer, Origin, Reply, request, unused_port};
 use inlay::cli::Proxy;
-use inlay::cluster::Cluster;
-use inlay::cluster::shard::MAX_MEMBERS;
 use inlay::config::{AccessLogTarget, Config};
 use inlay::server::Listener;
+use inlay_cluster::Cluster;
+use inlay_cluster::shard::MAX_MEMBERS;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

@@ -34,7 +34,7 @@ pub(super) async fn run(
     };
     let edge_fields = ctx
         .for_peer
-        .then(|| crate::cluster::shard::edge_fields(resp.headers()));
+        .then(|| inlay_cluster::shard::edge_fields(resp.headers()));
     let mut resp = finish(resp, out.status);
     // A peer stores what the origin said to edges (TTL, ESI, surrogate keys).
     if let Some(fields) = edge_fields {

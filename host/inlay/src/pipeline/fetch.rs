@@ -11,9 +11,11 @@ use http::{HeaderMap, HeaderName, Method, Request, header};
 use inlay_cache::{ContentCodings, PrimaryKey};
 use inlay_core::{ProxyBody, ProxyError, RequestHead, body, headers};
 
+use inlay_cluster::shard::{HOP, Peer, Shard};
+
 use crate::backend::director::key_hash;
 use crate::backend::{Backends, Picked};
-use crate::cluster::shard::{Peer, Shard};
+use crate::body::TimeoutBody;
 
 /// Client fields that would make the backend answer with less than a whole
 /// object; a fetch for the cache drops them (and adds its own validators).
@@ -68,7 +70,7 @@ impl Upstreams {
         let owner = self
             .shard
             .as_ref()
-            .filter(|_| !head.headers.contains_key(crate::cluster::shard::HOP))
+            .filter(|_| !head.headers.contains_key(HOP))
             .and_then(|shard| Some((Arc::clone(shard), shard.owner(key.as_str())?)));
         Ok(Upstream {
             backend,
@@ -122,11 +124,27 @@ impl Upstream {
             codings: &self.codings,
             strip: &self.strip,
         };
-        let req = request(head, Method::GET, body::empty(), Some(fill));
-        match &self.owner {
-            Some((shard, owner)) => shard.fetch(owner, req, &self.backend).await,
-            None => send(&self.backend, req).await,
+        let (parts, _) = request(head, Method::GET, body::empty(), Some(fill)).into_parts();
+        if let Some((shard, owner)) = &self.owner {
+            let timeouts = self.backend.backend().config();
+            // Unreachable, the owner says to fall back: the backend, as if no
+            // node owned the key.
+            if let Ok(resp) = shard
+                .fetch(owner, &parts, timeouts.first_byte_timeout)
+                .await
+            {
+                return Ok(resp.map(|incoming| {
+                    let name = format!("cluster node {}", owner.name());
+                    body::boxed(TimeoutBody::new(
+                        incoming,
+                        timeouts.between_bytes_timeout,
+                        name,
+                        (),
+                    ))
+                }));
+            }
         }
+        send(&self.backend, Request::from_parts(parts, body::empty())).await
     }
 }
 
@@ -189,7 +207,7 @@ fn request(
         http::HeaderValue::from_static("inlay=\"Surrogate/1.0 ESI/1.0\""),
     );
     // A peer's hop token is for this node, not for the origin.
-    h.remove(crate::cluster::shard::HOP);
+    h.remove(inlay_cluster::shard::HOP);
     headers::add_via(h);
     headers::add_forwarded_for(h, head.client_ip);
     req

@@ -44,12 +44,12 @@ use tracing::{Instrument, debug_span};
 
 use crate::access_log::AccessLog;
 use crate::backend::Backends;
-use crate::cluster::kv::SharedKv;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
 use crate::request_id::RequestIds;
 pub use context::{Outcome, RequestCtx};
+use inlay_cluster::kv::SharedKv;
 use lookup::ThroughCache;
 pub use purge::{Invalidator, PurgeTarget};
 use recv::Route;
@@ -74,7 +74,7 @@ fn through_cache(
     config: &Config,
     cache: &HttpCache,
     backends: &Backends,
-    shard: Option<Arc<crate::cluster::shard::Shard>>,
+    shard: Option<Arc<inlay_cluster::shard::Shard>>,
     metrics: &Arc<Metrics>,
 ) -> ThroughCache {
     let upstreams = fetch::Upstreams::new(
@@ -111,7 +111,7 @@ pub struct Pipeline {
     /// The cluster's shared policy kv, carried to later generations.
     shared_kv: Option<SharedKv>,
     /// `[cluster] shard = true`: misses go to their key's owner.
-    shard: Option<Arc<crate::cluster::shard::Shard>>,
+    shard: Option<Arc<inlay_cluster::shard::Shard>>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -206,7 +206,7 @@ impl Pipeline {
 
     /// This pipeline fetching misses from their key's owner (`[cluster]
     /// shard = true`); later generations keep it.
-    pub fn with_shard(mut self, shard: Option<Arc<crate::cluster::shard::Shard>>) -> Self {
+    pub fn with_shard(mut self, shard: Option<Arc<inlay_cluster::shard::Shard>>) -> Self {
         self.through = through_cache(
             &self.config,
             &self.cache,
@@ -265,13 +265,6 @@ impl Pipeline {
         }
         let bans = self.cache.ban_counts();
         self.metrics.observe_bans(bans.added, bans.active);
-        if let Some(kv) = &self.shared_kv {
-            let (keys, bytes) = kv.usage();
-            self.metrics.observe_shared_kv(keys, bytes, kv.dropped());
-        }
-        if let Some(shard) = &self.shard {
-            self.metrics.observe_shard(shard);
-        }
     }
 
     /// A fresh instance of this generation's policy for one request, if any.

@@ -65,14 +65,14 @@ pub(super) async fn run(
     check_declared_length(&parts.headers, limit)?;
     ctx.body = Some(capped_body(body::boxed(body), limit, ctx.body_over.clone()));
     ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
-    let hop = crate::cluster::shard::HOP;
+    let hop = inlay_cluster::shard::HOP;
     ctx.for_peer = p.shard.is_some() && ctx.head.headers.contains_key(hop);
     if p.shard
         .as_ref()
         .is_some_and(|s| s.is_own_hop(&ctx.head.headers))
     {
         ctx.body = None;
-        return Ok(Route::Answer(crate::cluster::shard::loop_response()));
+        return Ok(Route::Answer(inlay_cluster::shard::loop_response()));
     }
     match ctx.head.method.as_str() {
         "PURGE" => return Ok(Route::Purge),

@@ -66,6 +66,7 @@ impl InlayBuilder {
             None => None,
         };
         let metrics = proxy.metrics().clone();
+        let cluster = proxy.cluster().map(|c| Arc::clone(c.metrics()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut listeners = vec![Listener::plain(listener)];
@@ -97,6 +98,7 @@ impl InlayBuilder {
             admin,
             access: AccessLog(access),
             metrics,
+            cluster_metrics: cluster,
             policy,
             stop: Some(stop),
             served: Some(served),
@@ -130,6 +132,8 @@ pub struct Harness {
     pub access: AccessLog,
     /// The server's metrics (`render` is what `GET /metrics` serves).
     pub metrics: Arc<Metrics>,
+    /// What the node's cluster counts, with `[cluster]`.
+    cluster_metrics: Option<Arc<inlay_cluster::ClusterMetrics>>,
     policy: Option<Arc<PolicySlot>>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<JoinHandle<anyhow::Result<()>>>,
@@ -149,6 +153,14 @@ impl Harness {
     pub fn admin_url(&self, path: &str) -> String {
         let addr = self.admin_addr.expect("this harness has no [admin] listen");
         format!("http://{addr}{path}")
+    }
+
+    /// The count of one kind of the cluster's purge fan-out
+    /// (`inlay_cluster::fanout::kind`; 0 without `[cluster]`).
+    pub fn cluster_invalidations(&self, kind: &'static str) -> u64 {
+        self.cluster_metrics
+            .as_ref()
+            .map_or(0, |m| m.invalidations(kind))
     }
 
     /// The policy new requests get (a harness started without one panics).

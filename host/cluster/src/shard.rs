@@ -1,7 +1,12 @@
 //! Sharding by key (`[cluster] shard = true`): each cache key has one owner
-//! among the live nodes, chosen by rendezvous hashing (HRW), and a miss on
-//! any other node is fetched from the owner instead of the origin, so the
-//! origin sees one fetch per object across the cluster.
+//! among the live nodes, chosen by rendezvous hashing
+//! ([`inlay_core::rendezvous`]), and a miss on any other node is fetched
+//! from the owner instead of the origin, so the origin sees one fetch per
+//! object across the cluster.
+//!
+//! For the host this is a choice of upstream: [`Shard::owner`] names the
+//! node a key's fetch goes to (`None`: the host's own backend), and
+//! [`Shard::fetch`] sends it there, or says to fall back to the backend.
 //!
 //! Membership comes from heartbeats on `PREFIX.members` (core NATS, no
 //! JetStream): every `heartbeat_interval` each node publishes its name, the
@@ -23,7 +28,8 @@
 //! An owner that cannot be reached (connection refused, reset, the connect
 //! timeout `peer_connect_timeout`, no response head within the origin
 //! backend's `first_byte_timeout`) is suspect until its next heartbeat:
-//! the request, and the next ones for its keys, go to the origin.
+//! the request, and the next ones for its keys, go to the origin
+//! ([`FallBack`]).
 //!
 //! The owner answers a peer as an edge answers an edge: `Surrogate-Control`,
 //! `Surrogate-Key` and `Inlay-Cache-Control` go on and an ESI template is
@@ -42,23 +48,20 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use futures_util::StreamExt as _;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use inlay_core::ProxyError;
 use inlay_core::body::{self, ProxyBody};
+use inlay_core::rendezvous;
 use parking_lot::Mutex;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq as _;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::Cluster;
-use crate::backend::Picked;
+use crate::Cluster;
 use crate::config::ShardConfig;
 
 /// The field that marks a request from a node to a key's owner:
@@ -74,6 +77,17 @@ pub const MAX_HEARTBEAT: usize = 512;
 
 /// Longest node name (a NATS subject token, as `cluster.node_name`).
 const MAX_NAME: usize = 64;
+
+/// A key's owner did not answer a [`Shard::fetch`]: send the request to
+/// the backend instead (the owner is suspect until its next heartbeat).
+#[derive(Debug, thiserror::Error)]
+#[error("cluster node {owner} did not answer ({reason}); fetching from the backend")]
+pub struct FallBack {
+    /// The owner's node name.
+    pub owner: String,
+    /// Why it did not answer.
+    pub reason: String,
+}
 
 /// What a node publishes on `PREFIX.members`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -96,7 +110,7 @@ pub struct Peer {
     name: String,
     addr: SocketAddr,
     token: String,
-    /// [`node_hash`] of the name, for [`owner_of`].
+    /// [`rendezvous::hash`] of the name.
     hash: u64,
     /// A request to it failed; cleared by its next heartbeat.
     suspect: AtomicBool,
@@ -105,7 +119,7 @@ pub struct Peer {
 impl Peer {
     fn new(name: String, addr: SocketAddr, token: String) -> Self {
         Self {
-            hash: node_hash(&name),
+            hash: rendezvous::hash(&name),
             name,
             addr,
             token,
@@ -159,76 +173,6 @@ pub struct ShardCounts {
     pub refused_members: AtomicU64,
     /// Client requests whose hop field did not match a member's token.
     pub forged_hops: AtomicU64,
-}
-
-/// Sharding's figures for `GET /metrics` (`inlay_cluster_*`), copied from
-/// the shard when the text is rendered; absent without `shard = true`
-/// (they stay at zero).
-#[derive(Debug, Default)]
-pub struct ShardMetrics {
-    members: Gauge,
-    forwarded: Counter,
-    fallbacks: Counter,
-    bad_heartbeats: Counter,
-    refused_members: Counter,
-    forged_hops: Counter,
-}
-
-impl ShardMetrics {
-    /// Register the series in `r`.
-    pub fn register(&self, r: &mut Registry) {
-        r.register(
-            "cluster_members",
-            "Live members of the shard as this node sees them, itself included",
-            self.members.clone(),
-        );
-        for (name, help, counter) in [
-            (
-                "cluster_owner_fetches",
-                "Misses and refreshes fetched from their key's owner node",
-                &self.forwarded,
-            ),
-            (
-                "cluster_owner_fallbacks",
-                "Misses whose owner node could not be reached, fetched from the origin",
-                &self.fallbacks,
-            ),
-            (
-                "cluster_bad_heartbeats",
-                "Heartbeats dropped: too large, not JSON, or bad fields",
-                &self.bad_heartbeats,
-            ),
-            (
-                "cluster_refused_members",
-                "Heartbeats of new nodes dropped because the member table was full",
-                &self.refused_members,
-            ),
-            (
-                "cluster_forged_hops",
-                "Requests whose Inlay-Cluster-Hop field named no member's token (removed)",
-                &self.forged_hops,
-            ),
-        ] {
-            r.register(name, help, counter.clone());
-        }
-    }
-
-    /// Copy `shard`'s figures.
-    pub fn observe(&self, shard: &Shard) {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = shard.counts();
-        self.members
-            .set(i64::try_from(shard.live().peers.len()).unwrap_or(i64::MAX));
-        for (to, from) in [
-            (&self.forwarded, &c.forwarded),
-            (&self.fallbacks, &c.fallbacks),
-            (&self.bad_heartbeats, &c.bad_heartbeats),
-            (&self.refused_members, &c.refused_members),
-            (&self.forged_hops, &c.forged_hops),
-        ] {
-            to.inner().store(load(from), Ordering::Relaxed);
-        }
-    }
 }
 
 /// This node's part in sharding: the member table, the heartbeat tasks,
@@ -317,6 +261,7 @@ pub async fn start(
     let beating = tokio::spawn(beat(Arc::downgrade(&shard)));
     shard.tasks.lock().extend([receiving, beating]);
     let _ = cluster.shard.set(Arc::clone(&shard));
+    cluster.metrics().observe_shard(&shard);
     info!(node = %shard.me.name, addr = %shard.me.addr, "cluster: sharding by key");
     Ok(Some(shard))
 }
@@ -380,7 +325,10 @@ impl Shard {
             .peers
             .iter()
             .filter(|p| Arc::ptr_eq(p, &self.me) || !p.is_suspect());
-        let owner = owner_of(key, candidates.map(|p| (p.name.as_str(), p.hash, p)))?;
+        let owner = rendezvous::owner(
+            rendezvous::hash(key),
+            candidates.map(|p| (p.name.as_str(), p.hash, p)),
+        )?;
         (!Arc::ptr_eq(owner, &self.me)).then(|| Arc::clone(owner))
     }
 
@@ -430,18 +378,24 @@ impl Shard {
             .is_some_and(|(node, _)| node == self.me.name)
     }
 
-    /// Fetch `req` (a GET for the cache, no body) from `owner`, marked as a
-    /// hop; when the owner cannot be reached, mark it suspect and send the
-    /// request to `origin` instead.
+    /// Fetch the request `head` describes (a GET for the cache; no body is
+    /// sent) from `owner`, marked as a hop, waiting up to
+    /// `first_byte_timeout` (the backend's) for the response head. The
+    /// body streams from the owner: the caller bounds the time between its
+    /// bytes as it does a backend's. When the owner cannot be reached it is
+    /// suspect until its next heartbeat, and [`FallBack`] tells the caller
+    /// to send the request to its backend instead.
     pub async fn fetch(
         &self,
         owner: &Peer,
-        req: Request<ProxyBody>,
-        origin: &Picked,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let (parts, _) = req.into_parts();
-        let fallback = Request::from_parts(parts.clone(), body::empty());
-        let mut to_owner = Request::from_parts(parts, body::empty());
+        head: &http::request::Parts,
+        first_byte_timeout: Duration,
+    ) -> Result<Response<Incoming>, FallBack> {
+        let fall_back = |reason: String| FallBack {
+            owner: owner.name.clone(),
+            reason,
+        };
+        let mut to_owner = Request::from_parts(head.clone(), body::empty());
         let pq = to_owner
             .uri()
             .path_and_query()
@@ -450,33 +404,23 @@ impl Shard {
         let uri = format!("http://{}{pq}", owner.addr).parse::<http::Uri>();
         let hop = HeaderValue::from_str(&format!("{} {}", self.me.name, self.me.token));
         let (Ok(uri), Ok(hop)) = (uri, hop) else {
-            return origin.send(fallback).await;
+            return Err(fall_back("no request to it can be made".to_owned()));
         };
         *to_owner.uri_mut() = uri;
         *to_owner.version_mut() = http::Version::HTTP_11;
         to_owner.headers_mut().insert(HOP, hop);
-        let backend = origin.backend().config();
         let waited = Instant::now();
         let failure =
-            match tokio::time::timeout(backend.first_byte_timeout, self.client.request(to_owner))
-                .await
-            {
+            match tokio::time::timeout(first_byte_timeout, self.client.request(to_owner)).await {
                 Ok(Ok(resp)) if is_loop(&resp) => {
                     format!("{} is this node's own address", owner.addr)
                 }
                 Ok(Ok(resp)) => {
                     self.counts.forwarded.fetch_add(1, Ordering::Relaxed);
-                    let (parts, incoming) = resp.into_parts();
-                    let body = crate::body::TimeoutBody::new(
-                        incoming,
-                        backend.between_bytes_timeout,
-                        format!("cluster node {}", owner.name),
-                        (),
-                    );
-                    return Ok(Response::from_parts(parts, body::boxed(body)));
+                    return Ok(resp);
                 }
                 Ok(Err(e)) => error_chain(&e),
-                Err(_) => format!("no response within {:?}", backend.first_byte_timeout),
+                Err(_) => format!("no response within {first_byte_timeout:?}"),
             };
         self.counts.fallbacks.fetch_add(1, Ordering::Relaxed);
         if !owner.suspect.swap(true, Ordering::Relaxed) {
@@ -488,7 +432,7 @@ impl Shard {
                 "cluster: a key's owner cannot be reached; its keys go to the origin until its next heartbeat"
             );
         }
-        origin.send(fallback).await
+        Err(fall_back(failure))
     }
 
     /// Say this node leaves (at shutdown, before the drain): the others
@@ -702,99 +646,9 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// FNV-1a, 64 bits: a hash every node computes alike, whatever its build
-/// (std's `DefaultHasher` promises no such thing).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// A node name's hash, computed once per member.
-fn node_hash(name: &str) -> u64 {
-    fnv1a(name.as_bytes())
-}
-
-/// The rendezvous score of a node for a key: splitmix64's finaliser over
-/// both hashes, so every bit of each moves the score.
-fn score(key: u64, node: u64) -> u64 {
-    let mut z = key ^ node.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// Rendezvous hashing: of `nodes` (name, `node_hash`, value), the one
-/// with the highest score for `key` (ties to the greater name). Removing a
-/// node moves only the keys it owned; adding one moves only keys to it.
-pub fn owner_of<'a, T>(key: &str, nodes: impl Iterator<Item = (&'a str, u64, T)>) -> Option<T> {
-    let k = fnv1a(key.as_bytes());
-    nodes
-        .max_by(|a, b| (score(k, a.1), a.0).cmp(&(score(k, b.1), b.0)))
-        .map(|(_, _, v)| v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn owner(key: &str, nodes: &[String]) -> String {
-        owner_of(
-            key,
-            nodes.iter().map(|n| (n.as_str(), node_hash(n), n.clone())),
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn a_node_that_leaves_remaps_only_its_own_keys_and_one_that_joins_takes_only_keys() {
-        let nodes: Vec<String> = (0..10).map(|i| format!("edge-{i}")).collect();
-        let keys: Vec<String> = (0..20_000)
-            .map(|i| format!("example.com/object/{i}"))
-            .collect();
-        let before: Vec<String> = keys.iter().map(|k| owner(k, &nodes)).collect();
-        // Spread: every node owns its share within ±20 %.
-        for n in &nodes {
-            let owned = before.iter().filter(|o| *o == n).count();
-            assert!((1600..=2400).contains(&owned), "{n} owns {owned} of 20000");
-        }
-        let gone = "edge-3";
-        let fewer: Vec<String> = nodes.iter().filter(|n| *n != gone).cloned().collect();
-        for (k, was) in keys.iter().zip(&before) {
-            let now = owner(k, &fewer);
-            if was != gone {
-                assert_eq!(&now, was, "{k} moved though its owner stayed");
-            }
-        }
-        let mut more = nodes.clone();
-        more.push("edge-new".into());
-        let mut moved = 0;
-        for (k, was) in keys.iter().zip(&before) {
-            let now = owner(k, &more);
-            if &now != was {
-                assert_eq!(now, "edge-new", "{k} moved between old nodes");
-                moved += 1;
-            }
-        }
-        let lost = before.iter().filter(|o| *o == gone).count();
-        eprintln!(
-            "20000 keys over 10 nodes: {gone} leaving remaps its {lost}, a node joining takes {moved}"
-        );
-        // About 1/11 of the keys go to the new node.
-        assert!(
-            (1400..=2300).contains(&moved),
-            "{moved} keys moved to the new node"
-        );
-    }
-
-    #[test]
-    fn the_owner_does_not_depend_on_the_order_nodes_are_listed_in() {
-        let mut nodes: Vec<String> = (0..5).map(|i| format!("n{i}")).collect();
-        let first: Vec<String> = (0..500).map(|i| owner(&i.to_string(), &nodes)).collect();
-        nodes.reverse();
-        let second: Vec<String> = (0..500).map(|i| owner(&i.to_string(), &nodes)).collect();
-        assert_eq!(first, second);
-    }
 
     #[test]
     fn a_heartbeat_is_read_strictly() {

@@ -2,8 +2,8 @@
 //! stores a component in the JetStream object store `PREFIX_POLICIES` and
 //! points the key `current` of the KV bucket `PREFIX_ROLLOUT` at it; every
 //! node watches that key, fetches the component, and swaps it in as a
-//! reload does ([`Reloader::roll_out_policy`]). `rollback` points `current`
-//! back at the version pushed before it.
+//! reload does (through the host's [`PolicySwap`]). `rollback` points
+//! `current` back at the version pushed before it.
 //!
 //! A version is `SEQ-HASH`: the push's sequence number and the first 16
 //! hex digits of the component's SHA-256, which a node checks on the bytes
@@ -15,7 +15,8 @@
 //! it serves; one that does not compile is refused (logged, visible in
 //! `GET /policy`) and the node keeps the policy it runs.
 
-use std::path::PathBuf;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,8 +30,20 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncReadExt as _;
 use tracing::{debug, error, info, warn};
 
-use super::Cluster;
-use crate::reload::Reloader;
+use crate::{Cluster, ClusterMetrics};
+
+/// How the rollout changes the policy a node runs: the host loads the
+/// component as a reload does, and on any error changes nothing.
+pub trait PolicySwap: Send + Sync + 'static {
+    /// Run the component at `path` instead of the node's own
+    /// `policy.path` (same name, config and limits), or `policy.path`'s
+    /// again with `None`: the generation now serving, or every reason it
+    /// was refused.
+    fn swap_policy(
+        &self,
+        path: Option<PathBuf>,
+    ) -> impl Future<Output = Result<u64, Vec<String>>> + Send;
+}
 
 /// Versions the pointer remembers (rollback goes back this far).
 pub const MAX_HISTORY: usize = 16;
@@ -77,6 +90,7 @@ pub struct Rollout {
     pointer: kv::Store,
     max_size: u64,
     status: Arc<RolloutStatus>,
+    metrics: Arc<ClusterMetrics>,
 }
 
 impl std::fmt::Debug for Rollout {
@@ -127,7 +141,7 @@ impl Rollout {
         };
         let bucket = cluster.name("ROLLOUT");
         // By hand, as the shared kv's: nats-server 2.9.
-        js.get_or_create_stream(super::kv_bucket_stream(&bucket, -1, MAX_POINTER as i32))
+        js.get_or_create_stream(crate::kv_bucket_stream(&bucket, -1, MAX_POINTER as i32))
             .await
             .with_context(|| format!("policy rollout: creating bucket {bucket}"))?;
         let pointer = js
@@ -139,6 +153,7 @@ impl Rollout {
             pointer,
             max_size,
             status: Arc::default(),
+            metrics: Arc::clone(cluster.metrics()),
         })
     }
 
@@ -279,10 +294,10 @@ impl Rollout {
         Ok(bytes)
     }
 
-    /// Loads `version` into this node's policy slot through `reloader`.
-    async fn apply(&self, version: &str, reloader: &Reloader, dir: &std::path::Path) {
+    /// Loads `version` into this node's policy slot through `swap`.
+    async fn apply<P: PolicySwap>(&self, version: &str, swap: &P, dir: &Path) {
         if version.is_empty() {
-            return self.apply_own(reloader, dir).await;
+            return self.apply_own(swap, dir).await;
         }
         if self.status.running().as_deref() == Some(version) {
             return;
@@ -296,8 +311,8 @@ impl Rollout {
             tokio::fs::write(&path, &bytes)
                 .await
                 .with_context(|| format!("writing {}", path.display()))?;
-            match reloader.roll_out_policy(Some(path.clone())).await {
-                Ok(report) => Ok((path, report.generation)),
+            match swap.swap_policy(Some(path.clone())).await {
+                Ok(generation) => Ok((path, generation)),
                 Err(errors) => {
                     let _ = std::fs::remove_file(&path);
                     Err(anyhow::anyhow!(errors.join("; ")))
@@ -308,7 +323,7 @@ impl Rollout {
         match result {
             Ok((path, generation)) => {
                 let previous = self.status.running.write().replace(version.to_owned());
-                reloader.current().metrics().set_policy_version(version);
+                self.metrics.set_policy_version(version);
                 info!(%version, generation, "policy rollout: this node runs policy version {version}");
                 // The file of the version it replaced is no longer read.
                 if let Some(old) = previous
@@ -327,16 +342,16 @@ impl Rollout {
 
     /// Returns this node to its own `policy.path` (every pushed version
     /// was rolled back).
-    async fn apply_own(&self, reloader: &Reloader, dir: &std::path::Path) {
+    async fn apply_own<P: PolicySwap>(&self, swap: &P, dir: &Path) {
         let Some(old) = self.status.running() else {
             return;
         };
-        match reloader.roll_out_policy(None).await {
-            Ok(report) => {
+        match swap.swap_policy(None).await {
+            Ok(generation) => {
                 *self.status.running.write() = None;
-                reloader.current().metrics().clear_policy_version();
+                self.metrics.clear_policy_version();
                 info!(
-                    generation = report.generation,
+                    generation,
                     "policy rollout: this node runs its own policy.path again"
                 );
                 let _ = std::fs::remove_file(dir.join(format!("{old}.wasm")));
@@ -354,9 +369,9 @@ impl Rollout {
     ///
     /// `temporary` is `dir` when it is a temporary directory: it goes
     /// with the task.
-    pub async fn follow(
+    pub async fn follow<P: PolicySwap>(
         self,
-        reloader: Arc<Reloader>,
+        swap: Arc<P>,
         dir: PathBuf,
         temporary: Option<tempfile::TempDir>,
         wait: Duration,
@@ -379,7 +394,7 @@ impl Rollout {
             while let Some(entry) = watch.next().await {
                 match entry {
                     Ok(e) if e.operation == kv::Operation::Put => match parse_pointer(&e.value) {
-                        Ok(p) => this.apply(&p.current, &reloader, &dir).await,
+                        Ok(p) => this.apply(&p.current, swap.as_ref(), &dir).await,
                         Err(err) => {
                             warn!(error = %format!("{err:#}"), "policy rollout: ignoring a malformed pointer");
                         }
@@ -414,9 +429,16 @@ fn parse_pointer(value: &[u8]) -> anyhow::Result<Pointer> {
     Ok(p)
 }
 
-/// With `[cluster]` and a `[policy]`, open the rollout and apply the
-/// current version before the node serves; the rollout, for the admin API.
-pub async fn start(cluster: Option<&Cluster>, reloader: &Arc<Reloader>) -> Option<Rollout> {
+/// With `[cluster]`, open the rollout; on a node with a `[policy]` (whose
+/// policy `swap` changes), apply the current version before the node
+/// serves and follow it. Pushed components are kept in `cache_dir`'s
+/// `rollout` folder when the cache is on disk, else in a temporary
+/// directory. The rollout, for the admin API.
+pub async fn start<P: PolicySwap>(
+    cluster: Option<&Cluster>,
+    swap: Option<Arc<P>>,
+    cache_dir: Option<&Path>,
+) -> Option<Rollout> {
     let cluster = cluster?;
     let rollout = match Rollout::open(cluster).await {
         Ok(r) => r,
@@ -425,14 +447,13 @@ pub async fn start(cluster: Option<&Cluster>, reloader: &Arc<Reloader>) -> Optio
             return None;
         }
     };
-    let cfg = reloader.current_config();
-    if cfg.policy.is_none() {
+    let Some(swap) = swap else {
         info!("policy rollout: this node has no [policy]; it does not load pushed versions");
         return Some(rollout);
-    }
+    };
     // Beside the cache when it is on disk; else in a temporary directory
     // of its own, removed with the follow task.
-    let (dir, temporary) = match &cfg.cache.dir {
+    let (dir, temporary) = match cache_dir {
         Some(d) => (d.join("rollout"), None),
         None => match tempfile::Builder::new().prefix("inlay-rollout-").tempdir() {
             Ok(t) => (t.path().to_owned(), Some(t)),
@@ -444,52 +465,9 @@ pub async fn start(cluster: Option<&Cluster>, reloader: &Arc<Reloader>) -> Optio
     };
     rollout
         .clone()
-        .follow(
-            Arc::clone(reloader),
-            dir,
-            temporary,
-            Duration::from_secs(30),
-        )
+        .follow(swap, dir, temporary, Duration::from_secs(30))
         .await;
     Some(rollout)
-}
-
-/// `GET /policy`, `POST /policy/push` and `POST /policy/rollback` on
-/// `admin`, when this node has the rollout.
-pub fn wire_admin(admin: &crate::admin::Admin, rollout: Option<Rollout>) {
-    use crate::admin::RolloutCall;
-    let Some(rollout) = rollout else { return };
-    let max = usize::try_from(rollout.max_size()).unwrap_or(usize::MAX);
-    admin.set_hooks(|h| {
-        let hook: crate::admin::RolloutHook = Arc::new(move |call| {
-            let rollout = rollout.clone();
-            Box::pin(async move {
-                match call {
-                    RolloutCall::Status => {
-                        let refused = rollout.status.refused().map(
-                            |(version, error)| serde_json::json!({"version": version, "error": error}),
-                        );
-                        Ok(serde_json::json!({
-                            "version": rollout.status.running(),
-                            "refused": refused,
-                            "cluster": rollout.pointer_json().await,
-                        }))
-                    }
-                    RolloutCall::Push(bytes) => rollout
-                        .push(bytes)
-                        .await
-                        .map(|v| serde_json::json!({"pushed": v}))
-                        .map_err(|e| format!("policy push refused: {e:#}")),
-                    RolloutCall::Rollback => rollout
-                        .rollback()
-                        .await
-                        .map(|v| serde_json::json!({"current": v}))
-                        .map_err(|e| format!("policy rollback refused: {e:#}")),
-                }
-            })
-        });
-        h.rollout = Some((hook, max));
-    });
 }
 
 #[cfg(test)]

@@ -62,9 +62,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use super::Cluster;
-use crate::metrics::Metrics;
-use crate::reload::Reloader;
+use crate::{Cluster, ClusterMetrics};
 
 /// Largest message published or applied, in bytes (a purge names one URL
 /// or surrogate key, a ban one expression).
@@ -166,9 +164,21 @@ impl Op {
     }
 }
 
-/// Where the fan-out finds the cache new requests use (a reload may make
-/// another one).
-pub type CacheSource = Arc<dyn Fn() -> HttpCache + Send + Sync>;
+/// What the fan-out needs of the node it runs in.
+///
+/// Other nodes' purges and bans are applied through the cache's `_local`
+/// calls, without the host's reload lock: with `[cluster]` a reload never
+/// moves the cache to another store (a new `cache.dir` waits for a
+/// restart), so a ban applied here cannot be left behind on a cache a
+/// reload replaced.
+pub trait FanoutHost: Send + Sync + 'static {
+    /// The cache new requests use (a reload may make another one).
+    fn cache(&self) -> HttpCache;
+
+    /// `objects` were removed or marked stale by a purge another node made
+    /// (the host counts them with its own purges).
+    fn purged(&self, objects: u64);
+}
 
 /// The running fan-out of a node: its publisher and its consumer.
 pub struct Fanout {
@@ -185,15 +195,12 @@ impl std::fmt::Debug for Fanout {
 }
 
 impl Fanout {
-    /// Start the fan-out of `cluster` for the cache `cache` returns: make
+    /// Start the fan-out of `cluster` for the cache `host` gives: make
     /// the stream if it is missing, replay what this node missed (or empty
     /// its cache when the stream no longer holds it), then read on and
     /// publish in the background. Returns once the cache may be served.
-    pub async fn start(
-        cluster: &Cluster,
-        cache: CacheSource,
-        metrics: Arc<Metrics>,
-    ) -> anyhow::Result<Self> {
+    pub async fn start(cluster: &Cluster, host: Arc<dyn FanoutHost>) -> anyhow::Result<Self> {
+        let metrics = Arc::clone(cluster.metrics());
         let js = cluster.jetstream().clone();
         let stream_name = cluster.name("INVALIDATIONS");
         let inv = &cluster.config().invalidations;
@@ -222,11 +229,11 @@ impl Fanout {
             counter: AtomicU64::new(0),
             metrics: Arc::clone(&metrics),
         });
-        cache().set_invalidation_sink(outbox.clone());
+        host.cache().set_invalidation_sink(outbox.clone());
         let mut reader = Reader {
             js: js.clone(),
             config,
-            cache,
+            host,
             metrics,
             own: format!("{}-{}-", outbox.node, outbox.boot),
             recent: RecentIds::default(),
@@ -240,7 +247,7 @@ impl Fanout {
             js: js.clone(),
             stream: stream_name,
             applied: Arc::clone(&reader.applied_shared),
-            cache: Arc::clone(&reader.cache),
+            host: Arc::clone(&reader.host),
             max: inv.max_disconnected,
         });
         let mut tasks = vec![
@@ -249,15 +256,6 @@ impl Fanout {
         ];
         tasks.extend(guard.map(|g| tokio::spawn(g.run())));
         Ok(Self { outbox, tasks })
-    }
-
-    /// [`start`](Self::start) for a running proxy: the cache and metrics of
-    /// the generation serving, whichever it is when a message arrives.
-    pub async fn start_for(cluster: &Cluster, reloader: &Arc<Reloader>) -> anyhow::Result<Self> {
-        let r = Arc::clone(reloader);
-        let cache: CacheSource = Arc::new(move || r.current().cache().clone());
-        let metrics = Arc::clone(reloader.current().metrics());
-        Self::start(cluster, cache, metrics).await
     }
 
     /// Purges and bans queued for NATS now.
@@ -324,7 +322,7 @@ struct Outbox {
     subject: String,
     boot: String,
     counter: AtomicU64,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ClusterMetrics>,
 }
 
 impl InvalidationSink for Outbox {
@@ -339,7 +337,7 @@ impl InvalidationSink for Outbox {
         let payload = match serde_json::to_vec(&message) {
             Ok(p) if p.len() <= MAX_MESSAGE => Bytes::from(p),
             _ => {
-                self.metrics.cluster_invalidation(kind::LOST, 1);
+                self.metrics.invalidation(kind::LOST, 1);
                 error!(
                     ?inv,
                     "cluster: a purge too large to publish was applied on this node only"
@@ -351,7 +349,7 @@ impl InvalidationSink for Outbox {
             let mut q = self.queue.lock();
             if q.len() >= self.cap {
                 drop(q);
-                self.metrics.cluster_invalidation(kind::LOST, 1);
+                self.metrics.invalidation(kind::LOST, 1);
                 error!(
                     ?inv,
                     queue = self.cap,
@@ -414,14 +412,14 @@ async fn publish(outbox: Arc<Outbox>, js: jetstream::Context) {
         let failed = batch.len() - stored.len();
         outbox
             .metrics
-            .cluster_invalidation(kind::PUBLISHED, stored.len() as u64);
+            .invalidation(kind::PUBLISHED, stored.len() as u64);
         if failed == 0 {
             pause = FIRST_PAUSE;
             continue;
         }
         outbox
             .metrics
-            .cluster_invalidation(kind::PUBLISH_FAILED, failed as u64);
+            .invalidation(kind::PUBLISH_FAILED, failed as u64);
         warn!(
             failed,
             queued = outbox.queue.lock().len(),
@@ -473,7 +471,7 @@ struct Guard {
     js: jetstream::Context,
     stream: String,
     applied: Arc<AtomicU64>,
-    cache: CacheSource,
+    host: Arc<dyn FanoutHost>,
     max: Duration,
 }
 
@@ -505,7 +503,7 @@ impl Guard {
             }
             let out = now.saturating_duration_since(in_touch) > self.max;
             // Set on every check: a reload may have made another cache.
-            (self.cache)().set_reads_suspended(out);
+            self.host.cache().set_reads_suspended(out);
             if out != suspended {
                 suspended = out;
                 if out {
@@ -546,8 +544,8 @@ type Consumer = consumer::pull::Ordered;
 struct Reader {
     js: jetstream::Context,
     config: stream::Config,
-    cache: CacheSource,
-    metrics: Arc<Metrics>,
+    host: Arc<dyn FanoutHost>,
+    metrics: Arc<ClusterMetrics>,
     /// The prefix of the ids this process publishes (`node-boot-`): its
     /// own messages are applied already. Not the node name alone: two
     /// nodes configured with one name still apply each other's purges, and
@@ -579,7 +577,7 @@ impl Reader {
         let (first, last) = (info.state.first_sequence, info.state.last_sequence);
         let created = info.created.unix_timestamp_nanos().to_string();
         self.stream_created = created.clone();
-        let cache = (self.cache)();
+        let cache = self.host.cache();
         let start = if !cache.store().has_disk() {
             // Nothing survives a restart: there is nothing to replay.
             last + 1
@@ -651,7 +649,7 @@ impl Reader {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Ok(None) | Err(_) => {
-                    let cache = (self.cache)();
+                    let cache = self.host.cache();
                     self.clear(&cache, "the replay of missed purges stalled")
                         .await;
                     self.set_applied(last);
@@ -728,7 +726,7 @@ impl Reader {
             }
             return None;
         }
-        let cache = (self.cache)();
+        let cache = self.host.cache();
         let why = if created != self.stream_created {
             "the invalidation stream was made anew"
         } else {
@@ -754,7 +752,7 @@ impl Reader {
         if seq <= self.applied {
             return;
         }
-        let cache = (self.cache)();
+        let cache = self.host.cache();
         if seq > self.applied + 1 {
             // Sequences run without gaps: something we had not read is gone.
             let why = format!(
@@ -767,7 +765,7 @@ impl Reader {
         self.set_applied(seq);
         match parse(&m.payload) {
             Err(why) => {
-                self.metrics.cluster_invalidation(kind::MALFORMED, 1);
+                self.metrics.invalidation(kind::MALFORMED, 1);
                 warn!(seq, subject = %m.subject, why, "cluster: skipping a malformed message");
             }
             Ok(msg) if msg.id.starts_with(&self.own) => {
@@ -775,19 +773,19 @@ impl Reader {
                 self.recent.insert(&msg.id);
             }
             Ok(msg) if !self.recent.insert(&msg.id) => {
-                self.metrics.cluster_invalidation(kind::DUPLICATE, 1);
+                self.metrics.invalidation(kind::DUPLICATE, 1);
                 debug!(seq, id = %msg.id, "cluster: skipping a message applied already");
             }
             Ok(msg) => match apply(&cache, &msg.op).await {
                 Ok(n) => {
-                    self.metrics.cluster_invalidation(counter, 1);
+                    self.metrics.invalidation(counter, 1);
                     if let Op::PurgeUrl { .. } | Op::PurgeKey { .. } = msg.op {
-                        self.metrics.purged(n);
+                        self.host.purged(n);
                     }
                     debug!(seq, id = %msg.id, from = %msg.node, objects = n, "cluster: applied");
                 }
                 Err(e) => {
-                    self.metrics.cluster_invalidation(kind::APPLY_FAILED, 1);
+                    self.metrics.invalidation(kind::APPLY_FAILED, 1);
                     error!(seq, id = %msg.id, from = %msg.node, error = %e, "cluster: a purge from another node could not be applied");
                 }
             },
@@ -797,7 +795,7 @@ impl Reader {
 
     /// Remove every object: this node may have missed purges.
     async fn clear(&self, cache: &HttpCache, why: &str) {
-        self.metrics.cluster_invalidation(kind::CACHE_CLEARED, 1);
+        self.metrics.invalidation(kind::CACHE_CLEARED, 1);
         match cache.purge_all().await {
             Ok(n) => warn!(why, removed = n, "cluster: emptied the cache"),
             Err(e) => error!(why, error = %e, "cluster: emptying the cache failed"),

@@ -27,7 +27,7 @@ use inlay_storage::{MAX_KV_KEY_LEN, MAX_KV_VALUE_LEN};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use super::Cluster;
+use crate::Cluster;
 
 /// Bytes charged per entry of the copy besides its key and value (the
 /// local kv charges the same).
@@ -170,7 +170,7 @@ impl SharedKv {
         // does not send. The same settings a KV bucket gets.
         let max_bytes = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut stream = js
-            .get_or_create_stream(super::kv_bucket_stream(
+            .get_or_create_stream(crate::kv_bucket_stream(
                 &bucket,
                 max_bytes,
                 (MAX_KV_VALUE_LEN + 4 * MAX_KV_KEY_LEN) as i32,
@@ -201,6 +201,7 @@ impl SharedKv {
                 dropped: AtomicU64::new(0),
             }),
         };
+        cluster.metrics().observe_kv(&kv);
         let (caught_up, mut ready) = tokio::sync::watch::channel(pending == 0);
         tokio::spawn(kv.clone().follow(watch, caught_up));
         if tokio::time::timeout(CATCH_UP, ready.wait_for(|r| *r))

@@ -9,9 +9,26 @@
 //! Every subject starts with `subject_prefix` and every stream, KV bucket
 //! and object store name with its upper-case form, so several clusters can
 //! share NATS servers.
+//!
+//! The parts, each started by the host once it has what it needs:
+//!
+//! - [`fanout`]: the cache's [`InvalidationSink`](inlay_cache::InvalidationSink):
+//!   purges and bans published to the others and theirs applied here,
+//!   through [`fanout::FanoutHost`];
+//! - [`kv`]: the policies' kv shared by the cluster;
+//! - [`rollout`]: policy versions pushed to every node, swapped in through
+//!   [`rollout::PolicySwap`];
+//! - [`shard`]: each key's owner node, the upstream a miss goes to;
+//! - [`ClusterMetrics`]: what all of them count, a collector the host
+//!   registers for `GET /metrics`.
+//!
+//! This crate imports nothing of the `inlay` crate: the host implements the
+//! traits above and reads [`config`]'s types from its config file.
 
+pub mod config;
 pub mod fanout;
 pub mod kv;
+mod metrics;
 pub mod rollout;
 pub mod shard;
 
@@ -21,7 +38,10 @@ use anyhow::Context as _;
 use async_nats::jetstream;
 use tracing::{info, warn};
 
-use crate::config::{ClusterAuth, ClusterConfig};
+pub use config::{
+    ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig, ShardConfig,
+};
+pub use metrics::ClusterMetrics;
 
 /// This node's connection to the cluster.
 #[derive(Clone)]
@@ -31,6 +51,7 @@ pub struct Cluster {
     cfg: Arc<ClusterConfig>,
     /// Sharding by key, once it runs (`shard = true`).
     shard: Arc<std::sync::OnceLock<Arc<shard::Shard>>>,
+    metrics: Arc<ClusterMetrics>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -45,7 +66,11 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// Connect to the configured NATS servers: one attempt per server
     /// within `connect_timeout` each; an error names the servers tried.
-    pub async fn connect(cfg: &ClusterConfig) -> anyhow::Result<Self> {
+    /// What the cluster's parts count goes to `metrics`.
+    pub async fn connect(
+        cfg: &ClusterConfig,
+        metrics: Arc<ClusterMetrics>,
+    ) -> anyhow::Result<Self> {
         let mut options = match &cfg.auth {
             ClusterAuth::None => async_nats::ConnectOptions::new(),
             ClusterAuth::Token(path) => {
@@ -107,6 +132,7 @@ impl Cluster {
             js,
             cfg: Arc::new(cfg.clone()),
             shard: Arc::default(),
+            metrics,
         })
     }
 
@@ -128,6 +154,11 @@ impl Cluster {
     /// Sharding by key, once the node serves with `shard = true`.
     pub fn shard(&self) -> Option<&Arc<shard::Shard>> {
         self.shard.get()
+    }
+
+    /// What the cluster's parts count on this node.
+    pub fn metrics(&self) -> &Arc<ClusterMetrics> {
+        &self.metrics
     }
 
     /// This node's name.
