@@ -231,4 +231,10 @@ impl CacheStore {
         let objects = self.objects.clone();
         blocking(move || Ok(objects.stats())).await
     }
+
+    /// [`stats`](Self::stats) on this thread, for a caller already where
+    /// blocking is allowed (a metrics scrape runs on the blocking pool).
+    pub fn stats_blocking(&self) -> StoreStats {
+        self.objects.stats()
+    }
 }

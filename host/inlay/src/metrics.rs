@@ -2,34 +2,33 @@
 //! generation of the pipeline, rendered in the OpenMetrics text format for
 //! `GET /metrics` on the admin listener.
 //!
-//! Counting costs an atomic add: the label handles (per protocol, backend
-//! and policy hook) are resolved once when a pipeline is built, never per
-//! request, and the histograms are lock-free ([`Timing`]). What the store
-//! and the policy runtime count themselves (objects and bytes per tier,
-//! evictions, replayed hooks, pool slots) is read when the text is
-//! rendered ([`Metrics::observe_store`], [`Metrics::observe_policy`]).
-//! With `[metrics] enabled = false` nothing is counted.
+//! A passive registry: the counters the request path adds to, and their
+//! handles, resolved once when a pipeline is built, never per request (the
+//! histograms are lock-free, [`Timing`]). Figures their owners keep (the
+//! store and the policy runtime of the generation serving, the listeners,
+//! the cluster) are read at scrape time by collectors the owners register
+//! ([`Metrics::register_collector`]); this module imports nothing else of
+//! the crate. With `[metrics] enabled = false` nothing is counted.
 //!
 //! The names follow Varnish's counters so that a varnish_exporter
 //! dashboard can be mapped over; docs/metrics.md has the table.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use inlay_core::CacheStatus;
-use inlay_runtime::{Hook, PolicyError, PolicySlot};
-use inlay_storage::StoreStats;
+use inlay_runtime::{Hook, PolicyError};
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
-
-use crate::pipeline::Pipeline;
 
 /// The `Content-Type` of [`Metrics::render`]'s text (OpenMetrics 1.0,
 /// which Prometheus scrapes natively).
@@ -130,16 +129,10 @@ impl EncodeMetric for Timing {
     }
 }
 
-/// A counter whose value is set from a count kept elsewhere (the store's,
-/// the policy runtime's) when the text is rendered.
-#[derive(Clone, Debug, Default)]
-struct CopiedCounter(Arc<AtomicU64>);
-
-impl CopiedCounter {
-    fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-}
+/// A count kept elsewhere (the store's, the policy runtime's), written
+/// as a counter by a collector at scrape time.
+#[derive(Clone, Copy, Debug, Default)]
+struct CopiedCounter(u64);
 
 impl TypedMetric for CopiedCounter {
     const TYPE: MetricType = MetricType::Counter;
@@ -147,11 +140,93 @@ impl TypedMetric for CopiedCounter {
 
 impl EncodeMetric for CopiedCounter {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        encoder.encode_counter::<NoLabelSet, _, u64>(&self.0.load(Ordering::Relaxed), None)
+        encoder.encode_counter::<NoLabelSet, _, u64>(&self.0, None)
     }
 
     fn metric_type(&self) -> MetricType {
         Self::TYPE
+    }
+}
+
+/// What a collector writes at a scrape: figures read now, each a gauge or
+/// a counter, alone or by one label.
+pub struct Figures<'a>(DescriptorEncoder<'a>);
+
+impl std::fmt::Debug for Figures<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Figures")
+    }
+}
+
+impl<'a> Figures<'a> {
+    /// Figures written through `encoder` (the one a collector is given).
+    pub fn new(encoder: DescriptorEncoder<'a>) -> Self {
+        Self(encoder)
+    }
+
+    /// A gauge: a value that goes up and down (a size, a state).
+    pub fn gauge(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+        value: u64,
+    ) -> std::fmt::Result {
+        let g: Gauge = Gauge::default();
+        g.set(i64::try_from(value).unwrap_or(i64::MAX));
+        g.encode(
+            self.0
+                .encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?,
+        )
+    }
+
+    /// A counter kept by the owner: a total that only grows.
+    pub fn counter(&mut self, name: &str, help: &str, value: u64) -> std::fmt::Result {
+        CopiedCounter(value).encode(self.0.encode_descriptor(
+            name,
+            help,
+            None,
+            MetricType::Counter,
+        )?)
+    }
+
+    /// Gauges by one label, `label="value"` for each of `values`.
+    pub fn gauges_by(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+        label: &'static str,
+        values: &[(&'static str, u64)],
+    ) -> std::fmt::Result {
+        let family: Family<Vec<(&'static str, &'static str)>, Gauge> = Family::default();
+        for (v, n) in values {
+            family
+                .get_or_create(&vec![(label, *v)])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        family.encode(
+            self.0
+                .encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?,
+        )
+    }
+
+    /// Counters by one label, `label="value"` for each of `values`.
+    pub fn counters_by(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &'static str,
+        values: &[(&'static str, u64)],
+    ) -> std::fmt::Result {
+        let family: Family<Vec<(&'static str, &'static str)>, Counter> = Family::default();
+        for (v, n) in values {
+            family.get_or_create(&vec![(label, *v)]).inc_by(*n);
+        }
+        family.encode(
+            self.0
+                .encode_descriptor(name, help, None, MetricType::Counter)?,
+        )
     }
 }
 
@@ -168,11 +243,6 @@ struct BackendLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HookLabel {
     hook: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TierLabel {
-    tier: &'static str,
 }
 
 /// A family of timings, each made with `bounds`.
@@ -277,8 +347,6 @@ pub struct Metrics {
     enabled: Arc<AtomicBool>,
     /// Locked to add a collector and to write the text.
     registry: Mutex<Registry>,
-    /// The pipeline generation `render` reads the store and policy of.
-    source: Mutex<Weak<Pipeline>>,
 
     requests: [Counter; 3],
     connections_open: Gauge,
@@ -297,17 +365,6 @@ pub struct Metrics {
     errors: Counter,
     purge_requests: Counter,
     purged_objects: Counter,
-    bans_added: CopiedCounter,
-    bans_active: Gauge,
-
-    store_objects: Family<TierLabel, Gauge>,
-    store_bytes: Family<TierLabel, Gauge>,
-    store_capacity: Family<TierLabel, Gauge>,
-    store_evictions: Family<TierLabel, CopiedCounter>,
-    store_expired: CopiedCounter,
-    store_write_errors: CopiedCounter,
-    store_disk_index_records: Gauge,
-    store_disk_index_bytes: Gauge,
 
     backend_requests: Family<BackendLabel, Counter>,
     backend_failures: Family<BackendLabel, Counter>,
@@ -326,13 +383,9 @@ pub struct Metrics {
     esi_include_time: Timing,
 
     hook_time: [Timing; 3],
-    policy_replayed: CopiedCounter,
-    policy_live: CopiedCounter,
     policy_traps: Counter,
     policy_timeouts: Counter,
     policy_oom: Counter,
-    policy_pool_in_use: Gauge,
-    policy_pool_size: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -357,7 +410,6 @@ impl Metrics {
         let mut m = Self {
             enabled: Arc::new(AtomicBool::new(enabled)),
             registry: Mutex::new(Registry::with_prefix("inlay")),
-            source: Mutex::new(Weak::new()),
             requests: PROTOCOLS
                 .map(|protocol| requests.get_or_create(&ProtocolLabel { protocol }).clone()),
             connections_open: Gauge::default(),
@@ -375,16 +427,6 @@ impl Metrics {
             errors: c(),
             purge_requests: c(),
             purged_objects: c(),
-            bans_added: CopiedCounter::default(),
-            bans_active: Gauge::default(),
-            store_objects: Family::default(),
-            store_bytes: Family::default(),
-            store_capacity: Family::default(),
-            store_evictions: Family::default(),
-            store_expired: CopiedCounter::default(),
-            store_write_errors: CopiedCounter::default(),
-            store_disk_index_records: Gauge::default(),
-            store_disk_index_bytes: Gauge::default(),
             backend_requests: Family::default(),
             backend_failures: Family::default(),
             backend_connect_errors: Family::default(),
@@ -400,13 +442,9 @@ impl Metrics {
             esi_include_errors: esi_include_errors.clone(),
             esi_include_time: network_timing(),
             hook_time: HOOKS.map(|hook| hook_time.get_or_create(&HookLabel { hook }).clone()),
-            policy_replayed: CopiedCounter::default(),
-            policy_live: CopiedCounter::default(),
             policy_traps: c(),
             policy_timeouts: c(),
             policy_oom: c(),
-            policy_pool_in_use: Gauge::default(),
-            policy_pool_size: Gauge::default(),
         };
         let mut r = Registry::with_prefix("inlay");
         r.register(
@@ -515,16 +553,6 @@ impl Metrics {
             r.register(name, help, counter.clone());
         }
         r.register(
-            "bans",
-            "Bans in the ban list now (MAIN.bans)",
-            self.bans_active.clone(),
-        );
-        r.register(
-            "bans_added",
-            "Bans added, by the admin API or the BAN method (MAIN.bans_added)",
-            self.bans_added.clone(),
-        );
-        r.register(
             "esi_include_errors",
             "ESI includes that failed: kind=omitted left out of the page, kind=failed ended it (MAIN.esi_errors)",
             self.esi_include_errors.clone(),
@@ -534,48 +562,6 @@ impl Metrics {
             "Time to fetch an ESI include through the cache",
             Unit::Seconds,
             self.esi_include_time.clone(),
-        );
-        r.register(
-            "store_objects",
-            "Objects in the cache per tier (MAIN.n_object)",
-            self.store_objects.clone(),
-        );
-        r.register_with_unit(
-            "store",
-            "Bytes held per tier (SMA.s0.g_bytes / SMF g_bytes)",
-            Unit::Bytes,
-            self.store_bytes.clone(),
-        );
-        r.register_with_unit(
-            "store_capacity",
-            "Budget per tier (g_bytes + g_space)",
-            Unit::Bytes,
-            self.store_capacity.clone(),
-        );
-        r.register(
-            "store_evictions",
-            "Objects evicted to respect a tier's budget (MAIN.n_lru_nuked)",
-            self.store_evictions.clone(),
-        );
-        r.register(
-            "store_expired",
-            "Objects removed past their keep window (MAIN.n_expired)",
-            self.store_expired.clone(),
-        );
-        r.register(
-            "store_write_errors",
-            "Store writes that failed (SMF c_fail)",
-            self.store_write_errors.clone(),
-        );
-        r.register(
-            "store_disk_index_records",
-            "Disk-tier records held in memory (cache.disk_index_cache)",
-            self.store_disk_index_records.clone(),
-        );
-        r.register(
-            "store_disk_index_bytes",
-            "Bytes of the disk-tier records held in memory",
-            self.store_disk_index_bytes.clone(),
         );
         r.register(
             "backend_requests",
@@ -619,16 +605,6 @@ impl Metrics {
             self.backend_retries.clone(),
         );
         r.register(
-            "policy_replayed_calls",
-            "Policy hooks answered from recorded paths, without an instance (this policy generation)",
-            self.policy_replayed.clone(),
-        );
-        r.register(
-            "policy_live_calls",
-            "Policy hooks that ran in an instance (this policy generation)",
-            self.policy_live.clone(),
-        );
-        r.register(
             "policy_traps",
             "Policy hooks that trapped",
             self.policy_traps.clone(),
@@ -642,16 +618,6 @@ impl Metrics {
             "policy_out_of_memory",
             "Policy hooks that ran out of memory",
             self.policy_oom.clone(),
-        );
-        r.register(
-            "policy_pool_in_use",
-            "Policy instance slots checked out now",
-            self.policy_pool_in_use.clone(),
-        );
-        r.register(
-            "policy_pool_size",
-            "Policy instance slots in the pool",
-            self.policy_pool_size.clone(),
         );
     }
 }
@@ -680,26 +646,18 @@ impl Metrics {
         self.registry.lock().register_collector(collector);
     }
 
-    /// The pipeline whose store and policy [`Metrics::render`] reads: the
-    /// current generation (a reload calls this with the new one). Held
-    /// weakly, so the metrics never keep a stopped pipeline's store open.
-    pub fn serve_from(&self, pipeline: &Arc<Pipeline>) {
-        *self.source.lock() = Arc::downgrade(pipeline);
-    }
-
     /// The text of every metric for `GET /metrics` (OpenMetrics, served as
-    /// [`CONTENT_TYPE`]), with the store's and the policy runtime's figures
-    /// read now from the pipeline of [`Metrics::serve_from`].
-    pub async fn render(&self) -> String {
-        let source = self.source.lock().upgrade();
-        if let Some(pipeline) = source.filter(|_| self.enabled()) {
-            pipeline.observe_for_metrics().await;
-        }
-        self.encode()
+    /// [`CONTENT_TYPE`]), the collectors' figures read now. On the blocking
+    /// pool: a collector may ask the file system (the disk tier's size).
+    pub async fn render(self: &Arc<Self>) -> String {
+        let metrics = Arc::clone(self);
+        tokio::task::spawn_blocking(move || metrics.encode())
+            .await
+            .unwrap_or_default()
     }
 
-    /// The text of what is counted now, without reading the store or the
-    /// policy runtime first (their figures are as last observed).
+    /// The text of every metric, the collectors' figures read on this
+    /// thread (which may block: see [`Metrics::render`]).
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(16 << 10);
         // Writing to a String cannot fail.
@@ -771,15 +729,6 @@ impl Metrics {
     pub fn purged(&self, objects: u64) {
         if self.enabled() {
             self.purged_objects.inc_by(objects);
-        }
-    }
-
-    /// The ban list's counts, read from the cache at scrape time.
-    pub fn observe_bans(&self, added: u64, active: u64) {
-        if self.enabled() {
-            self.bans_added.set(added);
-            self.bans_active
-                .set(i64::try_from(active).unwrap_or(i64::MAX));
         }
     }
 
@@ -867,72 +816,6 @@ impl Metrics {
             _ => 0,
         };
     }
-
-    /// Copies the store's sizes and counters (from `CacheStore::stats`).
-    pub fn observe_store(&self, s: &StoreStats) {
-        if !self.enabled() {
-            return;
-        }
-        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let memory = TierLabel { tier: "memory" };
-        let disk = TierLabel { tier: "disk" };
-        self.store_objects
-            .get_or_create(&memory)
-            .set(gauge(s.memory_objects));
-        self.store_bytes
-            .get_or_create(&memory)
-            .set(gauge(s.memory_bytes));
-        self.store_capacity
-            .get_or_create(&memory)
-            .set(gauge(s.memory_capacity));
-        self.store_evictions
-            .get_or_create(&memory)
-            .set(s.evicted_memory);
-        if s.disk_enabled {
-            self.store_objects
-                .get_or_create(&disk)
-                .set(gauge(s.disk_objects));
-            self.store_bytes
-                .get_or_create(&disk)
-                .set(gauge(s.disk_bytes));
-            self.store_capacity
-                .get_or_create(&disk)
-                .set(gauge(s.disk_capacity));
-            self.store_evictions
-                .get_or_create(&disk)
-                .set(s.evicted_disk);
-        } else {
-            // A reload moved the cache to a memory-only store: no disk
-            // figures, rather than the last ones of the store it left.
-            self.store_objects.remove(&disk);
-            self.store_bytes.remove(&disk);
-            self.store_capacity.remove(&disk);
-            self.store_evictions.remove(&disk);
-        }
-        self.store_expired.set(s.expired_removed);
-        self.store_write_errors.set(s.write_errors);
-        self.store_disk_index_records
-            .set(gauge(s.disk_index_records));
-        self.store_disk_index_bytes.set(gauge(s.disk_index_bytes));
-    }
-
-    /// Copies the policy runtime's counts: replayed and live hooks of the
-    /// current generation, and the instance pool.
-    pub fn observe_policy(&self, slot: &PolicySlot) {
-        if !self.enabled() {
-            return;
-        }
-        let policy = slot.current();
-        let memo = policy.memo_stats().unwrap_or_default();
-        self.policy_replayed.set(memo.replayed);
-        self.policy_live.set(memo.live);
-        let engine = policy.engine();
-        let size = i64::from(engine.max_instances());
-        let free = i64::try_from(engine.free_instances()).unwrap_or(i64::MAX);
-        self.policy_pool_size.set(size);
-        self.policy_pool_in_use
-            .set(size.saturating_sub(free).max(0));
-    }
 }
 
 /// A client connection counted as open until dropped
@@ -992,7 +875,6 @@ mod tests {
                 reason: inlay_core::StaleReason::Grace,
             });
             m.purged(5);
-            m.observe_bans(3, 2);
             let b = m.backend("origin-1");
             b.finished::<()>(b.start(), &Ok(()));
             {
@@ -1012,20 +894,40 @@ mod tests {
             assert_eq!(sample(&text, "inlay_cache_hits_total"), n);
             assert_eq!(sample(&text, "inlay_cache_grace_hits_total"), n);
             assert_eq!(
-                sample(&text, "inlay_bans_added_total"),
-                if enabled { "3" } else { "0" }
-            );
-            assert_eq!(
                 sample(&text, "inlay_purged_objects_total"),
                 if enabled { "5" } else { "0" }
             );
-            assert_eq!(sample(&text, "inlay_bans"), if enabled { "2" } else { "0" });
             assert_eq!(
                 sample(&text, "inlay_backend_requests_total{backend=\"origin-1\"}"),
                 n
             );
             assert!(text.ends_with("# EOF\n"));
         }
+    }
+
+    /// A collector's figures, written with the registry's prefix.
+    #[derive(Debug)]
+    struct Owned;
+
+    impl Collector for Owned {
+        fn encode(&self, encoder: DescriptorEncoder) -> std::fmt::Result {
+            let mut f = Figures::new(encoder);
+            f.gauge("owned_size", "A size", Some(Unit::Bytes), 7)?;
+            f.counter("owned_events", "Events", 3)?;
+            f.gauges_by("owned_by", "By tier", None, "tier", &[("a", 1), ("b", 2)])
+        }
+    }
+
+    #[test]
+    fn collectors_write_their_owners_figures_at_each_scrape() {
+        let m = Metrics::new(true);
+        m.register_collector(Box::new(Owned));
+        let text = m.encode();
+        assert_eq!(sample(&text, "inlay_owned_size_bytes"), "7");
+        assert_eq!(sample(&text, "inlay_owned_events_total"), "3");
+        assert_eq!(sample(&text, "inlay_owned_by{tier=\"b\"}"), "2");
+        assert!(text.contains("# TYPE inlay_owned_events counter"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::admin::{Admin, AdminToken, WeakAdmin};
 use crate::cli::ServeArgs;
 use crate::config::{AccessLogTarget, Config, ConfigError};
 use crate::pipeline::Pipeline;
-use crate::server::Generations;
+use crate::pipeline::{GenerationFigures, Generations};
 use crate::tls::{CertificateSet, Tls};
 
 /// What a successful reload did.
@@ -87,9 +87,15 @@ impl Reloader {
     /// reloads read `source` again.
     pub fn new(first: Pipeline, slot: Option<Arc<PolicySlot>>, source: Option<ServeArgs>) -> Self {
         let first = Arc::new(first);
-        first.metrics().serve_from(&first);
+        let metrics = Arc::clone(first.metrics());
+        let current = Arc::new(Generations::new(first));
+        // `GET /metrics` reads the store and policy of the generation serving.
+        metrics.register_collector(Box::new(GenerationFigures::new(
+            &current,
+            Arc::clone(&metrics),
+        )));
         Self {
-            current: Arc::new(Generations::new(first)),
+            current,
             source,
             admin: None,
             tls: None,
@@ -291,8 +297,6 @@ impl Reloader {
             None => old.next_generation(cfg, slot, access_log.clone()),
         });
         state.generation += 1;
-        // `GET /metrics` reads the store and policy of the generation serving.
-        next.metrics().serve_from(&next);
         if let Some(guard) = moving.as_mut() {
             **guard = next.cache().clone();
         }

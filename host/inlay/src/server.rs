@@ -25,7 +25,6 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, ServerConfig};
-use crate::pipeline::Pipeline;
 use crate::tls::Tls;
 
 /// A listening socket on `addr` whose kernel queue of connections not yet
@@ -46,7 +45,7 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
 }
 
 /// The pipeline generation new requests get; a config reload swaps it.
-pub type Generations = arc_swap::ArcSwap<Pipeline>;
+pub use crate::pipeline::Generations;
 
 /// A listening socket and what its clients speak: plain HTTP, or TLS
 /// (then HTTP/1.1 or h2, as ALPN chose).
@@ -1788,7 +1787,7 @@ mod tests {
             inlay_cache::CacheStore::from_store(Arc::new(store)),
             cfg.cache.rules(),
         );
-        let pipeline = Pipeline::new(Arc::new(cfg), cache, None, access_log);
+        let pipeline = crate::pipeline::Pipeline::new(Arc::new(cfg), cache, None, access_log);
         Arc::new(Generations::from_pointee(pipeline))
     }
 

@@ -413,6 +413,58 @@ async fn a_ban_before_a_dir_switch_still_bans_objects_found_in_the_new_dir() {
     inlay.stop().await;
 }
 
+/// BAN requests sent while a reload moves the cache to another directory
+/// (and loads a policy, which keeps it busy for a while) all survive it:
+/// none lands on the cache being left after its bans were carried over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_sent_while_a_reload_moves_the_cache_survive_it() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("inlay.toml");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let on = |d: &Path| {
+        format!(
+            "{}[policy]\npath = \"{}\"\n",
+            config(&origin, dir.path(), &dir_line(d)),
+            common::policy("default").display()
+        )
+    };
+    let inlay = Reloadable::start(&file, &on(&a)).await;
+    // Serving (the cache open, the admin API's reload wired).
+    while inlay.admin("GET", "/readyz", Value::Null).await.0 != 200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::fs::write(&file, on(&b)).unwrap();
+    let admin = format!("http://{}/reload", inlay.admin_addr);
+    let reload = tokio::spawn(async move { request("POST", &admin, &[], Bytes::new()).await });
+    // A BAN every few milliseconds for as long as the reload runs, each
+    // sent without waiting for the one before.
+    let mut bans = Vec::new();
+    while !reload.is_finished() || bans.is_empty() {
+        let expression = format!("req.url == /banned/{}", bans.len());
+        let url = inlay.url("/");
+        bans.push(tokio::spawn(async move {
+            request("BAN", &url, &[("ban", &expression)], Bytes::new()).await
+        }));
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let reloaded = reload.await.unwrap();
+    assert_eq!(reloaded.status, 200, "{}", reloaded.text());
+    let sent = bans.len() as u64;
+    for ban in bans {
+        let r = ban.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let (_, v) = inlay.admin("GET", "/config", Value::Null).await;
+    assert_eq!(v["cache"]["dir"], b.display().to_string(), "moved");
+    // Every ban is in the cache that serves now: carried over, or added
+    // to it after the move (the lurker may have dropped some since, so
+    // the count of those added, not the list).
+    let (_, v) = inlay.admin("GET", "/bans", Value::Null).await;
+    assert_eq!(v["counts"]["added"], sent, "{sent} sent: {v}");
+    inlay.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_to_a_dir_that_cannot_be_opened_changes_nothing() {
     let origin = Origin::start();

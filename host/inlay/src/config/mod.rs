@@ -21,8 +21,6 @@ mod overrides;
 mod policy;
 mod read;
 mod server;
-#[cfg(test)]
-mod tests;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -195,3 +193,6 @@ impl Reader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,6 +23,7 @@ mod context;
 mod deliver;
 mod esi;
 mod fetch;
+mod figures;
 mod invalidate;
 mod log;
 mod lookup;
@@ -49,6 +50,7 @@ use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
 use crate::request_id::RequestIds;
 pub use context::{Outcome, RequestCtx};
+pub use figures::GenerationFigures;
 use inlay_cluster::kv::SharedKv;
 use lookup::ThroughCache;
 pub use purge::{Invalidator, PurgeTarget};
@@ -68,6 +70,10 @@ fn host_services(
             .with_shared_kv(shared_kv),
     )
 }
+
+/// The generation new requests get, swapped by a reload; a request reads
+/// it once and finishes on the one it read.
+pub type Generations = arc_swap::ArcSwap<Pipeline>;
 
 /// The cache in front of a generation's upstreams.
 fn through_cache(
@@ -251,20 +257,6 @@ impl Pipeline {
     /// The process's counters.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-
-    /// Copies the store's and the policy runtime's own counts into the
-    /// metrics (the store's stats may touch the disk, on a blocking thread).
-    pub(crate) async fn observe_for_metrics(&self) {
-        match self.cache.store().stats().await {
-            Ok(stats) => self.metrics.observe_store(&stats),
-            Err(e) => tracing::warn!(error = %e, "metrics: store stats unavailable"),
-        }
-        if let Some(slot) = &self.policy {
-            self.metrics.observe_policy(slot);
-        }
-        let bans = self.cache.ban_counts();
-        self.metrics.observe_bans(bans.added, bans.active);
     }
 
     /// A fresh instance of this generation's policy for one request, if any.

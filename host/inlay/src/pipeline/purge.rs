@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use inlay_cache::{BanError, BanInfo, HttpCache, PrimaryKey};
 use inlay_core::body::{self, ProxyBody};
-use inlay_core::{ProxyError, RequestHead};
+use inlay_core::{CacheStatus, ProxyError, RequestHead};
 use inlay_storage::StoreError;
 use serde_json::{Value, json};
 use tokio::sync::{RwLock, RwLockWriteGuard};
@@ -113,6 +113,7 @@ pub(super) async fn purge_method(
     p: &Pipeline,
     ctx: &mut RequestCtx,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    ctx.record.cache = CacheStatus::Purge;
     let head = &ctx.head;
     check_allowed(p, head, "PURGE")?;
     let soft = ["soft-purge", "fastly-soft-purge"]
@@ -146,6 +147,7 @@ pub(super) async fn ban_method(
     p: &Pipeline,
     ctx: &mut RequestCtx,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    ctx.record.cache = CacheStatus::Purge;
     let head = &ctx.head;
     check_allowed(p, head, "BAN")?;
     let expr = head.headers.get("ban").ok_or_else(|| {
