@@ -391,72 +391,35 @@ async fn fan_out_latency_disk_tier() {
     fan_out_latency_with(true).await;
 }
 
-/// A policy's `cache.purge-url` and `cache.purge-key` reach the host as
-/// `PolicyServices` calls on the node's cache: here on a node made of the
-/// public pieces (its cache, its fan-out, the host's policy services).
+/// A policy's `cache.purge-url` and `cache.purge-key` reach the other
+/// nodes as the PURGE method's do (the capabilities fixture purges the URL
+/// or key its request names).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purges_a_policy_makes_reach_the_others() {
-    use inlay::config::Config;
-    use inlay::metrics::Metrics;
-    use inlay::policy_services::HostServices;
-    use inlay_cluster::Cluster;
-    use inlay_cluster::fanout::{Fanout, FanoutHost};
-    use inlay_runtime::PolicyServices as _;
-    use std::sync::Arc;
-
-    /// The node: one cache, whose purges from others count in `metrics`.
-    struct Node(inlay_cache::HttpCache, Arc<Metrics>);
-    impl FanoutHost for Node {
-        fn cache(&self) -> inlay_cache::HttpCache {
-            self.0.clone()
-        }
-        fn purged(&self, objects: u64) {
-            self.1.purged(objects);
-        }
-    }
-
     require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
+    let policy = format!(
+        "[policy]\npath = \"{}\"\n",
+        common::policy("capabilities").display()
+    );
+    let p = node(&nats, &origin, "p", &policy).await;
     let b = node(&nats, &origin, "b", "").await;
     let c = node(&nats, &origin, "c", "").await;
-    let cfg = Config::from_toml(&format!(
-        "[backends.default]\naddress = \"{}\"\n[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"p\"\n",
-        origin.url(),
-        nats.url()
-    ))
-    .unwrap();
-    let cluster = Cluster::connect(cfg.cluster.as_ref().unwrap(), Arc::default())
-        .await
-        .unwrap();
-    let store =
-        inlay_storage::TieredStore::open(inlay_storage::StoreConfig::memory_only(1 << 20)).unwrap();
-    let cache = inlay_cache::HttpCache::new(
-        inlay_cache::CacheStore::from_tiered(Arc::new(store)),
-        cfg.cache.rules(),
-    );
-    let metrics = Metrics::new(true);
-    let node = Arc::new(Node(cache.clone(), metrics.clone()));
-    let fanout = Fanout::start(&cluster, node).await.unwrap();
-    let services = HostServices::new(cache.clone(), inlay::backend::Backends::new(&cfg, &metrics));
-
     let url = "/bytes/140?cc=max-age%3D60&sk=from-policy";
     let other = "/bytes/141?cc=max-age%3D60&sk=from-policy";
     warm(&[&b, &c], url).await;
     warm(&[&b, &c], other).await;
-    services.cache_purge_url(HOST, url, false).await.unwrap();
+    let r = fetch(&p, &format!("/cap/purge-url?{url}")).await;
+    ok(&r);
     wait_count(&b, kind::APPLIED, 1).await;
     wait_count(&c, kind::APPLIED, 1).await;
     assert!(!fresh_hit(&b, url).await && !fresh_hit(&c, url).await);
-    services
-        .cache_purge_key("from-policy", false)
-        .await
-        .unwrap();
+    ok(&fetch(&p, "/cap/purge-key?from-policy").await);
     wait_count(&b, kind::APPLIED, 2).await;
     wait_count(&c, kind::APPLIED, 2).await;
     assert!(!fresh_hit(&b, other).await && !fresh_hit(&c, other).await);
-    assert_eq!(cluster.metrics().invalidations(kind::PUBLISHED), 2);
-    fanout.stop(Duration::from_secs(5)).await;
+    assert_eq!(p.cluster_invalidations(kind::PUBLISHED), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

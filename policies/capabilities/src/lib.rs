@@ -107,6 +107,21 @@ impl Policy for Capabilities {
                 Ok(()) => builtin::recv(req),
                 Err(e) => text(500, format!("set_header: {e}")),
             },
+            // Purge through the policy's cache calls: the URL (path and
+            // query) is this request's query, on its own Host...
+            "/cap/purge-url" => {
+                let host = req.header("host").unwrap_or_default();
+                let url = req.query().unwrap_or_else(|| "/".into());
+                match cache::purge_url(&host, &url, false) {
+                    Ok(n) => text(200, n.to_string()),
+                    Err(e) => text(500, format!("cache purge-url: {e}")),
+                }
+            }
+            // ... or the surrogate key is.
+            "/cap/purge-key" => match cache::purge_key(&req.query().unwrap_or_default(), false) {
+                Ok(n) => text(200, n.to_string()),
+                Err(e) => text(500, format!("cache purge-key: {e}")),
+            },
             p if p.starts_with("/cap/backend/") => {
                 let name = &p["/cap/backend/".len()..];
                 match req.set_backend(name).and_then(|()| req.set_url("/echo")) {
