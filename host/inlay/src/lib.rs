@@ -1,35 +1,42 @@
 //! Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
 //!
 //! One `inlay` process sits in front of origin servers, as Varnish does.
-//! This crate is the process: the command line ([`cli`]), the config
-//! ([`config`]), the accept loop and connection limits ([`server`]), TLS on the
-//! listeners ([`tls`]) and the PROXY protocol in front of them
-//! ([`proxy_protocol`]), the
-//! request's path through the host ([`pipeline`], one phase per file), the
-//! backends ([`backend`]), the access log ([`access_log`]), config
-//! reloads ([`reload`]), the admin API ([`admin`]) and the Prometheus
-//! counters ([`metrics`]), and this node's side of the NATS cluster several
-//! nodes share (`cluster`). The HTTP
-//! model, the cache, ESI, the policy runtime and the cluster are crates of
-//! their own (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`,
-//! `inlay-cluster`); see `docs/ARCHITECTURE.md`.
+//! This crate is the process, in layers (`docs/ARCHITECTURE.md` draws
+//! them; no module imports one above it):
+//!
+//! - [`cli`] parses the command line and hands each subcommand to the
+//!   module that runs it; [`startup`] wires the process (the only module
+//!   that sees everything); `reload` builds the next generation from the
+//!   config source.
+//! - [`admin`] is the admin API; `server` the client listeners.
+//! - `pipeline` is the request's way through the host, one phase per
+//!   file; `backend` the origins it fetches from; `policy_services` what
+//!   policies reach of the host; `access_log` its log lines.
+//! - [`config`] is the typed configuration, data only; [`metrics`] a
+//!   passive registry; `diagnostics` the diagnostic log.
+//!
+//! The HTTP model, the cache, ESI, the policy runtime, the listener and the
+//! cluster are crates of their own (`inlay-core`, `inlay-cache`,
+//! `inlay-esi`, `inlay-runtime`, `inlay-cluster`).
 
-pub mod access_log;
+mod access_log;
 pub mod admin;
-pub mod backend;
-pub mod body;
+mod backend;
+mod body;
 pub mod cli;
-mod cluster;
-pub mod codec;
+mod codec;
 pub mod config;
-pub mod manpage;
+mod diagnostics;
 pub mod metrics;
-pub mod open_files;
-pub mod pipeline;
-pub mod policy_services;
-pub mod proxy_protocol;
-pub mod reload;
+mod open_files;
+mod pipeline;
+mod policy_services;
+mod proxy_protocol;
+mod reload;
+/// Request ids; public for the `request_id` benchmark.
 pub mod request_id;
 pub mod server;
+/// `Server-Timing`; public for the `request_id` benchmark.
 pub mod server_timing;
-pub mod tls;
+pub mod startup;
+mod tls;

@@ -18,15 +18,17 @@
 
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use inlay_cache::{CacheStore, HttpCache};
-use inlay_runtime::{LoadedPolicy, PolicyError, PolicySlot};
+use inlay_runtime::{
+    LoadedPolicy, PolicyEngine, PolicyError, PolicyLimits, PolicySlot, PolicySource,
+};
 use inlay_storage::{StoreConfig, TieredStore};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminToken, WeakAdmin};
-use crate::cli::ServeArgs;
-use crate::config::{AccessLogTarget, Config, ConfigError};
+use crate::config::{AccessLogTarget, Config, ConfigError, ConfigSource, PolicyConfig};
 use crate::pipeline::Pipeline;
 use crate::pipeline::{GenerationFigures, Generations};
 use crate::tls::{CertificateSet, Tls};
@@ -51,9 +53,10 @@ const RESTART_ONLY: &str = "needs a restart; the running value stays";
 /// Builds and swaps pipeline generations.
 pub struct Reloader {
     current: Arc<Generations>,
-    /// The command line the process started with; `None`: the config it
-    /// was given is applied again (the policy file is still reloaded).
-    source: Option<ServeArgs>,
+    /// Where the config comes from (the file and flags the process started
+    /// with); `None`: the config it was given is applied again (the policy
+    /// file is still reloaded).
+    source: Option<ConfigSource>,
     /// The admin API, whose token a reload reads again (weakly: its
     /// hooks hold this reloader).
     admin: Option<WeakAdmin>,
@@ -85,7 +88,11 @@ struct State {
 impl Reloader {
     /// Generation 1 is `first`, which runs `slot`'s policy (if any);
     /// reloads read `source` again.
-    pub fn new(first: Pipeline, slot: Option<Arc<PolicySlot>>, source: Option<ServeArgs>) -> Self {
+    pub fn new(
+        first: Pipeline,
+        slot: Option<Arc<PolicySlot>>,
+        source: Option<ConfigSource>,
+    ) -> Self {
         let first = Arc::new(first);
         let metrics = Arc::clone(first.metrics());
         let current = Arc::new(Generations::new(first));
@@ -235,7 +242,7 @@ impl Reloader {
         let slot = match &cfg.policy {
             None => None,
             Some(pc) => {
-                let mut source = crate::cli::policy_source(pc);
+                let mut source = policy_source(pc);
                 if let Some(path) = &state.rollout {
                     source.path.clone_from(path);
                 }
@@ -254,7 +261,7 @@ impl Reloader {
                         Some(Arc::clone(slot))
                     }
                     None => {
-                        let slot = crate::cli::load_policy(&cfg).await.map_err(|e| {
+                        let slot = load_policy(&cfg).await.map_err(|e| {
                             let key = match e.root_cause().downcast_ref::<PolicyError>() {
                                 Some(PolicyError::Engine { .. }) => "policy.max_instances",
                                 _ => "policy.path",
@@ -269,7 +276,7 @@ impl Reloader {
         };
         let mut warnings = warnings;
         if cfg.log.level != old.config().log.level
-            && let Err(w) = crate::cli::set_log_level(&cfg.log.level)
+            && let Err(w) = crate::diagnostics::set_log_level(&cfg.log.level)
         {
             warnings.push(w);
         }
@@ -321,19 +328,56 @@ impl Reloader {
         })
     }
 
-    /// The file and overrides the process started with, validated.
+    /// The config its source gives now, validated.
     fn read_config(&self, running: &Config) -> Result<Config, Vec<String>> {
-        let Some(args) = &self.source else {
-            return Ok(running.clone());
-        };
-        let mut cfg = match &args.config {
-            Some(path) => Config::from_file(path).map_err(|e| config_errors(&e))?,
-            None => Config::embedded_default(),
-        };
-        cfg.apply_overrides(&args.overrides())
-            .map_err(|e| config_errors(&e))?;
-        Ok(cfg)
+        match &self.source {
+            Some(source) => source.load().map_err(|e| config_errors(&e)),
+            None => Ok(running.clone()),
+        }
     }
+}
+
+/// What the runtime needs to load the configured policy.
+pub(crate) fn policy_source(pc: &PolicyConfig) -> PolicySource {
+    PolicySource {
+        path: pc.path.clone(),
+        config: pc.config.clone(),
+        limits: PolicyLimits {
+            cpu_time_ms: pc.cpu_time.as_millis().max(1) as u64,
+            memory: pc.memory,
+            max_host_calls: pc.max_host_calls,
+            max_subrequests: pc.max_subrequests,
+            max_subrequest_bytes: pc.max_subrequest_bytes,
+            max_instances: pc.max_instances,
+            instance_wait_ms: u64::try_from(pc.instance_wait.as_millis()).unwrap_or(u64::MAX),
+            host_wait_ms: u64::try_from(pc.host_wait.as_millis()).unwrap_or(u64::MAX),
+            ..PolicyLimits::default()
+        },
+        prewarm: pc.prewarm,
+        pre_instantiate: pc.pre_instantiate,
+        memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
+        name: pc
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "policy".into()),
+    }
+}
+
+/// The slot of `cfg`'s policy, loaded (compiled, pre-instantiated,
+/// pre-warmed); `None` without `[policy]`.
+pub(crate) async fn load_policy(cfg: &Config) -> anyhow::Result<Option<Arc<PolicySlot>>> {
+    let Some(pc) = &cfg.policy else {
+        info!("no policy: built-in rules (as Varnish's built-in VCL)");
+        return Ok(None);
+    };
+    let source = policy_source(pc);
+    let engine = PolicyEngine::new(&source.limits)
+        .with_context(|| format!("cannot set up the policy runtime for {}", pc.path.display()))?;
+    let slot = PolicySlot::load(&engine, source)
+        .await
+        .with_context(|| format!("cannot load policy {}", pc.path.display()))?;
+    Ok(Some(Arc::new(slot)))
 }
 
 /// The admin API's token as `cfg` has it, read from `admin.token_file`
@@ -394,7 +438,7 @@ async fn prepare_cache(
     if !moved && o.memory_size == n.memory_size && o.disk_size == n.disk_size {
         return Ok(CacheChange::Same);
     }
-    let sc = crate::cli::store_config(new);
+    let sc = new.cache.store_config();
     check_bounds(&sc)?;
     if !moved {
         return Ok(CacheChange::Bounds {
@@ -602,6 +646,17 @@ fn same_access_log(a: &AccessLog, b: &AccessLog) -> bool {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_policy_limits_are_the_configs() {
+        let c = Config::from_toml(
+            "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n[policy]\npath = \"p.wasm\"\nmax_subrequest_bytes = \"2MiB\"",
+        )
+        .unwrap();
+        let source = policy_source(c.policy.as_ref().expect("policy"));
+        assert_eq!(source.limits.max_subrequest_bytes, 2 << 20);
+        assert_eq!(source.name, "p");
+    }
+
     fn config(text: &str) -> Config {
         Config::from_toml(text).expect("valid")
     }
@@ -656,14 +711,14 @@ mod tests {
         let mut cfg = config(&BASE.replace("[cache]\n", "[cache]\ndir = \"/x\"\n"));
         cfg.cache.disk_size = 1000;
         cfg.cache.memory_size = 1000;
-        let errors = check_bounds(&crate::cli::store_config(&cfg)).expect_err("refused");
+        let errors = check_bounds(&cfg.cache.store_config()).expect_err("refused");
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(errors[0].starts_with("cache.memory_size: "), "{errors:?}");
         assert!(errors[1].starts_with("cache.disk_size: "), "{errors:?}");
         // Without a directory the disk bound is not used.
         cfg.cache.dir = None;
         cfg.cache.memory_size = 1 << 20;
-        assert!(check_bounds(&crate::cli::store_config(&cfg)).is_ok());
+        assert!(check_bounds(&cfg.cache.store_config()).is_ok());
     }
 
     #[test]

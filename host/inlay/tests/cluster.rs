@@ -5,8 +5,8 @@
 mod common;
 
 use common::{NatsServer, Origin, unused_port};
-use inlay::cli::Proxy;
 use inlay::config::Config;
+use inlay::startup::Proxy;
 
 fn config(origin: &str, cluster: &str) -> Config {
     Config::from_toml(&format!(

@@ -8,8 +8,8 @@ mod common;
 use std::path::Path;
 
 use common::{NatsServer, Origin, TestCa};
-use inlay::cli::Proxy;
 use inlay::config::Config;
+use inlay::startup::Proxy;
 
 fn config(origin: &Origin, cluster: &str) -> Config {
     Config::from_toml(&format!(

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{NatsServer, Origin, Reply, request, unused_port};
-use inlay::cli::Proxy;
 use inlay::config::{AccessLogTarget, Config};
 use inlay::server::Listener;
+use inlay::startup::Proxy;
 use inlay_cluster::Cluster;
 use inlay_cluster::shard::MAX_MEMBERS;
 use tokio::sync::oneshot;

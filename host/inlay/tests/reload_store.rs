@@ -15,7 +15,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::Parser as _;
 use inlay::admin::AdminServer;
-use inlay::cli::{Cli, Command, Proxy};
+use inlay::cli::{Cli, Command};
+use inlay::startup::Proxy;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -63,7 +64,11 @@ impl Reloadable {
             unreachable!("the argv says serve")
         };
         let cfg = serve.load_config().unwrap();
-        let proxy = Proxy::load(cfg).await.unwrap().reloading(serve).unwrap();
+        let proxy = Proxy::load(cfg)
+            .await
+            .unwrap()
+            .reloading(serve.source())
+            .unwrap();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = AdminServer::start(l, proxy.admin().clone()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -393,7 +393,7 @@ async fn a_certificate_that_does_not_load_stops_the_start() {
         pki.entry("a", &["a.test"])
     );
     let cfg = inlay::config::Config::from_toml(&text).unwrap();
-    let err = inlay::cli::Proxy::load(cfg).await.unwrap_err();
+    let err = inlay::startup::Proxy::load(cfg).await.unwrap_err();
     assert!(
         format!("{err:#}").contains("server.tls[0].cert: "),
         "{err:#}"

@@ -57,6 +57,21 @@ pub const STRIP_REQUEST_HEADERS: [&str; 13] = [
 ];
 
 impl CacheConfig {
+    /// The store this section describes (its directory and sizes).
+    pub fn store_config(&self) -> inlay_storage::StoreConfig {
+        use inlay_storage::StoreConfig;
+        let mut sc = match &self.dir {
+            Some(dir) => StoreConfig::on_disk(dir),
+            None => StoreConfig::memory_only(self.memory_size),
+        };
+        sc.memory_bytes = self.memory_size;
+        sc.disk_bytes = self.disk_size;
+        if let Some(bytes) = self.disk_index_cache {
+            sc.disk_cache_bytes = bytes;
+        }
+        sc
+    }
+
     /// What the cache needs of this section.
     pub fn rules(&self) -> inlay_cache::CacheRules {
         inlay_cache::CacheRules {

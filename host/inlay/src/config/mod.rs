@@ -111,6 +111,29 @@ fn format_issues(issues: &[ConfigIssue]) -> String {
     out
 }
 
+/// Where the config comes from: a file (or, without one, the embedded
+/// default) and the quick flags over it. Read at start and again at every
+/// reload.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    /// The TOML file; `None`: the embedded default.
+    pub file: Option<PathBuf>,
+    /// The command line's quick flags.
+    pub overrides: Overrides,
+}
+
+impl ConfigSource {
+    /// Read the file (or take the embedded default) and apply the flags.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut cfg = match &self.file {
+            Some(p) => Config::from_file(p)?,
+            None => Config::embedded_default(),
+        };
+        cfg.apply_overrides(&self.overrides)?;
+        Ok(cfg)
+    }
+}
+
 impl Config {
     /// Read and validate a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {

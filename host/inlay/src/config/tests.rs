@@ -57,10 +57,6 @@ fn request_and_subrequest_body_bounds_parse() {
     assert_eq!(c.server.max_request_body, 1024);
     let pc = c.policy.as_ref().expect("policy");
     assert_eq!(pc.max_subrequest_bytes, 2 << 20);
-    assert_eq!(
-        crate::cli::policy_source(pc).limits.max_subrequest_bytes,
-        2 << 20
-    );
     let d = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
     assert_eq!(d.server.max_request_body, 64 << 20);
 }

@@ -1,5 +1,5 @@
 //! The in-process harness: the real config loading, policy runtime,
-//! pipeline and server (`inlay::cli::Proxy`) on `127.0.0.1:0`, in the
+//! pipeline and server (`inlay::startup::Proxy`) on `127.0.0.1:0`, in the
 //! test's tokio runtime. No process is started and no output is parsed:
 //! the test knows the address because it bound the listener, and reads the
 //! access log from a file of its own.
@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use inlay::admin::AdminServer;
-use inlay::cli::{Cli, Command, Proxy};
+use inlay::cli::{Cli, Command};
 use inlay::config::AccessLogTarget;
 use inlay::metrics::Metrics;
 use inlay::server::Listener;
+use inlay::startup::Proxy;
 use inlay_runtime::{LoadedPolicy, PolicySlot};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -1,11 +1,11 @@
 //! The man pages of the Debian package, written from the clap definitions
-//! of [`crate::cli`] so that they never disagree with `inlay --help`.
+//! of [`super`] so that they never disagree with `inlay --help`.
 
 use std::path::{Path, PathBuf};
 
 use clap::CommandFactory as _;
 
-use crate::cli::Cli;
+use super::Cli;
 
 /// Write `inlay.1` and one page per visible subcommand (`inlay-serve.1`,
 /// `inlay-check.1`, ...) into `dir`, which must exist. Returns the files

@@ -1,114 +1,90 @@
-//! The `inlay` command line: varnishd-style quick flags over a TOML file.
+//! Start-up: the one module that sees the whole process and wires it.
+//! [`main`] turns `inlay serve`'s config source into a running server:
+//! the config read and checked, the diagnostic log, the async runtime;
+//! [`Proxy`] loads what may refuse the start (the access log, the policy,
+//! the admin token, the listeners' certificates, the cluster) before
+//! anything listens, then opens the cache and runs the listeners, the
+//! admin API, reloads (SIGHUP) and the cluster until the shutdown signal,
+//! drains and flushes. [`check`] is `inlay check`.
+
+mod cluster;
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
 use inlay_cache::{CacheStore, HttpCache};
 use inlay_cluster::Cluster;
-use inlay_runtime::{PolicyEngine, PolicyLimits, PolicySlot, PolicySource};
+use inlay_runtime::PolicySlot;
 use inlay_storage::{StoreConfig, StoreError, TieredStore};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
-use crate::config::{Config, Overrides, PolicyConfig};
+use crate::config::{Config, ConfigSource};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
-use crate::reload::{Reloader, log_replay_stats};
+use crate::reload::{Reloader, load_policy, log_replay_stats};
 use crate::server::Listener;
 use crate::tls::Tls;
 
-/// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
-#[derive(Debug, Parser)]
-#[command(name = "inlay", version, about)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Serve HTTP in front of the configured backends.
-    Serve(ServeArgs),
-    /// Validate a configuration file and exit (0 when valid).
-    Check {
-        /// The TOML file to check.
-        #[arg(long)]
-        config: PathBuf,
-    },
-    /// Print the embedded default configuration.
-    DefaultConfig,
-    /// Ask a running inlay's admin API (stats, purge, ban, reload, ...).
-    Admin(crate::admin::client::AdminArgs),
-    /// Write the man pages into DIR (the Debian package's build step).
-    #[command(hide = true)]
-    Manpages {
-        /// An existing directory.
-        dir: PathBuf,
-    },
-}
-
-/// Flags of `inlay serve`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
-    /// Listen address (repeatable), e.g. `-a 127.0.0.1:6081` or `-a :6081`;
-    /// `-a https://:6443` listens for TLS (with `--tls-cert`/`--tls-key` or
-    /// `[[server.tls]]`).
-    #[arg(short = 'a', long = "listen", value_name = "ADDR")]
-    pub listen: Vec<String>,
-    /// The default backend, e.g. `-b http://127.0.0.1:8080` (or `https://` for TLS, verified against the system roots).
-    #[arg(short = 'b', long = "backend", value_name = "URL")]
-    pub backend: Option<String>,
-    /// TOML configuration file; the embedded default is used without it.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Policy component (`.wasm`).
-    #[arg(long, value_name = "FILE.wasm")]
-    pub policy: Option<PathBuf>,
-    /// Directory of the persistent cache tier.
-    #[arg(long, value_name = "DIR")]
-    pub cache_dir: Option<PathBuf>,
-    /// Admin API listen address.
-    #[arg(long, value_name = "ADDR")]
-    pub admin: Option<String>,
-    /// The TLS listeners' certificate chain (PEM), for every name: replaces
-    /// `[[server.tls]]`. Needs `--tls-key`.
-    #[arg(long, value_name = "FILE")]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key (PEM) of `--tls-cert`.
-    #[arg(long, value_name = "FILE")]
-    pub tls_key: Option<PathBuf>,
-}
-
-impl ServeArgs {
-    /// Load the config (file or embedded) and apply the quick flags.
-    pub fn load_config(&self) -> anyhow::Result<Config> {
-        let mut cfg = match &self.config {
-            Some(p) => Config::from_file(p)?,
-            None => Config::embedded_default(),
-        };
-        cfg.apply_overrides(&self.overrides())?;
-        Ok(cfg)
-    }
-
-    /// The quick flags, as overrides of the file (applied again at every reload).
-    pub fn overrides(&self) -> Overrides {
-        Overrides {
-            listen: self.listen.clone(),
-            backend: self.backend.clone(),
-            policy: self.policy.clone(),
-            no_policy: false,
-            cache_dir: self.cache_dir.clone(),
-            admin: self.admin.clone(),
-            tls_cert: self.tls_cert.clone(),
-            tls_key: self.tls_key.clone(),
+/// `inlay serve`: read the config from `source` (a bad one exits with 2),
+/// set up the diagnostic log and the runtime, and serve until SIGTERM or
+/// SIGINT; SIGHUP reloads from `source`.
+pub fn main(source: ConfigSource) -> std::process::ExitCode {
+    let cfg = match source.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("inlay: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    crate::diagnostics::init_tracing(&cfg.log.level);
+    return_large_buffers_to_the_kernel();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("inlay: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(serve(cfg, source)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("inlay: {e:#}");
+            std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `inlay check`: whether the config at `path` would start a server (every
+/// error with its key path, the admin token and the certificates read as
+/// a start would); 0 when it would, 2 when not.
+pub fn check(path: &Path) -> std::process::ExitCode {
+    let fail = |errors: Vec<String>| {
+        for e in errors {
+            eprintln!("{}: {e}", path.display());
+        }
+        std::process::ExitCode::from(2)
+    };
+    let cfg = match Config::from_file(path) {
+        Ok(cfg) => cfg,
+        Err(e) => return fail(vec![e.to_string()]),
+    };
+    if let Some(Err(e)) = cfg.admin_token_file.as_deref().map(AdminToken::read) {
+        return fail(vec![format!("{e:#}")]);
+    }
+    // The TLS certificates and keys are read as a start would.
+    if let Err(errors) = crate::tls::CertificateSet::load(&cfg.server.tls) {
+        return fail(errors);
+    }
+    println!("{}: ok", path.display());
+    std::process::ExitCode::SUCCESS
 }
 
 /// Serves buffers of 256 KiB and more (origin bodies on their way to the
@@ -130,165 +106,11 @@ fn return_large_buffers_to_the_kernel() {
     }
 }
 
-/// Entry point of the binary: parse flags, run, map errors to exit codes.
-pub fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Check { config } => match Config::from_file(&config) {
-            Ok(cfg) => match cfg.admin_token_file.as_deref().map(AdminToken::read) {
-                Some(Err(e)) => {
-                    eprintln!("{}: {e:#}", config.display());
-                    std::process::ExitCode::from(2)
-                }
-                // The TLS certificates and keys are read as a start would.
-                _ => match crate::tls::CertificateSet::load(&cfg.server.tls) {
-                    Err(errors) => {
-                        for e in errors {
-                            eprintln!("{}: {e}", config.display());
-                        }
-                        std::process::ExitCode::from(2)
-                    }
-                    Ok(_) => {
-                        println!("{}: ok", config.display());
-                        std::process::ExitCode::SUCCESS
-                    }
-                },
-            },
-            Err(e) => {
-                eprintln!("{}: {e}", config.display());
-                std::process::ExitCode::from(2)
-            }
-        },
-        Command::DefaultConfig => {
-            print!("{}", crate::config::EMBEDDED_DEFAULT);
-            std::process::ExitCode::SUCCESS
-        }
-        Command::Admin(args) => crate::admin::client::main(args),
-        Command::Manpages { dir } => match crate::manpage::write_manpages(&dir) {
-            Ok(_) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!(
-                    "inlay: cannot write the man pages into {}: {e}",
-                    dir.display()
-                );
-                std::process::ExitCode::FAILURE
-            }
-        },
-        Command::Serve(args) => {
-            let cfg = match args.load_config() {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("inlay: {e:#}");
-                    return std::process::ExitCode::from(2);
-                }
-            };
-            init_tracing(&cfg.log.level);
-            return_large_buffers_to_the_kernel();
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("inlay: cannot start the async runtime: {e}");
-                    return std::process::ExitCode::FAILURE;
-                }
-            };
-            match rt.block_on(serve(cfg, args)) {
-                Ok(()) => std::process::ExitCode::SUCCESS,
-                Err(e) => {
-                    error!("{e:#}");
-                    eprintln!("inlay: {e:#}");
-                    std::process::ExitCode::FAILURE
-                }
-            }
-        }
-    }
-}
-
-/// Libraries whose warnings a client triggers at will, kept at error level
-/// unless `log.level` names them: h2 warns once per connection that resets
-/// too many streams (rapid reset), and an attacker reconnects at will;
-/// rustls warns per handshake about what a client sent (an IP address as
-/// SNI, as wrk does). The filter (`log.level` or `INLAY_LOG`) keeps them
-/// when it names them. Inlay's own line for such a connection is
-/// rate-limited (server.rs).
-const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error"), ("rustls", "rustls=error")];
-
-/// `log.level` (or `INLAY_LOG`) with [`QUIET_LIBRARIES`] added where it does not set them.
-fn log_directives(level: &str) -> String {
-    let mut directives = level.to_string();
-    for (target, directive) in QUIET_LIBRARIES {
-        let named = level
-            .split(',')
-            .any(|d| d.trim().split(['=', '[']).next() == Some(*target));
-        if !named {
-            directives.push(',');
-            directives.push_str(directive);
-        }
-    }
-    directives
-}
-
-/// The diagnostic log's filter, replaceable by a reload (`log.level`).
-type LogFilter =
-    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
-
-/// Set by [`init_tracing`]; `None` inside: `INLAY_LOG` chose the filter.
-static LOG_FILTER: std::sync::OnceLock<Option<LogFilter>> = std::sync::OnceLock::new();
-
-fn init_tracing(level: &str) {
-    use tracing_subscriber::EnvFilter;
-    use tracing_subscriber::layer::SubscriberExt as _;
-    use tracing_subscriber::util::SubscriberInitExt as _;
-    // INLAY_LOG, when set and valid, replaces `log.level`.
-    let from_env = std::env::var("INLAY_LOG")
-        .ok()
-        .and_then(|env| EnvFilter::try_new(log_directives(&env)).ok());
-    let (filter, from_env) = match from_env {
-        Some(f) => (f, true),
-        None => (
-            EnvFilter::try_new(log_directives(level)).unwrap_or_else(|_| EnvFilter::new("info")),
-            false,
-        ),
-    };
-    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    let installed = tracing_subscriber::registry()
-        .with(filter)
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_target(false),
-        )
-        .try_init()
-        .is_ok();
-    if installed {
-        let _ = LOG_FILTER.set((!from_env).then_some(handle));
-    }
-}
-
-/// Apply a new `log.level` to the diagnostic log; `Err` says why it was
-/// not (`INLAY_LOG` is set, or no log of ours is installed).
-pub fn set_log_level(level: &str) -> Result<(), String> {
-    match LOG_FILTER.get() {
-        Some(Some(handle)) => {
-            let filter = tracing_subscriber::EnvFilter::try_new(log_directives(level))
-                .map_err(|e| format!("log.level: {e}"))?;
-            handle
-                .reload(filter)
-                .map_err(|e| format!("log.level: cannot apply it: {e}"))
-        }
-        Some(None) => Err("log.level changed: INLAY_LOG is set and chooses the filter".into()),
-        None => Err("log.level changed: the diagnostic log is not inlay's own".into()),
-    }
-}
-
 /// Bind, serve until SIGTERM/SIGINT, drain; SIGHUP reloads the config
-/// (the file and flags of `args`) as a new generation.
-pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
+/// from `source` as a new generation.
+async fn serve(cfg: Config, source: ConfigSource) -> anyhow::Result<()> {
     // The policy is compiled before we listen: a bad one stops start-up here.
-    let proxy = Proxy::load(cfg).await?.reloading(args)?;
+    let proxy = Proxy::load(cfg).await?.reloading(source)?;
     if let Some(warning) = crate::open_files::apply(&proxy.config().server) {
         warn!("{warning}");
     }
@@ -318,17 +140,6 @@ pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-/// Serve `listeners` until `shutdown` resolves, then drain and flush: what
-/// `inlay serve` does once it has bound its addresses, without signals.
-/// `cfg.server.listen` is not read; the listeners are the caller's.
-pub async fn run(
-    cfg: Config,
-    listeners: impl IntoIterator<Item = impl Into<Listener>>,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    Proxy::load(cfg).await?.run(listeners, shutdown).await
-}
-
 /// The proxy before it serves: the access log open and the policy loaded,
 /// so that a bad policy stops start-up before anything listens.
 #[derive(Debug)]
@@ -337,9 +148,9 @@ pub struct Proxy {
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
     admin: Admin,
-    /// The command line SIGHUP reads again, and the SIGHUP stream
+    /// The config source SIGHUP reads again, and the SIGHUP stream
     /// (installed before anything listens); `None`: no SIGHUP handler.
-    reload_source: Option<(ServeArgs, tokio::signal::unix::Signal)>,
+    reload_source: Option<(ConfigSource, tokio::signal::unix::Signal)>,
     metrics: Arc<Metrics>,
     /// The TLS listeners' certificates (none without `[[server.tls]]`).
     tls: Arc<Tls>,
@@ -355,7 +166,7 @@ impl Proxy {
         let policy = load_policy(&cfg).await?;
         let admin = admin_of(&cfg, policy.as_ref())?;
         let metrics = Metrics::new(cfg.metrics.enabled);
-        let cluster_metrics = crate::cluster::metrics(&metrics);
+        let cluster_metrics = cluster::metrics(&metrics);
         // A certificate or key that does not load stops start-up here.
         let tls = Tls::new(&cfg.server.tls).map_err(|errors| {
             anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
@@ -388,11 +199,11 @@ impl Proxy {
         &self.admin
     }
 
-    /// Reload on SIGHUP: read `args`' config file and flags again.
-    pub fn reloading(mut self, args: ServeArgs) -> anyhow::Result<Self> {
+    /// Reload on SIGHUP: read the config from `source` again.
+    pub fn reloading(mut self, source: ConfigSource) -> anyhow::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         let hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-        self.reload_source = Some((args, hup));
+        self.reload_source = Some((source, hup));
         Ok(self)
     }
 
@@ -463,12 +274,12 @@ impl Proxy {
         // Other nodes' purges this one missed are applied before it serves,
         // and the admin API's purges are published from the first.
         let fanout = match &cluster {
-            Some(c) => Some(crate::cluster::start_fanout(c, &reloader).await?),
+            Some(c) => Some(cluster::start_fanout(c, &reloader).await?),
             None => None,
         };
         wire_admin(&admin, &reloader);
         // The cluster's current policy version applies before the node serves.
-        crate::cluster::start_rollout(cluster.as_ref(), &reloader, &admin).await;
+        cluster::start_rollout(cluster.as_ref(), &reloader, &admin).await;
         // The cache is open (the admin API asks the reloader for it).
         admin.readiness().set_ready();
         let on_hup = hup.map(|hup| tokio::spawn(reload_on_sighup(Arc::clone(&reloader), hup)));
@@ -578,47 +389,6 @@ async fn flush_access_log(log: AccessLog) {
     }
 }
 
-/// What the runtime needs to load the configured policy.
-pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
-    PolicySource {
-        path: pc.path.clone(),
-        config: pc.config.clone(),
-        limits: PolicyLimits {
-            cpu_time_ms: pc.cpu_time.as_millis().max(1) as u64,
-            memory: pc.memory,
-            max_host_calls: pc.max_host_calls,
-            max_subrequests: pc.max_subrequests,
-            max_subrequest_bytes: pc.max_subrequest_bytes,
-            max_instances: pc.max_instances,
-            instance_wait_ms: u64::try_from(pc.instance_wait.as_millis()).unwrap_or(u64::MAX),
-            host_wait_ms: u64::try_from(pc.host_wait.as_millis()).unwrap_or(u64::MAX),
-            ..PolicyLimits::default()
-        },
-        prewarm: pc.prewarm,
-        pre_instantiate: pc.pre_instantiate,
-        memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
-        name: pc
-            .path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "policy".into()),
-    }
-}
-
-pub(crate) async fn load_policy(cfg: &Config) -> anyhow::Result<Option<Arc<PolicySlot>>> {
-    let Some(pc) = &cfg.policy else {
-        info!("no policy: built-in rules (as Varnish's built-in VCL)");
-        return Ok(None);
-    };
-    let source = policy_source(pc);
-    let engine = PolicyEngine::new(&source.limits)
-        .with_context(|| format!("cannot set up the policy runtime for {}", pc.path.display()))?;
-    let slot = PolicySlot::load(&engine, source)
-        .await
-        .with_context(|| format!("cannot load policy {}", pc.path.display()))?;
-    Ok(Some(Arc::new(slot)))
-}
-
 /// SIGHUP reads the config again and applies it as a new generation: new
 /// requests get it, requests in flight finish on the old one; a file that
 /// is not valid (or whose policy does not load) changes nothing.
@@ -630,23 +400,9 @@ async fn reload_on_sighup(reloader: Arc<Reloader>, mut hup: tokio::signal::unix:
     }
 }
 
-/// The store `cfg.cache` describes (its directory and sizes).
-pub(crate) fn store_config(cfg: &Config) -> StoreConfig {
-    let mut sc = match &cfg.cache.dir {
-        Some(dir) => StoreConfig::on_disk(dir),
-        None => StoreConfig::memory_only(cfg.cache.memory_size),
-    };
-    sc.memory_bytes = cfg.cache.memory_size;
-    sc.disk_bytes = cfg.cache.disk_size;
-    if let Some(bytes) = cfg.cache.disk_index_cache {
-        sc.disk_cache_bytes = bytes;
-    }
-    sc
-}
-
 /// Open the object store: memory only, or memory in front of sled on disk.
 fn open_store(cfg: &Config) -> anyhow::Result<CacheStore> {
-    let store = match TieredStore::open(store_config(cfg)) {
+    let store = match TieredStore::open(cfg.cache.store_config()) {
         Ok(store) => store,
         // The system refused the directory (permissions, file descriptors,
         // a file in the way): the operator must fix it; the store left the
@@ -684,30 +440,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => info!("SIGTERM received"),
         _ = int.recv() => info!("SIGINT received"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::log_directives;
-
-    #[test]
-    fn client_triggered_library_warnings_are_quiet_unless_the_level_names_the_library() {
-        assert_eq!(log_directives("info"), "info,h2=error,rustls=error");
-        assert_eq!(
-            log_directives("warn,inlay=debug"),
-            "warn,inlay=debug,h2=error,rustls=error"
-        );
-        // An operator who asks for h2's lines gets them.
-        assert_eq!(
-            log_directives("info,h2=debug"),
-            "info,h2=debug,rustls=error"
-        );
-        assert_eq!(
-            log_directives("h2[conn]=trace,rustls=warn"),
-            "h2[conn]=trace,rustls=warn"
-        );
-        // A target that only starts with "h2" does not count.
-        assert_eq!(log_directives("h2x=info"), "h2x=info,h2=error,rustls=error");
     }
 }
