@@ -26,6 +26,8 @@ use crate::metrics::{BackendMetrics, Metrics};
 #[derive(Debug)]
 pub struct Backend {
     config: BackendConfig,
+    /// Its TLS, files read, for an `https://` address.
+    tls: Option<tls::BackendTls>,
     client: Client<tls::Connector, ProxyBody>,
     slots: Option<Arc<Semaphore>>,
     metrics: Arc<BackendMetrics>,
@@ -51,16 +53,18 @@ pub struct Picked {
 }
 
 impl Backends {
-    /// Build a client per configured backend, counting in `metrics`.
-    pub fn new(config: &Config, metrics: &Metrics) -> Self {
+    /// Build a client per configured backend, over TLS for those in
+    /// `tls` (the resolve step's), counting in `metrics`.
+    pub fn new(config: &Config, tls: &tls::BackendTlsSet, metrics: &Metrics) -> Self {
         let by_name = config
             .backends
             .iter()
             .map(|(name, b)| {
                 let counted = metrics.backend(name);
+                let tls = tls.get(name).cloned();
                 (
                     name.clone(),
-                    Arc::new(Backend::new(b.clone(), counted, None)),
+                    Arc::new(Backend::new(b.clone(), tls, counted, None)),
                 )
             })
             .collect();
@@ -71,15 +75,17 @@ impl Backends {
     /// connection caps) and probes of those whose settings are the same as
     /// here; a changed backend at the same address starts with the health
     /// its probe had seen.
-    pub fn renewed(&self, config: &Config, metrics: &Metrics) -> Self {
+    pub fn renewed(&self, config: &Config, tls: &tls::BackendTlsSet, metrics: &Metrics) -> Self {
         let by_name = config
             .backends
             .iter()
             .map(|(name, b)| {
-                let kept = self
-                    .by_name
-                    .get(name)
-                    .filter(|old| format!("{:?}", old.config) == format!("{b:?}"));
+                let tls = tls.get(name).cloned();
+                // The TLS files' digest is in its `Debug` text: a changed
+                // file renews the backend.
+                let kept = self.by_name.get(name).filter(|old| {
+                    format!("{:?}{:?}", old.config, old.tls) == format!("{b:?}{tls:?}")
+                });
                 let backend = match kept {
                     Some(old) => Arc::clone(old),
                     None => {
@@ -88,7 +94,7 @@ impl Backends {
                             .get(name)
                             .filter(|old| old.config.address == b.address)
                             .map(|old| old.health.as_ref());
-                        Arc::new(Backend::new(b.clone(), metrics.backend(name), seen))
+                        Arc::new(Backend::new(b.clone(), tls, metrics.backend(name), seen))
                     }
                 };
                 (name.clone(), backend)
@@ -185,20 +191,25 @@ impl Backends {
 }
 
 impl Backend {
-    fn new(config: BackendConfig, metrics: BackendMetrics, seen: Option<&probe::Health>) -> Self {
+    fn new(
+        config: BackendConfig,
+        tls: Option<tls::BackendTls>,
+        metrics: BackendMetrics,
+        seen: Option<&probe::Health>,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
         // The scheme is checked by the HTTPS connector around it.
         connector.enforce_http(false);
-        let connector = match &config.tls {
+        let connector = match &tls {
             Some(t) => t.connector(connector, config.connect_timeout),
             None => tls::BackendTls::plain_connector(connector, config.connect_timeout),
         };
         let client = Client::builder(TokioExecutor::new())
             // `http2` on an `http://` backend: h2c with prior knowledge
             // (over TLS, ALPN decides).
-            .http2_only(config.http2 && config.tls.is_none())
+            .http2_only(config.http2 && tls.is_none())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.keepalive_timeout)
             .pool_max_idle_per_host(config.max_idle_connections)
@@ -221,6 +232,7 @@ impl Backend {
         });
         Self {
             config,
+            tls,
             client,
             slots,
             metrics: Arc::new(metrics),
@@ -486,6 +498,10 @@ fn replayable(req: &Request<ProxyBody>) -> bool {
 mod tests {
     use super::*;
 
+    fn no_tls() -> tls::BackendTlsSet {
+        tls::BackendTlsSet::new()
+    }
+
     fn ca_pem(name: &str) -> String {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -505,7 +521,7 @@ mod tests {
              [directors.pool]\ntype = \"fallback\"\nbackends = [\"b\", \"a\"]\n",
         )
         .expect("valid");
-        let backends = Backends::new(&config, &Metrics::new(true));
+        let backends = Backends::new(&config, &no_tls(), &Metrics::new(true));
         // What the policy's set-backend checks, and what the pipeline picks.
         assert!(backends.exists("pool") && backends.exists("a"));
         assert!(!backends.exists("nope"));
@@ -527,24 +543,31 @@ mod tests {
         );
         let config = |t: &str| Config::from_toml(t).expect("valid");
         let metrics = Metrics::new(true);
-        let old = Backends::new(&config(&text), &metrics);
+        // Each generation resolves its files anew, as a reload does.
+        let renewed = |old: &Backends, t: &str| {
+            let c = config(t);
+            old.renewed(&c, &tls::load_all(&c).expect("files load"), &metrics)
+        };
+        let first = config(&text);
+        let old = Backends::new(&first, &tls::load_all(&first).unwrap(), &metrics);
         let same =
             |new: &Backends| Arc::ptr_eq(old.get("default").unwrap(), new.get("default").unwrap());
-        assert!(
-            same(&old.renewed(&config(&text), &metrics)),
-            "nothing changed: pool kept"
-        );
+        assert!(same(&renewed(&old, &text)), "nothing changed: pool kept");
         let http2 = format!("{text}http2 = true\n");
-        assert!(!same(&old.renewed(&config(&http2), &metrics)));
+        assert!(!same(&renewed(&old, &http2)));
         // Same path, new contents: the file is read again and the client renewed.
         std::fs::write(&ca, ca_pem("two")).unwrap();
-        assert!(!same(&old.renewed(&config(&text), &metrics)));
+        assert!(!same(&renewed(&old, &text)));
     }
 }
 
 #[cfg(test)]
 mod probe_tests {
     use super::*;
+
+    fn no_tls() -> tls::BackendTlsSet {
+        tls::BackendTlsSet::new()
+    }
 
     /// A config whose backend `default` is probed at `/health` on a port
     /// nobody listens on (`port` varies it, so each is a changed backend).
@@ -559,16 +582,16 @@ mod probe_tests {
     #[tokio::test]
     async fn a_probe_stops_when_its_backend_is_dropped_after_twenty_reloads() {
         let metrics = Metrics::new(true);
-        let mut current = Backends::new(&probed(1), &metrics);
+        let mut current = Backends::new(&probed(1), &no_tls(), &metrics);
         let mut gone = Vec::new();
         for i in 0..20 {
-            let next = current.renewed(&probed(2 + i), &metrics);
+            let next = current.renewed(&probed(2 + i), &no_tls(), &metrics);
             // The probe task holds the health; nothing else does once the
             // generation's backends are dropped.
             gone.push(Arc::downgrade(current.get("default").unwrap().health()));
             current = next;
         }
-        let kept = current.renewed(&probed(21), &metrics);
+        let kept = current.renewed(&probed(21), &no_tls(), &metrics);
         assert!(
             Arc::ptr_eq(
                 kept.get("default").unwrap(),

@@ -35,6 +35,7 @@ mod proxy_protocol;
 mod reload;
 /// Request ids; public for the `request_id` benchmark.
 pub mod request_id;
+mod resolve;
 pub mod server;
 /// `Server-Timing`; public for the `request_id` benchmark.
 pub mod server_timing;

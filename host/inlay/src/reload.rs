@@ -27,10 +27,11 @@ use inlay_storage::{StoreConfig, TieredStore};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
-use crate::admin::{Admin, AdminToken, WeakAdmin};
+use crate::admin::{Admin, WeakAdmin};
 use crate::config::{AccessLogTarget, Config, ConfigError, ConfigSource, PolicyConfig};
 use crate::pipeline::Pipeline;
 use crate::pipeline::{GenerationFigures, Generations};
+use crate::resolve::resolve;
 use crate::tls::{CertificateSet, Tls};
 
 /// What a successful reload did.
@@ -209,12 +210,14 @@ impl Reloader {
         let changed = changed_sections(old.config(), &cfg);
         // Everything that can fail comes before the policy is swapped in the
         // slot: after that, nothing may refuse the generation.
-        let token = admin_token(&cfg)?;
+        let settings = resolve(cfg).map_err(|e| config_errors(&e))?;
+        let cfg = &*settings.config;
+        let token = settings.admin_token.clone();
         let certificates = match &self.tls {
-            Some(_) => Some(tls_certificates(&cfg)?),
+            Some(_) => Some(tls_certificates(cfg)?),
             None => None,
         };
-        let access_log = if needs_new_access_log(old.config(), &cfg) {
+        let access_log = if needs_new_access_log(old.config(), cfg) {
             AccessLog::open(&cfg.log)
                 .map_err(|e| vec![format!("log.access_log: cannot open it: {e}")])?
         } else {
@@ -230,7 +233,7 @@ impl Reloader {
         };
         // Dropped unused (a policy that does not load), it closes again.
         let mut moved = MovedCache(None);
-        let bounds = match prepare_cache(old.cache(), old.config(), &cfg).await? {
+        let bounds = match prepare_cache(old.cache(), old.config(), cfg).await? {
             CacheChange::Same => None,
             CacheChange::Bounds { memory, disk } => Some((memory, disk)),
             CacheChange::Moved(cache) => {
@@ -261,7 +264,7 @@ impl Reloader {
                         Some(Arc::clone(slot))
                     }
                     None => {
-                        let slot = load_policy(&cfg).await.map_err(|e| {
+                        let slot = load_policy(cfg).await.map_err(|e| {
                             let key = match e.root_cause().downcast_ref::<PolicyError>() {
                                 Some(PolicyError::Engine { .. }) => "policy.max_instances",
                                 _ => "policy.path",
@@ -297,11 +300,21 @@ impl Reloader {
                 "cache.disk_size: the new bounds apply, but evicting down to them failed: {e}"
             ));
         }
-        let cfg = Arc::new(cfg);
         let moved = moved.0.take();
         let next = Arc::new(match &moved {
-            Some(cache) => old.next_generation_on(cfg, slot, access_log.clone(), cache.clone()),
-            None => old.next_generation(cfg, slot, access_log.clone()),
+            Some(cache) => old.next_generation_on(
+                Arc::clone(&settings.config),
+                &settings.backend_tls,
+                slot,
+                access_log.clone(),
+                cache.clone(),
+            ),
+            None => old.next_generation(
+                Arc::clone(&settings.config),
+                &settings.backend_tls,
+                slot,
+                access_log.clone(),
+            ),
         });
         state.generation += 1;
         if let Some(guard) = moving.as_mut() {
@@ -378,25 +391,6 @@ pub(crate) async fn load_policy(cfg: &Config) -> anyhow::Result<Option<Arc<Polic
         .await
         .with_context(|| format!("cannot load policy {}", pc.path.display()))?;
     Ok(Some(Arc::new(slot)))
-}
-
-/// The admin API's token as `cfg` has it, read from `admin.token_file`
-/// now (at start, and at a reload so that a rotated token takes effect).
-/// At a reload the admin listener is the running one (a reload does not
-/// move it): a token file removed while it listens beyond loopback refuses
-/// the reload, as it refuses a start.
-pub(crate) fn admin_token(cfg: &Config) -> Result<Option<AdminToken>, Vec<String>> {
-    let Some(listen) = cfg.admin else {
-        return Ok(None);
-    };
-    if let Some(m) = crate::config::unguarded_admin(listen, cfg.admin_token_file.as_deref()) {
-        return Err(vec![format!("admin.token_file: {m}")]);
-    }
-    cfg.admin_token_file
-        .as_deref()
-        .map(AdminToken::read)
-        .transpose()
-        .map_err(|e| vec![format!("{e:#}")])
 }
 
 /// What a reload does to the cache.
@@ -739,8 +733,12 @@ mod tests {
             BASE.replace("backends.origin", "backends.default")
         );
         let metrics = crate::metrics::Metrics::new(true);
-        let old = crate::backend::Backends::new(&config(&two), &metrics);
-        let new = old.renewed(&config(&two.replace("9000", "9001")), &metrics);
+        let old = crate::backend::Backends::new(&config(&two), &Default::default(), &metrics);
+        let new = old.renewed(
+            &config(&two.replace("9000", "9001")),
+            &Default::default(),
+            &metrics,
+        );
         let same = |name: &str| Arc::ptr_eq(old.get(name).unwrap(), new.get(name).unwrap());
         assert!(same("default"), "an unchanged backend keeps its pool");
         assert!(!same("api"), "a changed backend gets a new client");

@@ -1787,7 +1787,15 @@ mod tests {
             inlay_cache::CacheStore::from_store(Arc::new(store)),
             cfg.cache.rules(),
         );
-        let pipeline = crate::pipeline::Pipeline::new(Arc::new(cfg), cache, None, access_log);
+        let metrics = crate::metrics::Metrics::new(true);
+        let pipeline = crate::pipeline::Pipeline::first(
+            Arc::new(cfg),
+            &Default::default(),
+            cache,
+            None,
+            access_log,
+            metrics,
+        );
         Arc::new(Generations::from_pointee(pipeline))
     }
 

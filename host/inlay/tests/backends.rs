@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::{Harness, Origin, TestCa, TlsOrigin, get};
 use inlay::config::Config;
+use inlay::startup::resolve;
 
 /// `[backends.default]` at `address` with extra `lines`.
 fn backend(address: &str, lines: &str) -> String {
@@ -217,37 +218,58 @@ fn tls_settings_are_checked_with_their_key_paths() {
     let dir = tempfile::tempdir().unwrap();
     let junk = dir.path().join("junk.pem");
     std::fs::write(&junk, "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n").unwrap();
-    let text = format!(
-        "[backends.plain]\naddress = \"http://127.0.0.1:1\"\nca_file = \"ca.pem\"\n\
-         [backends.tls]\naddress = \"https://127.0.0.1:1\"\nca_file = {junk}\nclient_cert = {junk}\nhttp2 = \"yes\"\n\
-         [backends.missing]\naddress = \"https://127.0.0.1:1\"\nca_file = {missing}\n\
-         keepalive_timeout = \"0s\"\nmax_idle_connections = -1\n\
-         [backends.ftp]\naddress = \"ftp://127.0.0.1:1\"\n",
-        junk = toml_path(&junk),
-        missing = toml_path(&dir.path().join("missing.pem")),
-    );
-    let err = Config::from_toml(&format!("default_backend = \"plain\"\n{text}")).unwrap_err();
-    let msg = err.to_string();
-    for (path, says) in [
-        ("backends.plain.ca_file", "only for https:// backends"),
-        ("backends.tls.ca_file", "bad PEM"),
-        ("backends.tls.client_key", "missing"),
-        ("backends.tls.http2", "expected true or false"),
-        ("backends.missing.ca_file", "cannot read"),
-        ("backends.ftp.address", "http:// or https://"),
-        ("backends.missing.keepalive_timeout", "more than zero"),
-        ("backends.missing.max_idle_connections", "integer"),
-    ] {
+    let junk = toml_path(&junk);
+    let missing = toml_path(&dir.path().join("missing.pem"));
+    let lines = |err: inlay::config::ConfigError| err.to_string();
+    let said = |msg: &str, path: &str, says: &str| {
         let line = msg
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{path}:")))
             .unwrap_or_else(|| panic!("no error for {path} in:\n{msg}"));
         assert!(line.contains(says), "{path}: {line}");
+    };
+    // What the file says is checked when it is read...
+    let text = format!(
+        "[backends.plain]\naddress = \"http://127.0.0.1:1\"\nca_file = \"ca.pem\"\n\
+         [backends.tls]\naddress = \"https://127.0.0.1:1\"\nca_file = {junk}\nhttp2 = \"yes\"\n\
+         [backends.missing]\naddress = \"https://127.0.0.1:1\"\n\
+         keepalive_timeout = \"0s\"\nmax_idle_connections = -1\n\
+         [backends.ftp]\naddress = \"ftp://127.0.0.1:1\"\n"
+    );
+    let msg =
+        lines(Config::from_toml(&format!("default_backend = \"plain\"\n{text}")).unwrap_err());
+    for (path, says) in [
+        ("backends.plain.ca_file", "only for https:// backends"),
+        ("backends.tls.http2", "expected true or false"),
+        ("backends.ftp.address", "http:// or https://"),
+        ("backends.missing.keepalive_timeout", "more than zero"),
+        ("backends.missing.max_idle_connections", "integer"),
+    ] {
+        said(&msg, path, says);
+    }
+    // ... and the files it names when it is resolved (as a start, a reload
+    // and `inlay check` do): every one, with its key path.
+    let files = Config::from_toml(&format!(
+        "default_backend = \"tls\"\n\
+         [backends.tls]\naddress = \"https://127.0.0.1:1\"\nca_file = {junk}\nclient_cert = {junk}\n\
+         [backends.missing]\naddress = \"https://127.0.0.1:1\"\nca_file = {missing}\n"
+    ))
+    .expect("the file itself is valid");
+    let msg = lines(resolve(files).unwrap_err());
+    for (path, says) in [
+        ("backends.tls.ca_file", "bad PEM"),
+        ("backends.tls.client_key", "missing"),
+        ("backends.missing.ca_file", "cannot read"),
+    ] {
+        said(&msg, path, says);
     }
     // An https:// backend without ca_file trusts the system's roots.
     let ok = Config::from_toml("[backends.default]\naddress = \"https://example.com\"\n").unwrap();
-    let tls = ok.default_backend().tls.as_ref().expect("TLS settings");
-    assert_eq!(tls.server_name().to_str(), "example.com");
+    let ok = resolve(ok).expect("the system's roots load");
+    assert_eq!(
+        ok.backend_tls["default"].server_name().to_str(),
+        "example.com"
+    );
     // `-b https://...` makes the default backend a TLS one, and back.
     let mut c =
         Config::from_toml("[backends.default]\naddress = \"http://127.0.0.1:1\"\n").unwrap();
@@ -257,12 +279,10 @@ fn tls_settings_are_checked_with_their_key_paths() {
     };
     c.apply_overrides(&flag("https://origin.test:8443"))
         .unwrap();
+    let tls = resolve(c.clone()).expect("resolved");
     assert_eq!(
-        c.default_backend()
-            .tls
-            .as_ref()
-            .map(|t| t.server_name().to_str().into_owned()),
-        Some("origin.test".to_owned())
+        tls.backend_tls["default"].server_name().to_str(),
+        "origin.test"
     );
     c.apply_overrides(&flag("http://127.0.0.1:2")).unwrap();
     assert!(c.default_backend().tls.is_none());

@@ -133,9 +133,9 @@ impl AdminToken {
     /// An empty file, or one that is not a single word of visible ASCII
     /// (a header cannot carry anything else), is an error.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read(path)
-            .with_context(|| format!("admin.token_file: cannot read {}", path.display()))?;
-        Self::new(&text).map_err(|m| anyhow::anyhow!("admin.token_file {}: {m}", path.display()))
+        let text =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::new(&text).map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))
     }
 
     /// The token from its bytes; a trailing newline (`\n` or `\r\n`) is dropped.

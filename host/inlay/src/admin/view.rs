@@ -11,12 +11,10 @@ use crate::config::{AccessLogFormat, AccessLogTarget, Config};
 /// A TLS file of a backend, as configured.
 fn tls_path(
     b: &crate::config::BackendConfig,
-    field: impl Fn(&crate::backend::tls::TlsSettings) -> &Option<std::path::PathBuf>,
+    field: impl Fn(&crate::config::TlsSettings) -> &Option<std::path::PathBuf>,
 ) -> Option<String> {
     let tls = b.tls.as_ref()?;
-    field(tls.settings())
-        .as_ref()
-        .map(|p| p.display().to_string())
+    field(tls).as_ref().map(|p| p.display().to_string())
 }
 
 /// What a redacted value reads.

@@ -180,6 +180,7 @@ mod tests {
         ));
         Backends::new(
             &Config::from_toml(&toml).expect("valid"),
+            &Default::default(),
             &Metrics::new(true),
         )
     }

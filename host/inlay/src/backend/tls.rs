@@ -12,7 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hasher;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -27,17 +27,41 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 /// PKI is well under 1 MiB); past it the file is refused, not read.
 const MAX_PEM_FILE: u64 = 16 << 20;
 
-/// What `[backends.NAME]` says about TLS, as written in the file.
-#[derive(Debug, Clone, Default)]
-pub struct TlsSettings {
-    /// `ca_file`: PEM certificates to trust instead of the system's roots.
-    pub ca_file: Option<PathBuf>,
-    /// `client_cert`: PEM certificate chain presented to the origin.
-    pub client_cert: Option<PathBuf>,
-    /// `client_key`: PEM private key of `client_cert`.
-    pub client_key: Option<PathBuf>,
-    /// `http2`: offer `h2` in ALPN.
-    pub http2: bool,
+pub use crate::config::TlsSettings;
+
+/// The TLS of each `https://` backend, by name, its files read.
+pub type BackendTlsSet = std::collections::HashMap<String, BackendTls>;
+
+/// The TLS of every `https://` backend of `config`, its files read and
+/// checked now: the resolve step's part for backends. Every problem is
+/// returned, each with its key path (`backends.NAME.ca_file`).
+pub fn load_all(
+    config: &crate::config::Config,
+) -> Result<BackendTlsSet, Vec<crate::config::ConfigIssue>> {
+    let mut set = BackendTlsSet::new();
+    let mut issues = Vec::new();
+    for (name, b) in &config.backends {
+        let Some(settings) = &b.tls else { continue };
+        match BackendTls::load(&b.address, b.host_header.as_deref(), settings.clone()) {
+            Ok(tls) => {
+                set.insert(name.clone(), tls);
+            }
+            Err(found) => {
+                issues.extend(
+                    found
+                        .into_iter()
+                        .map(|(key, message)| crate::config::ConfigIssue {
+                            path: format!("backends.{name}.{key}"),
+                            message,
+                        }),
+                )
+            }
+        }
+    }
+    match issues.is_empty() {
+        true => Ok(set),
+        false => Err(issues),
+    }
 }
 
 /// The TLS side of one `https://` backend, ready to connect with.

@@ -7,7 +7,6 @@ use std::time::Duration;
 use http::Uri;
 
 use super::read::{Reader, Table, Value, join};
-use crate::backend::tls::{BackendTls, TlsSettings};
 
 /// `[backends.NAME]`.
 #[derive(Debug, Clone)]
@@ -26,9 +25,9 @@ pub struct BackendConfig {
     pub between_bytes_timeout: Duration,
     /// Maximum concurrent requests to this backend (0 = unlimited).
     pub max_connections: usize,
-    /// `https://` backends: roots, SNI name, client certificate (`ca_file`,
-    /// `client_cert`, `client_key`), read and checked with the config.
-    pub tls: Option<crate::backend::tls::BackendTls>,
+    /// `https://` backends: roots and client certificate (`ca_file`,
+    /// `client_cert`, `client_key`); the resolve step reads the files.
+    pub tls: Option<TlsSettings>,
     /// `http2`: HTTP/2 to the origin (offered in ALPN over TLS; prior
     /// knowledge over `http://`).
     pub http2: bool,
@@ -38,6 +37,20 @@ pub struct BackendConfig {
     pub keepalive_timeout: Duration,
     /// Idle connections kept for reuse (0: a connection per request).
     pub max_idle_connections: usize,
+}
+
+/// What `[backends.NAME]` says about TLS, as written in the file (the
+/// resolve step reads the files).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// `ca_file`: PEM certificates to trust instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// `client_cert`: PEM certificate chain presented to the origin.
+    pub client_cert: Option<PathBuf>,
+    /// `client_key`: PEM private key of `client_cert`.
+    pub client_key: Option<PathBuf>,
+    /// `http2`: offer `h2` in ALPN.
+    pub http2: bool,
 }
 
 /// `[directors.NAME]`: a group of backends, as Varnish's directors.
@@ -123,28 +136,17 @@ impl BackendConfig {
         }
     }
 
-    /// Read the TLS files of an `https://` address (with `settings`, or
-    /// the system roots and no client certificate); none for `http://`.
-    pub(super) fn load_tls(&mut self, settings: Option<TlsSettings>) -> Result<(), String> {
-        self.tls = None;
-        if self.address.scheme_str() != Some("https") {
-            return Ok(());
-        }
-        let settings = settings.unwrap_or(TlsSettings {
-            http2: self.http2,
-            ..TlsSettings::default()
-        });
-        match BackendTls::load(&self.address, self.host_header.as_deref(), settings) {
-            Ok(t) => {
-                self.tls = Some(t);
-                Ok(())
-            }
-            Err(issues) => Err(issues
-                .into_iter()
-                .map(|(k, m)| format!("{k}: {m}"))
-                .collect::<Vec<_>>()
-                .join("; ")),
-        }
+    /// TLS for an `https://` address (the settings it has, or the system
+    /// roots and no client certificate); none for `http://`. The files are
+    /// read by the resolve step, not here.
+    pub(super) fn tls_for_scheme(&mut self) {
+        self.tls = match self.address.scheme_str() {
+            Some("https") => Some(self.tls.take().unwrap_or(TlsSettings {
+                http2: self.http2,
+                ..TlsSettings::default()
+            })),
+            _ => None,
+        };
     }
 
     /// `host:port` of the backend, for logs and the Host header fallback.
@@ -493,7 +495,7 @@ impl Reader {
 
     /// The TLS files of an `https://` backend, read and checked; on an
     /// `http://` one, the TLS keys are a mistake.
-    fn backend_tls(&mut self, t: &Table, p: &str, b: &BackendConfig) -> Option<BackendTls> {
+    fn backend_tls(&mut self, t: &Table, p: &str, b: &BackendConfig) -> Option<TlsSettings> {
         let path = |r: &mut Self, key| r.string(t, p, key).map(PathBuf::from);
         let settings = TlsSettings {
             ca_file: path(self, "ca_file"),
@@ -513,14 +515,6 @@ impl Reader {
             }
             return None;
         }
-        match BackendTls::load(&b.address, b.host_header.as_deref(), settings) {
-            Ok(tls) => Some(tls),
-            Err(issues) => {
-                for (key, m) in issues {
-                    self.err(join(p, key), m);
-                }
-                None
-            }
-        }
+        Some(settings)
     }
 }

@@ -27,7 +27,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub use admin::MetricsConfig;
-pub use backends::{BackendConfig, DirectorConfig, DirectorKind, DirectorMember, ProbeConfig};
+pub use backends::{
+    BackendConfig, DirectorConfig, DirectorKind, DirectorMember, ProbeConfig, TlsSettings,
+};
 pub use cache::{CacheConfig, STRIP_REQUEST_HEADERS};
 pub use cluster::{
     ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig, ShardConfig,

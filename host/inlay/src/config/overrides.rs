@@ -78,10 +78,7 @@ impl Config {
                         .entry(name.clone())
                         .or_insert_with(|| BackendConfig::with_defaults(name, address.clone()));
                     entry.address = address;
-                    if let Err(m) = entry.load_tls(entry.tls.as_ref().map(|t| t.settings().clone()))
-                    {
-                        issues.push(issue("-b", m));
-                    }
+                    entry.tls_for_scheme();
                 }
                 Err(m) => issues.push(issue("-b", m)),
             }

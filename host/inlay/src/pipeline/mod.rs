@@ -45,6 +45,7 @@ use tracing::{Instrument, debug_span};
 
 use crate::access_log::AccessLog;
 use crate::backend::Backends;
+use crate::backend::tls::BackendTlsSet;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
@@ -130,28 +131,18 @@ impl std::fmt::Debug for Pipeline {
 }
 
 impl Pipeline {
-    /// Build the pipeline from a validated config, an open cache and the
-    /// policy slot (if a policy is configured), with metrics of its own
-    /// (`[metrics] enabled`).
-    pub fn new(
+    /// The first generation: `config` (its backends' TLS resolved in
+    /// `backend_tls`) serving from `cache`, with the slot's policy (if one
+    /// is configured), writing to `access_log` and counting in `metrics`.
+    pub fn first(
         config: Arc<Config>,
-        cache: HttpCache,
-        policy: Option<Arc<PolicySlot>>,
-        access_log: AccessLog,
-    ) -> Self {
-        let metrics = Metrics::new(config.metrics.enabled);
-        Self::with_metrics(config, cache, policy, access_log, metrics)
-    }
-
-    /// [`Pipeline::new`] counting in `metrics`.
-    pub fn with_metrics(
-        config: Arc<Config>,
+        backend_tls: &BackendTlsSet,
         cache: HttpCache,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let backends = Backends::new(&config, &metrics);
+        let backends = Backends::new(&config, backend_tls, &metrics);
         let invalidator = Arc::new(Invalidator::new(cache.clone(), Arc::clone(&metrics)));
         Self::build(
             config,
@@ -164,19 +155,21 @@ impl Pipeline {
         )
     }
 
-    /// The next generation, for a config reload: `config` with the same
-    /// cache state under `config.cache`'s rules, the slot's current policy
-    /// and `access_log`, counting in the same metrics (counts go on); the
-    /// backends whose settings did not change keep their connection pools
-    /// (and their `max_connections` slots).
+    /// The next generation, for a config reload: `config` (with
+    /// `backend_tls`) on the same cache state under its `cache` section's
+    /// rules, the slot's current policy and `access_log`, counting in the
+    /// same metrics (counts go on); the backends whose settings did not
+    /// change keep their connection pools (and their `max_connections`
+    /// slots).
     pub fn next_generation(
         &self,
         config: Arc<Config>,
+        backend_tls: &BackendTlsSet,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
         let cache = self.cache.with_rules(config.cache.rules());
-        self.next_generation_on(config, policy, access_log, cache)
+        self.next_generation_on(config, backend_tls, policy, access_log, cache)
     }
 
     /// [`next_generation`](Self::next_generation) on another cache (a
@@ -184,11 +177,12 @@ impl Pipeline {
     pub fn next_generation_on(
         &self,
         config: Arc<Config>,
+        backend_tls: &BackendTlsSet,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
         cache: HttpCache,
     ) -> Self {
-        let backends = self.backends.renewed(&config, &self.metrics);
+        let backends = self.backends.renewed(&config, backend_tls, &self.metrics);
         Self::build(
             config,
             cache,

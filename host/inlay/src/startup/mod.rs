@@ -21,11 +21,12 @@ use inlay_storage::{StoreConfig, StoreError, TieredStore};
 use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
-use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
-use crate::config::{Config, ConfigSource};
+use crate::admin::{Admin, AdminHooks, AdminServer, PolicyHook};
+use crate::config::{Config, ConfigError, ConfigSource};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, load_policy, log_replay_stats};
+pub use crate::resolve::{Resolved, resolve};
 use crate::server::Listener;
 use crate::tls::Tls;
 
@@ -72,13 +73,18 @@ pub fn check(path: &Path) -> std::process::ExitCode {
         }
         std::process::ExitCode::from(2)
     };
-    let cfg = match Config::from_file(path) {
-        Ok(cfg) => cfg,
+    let cfg = match Config::from_file(path).and_then(resolve) {
+        Ok(settings) => settings.config,
+        Err(ConfigError::Invalid(issues)) => {
+            return fail(
+                issues
+                    .iter()
+                    .map(|i| format!("{}: {}", i.path, i.message))
+                    .collect(),
+            );
+        }
         Err(e) => return fail(vec![e.to_string()]),
     };
-    if let Some(Err(e)) = cfg.admin_token_file.as_deref().map(AdminToken::read) {
-        return fail(vec![format!("{e:#}")]);
-    }
     // The TLS certificates and keys are read as a start would.
     if let Err(errors) = crate::tls::CertificateSet::load(&cfg.server.tls) {
         return fail(errors);
@@ -144,7 +150,8 @@ async fn serve(cfg: Config, source: ConfigSource) -> anyhow::Result<()> {
 /// so that a bad policy stops start-up before anything listens.
 #[derive(Debug)]
 pub struct Proxy {
-    cfg: Arc<Config>,
+    /// The config, its files read.
+    settings: Resolved,
     access_log: AccessLog,
     policy: Option<Arc<PolicySlot>>,
     admin: Admin,
@@ -161,10 +168,13 @@ pub struct Proxy {
 impl Proxy {
     /// Open the access log and load the configured policy.
     pub async fn load(cfg: Config) -> anyhow::Result<Self> {
-        let cfg = Arc::new(cfg);
+        // The files the config names (TLS, the admin token): a bad one
+        // stops start-up here, with its key path.
+        let settings = resolve(cfg)?;
+        let cfg = Arc::clone(&settings.config);
         let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
         let policy = load_policy(&cfg).await?;
-        let admin = admin_of(&cfg, policy.as_ref())?;
+        let admin = admin_of(&settings, policy.as_ref());
         let metrics = Metrics::new(cfg.metrics.enabled);
         let cluster_metrics = cluster::metrics(&metrics);
         // A certificate or key that does not load stops start-up here.
@@ -182,7 +192,7 @@ impl Proxy {
             None => None,
         };
         Ok(Self {
-            cfg,
+            settings,
             access_log,
             policy,
             admin,
@@ -209,7 +219,7 @@ impl Proxy {
 
     /// The configuration it serves with.
     pub fn config(&self) -> &Config {
-        &self.cfg
+        &self.settings.config
     }
 
     /// The process's metrics, for `GET /metrics` ([`Metrics::render`]).
@@ -241,7 +251,7 @@ impl Proxy {
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let Self {
-            cfg,
+            settings,
             access_log,
             policy,
             admin,
@@ -250,14 +260,16 @@ impl Proxy {
             tls,
             cluster,
         } = self;
+        let cfg = Arc::clone(&settings.config);
         let store = open_store(&cfg)?;
         let shared_kv = inlay_cluster::kv::open_if_configured(cluster.as_ref()).await?;
         let listeners: Vec<Listener> = listeners.into_iter().map(Into::into).collect();
         let listening = listeners.iter().find(|l| !l.is_tls());
         let listening = listening.and_then(|l| l.local_addr().ok());
         let shard = inlay_cluster::shard::start(cluster.as_ref(), listening).await?;
-        let pipeline = Pipeline::with_metrics(
-            cfg.clone(),
+        let pipeline = Pipeline::first(
+            Arc::clone(&settings.config),
+            &settings.backend_tls,
             HttpCache::new(store, cfg.cache.rules()),
             policy.clone(),
             access_log,
@@ -318,20 +330,18 @@ impl Proxy {
     }
 }
 
-/// The admin API's state: its token (read now, so that a bad token file
-/// stops start-up) and the hooks this crate fills itself.
-fn admin_of(cfg: &Arc<Config>, policy: Option<&Arc<PolicySlot>>) -> anyhow::Result<Admin> {
-    let token = crate::reload::admin_token(cfg).map_err(|e| anyhow::anyhow!(e.join("\n")))?;
-    let config = cfg.clone();
+/// The admin API's state: its token and the hooks this crate fills itself.
+fn admin_of(settings: &Resolved, policy: Option<&Arc<PolicySlot>>) -> Admin {
+    let config = Arc::clone(&settings.config);
     let policy = policy.cloned();
-    Ok(Admin::new(
-        token,
+    Admin::new(
+        settings.admin_token.clone(),
         AdminHooks {
             config: Some(Arc::new(move || config.clone())),
             policy: policy.map(|slot| -> PolicyHook { Arc::new(move || Some(slot.current())) }),
             ..AdminHooks::default()
         },
-    ))
+    )
 }
 
 /// Point the admin API at the running proxy: the current generation's
