@@ -25,7 +25,8 @@ mod backend;
 mod body;
 pub mod cli;
 mod codec;
-pub mod config;
+/// The typed configuration (crate `inlay-config`).
+pub use inlay_config as config;
 mod diagnostics;
 pub mod metrics;
 mod open_files;

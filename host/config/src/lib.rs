@@ -9,7 +9,7 @@
 //! first). A section's known keys are the keys its code reads (the reader
 //! notes each one), so an unknown key is reported without a second list to
 //! keep in step. Every setting and its default is listed in
-//! `host/inlay/CONFIG.md`; a test checks that each one listed there is read.
+//! `host/config/CONFIG.md`; a test checks that each one listed there is read.
 
 mod admin;
 mod backends;
@@ -41,11 +41,11 @@ pub use policy::PolicyConfig;
 pub use read::{IpNet, parse_size};
 pub use server::{REQUEST_ID_RESERVED, ServerConfig, TlsCertConfig};
 
-pub(crate) use admin::unguarded_admin;
+pub use admin::unguarded_admin;
 use read::{Reader, Table};
 
 /// The configuration embedded in the binary, used when no `--config` is given.
-pub const EMBEDDED_DEFAULT: &str = include_str!("../../default.toml");
+pub const EMBEDDED_DEFAULT: &str = include_str!("../default.toml");
 
 /// The whole host configuration.
 #[derive(Debug, Clone)]

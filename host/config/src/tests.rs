@@ -571,7 +571,7 @@ fn the_admin_flag_is_refused_on_a_public_address_without_a_token_file() {
 /// cases would be refused in the others).
 #[test]
 fn every_documented_key_is_known_to_its_section() {
-    let doc = include_str!("../../CONFIG.md");
+    let doc = include_str!("../CONFIG.md");
     let mut keys = Vec::new();
     for line in doc.lines().filter(|l| l.starts_with("| `")) {
         let cell = line.split('|').nth(1).unwrap_or_default();

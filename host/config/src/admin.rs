@@ -15,7 +15,7 @@ pub struct MetricsConfig {
 /// Why the admin API may not listen on `addr` as configured: anyone who
 /// can reach a non-loopback address could purge, ban and reload without a
 /// token.
-pub(crate) fn unguarded_admin(addr: SocketAddr, token_file: Option<&Path>) -> Option<String> {
+pub fn unguarded_admin(addr: SocketAddr, token_file: Option<&Path>) -> Option<String> {
     (token_file.is_none() && !addr.ip().is_loopback()).then(|| {
         format!(
             "{addr} is not a loopback address: set admin.token_file so that the admin API asks for a bearer token"

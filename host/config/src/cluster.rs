@@ -321,7 +321,7 @@ fn check_nats_url(s: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use crate::Config;
 
     const BACKEND: &str = "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n";
 
