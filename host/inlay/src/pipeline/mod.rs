@@ -300,7 +300,7 @@ impl Pipeline {
 
     /// Serve one request. Never fails: errors become responses here.
     pub async fn handle(
-        self: &Arc<Self>,
+        &self,
         req: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
