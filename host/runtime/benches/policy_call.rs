@@ -184,6 +184,8 @@ fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
             pre_instantiate: true,
             // The instance's cost; `replayed` below measures the other path.
             memo_bytes: 0,
+            requests_per_instance: 1,
+            instance_lifetime: Duration::from_secs(60),
         };
         let started = Instant::now();
         let replaying = PolicySource {
@@ -238,7 +240,7 @@ fn main() {
     // Criterion reports means; the target is a median, so measure that too.
     for (name, policy) in &policies {
         let live = PolicyHandle::new(policy.clone(), Arc::clone(&services));
-        let spare = PolicyHandle::keeping_spare(policy.clone(), Arc::clone(&services));
+        let spare = PolicyHandle::keeping_instances(policy.clone(), Arc::clone(&services));
         // Fewer rounds for slow (interpreted) guests.
         let probe_started = Instant::now();
         runtime.block_on(one_request(&live));

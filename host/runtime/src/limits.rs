@@ -140,6 +140,16 @@ impl MemoryLimiter {
     }
 }
 
+impl MemoryLimiter {
+    /// Whether the memory counted is over half the cap: an instance that
+    /// holds that much is not kept for another request, which could need
+    /// as much again (and a guest that leaks a little per request would
+    /// reach the cap with reuse and never without).
+    pub(crate) fn over_half(&self) -> bool {
+        self.used > self.cap / 2
+    }
+}
+
 impl wasmtime::ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,

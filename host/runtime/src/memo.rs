@@ -315,8 +315,15 @@ pub(crate) struct Start<S> {
     pub(crate) root: Arc<Node<S>>,
 }
 
+/// How many shards per-thread structures have: one per core, up to 64.
+pub(crate) fn shard_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(64)
+}
+
 /// This thread's shard among `n`.
-fn shard_index(n: usize) -> usize {
+pub(crate) fn shard_index(n: usize) -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -397,9 +404,7 @@ impl<S> Shard<S> {
 impl<S> Memo<S> {
     /// Empty trees that hold about `max_bytes` together.
     pub(crate) fn new(max_bytes: usize) -> Self {
-        let n = std::thread::available_parallelism()
-            .map_or(1, std::num::NonZeroUsize::get)
-            .min(64);
+        let n = shard_count();
         Self {
             shards: (0..n).map(|_| Shard::new(max_bytes / n)).collect(),
             max_bytes,

@@ -149,7 +149,8 @@ impl Replay {
         let Run::Live(live) = std::mem::replace(&mut self.run, Run::Gone) else {
             return false;
         };
-        let mut state = live.into_state();
+        let handle = Arc::clone(live.state().handle());
+        let mut state = handle.give_back(*live);
         self.replies = state.journal.take();
         // A new store counts its memory from nothing again.
         state.limiter = MemoryLimiter::new(state.policy().limits.memory);
@@ -160,6 +161,17 @@ impl Replay {
     /// Whether the request has an instance of its own now.
     pub(crate) fn is_live(&self) -> bool {
         matches!(self.run, Run::Live(_))
+    }
+
+    /// The request's instance, if it has one, to give back as it ends.
+    pub(crate) fn take_live(&mut self) -> Option<LiveCall> {
+        match std::mem::replace(&mut self.run, Run::Gone) {
+            Run::Live(live) => Some(*live),
+            other => {
+                self.run = other;
+                None
+            }
+        }
     }
 
     /// Runs one hook with the heads lent as `lent`: from the recorded

@@ -205,7 +205,19 @@ fn probe_source(limits: PolicyLimits) -> PolicySource {
         pre_instantiate: true,
         // Every call below runs the guest; replay has its own tests.
         memo_bytes: 0,
+        requests_per_instance: test_requests_per_instance(),
+        instance_lifetime: Duration::from_secs(60),
     }
+}
+
+/// Requests per instance for tests that work in both modes: reused (the
+/// default) unless `INLAY_TEST_REQUESTS_PER_INSTANCE` says otherwise (1
+/// runs them with a fresh instance per request).
+pub(crate) fn test_requests_per_instance() -> u32 {
+    std::env::var("INLAY_TEST_REQUESTS_PER_INSTANCE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000)
 }
 
 /// The probe compiled once per test binary with default limits; tests that
@@ -1009,6 +1021,8 @@ mod example_policies {
                 prewarm: true,
                 pre_instantiate: true,
                 memo_bytes: 0,
+                requests_per_instance: test_requests_per_instance(),
+                instance_lifetime: Duration::from_secs(60),
             },
         )
         .await

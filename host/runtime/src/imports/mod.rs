@@ -8,6 +8,7 @@ mod config;
 mod esi;
 mod fetch;
 mod kv;
+mod sdk;
 pub(crate) mod log;
 pub(crate) mod types;
 

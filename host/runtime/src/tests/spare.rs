@@ -48,6 +48,8 @@ fn compiled(engine: &PolicyEngine, pre_instantiate: bool) -> LoadedPolicy {
         engine,
         PolicySource {
             pre_instantiate,
+            // A spare is a fresh instance; reuse has its own tests.
+            requests_per_instance: 1,
             ..probe_source(test_limits())
         },
     )
@@ -57,7 +59,7 @@ fn compiled(engine: &PolicyEngine, pre_instantiate: bool) -> LoadedPolicy {
 #[tokio::test]
 async fn a_request_starts_from_the_instance_made_ahead_and_sees_nothing_before_it() {
     let policy = compiled(engine(), true);
-    let handle = PolicyHandle::keeping_spare(policy.clone(), FakeServices::new());
+    let handle = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
     assert_eq!(
         hooks_run(&handle, "/one").await,
         "request /one,backend-response 60,deliver"
@@ -80,7 +82,7 @@ async fn a_request_starts_from_the_instance_made_ahead_and_sees_nothing_before_i
 #[tokio::test]
 async fn no_instance_is_made_ahead_when_turned_off_or_for_one_off_handles() {
     let off = compiled(engine(), false);
-    let handle = PolicyHandle::keeping_spare(off.clone(), FakeServices::new());
+    let handle = PolicyHandle::keeping_instances(off.clone(), FakeServices::new());
     let on = compiled(engine(), true);
     // `LoadedPolicy::start` makes a handle for one request: a spare would
     // be thrown away.
@@ -96,27 +98,34 @@ async fn no_instance_is_made_ahead_when_turned_off_or_for_one_off_handles() {
 }
 
 #[tokio::test]
-async fn a_spare_holds_a_pool_slot_until_its_handle_goes() {
+async fn a_spare_holds_a_pool_slot_until_a_request_needs_it_or_its_handle_goes() {
     let small = PolicyEngine::new(&PolicyLimits {
         max_instances: 2,
+        instance_wait_ms: 0,
         ..PolicyLimits::default()
     })
     .expect("engine");
     let policy = compiled(&small, true);
-    let handle = PolicyHandle::keeping_spare(policy.clone(), FakeServices::new());
+    let handle = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
     let running = handle.start().await.expect("first slot");
     assert!(spare_made(&handle).await, "the spare takes the second slot");
+    assert_eq!(small.free_instances(), 1, "a spare's slot is there for the taking");
+    // A request of another handle finds the pool full: the spare gives
+    // its slot up rather than the request failing.
+    let other = policy
+        .start(FakeServices::new())
+        .await
+        .expect("the spare's slot");
+    assert!(!handle.has_spare());
+    assert_eq!(small.free_instances(), 0);
     let err = policy
         .start(FakeServices::new())
         .await
         .expect_err("the pool is full");
     assert_eq!(err.client_status(), StatusCode::SERVICE_UNAVAILABLE);
-    // The next request takes the spare; with the pool full no new one is
-    // made, and requests still start once a slot is free.
-    let second = handle.start().await.expect("the spare");
-    assert_eq!(policy.instances_started_ahead(), 1);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!handle.has_spare());
+    drop(other);
+    // The handle's next request makes a spare again once a slot is free.
+    let second = handle.start().await.expect("a slot");
     drop((running, second));
     assert_eq!(
         hooks_run(&handle, "/after").await,
