@@ -109,12 +109,20 @@ pub mod __private {
 /// A policy: override the hooks you need; the others behave like Varnish's
 /// built-in VCL. See the [crate documentation](crate) for an example and
 /// for how the value is made.
+///
+/// A hook you do not override costs nothing: the first time its default
+/// runs, it tells the host (`inlay:policy/sdk`), which then applies the
+/// built-in rules itself and calls no instance for that hook. (The host
+/// runs every hook once when it loads the policy, so it knows before the
+/// first request.) A hook you override runs every time, even if it ends in
+/// [`builtin`]'s rules.
 pub trait Policy: Default + 'static {
     /// recv: inspect or rewrite the request, choose a backend, and decide
     /// lookup, pass or a synthetic answer. Edits to the request (URL,
     /// headers, [`Request::add_to_cache_key`]) shape the cache key and the
     /// backend request. Default: [`builtin::recv`].
     fn on_request(&self, req: &Request) -> Action {
+        sys::default_hook(sys::Hook::OnRequest);
         builtin::recv(req)
     }
 
@@ -127,12 +135,14 @@ pub trait Policy: Default + 'static {
         resp: &Response,
         settings: CacheSettings,
     ) -> CacheSettings {
+        sys::default_hook(sys::Hook::OnBackendResponse);
         builtin::backend_response(req, resp, settings)
     }
 
     /// The response is about to be delivered (from cache or backend):
     /// edit its status and headers. Default: change nothing.
     fn on_deliver(&self, req: &Request, resp: &Response) {
+        sys::default_hook(sys::Hook::OnDeliver);
         builtin::deliver(req, resp);
     }
 }

@@ -1066,6 +1066,21 @@ mod example_policies {
         assert_eq!(header(&resp.headers, "x-inlay-policy"), Some("headers"));
     }
 
+    /// The SDKs say which hooks a policy leaves to its default: the
+    /// host learns it from the warm-up request at load.
+    #[tokio::test]
+    async fn the_hooks_a_policy_implements_are_known_at_load() {
+        for (name, hooks) in [
+            ("headers", &["on-request", "on-deliver"][..]),
+            ("default", &["on-request"][..]),
+            ("trap", &["on-request"][..]),
+        ] {
+            let policy = load(name, test_limits()).await;
+            assert!(policy.prewarmed(), "{name}");
+            assert_eq!(policy.implemented_hooks(), hooks, "{name}");
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn loop_policy_times_out_while_headers_keeps_serving() {
         let looping = load(
@@ -1140,7 +1155,9 @@ mod example_policies {
     }
 }
 
+mod builtin;
 mod pool;
 mod release;
 mod replay;
+mod reuse;
 mod spare;
