@@ -216,7 +216,7 @@ impl PolicyCall {
             return Err(PolicyError::AlreadyFailed { hook });
         }
         if self.handle.policy().runs_builtin(hook) {
-            return Ok(builtin(&entry, req));
+            return Ok(builtin(entry, req));
         }
         // Failed until the hook returns: a cancelled call leaves the
         // request unusable.
@@ -274,7 +274,7 @@ impl PolicyCall {
         let span = tracing::debug_span!("policy.on_backend_response", policy = %self.handle.policy().name());
         let entry = Entry {
             hook: Hook::OnBackendResponse,
-            settings: Some(defaults),
+            settings: Some(Box::new(defaults)),
         };
         match self.hook(entry, req, Some(resp)).instrument(span).await? {
             Returned::Settings(settings) => Ok(settings),
@@ -362,10 +362,10 @@ impl Drop for PolicyCall {
 
 /// What a hook the policy does not implement returns: the built-in rules
 /// the SDKs' defaults follow (Varnish's built-in VCL).
-fn builtin(entry: &Entry, req: &RequestHead) -> Returned {
+fn builtin(entry: Entry, req: &RequestHead) -> Returned {
     match entry.hook {
         Hook::OnRequest => Returned::Action(builtin_recv(req)),
-        Hook::OnBackendResponse => Returned::Settings(entry.settings.clone().unwrap_or_default()),
+        Hook::OnBackendResponse => Returned::Settings(entry.settings.map(|s| *s).unwrap_or_default()),
         Hook::OnDeliver | Hook::Instantiate => Returned::Unit,
     }
 }
