@@ -606,6 +606,8 @@ pub fn policy_source(pc: &PolicyConfig) -> PolicySource {
         prewarm: pc.prewarm,
         pre_instantiate: pc.pre_instantiate,
         memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
+        requests_per_instance: pc.requests_per_instance,
+        instance_lifetime: pc.instance_lifetime,
         name: pc
             .path
             .file_stem()

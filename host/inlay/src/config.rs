@@ -397,6 +397,11 @@ pub struct PolicyConfig {
     /// Bytes of recorded policy paths kept to answer repeated requests
     /// without an instance; 0 runs every request's policy live.
     pub memo_size: u64,
+    /// Requests one policy instance serves, one after another on a worker
+    /// thread; 1 gives every request a fresh instance.
+    pub requests_per_instance: u32,
+    /// How long one policy instance serves requests at most.
+    pub instance_lifetime: Duration,
 }
 
 /// The longest a request may be told to wait for a policy instance: a
@@ -735,6 +740,8 @@ impl PolicyConfig {
             prewarm: true,
             pre_instantiate: true,
             memo_size: 16 << 20,
+            requests_per_instance: 1000,
+            instance_lifetime: Duration::from_secs(60),
         }
     }
 }
@@ -1994,6 +2001,8 @@ impl Reader {
                 "prewarm",
                 "pre_instantiate",
                 "memo_size",
+                "requests_per_instance",
+                "instance_lifetime",
             ],
         );
         let path = self.string(t, p, "path");
@@ -2055,6 +2064,15 @@ impl Reader {
             prewarm: self.boolean(t, p, "prewarm", d.prewarm),
             pre_instantiate: self.boolean(t, p, "pre_instantiate", d.pre_instantiate),
             memo_size: self.size(t, p, "memo_size", d.memo_size),
+            requests_per_instance: self.uint(
+                t,
+                p,
+                "requests_per_instance",
+                d.requests_per_instance.into(),
+                1,
+                u32::MAX.into(),
+            ) as u32,
+            instance_lifetime: self.duration(t, p, "instance_lifetime", d.instance_lifetime),
         };
         path.map(|_| pc)
     }
@@ -2242,6 +2260,28 @@ mod tests {
         assert_eq!(c.policy.unwrap().memo_size, 0);
         let err = Config::from_toml(&format!("{base}memo_size = \"lots\"")).unwrap_err();
         assert!(err.to_string().contains("policy.memo_size"), "{err}");
+    }
+
+    #[test]
+    fn policy_instance_reuse_parses_and_bad_ones_are_named() {
+        let base =
+            "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[policy]\npath = \"p.wasm\"\n";
+        let c = Config::from_toml(base).unwrap().policy.unwrap();
+        assert_eq!(c.requests_per_instance, 1000);
+        assert_eq!(c.instance_lifetime, Duration::from_secs(60));
+        let c = Config::from_toml(&format!(
+            "{base}requests_per_instance = 1\ninstance_lifetime = \"5s\""
+        ))
+        .unwrap()
+        .policy
+        .unwrap();
+        assert_eq!(c.requests_per_instance, 1);
+        assert_eq!(c.instance_lifetime, Duration::from_secs(5));
+        for bad in ["requests_per_instance = 0", "instance_lifetime = \"often\""] {
+            let err = Config::from_toml(&format!("{base}{bad}")).unwrap_err();
+            let key = bad.split(' ').next().unwrap();
+            assert!(err.to_string().contains(&format!("policy.{key}")), "{err}");
+        }
     }
 
     #[test]

@@ -162,9 +162,10 @@ impl<S> Node<S> {
         }
     }
 
-    /// The child reached by `key`, if recorded. Borrowed for as long as
-    /// the node: children are never removed.
-    pub(crate) fn child(&self, key: &Key) -> Option<&Arc<Node<S>>> {
+    /// The child reached by `key`, if recorded (requests walk with
+    /// [`Memo::child`], which also looks in the previous tree).
+    #[cfg(test)]
+    fn child(&self, key: &Key) -> Option<&Arc<Node<S>>> {
         self.children.get(hash(key), key)
     }
 }
