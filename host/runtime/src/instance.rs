@@ -188,6 +188,9 @@ pub(crate) struct LiveCall {
     /// future was dropped mid-call): the instance may be half-way through
     /// anything and serves no other request.
     spoiled: bool,
+    /// The state its store held while it waited for this request, kept
+    /// to hold again when the request gives it back (one less to make).
+    idle: Option<Box<StoreState>>,
     /// The pool slot the store holds; declared after it, so the store is
     /// gone when the next request gets the slot.
     _slot: OwnedSemaphorePermit,
@@ -217,16 +220,22 @@ impl LiveCall {
     /// other count (CPU, host calls, subrequests, log lines) is the new
     /// request's own.
     fn adopt(&mut self, state: StoreState) {
-        let idle = std::mem::replace(self.store.data_mut(), state);
-        let mut limiter = idle.limiter;
-        limiter.denied = false;
-        self.store.data_mut().limiter = limiter;
+        let mut idle = std::mem::replace(self.store.data_mut(), state);
+        let memory = idle.policy().limits.memory;
+        let limiter = std::mem::replace(&mut idle.limiter, MemoryLimiter::new(memory));
+        self.store.data_mut().limiter = MemoryLimiter {
+            denied: false,
+            ..limiter
+        };
+        self.idle = Some(Box::new(idle));
         self.served = self.served.saturating_add(1);
     }
 
-    /// Takes the request's state out of the store and puts `idle` there
-    /// instead, so the instance can wait for another request.
-    pub(crate) fn detach(&mut self, idle: StoreState) -> StoreState {
+    /// Takes the request's state out of the store and puts an idle one
+    /// there instead (the one it held before this request, or `idle()`),
+    /// so the instance can wait for another request.
+    pub(crate) fn detach(&mut self, idle: impl FnOnce() -> StoreState) -> StoreState {
+        let idle = self.idle.take().map_or_else(idle, |state| *state);
         let mut state = std::mem::replace(self.store.data_mut(), idle);
         let limiter = MemoryLimiter::new(state.policy().limits.memory);
         self.store.data_mut().limiter = std::mem::replace(&mut state.limiter, limiter);
@@ -321,6 +330,7 @@ impl LiveCall {
                     born: Instant::now(),
                     served: 0,
                     spoiled: false,
+                    idle: None,
                     _slot: slot,
                 }),
                 Err(e) => {

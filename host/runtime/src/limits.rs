@@ -121,8 +121,8 @@ impl PolicyLimits {
 /// it refused a growth so that the trap that follows (a Rust guest aborts
 /// when `alloc` fails) is reported as out-of-memory rather than a bug.
 pub(crate) struct MemoryLimiter {
-    cap: usize,
-    used: usize,
+    pub(crate) cap: usize,
+    pub(crate) used: usize,
     /// Set when a memory growth was refused.
     pub(crate) denied: bool,
 }

@@ -710,7 +710,7 @@ impl PolicyHandle {
         if !self.keeps_instance(&live) {
             return live.into_state();
         }
-        let state = live.detach(StoreState::new(Arc::clone(self.idle_handle()), EPOCH_TICK));
+        let state = live.detach(|| StoreState::new(Arc::clone(self.idle_handle()), EPOCH_TICK));
         let mut ready = self.ready.lock();
         if ready.len() < READY_MAX {
             ready.push(live);
@@ -732,7 +732,7 @@ impl PolicyHandle {
 
     /// Lets the engine take slots from this handle's ready instances.
     fn register(self: &Arc<Self>) {
-        if !self.registered.swap(true, Ordering::Relaxed) {
+        if !self.registered.load(Ordering::Relaxed) && !self.registered.swap(true, Ordering::Relaxed) {
             let weak: Weak<dyn IdleInstances> = Arc::downgrade(self) as Weak<dyn IdleInstances>;
             self.policy.engine().register_idle(weak);
         }
