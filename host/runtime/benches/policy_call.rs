@@ -22,11 +22,16 @@
 //!   at on-backend-response.
 //!
 //! Criterion measures each mode's back-to-back loop (the whole CPU cost of
-//! a request: a fresh instance made ahead still costs its instantiation);
+//! a request: a fresh instance made ahead still costs its instantiation;
+//! making the request's heads is not counted, a server has them anyway);
 //! after its report the bench prints p50/p90/p99 of single requests
 //! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed), each
 //! after a yield that lets the spare be made, and how many instances each
 //! mode made per request.
+//!
+//! To profile one mode alone: `INLAY_BENCH_PROFILE="headers/new path"`
+//! runs only its requests, back to back, for 10 s (under `perf record`,
+//! with `INLAY_PERF_MAP=1` for the guest's function names).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -133,17 +138,20 @@ fn response() -> ResponseHead {
     }
 }
 
-/// One whole request (a miss: the three hooks): on a URL no request had
-/// before when `n` is given; with `release`, the instance goes back after
-/// on-request, as the pipeline does before it waits on the backend.
-async fn one_request(handle: &Arc<PolicyHandle>, n: Option<u64>, release: bool) {
+/// One whole request (a miss: the three hooks) with the heads given (a
+/// server has them before the policy runs); with `release`, the instance
+/// goes back after on-request, as the pipeline does before it waits on the
+/// backend.
+async fn one_request(
+    handle: &Arc<PolicyHandle>,
+    (mut req, mut resp): (RequestHead, ResponseHead),
+    release: bool,
+) {
     let mut call = handle.start().await.expect("start");
-    let mut req = request(n);
     call.on_request(&mut req).await.expect("on_request");
     if release {
         call.release();
     }
-    let mut resp = response();
     let defaults = CacheSettings {
         cacheable: true,
         ttl: Duration::from_secs(60),
@@ -294,10 +302,32 @@ fn main() {
         }
     }
     let next_url = std::sync::atomic::AtomicU64::new(0);
-    let url = |mode: &Mode| {
-        mode.new_paths
-            .then(|| next_url.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    // The heads of a request in `mode`: on a URL of its own when it is
+    // about new paths.
+    let heads = |mode: &Mode| {
+        let n = mode
+            .new_paths
+            .then(|| next_url.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        (request(n), response())
     };
+
+    if let Ok(only) = std::env::var("INLAY_BENCH_PROFILE") {
+        let (_, mode, policy) = loaded
+            .iter()
+            .find(|(name, mode, _)| format!("{name}/{}", mode.name) == only)
+            .unwrap_or_else(|| panic!("no policy and mode {only:?}"));
+        let handle = PolicyHandle::keeping_instances(policy.clone(), Arc::clone(&services));
+        let started = Instant::now();
+        let mut requests = 0u64;
+        runtime.block_on(async {
+            while started.elapsed() < Duration::from_secs(10) {
+                one_request(&handle, heads(mode), mode.release).await;
+                requests += 1;
+            }
+        });
+        println!("{only}: {requests} requests in 10 s");
+        return;
+    }
 
     let mut criterion = Criterion::default().configure_from_args();
     {
@@ -305,8 +335,11 @@ fn main() {
         for (name, mode, policy) in &loaded {
             let handle = PolicyHandle::keeping_instances(policy.clone(), Arc::clone(&services));
             group.bench_function(format!("{name}/{}", mode.name), |b| {
-                b.to_async(&runtime)
-                    .iter(|| one_request(&handle, url(mode), mode.release));
+                b.to_async(&runtime).iter_batched(
+                    || heads(mode),
+                    |heads| one_request(&handle, heads, mode.release),
+                    criterion::BatchSize::SmallInput,
+                );
             });
         }
         group.finish();
@@ -318,7 +351,7 @@ fn main() {
         let handle = PolicyHandle::keeping_instances(policy.clone(), Arc::clone(&services));
         // Fewer rounds for slow (interpreted) guests.
         let probe_started = Instant::now();
-        runtime.block_on(one_request(&handle, url(mode), mode.release));
+        runtime.block_on(one_request(&handle, heads(mode), mode.release));
         let rounds = match std::env::var("INLAY_BENCH_ROUNDS")
             .ok()
             .and_then(|r| r.parse().ok())
@@ -331,14 +364,15 @@ fn main() {
         let samples = runtime.block_on(async {
             let mut samples = Vec::with_capacity(rounds);
             for _ in 0..rounds / 10 {
-                one_request(&handle, url(mode), mode.release).await;
+                one_request(&handle, heads(mode), mode.release).await;
                 tokio::task::yield_now().await;
             }
             for _ in 0..rounds {
                 // Let the spare be made, as it is between requests.
                 tokio::task::yield_now().await;
+                let request = heads(mode);
                 let started = Instant::now();
-                one_request(&handle, url(mode), mode.release).await;
+                one_request(&handle, request, mode.release).await;
                 samples.push(started.elapsed());
             }
             samples
