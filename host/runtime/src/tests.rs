@@ -210,6 +210,34 @@ fn probe_source(limits: PolicyLimits) -> PolicySource {
     }
 }
 
+/// One request through the probe's three hooks (`on-request` looks the
+/// request up); its `x-hooks`, which lists every hook its instance has run
+/// so far: an instance that served another request shows it.
+pub(crate) async fn hooks_seen(handle: &Arc<PolicyHandle>, path: &str) -> String {
+    let mut call = handle.start().await.expect("start");
+    let mut req = request(path);
+    let action = call.on_request(&mut req).await.expect("on_request");
+    assert_eq!(action, RequestAction::Lookup);
+    let mut resp = ResponseHead {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+    };
+    let defaults = CacheSettings {
+        cacheable: true,
+        ttl: Duration::from_secs(60),
+        ..CacheSettings::default()
+    };
+    call.on_backend_response(&mut req, &mut resp, defaults)
+        .await
+        .expect("on_backend_response");
+    call.on_deliver(&mut req, &mut resp)
+        .await
+        .expect("on_deliver");
+    header(&resp.headers, "x-hooks")
+        .expect("x-hooks")
+        .to_string()
+}
+
 /// Requests per instance for tests that work in both modes: reused (the
 /// default) unless `INLAY_TEST_REQUESTS_PER_INSTANCE` says otherwise (1
 /// runs them with a fresh instance per request).

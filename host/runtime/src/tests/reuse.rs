@@ -22,30 +22,25 @@ fn reusing(requests: u32, lifetime: Duration) -> LoadedPolicy {
     .expect("probe")
 }
 
-/// One request through the probe's three hooks; its `x-hooks`, which
-/// lists every hook its instance has run so far.
-async fn hooks_seen(handle: &Arc<PolicyHandle>, path: &str) -> String {
-    let mut call = handle.start().await.expect("start");
-    let mut req = request(path);
-    call.on_request(&mut req).await.expect("on_request");
-    let mut resp = ResponseHead {
-        status: StatusCode::OK,
-        headers: HeaderMap::new(),
-    };
-    let defaults = CacheSettings {
-        cacheable: true,
-        ttl: Duration::from_secs(60),
-        ..CacheSettings::default()
-    };
-    call.on_backend_response(&mut req, &mut resp, defaults)
-        .await
-        .expect("on_backend_response");
-    call.on_deliver(&mut req, &mut resp)
-        .await
-        .expect("on_deliver");
-    header(&resp.headers, "x-hooks")
-        .expect("x-hooks")
-        .to_string()
+/// An engine of `max_instances` (a request waits `wait_ms` for a slot)
+/// and the probe on it, reusing instances, nothing made ahead.
+fn reusing_in_a_pool(max_instances: u32, wait_ms: u64) -> (PolicyEngine, LoadedPolicy) {
+    let engine = PolicyEngine::new(&PolicyLimits {
+        max_instances,
+        instance_wait_ms: wait_ms,
+        ..test_limits()
+    })
+    .expect("engine");
+    let policy = LoadedPolicy::compile(
+        &engine,
+        PolicySource {
+            pre_instantiate: false,
+            requests_per_instance: 1000,
+            ..probe_source(test_limits())
+        },
+    )
+    .expect("probe");
+    (engine, policy)
 }
 
 /// What a request on `path` alone leaves in `x-hooks`.
@@ -244,21 +239,7 @@ async fn a_released_instance_serves_the_threads_next_request_meanwhile() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_instances_give_their_slots_to_a_request_that_finds_the_pool_full() {
-    let small = PolicyEngine::new(&PolicyLimits {
-        max_instances: 2,
-        instance_wait_ms: 0,
-        ..test_limits()
-    })
-    .expect("engine");
-    let policy = LoadedPolicy::compile(
-        &small,
-        PolicySource {
-            pre_instantiate: false,
-            requests_per_instance: 1000,
-            ..probe_source(test_limits())
-        },
-    )
-    .expect("probe");
+    let (small, policy) = reusing_in_a_pool(2, 0);
     // Two threads' handles each keep the instance their request used.
     let a = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
     let b = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
@@ -279,21 +260,7 @@ async fn kept_instances_give_their_slots_to_a_request_that_finds_the_pool_full()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_goes_back_to_the_pool_when_a_request_waits_in_line() {
-    let small = PolicyEngine::new(&PolicyLimits {
-        max_instances: 1,
-        instance_wait_ms: 5_000,
-        ..test_limits()
-    })
-    .expect("engine");
-    let policy = LoadedPolicy::compile(
-        &small,
-        PolicySource {
-            pre_instantiate: false,
-            requests_per_instance: 1000,
-            ..probe_source(test_limits())
-        },
-    )
-    .expect("probe");
+    let (small, policy) = reusing_in_a_pool(1, 5_000);
     let a = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
     let running = a.start().await.expect("the only slot");
     let other = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
