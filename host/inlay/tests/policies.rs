@@ -419,7 +419,10 @@ async fn by_default_a_worker_threads_requests_share_one_instance_from_the_snapsh
         }
         saw_another |= seen.len() > 1;
     }
-    assert!(saw_another, "no request ran in an instance an earlier one used");
+    assert!(
+        saw_another,
+        "no request ran in an instance an earlier one used"
+    );
     let used = policy.instance_stats();
     // An instance per worker thread, and a spare made ahead for each.
     assert!(

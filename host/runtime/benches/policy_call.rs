@@ -34,7 +34,7 @@
 //! with `INLAY_PERF_MAP=1` for the guest's function names).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -260,9 +260,9 @@ fn policy_files() -> Vec<(String, PathBuf)> {
 }
 
 /// `path` loaded in `mode` (pre-warmed unless `INLAY_BENCH_COLD=1`).
-fn load(engine: &PolicyEngine, name: &str, path: &PathBuf, mode: &Mode) -> LoadedPolicy {
+fn load(engine: &PolicyEngine, name: &str, path: &Path, mode: &Mode) -> LoadedPolicy {
     let source = PolicySource {
-        path: path.clone(),
+        path: path.to_path_buf(),
         config: BTreeMap::new(),
         // Interpreted guests (JS, Python) need more than the default.
         limits: PolicyLimits {

@@ -365,7 +365,9 @@ impl Drop for PolicyCall {
 fn builtin(entry: Entry, req: &RequestHead) -> Returned {
     match entry.hook {
         Hook::OnRequest => Returned::Action(builtin_recv(req)),
-        Hook::OnBackendResponse => Returned::Settings(entry.settings.map(|s| *s).unwrap_or_default()),
+        Hook::OnBackendResponse => {
+            Returned::Settings(entry.settings.map(|s| *s).unwrap_or_default())
+        }
         Hook::OnDeliver | Hook::Instantiate => Returned::Unit,
     }
 }

@@ -18,7 +18,7 @@ use crate::engine::{EPOCH_TICK, IdleInstances, PolicyEngine};
 use crate::errors::{Hook, PolicyError};
 use crate::instance::LiveCall;
 use crate::limits::{CpuClock, PolicyLimits};
-use crate::memo::{MemoStats, shard_index, shard_count};
+use crate::memo::{MemoStats, shard_count, shard_index};
 use crate::prewarm;
 use crate::services::{NoServices, PolicyServices};
 use crate::state::{Memo, StoreState};
@@ -635,10 +635,7 @@ impl PolicyHandle {
     /// worker thread): the handle keeps the instances its requests
     /// finished with for the next ones, when the policy reuses instances,
     /// and an instance made ahead when it pre-instantiates.
-    pub fn keeping_instances(
-        policy: LoadedPolicy,
-        services: Arc<dyn PolicyServices>,
-    ) -> Arc<Self> {
+    pub fn keeping_instances(policy: LoadedPolicy, services: Arc<dyn PolicyServices>) -> Arc<Self> {
         Self::build(policy, services, true)
     }
 
@@ -732,7 +729,9 @@ impl PolicyHandle {
 
     /// Lets the engine take slots from this handle's ready instances.
     fn register(self: &Arc<Self>) {
-        if !self.registered.load(Ordering::Relaxed) && !self.registered.swap(true, Ordering::Relaxed) {
+        if !self.registered.load(Ordering::Relaxed)
+            && !self.registered.swap(true, Ordering::Relaxed)
+        {
             let weak: Weak<dyn IdleInstances> = Arc::downgrade(self) as Weak<dyn IdleInstances>;
             self.policy.engine().register_idle(weak);
         }

@@ -96,9 +96,7 @@ pub(crate) fn snapshot(
     // a runtime.
     std::thread::scope(|scope| {
         scope
-            .spawn(|| {
-                warm_and_snapshot(&wizer, &cx, &probe).map(|s| (s, probe.builtin_hooks()))
-            })
+            .spawn(|| warm_and_snapshot(&wizer, &cx, &probe).map(|s| (s, probe.builtin_hooks())))
             .join()
             .unwrap_or_else(|payload| {
                 Err(match payload.downcast::<AccessorFailed>() {

@@ -10,7 +10,9 @@ pub(crate) use wasm::*;
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) use crate::testing::backend::*;
 
-/// A hook of the `handler` interface, for [`default_hook`].
+/// A hook of the `handler` interface, for [`default_hook`] (named as the
+/// WIT and the host name them).
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Hook {
     OnRequest,

@@ -8,8 +8,8 @@ mod config;
 mod esi;
 mod fetch;
 mod kv;
-mod sdk;
 pub(crate) mod log;
+mod sdk;
 pub(crate) mod types;
 
 use std::time::Instant;

@@ -54,7 +54,10 @@ async fn a_policy_implementing_no_hook_costs_no_instance_and_follows_the_builtin
             if !cookie {
                 req.headers.remove("cookie");
             }
-            assert_eq!(call.on_request(&mut req).await.expect("on_request"), expected);
+            assert_eq!(
+                call.on_request(&mut req).await.expect("on_request"),
+                expected
+            );
             let mut resp = ResponseHead {
                 status: StatusCode::OK,
                 headers: HeaderMap::new(),
@@ -81,7 +84,10 @@ async fn a_policy_implementing_no_hook_costs_no_instance_and_follows_the_builtin
 async fn an_implemented_hook_after_a_builtin_one_gets_the_instance() {
     let policy = probe_with_memo(0);
     policy.learn_builtin(Hook::OnRequest);
-    assert_eq!(policy.implemented_hooks(), ["on-backend-response", "on-deliver"]);
+    assert_eq!(
+        policy.implemented_hooks(),
+        ["on-backend-response", "on-deliver"]
+    );
     let mut call = policy.start(FakeServices::new()).await.expect("start");
     let mut req = request("/trap");
     req.headers.remove("cookie");

@@ -137,7 +137,10 @@ async fn reuse_ends_at_its_request_count_and_its_lifetime() {
         seen
     };
     // Instances serve /r0-/r2, /r3-/r5, /r6.
-    assert_eq!(seen[2], [alone("/r0"), alone("/r1"), alone("/r2")].join(","));
+    assert_eq!(
+        seen[2],
+        [alone("/r0"), alone("/r1"), alone("/r2")].join(",")
+    );
     assert_eq!(seen[3], alone("/r3"));
     assert_eq!(seen[6], alone("/r6"));
 
@@ -199,11 +202,7 @@ async fn a_released_instance_serves_the_threads_next_request_meanwhile() {
     // Another request runs in it meanwhile.
     assert_eq!(
         hooks_seen(&handle, "/fast").await,
-        [
-            "request /slow".to_string(),
-            alone("/fast"),
-        ]
-        .join(",")
+        ["request /slow".to_string(), alone("/fast"),].join(",")
     );
     // The backend answered: the instance (kept for reuse) catches up with
     // the waiting request's on-request, answered from its journal.
@@ -234,7 +233,10 @@ async fn a_released_instance_serves_the_threads_next_request_meanwhile() {
         )
     );
     drop(waiting);
-    assert_eq!(policy.instance_stats().instantiated - loaded.instantiated, 1);
+    assert_eq!(
+        policy.instance_stats().instantiated - loaded.instantiated,
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,6 +272,9 @@ async fn an_instance_goes_back_to_the_pool_when_a_request_waits_in_line() {
     }
     // Finished while a request waits: the slot goes to it, not to `a`.
     drop(running);
-    queued.await.expect("join").expect("the waiting request got the slot");
+    queued
+        .await
+        .expect("join")
+        .expect("the waiting request got the slot");
     assert_eq!(a.ready_count(), 0);
 }

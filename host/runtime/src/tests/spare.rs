@@ -81,7 +81,11 @@ async fn a_spare_holds_a_pool_slot_until_a_request_needs_it_or_its_handle_goes()
     let handle = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
     let running = handle.start().await.expect("first slot");
     assert!(spare_made(&handle).await, "the spare takes the second slot");
-    assert_eq!(small.free_instances(), 1, "a spare's slot is there for the taking");
+    assert_eq!(
+        small.free_instances(),
+        1,
+        "a spare's slot is there for the taking"
+    );
     // A request of another handle finds the pool full: the spare gives
     // its slot up rather than the request failing.
     let other = policy
