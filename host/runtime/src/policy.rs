@@ -175,8 +175,9 @@ fn new_memo(bytes: usize) -> Option<Arc<Memo>> {
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
-/// The least CPU time the load check's instantiation gets.
-const LOAD_CHECK_CPU: std::time::Duration = std::time::Duration::from_secs(2);
+/// The least CPU time the load check's instantiation, and the warm-up
+/// request's instantiation and hooks, get.
+pub(crate) const LOAD_CHECK_CPU: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the first bytes of a `.wasm` file say it is.
 #[derive(Debug, PartialEq, Eq)]

@@ -33,7 +33,7 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 use crate::call::PolicyCall;
 use crate::engine::PolicyEngine;
 use crate::instance::LiveCall;
-use crate::policy::{LoadedPolicy, PolicySource};
+use crate::policy::{LOAD_CHECK_CPU, LoadedPolicy, PolicySource};
 use crate::services::NoServices;
 
 /// The warm-up request: an ordinary page view, so that the usual paths
@@ -89,7 +89,18 @@ pub(crate) fn snapshot(
     let (cx, instrumented) = wizer
         .instrument_component(component)
         .map_err(|e| format!("cannot instrument the component: {e:#}"))?;
-    let probe = LoadedPolicy::compile_component(engine, source.clone(), &instrumented, false, 0)
+    // Not a request: on a machine busy building or deploying, the cold
+    // instrumented instance may be descheduled for longer than a request's
+    // budget (a busy 2-core machine timed CPython's out at 50 ms).
+    let mut limits = source.limits.clone();
+    limits.cpu_time_ms = limits
+        .cpu_time_ms
+        .max(u64::try_from(LOAD_CHECK_CPU.as_millis()).unwrap_or(u64::MAX));
+    let warming = PolicySource {
+        limits,
+        ..source.clone()
+    };
+    let probe = LoadedPolicy::compile_component(engine, warming, &instrumented, false, 0)
         .map_err(|e| format!("cannot compile the instrumented component: {e}"))?;
     // The hooks are async; run them on a runtime of their own, on a thread
     // of their own, so that this works whether or not the caller is inside
