@@ -45,8 +45,11 @@
 //!
 //! Each wasm instance makes one value of your type with [`Default`] on its
 //! first hook call and uses it for every later call, so `Default` is the
-//! place to read [`config`] once. The host may run many instances and may
-//! replace them at any time, so do not keep per-request state in the value:
+//! place to read [`config`] once. By default an instance serves many
+//! requests one after another (`[policy] requests_per_instance`), so what
+//! the value keeps is seen by later requests; the host may also run many
+//! instances and replace them at any time, so do not keep per-request state
+//! in the value:
 //! carry it on the request instead (for example a header set in
 //! `on_request` and read in `on_deliver`, where the same request is seen
 //! again). Hooks take `&self`; use `Cell`/`RefCell` for caches.
