@@ -308,6 +308,18 @@ def wait_listening_line(log: Path, proc: subprocess.Popen, timeout: float, since
     return wait_log_line(log, proc, rf"listening on ({scheme}://[0-9.]+:\d+)", timeout, since).group(1)
 
 
+INSTANCE_COUNTS = ("requests", "ran_guest", "instantiated", "reused")
+
+
+def instance_counts(line: str) -> dict[str, int]:
+    """The counts in inlay's `policy instances used` log line: requests, those that ran guest
+    code, instances made and times one was reused."""
+    counts = {k: int(v) for k, v in re.findall(r"\b(requests|ran_guest|instantiated|reused)=(\d+)\b", line)}
+    if set(counts) != set(INSTANCE_COUNTS):
+        raise BenchError(f"unexpected instances log line: {line.strip()[:300]}")
+    return counts
+
+
 def replay_counts(line: str) -> dict[str, int]:
     """The counts in inlay's `policy hooks replayed from recorded paths` log line."""
     counts = {k: int(v) for k, v in re.findall(r"\b(replayed|live|resets|bytes)=(\d+)\b", line)}
@@ -363,6 +375,7 @@ class Inlay:
         esi_concurrency: int | None = None,
         policy: Path | None = None,
         memo_size: str | None = None,
+        requests_per_instance: int | None = None,
         metrics: bool = True,
         tls: "TlsFiles | None" = None,
     ):
@@ -396,9 +409,13 @@ class Inlay:
             lines += ["[esi]", f"max_concurrency = {esi_concurrency}"]
         if not metrics:
             lines += ["[metrics]", "enabled = false"]
-        if policy is not None and memo_size is not None:
-            # Replay settings need the policy in the config, not `--policy`.
-            lines += ["[policy]", f'path = "{policy}"', f'memo_size = "{memo_size}"']
+        if policy is not None and (memo_size is not None or requests_per_instance is not None):
+            # Policy settings need the policy in the config, not `--policy`.
+            lines += ["[policy]", f'path = "{policy}"']
+            if memo_size is not None:
+                lines.append(f'memo_size = "{memo_size}"')
+            if requests_per_instance is not None:
+                lines.append(f"requests_per_instance = {requests_per_instance}")
             self.policy = None
         if tls is not None:
             lines += ["[[server.tls]]", f'cert = "{tls.cert}"', f'key = "{tls.key}"']
@@ -431,10 +448,10 @@ class Inlay:
     def pids(self) -> list[int]:
         return [self.proc.pid] if self.proc else []
 
-    def reload_policy(self, timeout: float = 120) -> dict | None:
+    def reload_policy(self, timeout: float = 120) -> dict:
         """SIGHUP: inlay loads its policy file again. Returns once the new policy serves,
-        with the outgoing generation's replay counts (replayed, live, resets, bytes) when
-        replay is on."""
+        with the outgoing generation's counts: `instances` (requests, ran_guest, instantiated,
+        reused) and, when replay is on, `replay` (replayed, live, resets, bytes)."""
         if self.proc is None or self.proc.poll() is not None:
             raise BenchError(f"inlay {self.name} is not running")
         since = self.log.stat().st_size
@@ -443,14 +460,16 @@ class Inlay:
         m = wait_log_line(self.log, self.proc, r"policy reloaded|policy reload refused[^\n]*", timeout, since)
         if m.group(0) != "policy reloaded":
             raise BenchError(f"inlay {self.name}: {m.group(0)}")
-        if not self.replay:
-            return None
-        # Logged right after "policy reloaded", unless the runtime keeps no replay trees.
-        try:
-            m = wait_log_line(self.log, self.proc, r"policy hooks replayed from recorded paths.*", 5, since)
-        except BenchError:
-            return None
-        return replay_counts(m.group(0))
+        # Both logged right after "policy reloaded" (the second unless there are no replay trees).
+        m = wait_log_line(self.log, self.proc, r"policy instances used.*", 5, since)
+        counts: dict = {"instances": instance_counts(m.group(0)), "replay": None}
+        if self.replay:
+            try:
+                m = wait_log_line(self.log, self.proc, r"policy hooks replayed from recorded paths.*", 5, since)
+                counts["replay"] = replay_counts(m.group(0))
+            except BenchError:
+                pass
+        return counts
 
     def log_count(self, text: str) -> int:
         """How many lines of this inlay's log contain `text`."""

@@ -26,7 +26,7 @@ from context import Ratio, Section, Table, med, pair_ratios, trend_median, zipf_
 from loadgen import WRK_LUA, LoadGen, flatten_k6, parse_h2load, parse_s_time  # noqa: E402
 from procs import (  # noqa: E402
     BenchError, CpuMeter, Registry, RssSampler, descendants, http_get, https_raw_get, is_hit, make_certificates,
-    nginx_config, replay_counts,
+    instance_counts, nginx_config, replay_counts,
 )
 from scenarios import fragment_delays, swap_link  # noqa: E402
 
@@ -380,6 +380,14 @@ class Hits(unittest.TestCase):
 
 
 class InlayLogs(unittest.TestCase):
+    def test_instance_counts_from_the_reload_line(self):
+        line = ("2026-11-28T02:08:21.223627Z  INFO policy instances used policy=headers generation=2 "
+                "requests=1000 ran_guest=120 instantiated=3 reused=117")
+        self.assertEqual(instance_counts(line),
+                         {"requests": 1000, "ran_guest": 120, "instantiated": 3, "reused": 117})
+        with self.assertRaises(BenchError):
+            instance_counts("policy instances used policy=headers requests=1")
+
     def test_replay_counts_from_the_reload_line(self):
         line = ("2026-11-24T02:08:21.223627Z  INFO policy hooks replayed from recorded paths policy=headers "
                 "generation=2 replayed=12 live=300000 resets=77 bytes=10138236")

@@ -10,7 +10,8 @@
  *   }
  *
  * A policy defines any of the three hooks below; the SDK's weak defaults
- * behave like Varnish's built-in VCL for the others.
+ * behave like Varnish's built-in VCL for the others, and cost nothing: they
+ * tell the host, which then applies those rules itself.
  *
  * Strings: arguments are NUL-terminated and borrowed. Functions returning
  * `char *` return a NUL-terminated string from malloc (free it), or NULL

@@ -486,7 +486,15 @@ inlay_action_t inlay_builtin_recv(inlay_request_t req) {
     return inlay_action_lookup();
 }
 
+/*
+ * The defaults tell the host they are the defaults: it then applies the
+ * built-in rules itself and calls no instance for that hook. A policy's own
+ * hook replaces the weak symbol, so it never tells, even if it ends in
+ * `inlay_builtin_recv`.
+ */
+
 __attribute__((weak)) inlay_action_t inlay_on_request(inlay_request_t req) {
+    inlay_policy_sdk_default_hook(INLAY_POLICY_SDK_HOOK_ON_REQUEST);
     return inlay_builtin_recv(req);
 }
 
@@ -494,12 +502,14 @@ __attribute__((weak)) inlay_cache_settings_t inlay_on_backend_response(
     inlay_request_t req, inlay_response_t resp, inlay_cache_settings_t settings) {
     (void)req;
     (void)resp;
+    inlay_policy_sdk_default_hook(INLAY_POLICY_SDK_HOOK_ON_BACKEND_RESPONSE);
     return settings;
 }
 
 __attribute__((weak)) void inlay_on_deliver(inlay_request_t req, inlay_response_t resp) {
     (void)req;
     (void)resp;
+    inlay_policy_sdk_default_hook(INLAY_POLICY_SDK_HOOK_ON_DELIVER);
 }
 
 /* --- the generated exports ------------------------------------------------ */

@@ -18,6 +18,7 @@ import * as cacheImport from 'inlay:policy/cache@0.1.0';
 import * as kvImport from 'inlay:policy/kv@0.1.0';
 import * as fetchImport from 'inlay:policy/fetch@0.1.0';
 import * as esiImport from 'inlay:policy/esi@0.1.0';
+import * as sdkImport from 'inlay:policy/sdk@0.1.0';
 
 /** Log lines, written by the host's logger with the policy's name. */
 export const log = Object.freeze({
@@ -196,13 +197,29 @@ function guarded(name, hook) {
 }
 
 /**
+ * A hook you did not write: `builtin`'s rules, after telling the host (once
+ * is enough) that it may apply them itself and skip the instance.
+ */
+function defaultHook(name, rules) {
+  return (a, b, c) => {
+    sdkImport.defaultHook(name);
+    return rules(a, b, c);
+  };
+}
+
+/**
  * The `handler` export from the hooks you write; missing hooks behave like
- * Varnish's built-in VCL (`builtin`). Export the result as `handler`.
+ * Varnish's built-in VCL (`builtin`), and cost nothing: the host applies
+ * those rules itself once it has seen the default run. Export the result as
+ * `handler`.
  */
 export function definePolicy(hooks) {
   return {
-    onRequest: guarded('onRequest', hooks.onRequest ?? builtin.recv),
-    onBackendResponse: guarded('onBackendResponse', hooks.onBackendResponse ?? builtin.backendResponse),
-    onDeliver: guarded('onDeliver', hooks.onDeliver ?? builtin.deliver),
+    onRequest: guarded('onRequest', hooks.onRequest ?? defaultHook('on-request', builtin.recv)),
+    onBackendResponse: guarded(
+      'onBackendResponse',
+      hooks.onBackendResponse ?? defaultHook('on-backend-response', builtin.backendResponse),
+    ),
+    onDeliver: guarded('onDeliver', hooks.onDeliver ?? defaultHook('on-deliver', builtin.deliver)),
   };
 }

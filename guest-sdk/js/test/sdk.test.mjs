@@ -95,6 +95,20 @@ test('definePolicy fills defaults and logs exceptions', () => {
   assert.deepEqual(host.logs, [{ level: 'error', message: 'policy onDeliver threw: boom' }]);
 });
 
+test('only the hooks left to their default tell the host', () => {
+  host.reset();
+  const handler = definePolicy({
+    // Written by the policy, even though it ends in the built-in rules.
+    onRequest: (req) => builtin.recv(req),
+  });
+  handler.onRequest(new Request());
+  assert.deepEqual(host.defaultHooks, []);
+  handler.onDeliver(new Request(), new Response());
+  const settings = { cacheable: true, ttl: 1, grace: 0, keep: 0, surrogateKeys: [], esi: false };
+  handler.onBackendResponse(new Request(), new Response(), settings);
+  assert.deepEqual(host.defaultHooks, ['on-deliver', 'on-backend-response']);
+});
+
 test('the ports keep the Rust helpers', () => {
   assert.equal(stripTrackingParams('/p?b=2&utm_source=x&a=1'), '/p?b=2&a=1');
   assert.equal(stripTrackingParams('/p?a=1'), undefined);

@@ -145,12 +145,15 @@ export const host = {
   kv: new Map(),
   /** ESI calls as `['set-enabled', bool]` / `['set-var', name, value]`. */
   esi: [],
+  /** The hooks whose SDK default ran (`'on-request'`, ...), each once. */
+  defaultHooks: [],
   reset() {
     this.logs = [];
     this.config = new Map();
     this.nowMs = 1_700_000_000_000;
     this.kv = new Map();
     this.esi = [];
+    this.defaultHooks = [];
   },
 };
 
@@ -190,5 +193,12 @@ export const interfaces = {
   esi: {
     setEnabled: (enabled) => { host.esi.push(['set-enabled', enabled]); },
     setVar: (name, value) => { host.esi.push(['set-var', name, value]); },
+  },
+  sdk: {
+    defaultHook: (hook) => {
+      if (!host.defaultHooks.includes(hook)) {
+        host.defaultHooks.push(hook);
+      }
+    },
   },
 };

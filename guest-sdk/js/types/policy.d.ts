@@ -6,6 +6,7 @@
 /// <reference path="./interfaces/inlay-policy-handler.d.ts" />
 /// <reference path="./interfaces/inlay-policy-kv.d.ts" />
 /// <reference path="./interfaces/inlay-policy-log.d.ts" />
+/// <reference path="./interfaces/inlay-policy-sdk.d.ts" />
 /// <reference path="./interfaces/inlay-policy-types.d.ts" />
 declare module 'inlay:policy/policy@0.1.0' {
   export type * as InlayPolicyCache010 from 'inlay:policy/cache@0.1.0'; // import inlay:policy/cache@0.1.0
@@ -15,6 +16,7 @@ declare module 'inlay:policy/policy@0.1.0' {
   export type * as InlayPolicyFetch010 from 'inlay:policy/fetch@0.1.0'; // import inlay:policy/fetch@0.1.0
   export type * as InlayPolicyKv010 from 'inlay:policy/kv@0.1.0'; // import inlay:policy/kv@0.1.0
   export type * as InlayPolicyLog010 from 'inlay:policy/log@0.1.0'; // import inlay:policy/log@0.1.0
+  export type * as InlayPolicySdk010 from 'inlay:policy/sdk@0.1.0'; // import inlay:policy/sdk@0.1.0
   export type * as InlayPolicyTypes010 from 'inlay:policy/types@0.1.0'; // import inlay:policy/types@0.1.0
   export * as handler from 'inlay:policy/handler@0.1.0'; // export inlay:policy/handler@0.1.0
 }

@@ -26,6 +26,7 @@ from componentize_py_types import Err as HostError
 from wit_world import exports
 from wit_world.imports import cache, clock as _clock, config as _config, esi, fetch, kv
 from wit_world.imports import log as _log
+from wit_world.imports import sdk as _sdk
 from wit_world.imports.types import (
     CacheSettings,
     Request,
@@ -256,11 +257,26 @@ class Policy:
         builtin.deliver(req, resp)
 
 
+_HOOKS = {
+    "on_request": _sdk.Hook.ON_REQUEST,
+    "on_backend_response": _sdk.Hook.ON_BACKEND_RESPONSE,
+    "on_deliver": _sdk.Hook.ON_DELIVER,
+}
+
+
 def export(policy_type: type[Policy]) -> type:
     """The ``Handler`` class componentize-py exports, forwarding to a
-    ``policy_type`` value; an exception is logged, then fails the request."""
+    ``policy_type`` value; an exception is logged, then fails the request.
+
+    A hook ``policy_type`` does not override costs nothing: the first time
+    :class:`Policy`'s default runs, the host is told, and it applies the
+    built-in rules itself from then on. (Decided here, by class, so that an
+    override that ends in ``super()`` still runs every time.)"""
 
     instance: list[Policy] = []
+    defaults = {
+        name: hook for name, hook in _HOOKS.items() if getattr(policy_type, name) is getattr(Policy, name)
+    }
 
     def policy() -> Policy:
         if not instance:
@@ -269,6 +285,9 @@ def export(policy_type: type[Policy]) -> type:
 
     def guarded(name: str, call):
         try:
+            hook = defaults.get(name)
+            if hook is not None:
+                _sdk.default_hook(hook)
             return call(policy())
         except Exception as err:
             log.error(f"policy {name} raised {type(err).__name__}: {error_message(err)}")

@@ -20,7 +20,7 @@ import re
 from typing import Iterable, Optional
 
 from componentize_py_types import Err
-from wit_world.imports import clock, config, esi, kv, log
+from wit_world.imports import clock, config, esi, kv, log, sdk
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -138,6 +138,13 @@ class Host:
         self.now_ms = 1_700_000_000_000
         self.kv: dict[str, bytes] = {}
         self.esi: list[tuple] = []
+        #: The hooks whose SDK default ran (``"on-request"``, ...), each once.
+        self.default_hooks: list[str] = []
+
+    def _default_hook(self, hook) -> None:
+        name = hook.name.lower().replace("_", "-")
+        if name not in self.default_hooks:
+            self.default_hooks.append(name)
 
     @classmethod
     def install(cls) -> "Host":
@@ -152,4 +159,5 @@ class Host:
         kv.delete = lambda key: host.kv.pop(key, None) is not None
         esi.set_enabled = lambda enabled: host.esi.append(("set-enabled", enabled))
         esi.set_var = lambda name, value: host.esi.append(("set-var", name, value))
+        sdk.default_hook = host._default_hook
         return host

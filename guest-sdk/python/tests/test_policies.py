@@ -65,6 +65,19 @@ class SdkTest(unittest.TestCase):
             handler.on_deliver(Request(), Response())
         self.assertEqual(self.host.logs, [("error", "policy on_deliver raised ValueError: bad")])
 
+    def test_only_hooks_left_to_their_default_tell_the_host(self):
+        class Recv(Policy):
+            # Written by the policy, even though it ends in the default.
+            def on_request(self, req):
+                return super().on_request(req)
+
+        handler = export(Recv)()
+        handler.on_request(Request())
+        self.assertEqual(self.host.default_hooks, [])
+        handler.on_deliver(Request(), Response())
+        handler.on_backend_response(Request(), Response(), CacheSettings(True, 60, 0, 0, [], False))
+        self.assertEqual(self.host.default_hooks, ["on-deliver", "on-backend-response"])
+
     def test_host_errors_raise(self):
         with self.assertRaises(HostError):
             Request().set_url("no-slash")

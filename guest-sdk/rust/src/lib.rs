@@ -45,8 +45,11 @@
 //!
 //! Each wasm instance makes one value of your type with [`Default`] on its
 //! first hook call and uses it for every later call, so `Default` is the
-//! place to read [`config`] once. The host may run many instances and may
-//! replace them at any time, so do not keep per-request state in the value:
+//! place to read [`config`] once. By default an instance serves many
+//! requests one after another (`[policy] requests_per_instance`), so what
+//! the value keeps is seen by later requests; the host may also run many
+//! instances and replace them at any time, so do not keep per-request state
+//! in the value:
 //! carry it on the request instead (for example a header set in
 //! `on_request` and read in `on_deliver`, where the same request is seen
 //! again). Hooks take `&self`; use `Cell`/`RefCell` for caches.
@@ -109,12 +112,20 @@ pub mod __private {
 /// A policy: override the hooks you need; the others behave like Varnish's
 /// built-in VCL. See the [crate documentation](crate) for an example and
 /// for how the value is made.
+///
+/// A hook you do not override costs nothing: the first time its default
+/// runs, it tells the host (`inlay:policy/sdk`), which then applies the
+/// built-in rules itself and calls no instance for that hook. (The host
+/// runs every hook once when it loads the policy, so it knows before the
+/// first request.) A hook you override runs every time, even if it ends in
+/// [`builtin`]'s rules.
 pub trait Policy: Default + 'static {
     /// recv: inspect or rewrite the request, choose a backend, and decide
     /// lookup, pass or a synthetic answer. Edits to the request (URL,
     /// headers, [`Request::add_to_cache_key`]) shape the cache key and the
     /// backend request. Default: [`builtin::recv`].
     fn on_request(&self, req: &Request) -> Action {
+        sys::default_hook(sys::Hook::OnRequest);
         builtin::recv(req)
     }
 
@@ -127,12 +138,14 @@ pub trait Policy: Default + 'static {
         resp: &Response,
         settings: CacheSettings,
     ) -> CacheSettings {
+        sys::default_hook(sys::Hook::OnBackendResponse);
         builtin::backend_response(req, resp, settings)
     }
 
     /// The response is about to be delivered (from cache or backend):
     /// edit its status and headers. Default: change nothing.
     fn on_deliver(&self, req: &Request, resp: &Response) {
+        sys::default_hook(sys::Hook::OnDeliver);
         builtin::deliver(req, resp);
     }
 }

@@ -54,6 +54,7 @@ struct State {
     esi_enabled: Option<bool>,
     esi_vars: Vec<(String, String)>,
     now_ms: Option<u64>,
+    default_hooks: Vec<&'static str>,
 }
 
 struct Stored {
@@ -120,6 +121,13 @@ pub fn esi_enabled() -> Option<bool> {
 /// The ESI variables set so far, in the order first set.
 pub fn esi_vars() -> Vec<(String, String)> {
     with(|s| s.esi_vars.clone())
+}
+
+/// The hooks whose SDK default ran so far (`"on-request"`,
+/// `"on-backend-response"`, `"on-deliver"`), each once: the hooks the host
+/// would run itself, since the policy does not implement them.
+pub fn default_hooks() -> Vec<&'static str> {
+    with(|s| s.default_hooks.clone())
 }
 
 /// Make every kv call fail with `error` (or work again with `None`).
@@ -300,6 +308,14 @@ pub(crate) mod backend {
         with(|s| s.esi_enabled = Some(enabled));
     }
 
+    pub(crate) fn default_hook(hook: crate::sys::Hook) {
+        with(|s| {
+            if !s.default_hooks.contains(&hook.name()) {
+                s.default_hooks.push(hook.name());
+            }
+        });
+    }
+
     pub(crate) fn esi_set_var(name: &str, value: &str) {
         with(|s| match s.esi_vars.iter_mut().find(|(n, _)| n == name) {
             Some((_, v)) => value.clone_into(v),
@@ -355,5 +371,31 @@ mod tests {
         let err = crate::fetch::send(&FetchRequest::get("/x")).unwrap_err();
         assert!(matches!(err, FetchError::ConnectFailed(_)));
         assert_eq!(fetched()[0].url, "/x");
+    }
+
+    /// Only the hooks a policy leaves to its default tell the host so; a
+    /// hook it wrote does not, even when it ends in the built-in rules.
+    #[test]
+    fn only_default_hooks_are_reported() {
+        use crate::{Action, CacheSettings, Policy, Request, Response, builtin};
+
+        #[derive(Default)]
+        struct Recv;
+        impl Policy for Recv {
+            fn on_request(&self, req: &Request) -> Action {
+                builtin::recv(req)
+            }
+        }
+
+        let req = Request::new_local("GET", "/");
+        let resp = Response::builder().build();
+        Recv.on_request(&req);
+        assert!(default_hooks().is_empty());
+        Recv.on_deliver(&req, &resp);
+        Recv.on_backend_response(&req, &resp, CacheSettings::default());
+        Recv.on_deliver(&req, &resp);
+        assert_eq!(default_hooks(), ["on-deliver", "on-backend-response"]);
+        reset();
+        assert!(default_hooks().is_empty());
     }
 }

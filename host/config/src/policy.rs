@@ -37,6 +37,11 @@ pub struct PolicyConfig {
     /// Bytes of recorded policy paths kept to answer repeated requests
     /// without an instance; 0 runs every request's policy live.
     pub memo_size: u64,
+    /// Requests one policy instance serves, one after another on a worker
+    /// thread; 1 gives every request a fresh instance.
+    pub requests_per_instance: u32,
+    /// How long one policy instance serves requests at most.
+    pub instance_lifetime: Duration,
 }
 
 /// The longest a request may be told to wait for a policy instance: a
@@ -62,6 +67,8 @@ impl PolicyConfig {
             prewarm: true,
             pre_instantiate: true,
             memo_size: 16 << 20,
+            requests_per_instance: 1000,
+            instance_lifetime: Duration::from_secs(60),
         }
     }
 }
@@ -128,6 +135,15 @@ impl Reader {
             prewarm: self.boolean(t, p, "prewarm", d.prewarm),
             pre_instantiate: self.boolean(t, p, "pre_instantiate", d.pre_instantiate),
             memo_size: self.size(t, p, "memo_size", d.memo_size),
+            requests_per_instance: self.uint(
+                t,
+                p,
+                "requests_per_instance",
+                d.requests_per_instance.into(),
+                1,
+                u32::MAX.into(),
+            ) as u32,
+            instance_lifetime: self.duration(t, p, "instance_lifetime", d.instance_lifetime),
         };
         self.unknown_keys(t, p);
         path.map(|_| pc)

@@ -177,6 +177,28 @@ fn policy_replay_size_parses_and_bad_ones_are_named() {
 }
 
 #[test]
+fn policy_instance_reuse_parses_and_bad_ones_are_named() {
+    let base =
+        "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[policy]\npath = \"p.wasm\"\n";
+    let c = Config::from_toml(base).unwrap().policy.unwrap();
+    assert_eq!(c.requests_per_instance, 1000);
+    assert_eq!(c.instance_lifetime, Duration::from_secs(60));
+    let c = Config::from_toml(&format!(
+        "{base}requests_per_instance = 1\ninstance_lifetime = \"5s\""
+    ))
+    .unwrap()
+    .policy
+    .unwrap();
+    assert_eq!(c.requests_per_instance, 1);
+    assert_eq!(c.instance_lifetime, Duration::from_secs(5));
+    for bad in ["requests_per_instance = 0", "instance_lifetime = \"often\""] {
+        let err = Config::from_toml(&format!("{base}{bad}")).unwrap_err();
+        let key = bad.split(' ').next().unwrap();
+        assert!(err.to_string().contains(&format!("policy.{key}")), "{err}");
+    }
+}
+
+#[test]
 fn policy_instance_wait_parses_and_is_bounded() {
     let base =
         "[backends.default]\naddress = \"http://127.0.0.1:1\"\n[policy]\npath = \"p.wasm\"\n";

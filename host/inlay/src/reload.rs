@@ -369,6 +369,8 @@ pub(crate) fn policy_source(pc: &PolicyConfig) -> PolicySource {
         prewarm: pc.prewarm,
         pre_instantiate: pc.pre_instantiate,
         memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
+        requests_per_instance: pc.requests_per_instance,
+        instance_lifetime: pc.instance_lifetime,
         name: pc
             .path
             .file_stem()
@@ -533,8 +535,19 @@ fn tls_certificates(cfg: &Config) -> Result<CertificateSet, Vec<String>> {
     CertificateSet::load(&cfg.server.tls)
 }
 
-/// Log how the outgoing policy generation's hooks were answered.
+/// Log how the outgoing policy generation's requests got their
+/// instances, and how its hooks were answered.
 pub(crate) fn log_replay_stats(policy: &LoadedPolicy) {
+    let used = policy.instance_stats();
+    info!(
+        policy = %policy.name(),
+        generation = policy.generation(),
+        requests = used.requests,
+        ran_guest = used.ran_guest,
+        instantiated = used.instantiated,
+        reused = used.reused,
+        "policy instances used"
+    );
     if let Some(stats) = policy.memo_stats() {
         info!(
             policy = %policy.name(),

@@ -25,6 +25,12 @@ async fn check_headers(name: &str) {
     let inlay = with_policy(&origin, name).await;
     // Every language's port is snapshot after a warm-up request at load.
     assert!(inlay.policy().prewarmed(), "{name} was not pre-warmed");
+    // Its SDK said at load which hooks it leaves to the built-in rules.
+    assert_eq!(
+        inlay.policy().implemented_hooks(),
+        ["on-request", "on-deliver"],
+        "{name}"
+    );
     let url = inlay.url(
         "/echo?b=2&utm_source=x&a=1&fbclid=f&cc=max-age%3D60&h=Server:Apache&h=X-Powered-By:PHP",
     );
@@ -341,13 +347,26 @@ async fn a_trapping_policy_fails_its_request_alone() {
     assert!(why.contains("policy trapped in on-request"), "{why}");
 }
 
+/// `capabilities` with `[policy]` settings `settings`.
+async fn capabilities(origin: &Origin, settings: &str) -> Harness {
+    Harness::builder()
+        .backend(origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\n{settings}",
+            policy("capabilities").display().to_string()
+        ))
+        .start_in_process()
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_request_sees_the_state_another_request_left_in_the_policy() {
+async fn with_one_request_per_instance_no_request_sees_the_state_another_left() {
     // The capabilities fixture keeps every URL it handled in a global and
     // answers `/cap/state` with them. Each request must start from the
     // load-time snapshot: it sees the warm-up request and nothing else.
     let origin = Origin::start();
-    let inlay = with_policy(&origin, "capabilities").await;
+    let inlay = capabilities(&origin, "requests_per_instance = 1").await;
+    assert_eq!(inlay.policy().requests_per_instance(), 1);
     let mut answers = Vec::new();
     for round in 0..4 {
         let urls: Vec<String> = (0..16)
@@ -364,18 +383,54 @@ async fn no_request_sees_the_state_another_request_left_in_the_policy() {
         );
     }
     // Without pre-warming, a request sees nothing at all.
-    let cold = Harness::builder()
-        .backend(&origin)
-        .toml(&format!(
-            "[policy]\npath = {:?}\nprewarm = false",
-            policy("capabilities").display().to_string()
-        ))
-        .start_in_process()
-        .await;
+    let cold = capabilities(&origin, "prewarm = false\nrequests_per_instance = 1").await;
     for i in 0..4 {
         let r = get(&cold.url(&format!("/cap/state?secret={i}"))).await;
         assert_eq!(r.text(), "", "a request saw state left by another");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_worker_threads_requests_share_one_instance_from_the_snapshot() {
+    // What the README's policy section says a request can see when
+    // instances are reused: what earlier requests served by the same
+    // instance left, starting from the warm-up request; and one
+    // instantiation serves many requests.
+    let origin = Origin::start();
+    let inlay = capabilities(&origin, "requests_per_instance = 1000").await;
+    let policy = inlay.policy();
+    assert_eq!(policy.requests_per_instance(), 1000);
+    let before = policy.instance_stats();
+    let warm = inlay_runtime::warm_request().uri.to_string();
+    let mut saw_another = false;
+    for i in 0..40 {
+        let r = get(&inlay.url(&format!("/cap/state?n={i}"))).await;
+        assert_eq!(r.status, 200);
+        let text = r.text();
+        let seen: Vec<&str> = text.lines().collect();
+        assert_eq!(seen.first(), Some(&warm.as_str()), "{seen:?}");
+        // Only earlier requests of this test, in order.
+        for (k, url) in seen.iter().skip(1).enumerate() {
+            assert!(url.starts_with("/cap/state?n="), "{url}");
+            if k > 0 {
+                let n = |u: &str| u.rsplit('=').next().unwrap().parse::<u32>().unwrap();
+                assert!(n(url) > n(seen[k]), "{seen:?}");
+            }
+        }
+        saw_another |= seen.len() > 1;
+    }
+    assert!(
+        saw_another,
+        "no request ran in an instance an earlier one used"
+    );
+    let used = policy.instance_stats();
+    // An instance per worker thread, and a spare made ahead for each.
+    assert!(
+        used.instantiated - before.instantiated <= 6,
+        "{} instances for 40 requests",
+        used.instantiated - before.instantiated
+    );
+    assert!(used.reused >= 30, "{used:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -469,15 +524,14 @@ async fn repeated_requests_replay_the_policy_and_clients_see_the_same_responses(
         .policy()
         .memo_stats()
         .expect("memo_size > 0 records paths");
-    // 80 requests, on-request and on-deliver each, and on-backend-response
-    // for the first request of each of the 4 objects. The policy reads the
-    // whole URL, so the first round (40 new URLs) runs live and records.
-    // The second replays all of it, except that for those first 4 URLs
-    // on-request replays and on-deliver meets a hit where a miss was
-    // recorded: 36 * 2 + 4 hooks replayed.
+    // 80 requests, on-request and on-deliver each (`headers` does not
+    // implement on-backend-response: the host runs the built-in rules for
+    // it, so a miss and a hit take the same path). The policy reads the
+    // whole URL, so the first round (40 new URLs) runs live and records;
+    // the second replays all of it.
     assert_eq!(
         (stats.replayed, stats.live),
-        (76, 88),
+        (80, 80),
         "replayed {}, live {}",
         stats.replayed,
         stats.live

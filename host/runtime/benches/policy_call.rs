@@ -1,23 +1,40 @@
-//! Per-request cost of a policy: a fresh instance from the pool, the three
-//! hooks, and dropping the instance; and (`<name>/replayed`) the same
-//! request answered from the paths recorded by earlier ones
-//! (`runtime::memo`), as repeated requests are.
+//! Per-request cost of a policy, in the modes a server runs it.
 //!
 //! Run: `cargo bench -p inlay-runtime --bench policy_call`
 //! Policies: `headers` from `target/policies/` (`make policies`) or
 //! `$INLAY_POLICY_DIR`, plus the runtime's probe guest; set
-//! `INLAY_BENCH_POLICIES=headers,headers-js,headers-py` for others.
-//! After criterion's report it prints p50/p90/p99 of single requests
-//! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed): `live`
-//! instantiates on the request's path; `spare` starts from an instance
-//! made ahead (`pre_instantiate`), refilled between requests as a server's
-//! idle moments do; `released` gives the instance back after on-request
-//! (as the pipeline does before a miss waits on the backend) and
-//! on-backend-response catches a new one up. Criterion's back-to-back loop leaves no such moments,
-//! so its figures are the whole CPU cost of a request either way.
+//! `INLAY_BENCH_POLICIES=headers,headers-c,headers-js,headers-py` for
+//! others. Each request is a whole miss (the three hooks; a hook the
+//! policy does not implement runs in the host) through a handle kept like
+//! a worker thread's (`PolicyHandle::keeping_instances`):
+//!
+//! * `new path`: the default configuration (instances reused,
+//!   `requests_per_instance` 1000; replay on, 16 MiB), a URL no request
+//!   had before, so the policy runs and its path is recorded: what a
+//!   request the policy has not seen costs;
+//! * `new path, fresh`: the same with `requests_per_instance = 1`: a fresh
+//!   instance of the snapshot per request (one made ahead between
+//!   requests, `pre_instantiate`, as a server's idle moments allow);
+//! * `live` / `live, fresh`: replay off (`memo_size = 0`), the same URL;
+//! * `replayed`: the same URL again and again, answered from its path;
+//! * `released`: replay off, the instance given back after on-request (as
+//!   the pipeline does before a miss waits on the backend) and caught up
+//!   at on-backend-response.
+//!
+//! Criterion measures each mode's back-to-back loop (the whole CPU cost of
+//! a request: a fresh instance made ahead still costs its instantiation;
+//! making the request's heads is not counted, a server has them anyway);
+//! after its report the bench prints p50/p90/p99 of single requests
+//! (`INLAY_BENCH_ROUNDS` of them, default 500 or 20000 by speed), each
+//! after a yield that lets the spare be made, and how many instances each
+//! mode made per request.
+//!
+//! To profile one mode alone: `INLAY_BENCH_PROFILE="headers/new path"`
+//! runs only its requests, back to back, for 10 s (under `perf record`,
+//! with `INLAY_PERF_MAP=1` for the guest's function names).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,7 +94,7 @@ impl PolicyServices for NullServices {
     }
 }
 
-fn request() -> RequestHead {
+fn request(n: Option<u64>) -> RequestHead {
     let mut headers = HeaderMap::new();
     for (name, value) in [
         ("host", "www.example.com"),
@@ -91,7 +108,12 @@ fn request() -> RequestHead {
     }
     RequestHead {
         method: Method::GET,
-        uri: "/articles/42?utm_source=news&page=2".parse().expect("uri"),
+        uri: match n {
+            Some(n) => format!("/articles/{n}?utm_source=news&page=2"),
+            None => "/articles/42?utm_source=news&page=2".to_string(),
+        }
+        .parse()
+        .expect("uri"),
         headers,
         client_ip: "192.0.2.1".parse().expect("ip"),
         backend: "origin".into(),
@@ -116,22 +138,20 @@ fn response() -> ResponseHead {
     }
 }
 
-/// One whole request through the policy (a miss: all three hooks).
-async fn one_request(handle: &Arc<PolicyHandle>) {
-    request_releasing(handle, false).await;
-}
-
-/// One whole request; with `release`, the instance goes back to the pool
-/// before the backend would be waited on, as the pipeline does, and
-/// `on-backend-response` catches a new one up.
-async fn request_releasing(handle: &Arc<PolicyHandle>, release: bool) {
+/// One whole request (a miss: the three hooks) with the heads given (a
+/// server has them before the policy runs); with `release`, the instance
+/// goes back after on-request, as the pipeline does before it waits on the
+/// backend.
+async fn one_request(
+    handle: &Arc<PolicyHandle>,
+    (mut req, mut resp): (RequestHead, ResponseHead),
+    release: bool,
+) {
     let mut call = handle.start().await.expect("start");
-    let mut req = request();
     call.on_request(&mut req).await.expect("on_request");
     if release {
         call.release();
     }
-    let mut resp = response();
     let defaults = CacheSettings {
         cacheable: true,
         ttl: Duration::from_secs(60),
@@ -146,62 +166,126 @@ async fn request_releasing(handle: &Arc<PolicyHandle>, release: bool) {
     drop(call);
 }
 
-fn policies(engine: &PolicyEngine) -> Vec<(String, LoadedPolicy)> {
+/// A way of running the policy.
+struct Mode {
+    name: &'static str,
+    /// Requests per instance.
+    reuse: u32,
+    /// Replay trees' size.
+    memo: usize,
+    /// Each request on a URL of its own.
+    new_paths: bool,
+    release: bool,
+}
+
+const MODES: &[Mode] = &[
+    Mode {
+        name: "new path",
+        reuse: 1000,
+        memo: 16 << 20,
+        new_paths: true,
+        release: false,
+    },
+    Mode {
+        name: "new path, fresh",
+        reuse: 1,
+        memo: 16 << 20,
+        new_paths: true,
+        release: false,
+    },
+    Mode {
+        name: "live",
+        reuse: 1000,
+        memo: 0,
+        new_paths: false,
+        release: false,
+    },
+    Mode {
+        name: "live, fresh",
+        reuse: 1,
+        memo: 0,
+        new_paths: false,
+        release: false,
+    },
+    Mode {
+        name: "replayed",
+        reuse: 1000,
+        memo: 16 << 20,
+        new_paths: false,
+        release: false,
+    },
+    Mode {
+        name: "released",
+        reuse: 1000,
+        memo: 0,
+        new_paths: false,
+        release: true,
+    },
+    Mode {
+        name: "released, fresh",
+        reuse: 1,
+        memo: 0,
+        new_paths: false,
+        release: true,
+    },
+];
+
+/// The policies to measure, by name and file.
+fn policy_files() -> Vec<(String, PathBuf)> {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::var_os("INLAY_POLICY_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest.join("../../target/policies"));
-    let mut out = Vec::new();
     let wanted = std::env::var("INLAY_BENCH_POLICIES").unwrap_or_else(|_| "headers".into());
-    let mut candidates: Vec<(String, PathBuf)> = wanted
+    let mut files: Vec<(String, PathBuf)> = wanted
         .split(',')
         .filter(|n| !n.is_empty())
         .map(|n| (n.to_string(), dir.join(format!("{n}.wasm"))))
         .collect();
-    candidates.push((
+    files.push((
         "probe".into(),
         manifest.join("src/testdata/probe.core.wasm"),
     ));
-    for (name, path) in candidates {
-        if !path.exists() {
+    files.retain(|(name, path)| {
+        let found = path.exists();
+        if !found {
             eprintln!(
                 "skipping {name}: {} not found (run `make policies`)",
                 path.display()
             );
-            continue;
         }
-        let source = PolicySource {
-            path,
-            config: BTreeMap::new(),
-            // Interpreted guests (JS, Python) need more than the default.
-            limits: PolicyLimits {
-                cpu_time_ms: 1000,
-                ..PolicyLimits::default()
-            },
-            name: name.clone(),
-            // INLAY_BENCH_COLD=1 measures instances of the file as it is.
-            prewarm: std::env::var_os("INLAY_BENCH_COLD").is_none(),
-            pre_instantiate: true,
-            // The instance's cost; `replayed` below measures the other path.
-            memo_bytes: 0,
-        };
-        let started = Instant::now();
-        let replaying = PolicySource {
-            memo_bytes: 16 << 20,
-            ..source.clone()
-        };
-        let policy = LoadedPolicy::compile(engine, source).expect("compile");
-        eprintln!(
-            "compiled {name} in {:?} (pre-warmed: {})",
-            started.elapsed(),
-            policy.prewarmed()
-        );
-        out.push((name.clone(), policy));
-        // The same policy answering repeated requests from recorded paths.
-        let policy = LoadedPolicy::compile(engine, replaying).expect("compile");
-        out.push((format!("{name}/replayed"), policy));
-    }
-    out
+        found
+    });
+    files
+}
+
+/// `path` loaded in `mode` (pre-warmed unless `INLAY_BENCH_COLD=1`).
+fn load(engine: &PolicyEngine, name: &str, path: &Path, mode: &Mode) -> LoadedPolicy {
+    let source = PolicySource {
+        path: path.to_path_buf(),
+        config: BTreeMap::new(),
+        // Interpreted guests (JS, Python) need more than the default.
+        limits: PolicyLimits {
+            cpu_time_ms: 1000,
+            ..PolicyLimits::default()
+        },
+        name: name.to_string(),
+        prewarm: std::env::var_os("INLAY_BENCH_COLD").is_none(),
+        pre_instantiate: true,
+        memo_bytes: mode.memo,
+        requests_per_instance: mode.reuse,
+        instance_lifetime: Duration::from_secs(3600),
+    };
+    let started = Instant::now();
+    let policy = LoadedPolicy::compile(engine, source).expect("compile");
+    eprintln!(
+        "compiled {name} for {} in {:?} (pre-warmed: {}; implements {:?})",
+        mode.name,
+        started.elapsed(),
+        policy.prewarmed(),
+        policy.implemented_hooks()
+    );
+    policy
 }
 
 fn main() {
@@ -211,24 +295,51 @@ fn main() {
         .expect("runtime");
     let engine = PolicyEngine::new(&PolicyLimits::default()).expect("engine");
     let services: Arc<dyn PolicyServices> = Arc::new(NullServices);
-    let policies = policies(&engine);
+    let mut loaded = Vec::new();
+    for (name, path) in policy_files() {
+        for mode in MODES {
+            loaded.push((name.clone(), mode, load(&engine, &name, &path, mode)));
+        }
+    }
+    let next_url = std::sync::atomic::AtomicU64::new(0);
+    // The heads of a request in `mode`: on a URL of its own when it is
+    // about new paths.
+    let heads = |mode: &Mode| {
+        let n = mode
+            .new_paths
+            .then(|| next_url.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        (request(n), response())
+    };
+
+    if let Ok(only) = std::env::var("INLAY_BENCH_PROFILE") {
+        let (_, mode, policy) = loaded
+            .iter()
+            .find(|(name, mode, _)| format!("{name}/{}", mode.name) == only)
+            .unwrap_or_else(|| panic!("no policy and mode {only:?}"));
+        let handle = PolicyHandle::keeping_instances(policy.clone(), Arc::clone(&services));
+        let started = Instant::now();
+        let mut requests = 0u64;
+        runtime.block_on(async {
+            while started.elapsed() < Duration::from_secs(10) {
+                one_request(&handle, heads(mode), mode.release).await;
+                requests += 1;
+            }
+        });
+        println!("{only}: {requests} requests in 10 s");
+        return;
+    }
 
     let mut criterion = Criterion::default().configure_from_args();
     {
         let mut group = criterion.benchmark_group("policy_call");
-        for (name, policy) in &policies {
-            let handle = PolicyHandle::new(policy.clone(), Arc::clone(&services));
-            group.bench_function(format!("{name}/request"), |b| {
-                b.to_async(&runtime).iter(|| one_request(&handle));
-            });
-            if name.ends_with("/replayed") {
-                continue;
-            }
-            // The floor: a fresh instance and its drop, no hook.
-            group.bench_function(format!("{name}/instantiate"), |b| {
-                b.to_async(&runtime).iter(|| async {
-                    drop(handle.start().await.expect("start"));
-                });
+        for (name, mode, policy) in &loaded {
+            let handle = PolicyHandle::keeping_instances(policy.clone(), Arc::clone(&services));
+            group.bench_function(format!("{name}/{}", mode.name), |b| {
+                b.to_async(&runtime).iter_batched(
+                    || heads(mode),
+                    |heads| one_request(&handle, heads, mode.release),
+                    criterion::BatchSize::SmallInput,
+                );
             });
         }
         group.finish();
@@ -236,12 +347,11 @@ fn main() {
     criterion.final_summary();
 
     // Criterion reports means; the target is a median, so measure that too.
-    for (name, policy) in &policies {
-        let live = PolicyHandle::new(policy.clone(), Arc::clone(&services));
-        let spare = PolicyHandle::keeping_spare(policy.clone(), Arc::clone(&services));
+    for (name, mode, policy) in &loaded {
+        let handle = PolicyHandle::keeping_instances(policy.clone(), Arc::clone(&services));
         // Fewer rounds for slow (interpreted) guests.
         let probe_started = Instant::now();
-        runtime.block_on(one_request(&live));
+        runtime.block_on(one_request(&handle, heads(mode), mode.release));
         let rounds = match std::env::var("INLAY_BENCH_ROUNDS")
             .ok()
             .and_then(|r| r.parse().ok())
@@ -250,51 +360,35 @@ fn main() {
             None if probe_started.elapsed() > Duration::from_millis(1) => 500,
             None => 20_000,
         };
-        // Released: the instance is given back while the backend would be
-        // waited on, and on-backend-response catches a new one up.
-        let modes: &[(&str, &Arc<PolicyHandle>, bool)] = if name.ends_with("/replayed") {
-            &[("", &live, false)]
-        } else {
-            &[
-                (" live", &live, false),
-                (" spare", &spare, false),
-                (" released", &live, true),
-                (" released, spare", &spare, true),
-            ]
-        };
-        for &(mode, handle, release) in modes {
-            let samples = runtime.block_on(async {
-                let mut samples = Vec::with_capacity(rounds);
-                for _ in 0..rounds / 10 {
-                    request_releasing(handle, release).await;
-                    tokio::task::yield_now().await;
-                }
-                for _ in 0..rounds {
-                    // Let the spare be made, as it is between requests.
-                    tokio::task::yield_now().await;
-                    let started = Instant::now();
-                    request_releasing(handle, release).await;
-                    samples.push(started.elapsed());
-                }
-                samples
-            });
-            report(&format!("{name}{mode}"), samples);
-        }
+        let before = policy.instance_stats();
+        let samples = runtime.block_on(async {
+            let mut samples = Vec::with_capacity(rounds);
+            for _ in 0..rounds / 10 {
+                one_request(&handle, heads(mode), mode.release).await;
+                tokio::task::yield_now().await;
+            }
+            for _ in 0..rounds {
+                // Let the spare be made, as it is between requests.
+                tokio::task::yield_now().await;
+                let request = heads(mode);
+                let started = Instant::now();
+                one_request(&handle, request, mode.release).await;
+                samples.push(started.elapsed());
+            }
+            samples
+        });
+        let after = policy.instance_stats();
+        let per_request = (after.instantiated - before.instantiated) as f64
+            / (after.requests - before.requests).max(1) as f64;
+        report(&format!("{name} {}", mode.name), samples, per_request);
     }
-    println!(
-        "instances started ahead: {}",
-        policies
-            .iter()
-            .map(|(_, p)| p.instances_started_ahead())
-            .sum::<u64>()
-    );
 }
 
-fn report(name: &str, mut samples: Vec<Duration>) {
+fn report(name: &str, mut samples: Vec<Duration>, instances_per_request: f64) {
     samples.sort();
     let pct = |p: usize| samples[samples.len() * p / 100];
     println!(
-        "policy_call/{name}: p50 {:?}  p90 {:?}  p99 {:?}  ({} requests)",
+        "policy_call/{name}: p50 {:?}  p90 {:?}  p99 {:?}  ({} requests, {instances_per_request:.3} instances each)",
         pct(50),
         pct(90),
         pct(99),

@@ -1,10 +1,14 @@
 //! One request's policy: an instance and its three hooks, called in the
 //! order a request lives: `on-request`, `on-backend-response`,
 //! `on-deliver`. With replay on, [`crate::replay`] answers hooks from
-//! recorded paths first; a plain call never meets the memo.
+//! recorded paths first; a plain call never meets the memo. A hook the
+//! policy does not implement (its SDK said so) is the built-in rules,
+//! which the host runs itself, without an instance.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
+use http::{Method, header};
 use inlay_core::{CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead};
 use tracing::Instrument;
 
@@ -23,10 +27,11 @@ enum Run {
     Live(Box<LiveCall>),
     /// From the policy's recorded paths, then by an instance.
     Replayed(Box<Replay>),
-    /// The instance was released while the request waits (see
-    /// [`PolicyCall::release`]): the state it left, with the journal of
-    /// its replies, brings a new one to the same point.
-    Released(Box<StoreState>),
+    /// No instance now: none was needed yet (the policy does not
+    /// implement `on-request`), or it was released while the request waits
+    /// (see [`PolicyCall::release`]). The state, with the journal of the
+    /// replies its instance got, brings the next one to the same point.
+    NoInstance(Box<StoreState>),
     /// Between two of the above while an instance is being created; a
     /// request whose hook was cancelled then stays here.
     Gone,
@@ -35,15 +40,20 @@ enum Run {
 /// One request's policy, called in the order a request lives:
 /// `on-request`, `on-backend-response`, `on-deliver`.
 ///
-/// A plain call is a fresh instance and its hooks. With replay, while the
-/// request follows a path an earlier request of the same policy generation
-/// recorded, its hooks are answered from that path without an instance
-/// (see `memo`); from the first hook that leaves the recorded paths on, it
-/// has a fresh instance of its own, brought to the same point first. After
-/// a hook fails, the request is unusable and later hooks return
-/// [`PolicyError::AlreadyFailed`]. Dropping it returns its instance's slot,
-/// if it had one, to the pool; so does [`PolicyCall::release`] while the
-/// request waits, and the next hook catches a new instance up.
+/// A plain call is an instance and its hooks: a fresh one, or when the
+/// policy reuses instances, the one this worker thread's previous request
+/// finished with. With replay, while the request follows a path an
+/// earlier request of the same policy generation recorded, its hooks are
+/// answered from that path without an instance (see `memo`); from the
+/// first hook that leaves the recorded paths on, it has an instance of its
+/// own, brought to the same point first. A hook the policy does not
+/// implement runs the built-in rules in the host. After a hook fails, the
+/// request is unusable and later hooks return
+/// [`PolicyError::AlreadyFailed`]. Dropping it gives its instance, if it
+/// had one, back: kept for the thread's next request when the policy
+/// reuses instances and nothing went wrong in it, otherwise its slot
+/// returns to the pool; [`PolicyCall::release`] does the same while the
+/// request waits, and the next hook catches an instance up.
 pub struct PolicyCall {
     handle: Arc<PolicyHandle>,
     run: Run,
@@ -51,6 +61,8 @@ pub struct PolicyCall {
     /// The hooks that returned so far, to call again in a new instance
     /// after a release.
     entries: Vec<Entry>,
+    /// Whether a hook of this request ran in an instance.
+    ran_guest: bool,
 }
 
 impl std::fmt::Debug for PolicyCall {
@@ -71,11 +83,15 @@ impl PolicyCall {
         replay: bool,
     ) -> Result<Self, PolicyError> {
         let state = StoreState::new(Arc::clone(&handle), EPOCH_TICK);
+        let policy = handle.policy();
+        policy.counts().requests.fetch_add(1, Ordering::Relaxed);
         let recorded = replay
-            .then(|| handle.policy().memo().and_then(|memo| memo.start()))
+            .then(|| policy.memo().and_then(|memo| memo.start()))
             .flatten();
         let run = match recorded {
             Some(start) => Run::Replayed(Box::new(Replay::new(state, start))),
+            // The first hook the policy implements gets the instance.
+            None if policy.runs_builtin(Hook::OnRequest) => Run::NoInstance(Box::new(state)),
             None => Run::Live(Box::new(LiveCall::start(state).await.map_err(|(e, _)| e)?)),
         };
         Ok(Self {
@@ -83,6 +99,7 @@ impl PolicyCall {
             run,
             failed: false,
             entries: Vec::with_capacity(3),
+            ran_guest: false,
         })
     }
 
@@ -90,15 +107,17 @@ impl PolicyCall {
         match &mut self.run {
             Run::Live(live) => Some(live.state_mut()),
             Run::Replayed(replay) => replay.state_mut(),
-            Run::Released(state) => Some(state),
+            Run::NoInstance(state) => Some(state),
             Run::Gone => None,
         }
     }
 
-    /// Gives the request's instance back to the pool before the request
+    /// Gives the request's instance back before the request
     /// waits (on the backend, on another request's fill), so that waiting
-    /// requests do not hold the pool. The next hook gets a new instance
-    /// and first calls the hooks that already returned in it again, with
+    /// requests do not hold the pool: to the pool, or when the policy
+    /// reuses instances, to the worker thread for its next request. The
+    /// next hook gets an instance (a new one, or one kept for reuse) and
+    /// first calls the hooks that already returned in it again, with
     /// every host call answered from the journal of the replies the first
     /// instance got (nothing is done twice): the guest's globals are
     /// rebuilt, not copied, which is sound for any language because a
@@ -129,7 +148,7 @@ impl PolicyCall {
             }
         };
         tracing::debug!(policy = %self.handle.policy().name(), "policy instance released while the request waits");
-        self.run = Run::Released(Box::new(live.into_state()));
+        self.run = Run::NoInstance(Box::new(self.handle.give_back(live)));
         true
     }
 
@@ -138,7 +157,7 @@ impl PolicyCall {
     /// the journal.
     async fn resume(&mut self, lent: Lent) -> Result<(), PolicyError> {
         let mut state = match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Released(state) => state,
+            Run::NoInstance(state) => state,
             other => {
                 self.run = other;
                 return Ok(());
@@ -154,7 +173,7 @@ impl PolicyCall {
             Err((error, state)) => {
                 // The heads are in the state's table: keep it to give
                 // them back.
-                self.run = Run::Released(state);
+                self.run = Run::NoInstance(state);
                 return Err(error);
             }
         };
@@ -196,6 +215,9 @@ impl PolicyCall {
         if self.failed {
             return Err(PolicyError::AlreadyFailed { hook });
         }
+        if self.handle.policy().runs_builtin(hook) {
+            return Ok(builtin(entry, req));
+        }
         // Failed until the hook returns: a cancelled call leaves the
         // request unusable.
         self.failed = true;
@@ -211,13 +233,14 @@ impl PolicyCall {
                 Some(memo) => replay.hook(memo, &entry, lent).await,
                 None => Err(PolicyError::AlreadyFailed { hook }),
             },
-            (Ok(()), Run::Released(_) | Run::Gone) => Err(PolicyError::AlreadyFailed { hook }),
+            (Ok(()), Run::NoInstance(_) | Run::Gone) => Err(PolicyError::AlreadyFailed { hook }),
         };
         if let Some(state) = self.state_mut() {
             take_back(state, lent, req, resp);
         }
         if result.is_ok() {
             self.failed = false;
+            self.ran_guest |= self.is_live();
             self.entries.push(entry);
         }
         result
@@ -251,7 +274,7 @@ impl PolicyCall {
         let span = tracing::debug_span!("policy.on_backend_response", policy = %self.handle.policy().name());
         let entry = Entry {
             hook: Hook::OnBackendResponse,
-            settings: Some(defaults),
+            settings: Some(Box::new(defaults)),
         };
         match self.hook(entry, req, Some(resp)).instrument(span).await? {
             Returned::Settings(settings) => Ok(settings),
@@ -281,7 +304,7 @@ impl PolicyCall {
     pub(crate) fn live_mut(&mut self) -> Option<&mut LiveCall> {
         match &mut self.run {
             Run::Live(live) => Some(live),
-            Run::Replayed(_) | Run::Released(_) | Run::Gone => None,
+            Run::Replayed(_) | Run::NoInstance(_) | Run::Gone => None,
         }
     }
 
@@ -291,7 +314,7 @@ impl PolicyCall {
         match &self.run {
             Run::Live(_) => true,
             Run::Replayed(replay) => replay.is_live(),
-            Run::Released(_) | Run::Gone => false,
+            Run::NoInstance(_) | Run::Gone => false,
         }
     }
 
@@ -304,7 +327,7 @@ impl PolicyCall {
         let state = match &self.run {
             Run::Live(live) => Some(live.state()),
             Run::Replayed(replay) => replay.state(),
-            Run::Released(state) => Some(&**state),
+            Run::NoInstance(state) => Some(&**state),
             Run::Gone => None,
         };
         state.map_or(&NONE, |s| &s.esi)
@@ -313,6 +336,54 @@ impl PolicyCall {
     /// The policy this request runs.
     pub fn policy(&self) -> &LoadedPolicy {
         self.handle.policy()
+    }
+}
+
+impl Drop for PolicyCall {
+    fn drop(&mut self) {
+        if self.ran_guest {
+            let counts = self.handle.policy().counts();
+            counts.ran_guest.fetch_add(1, Ordering::Relaxed);
+        }
+        // After a failed or cancelled hook the instance goes with `run`.
+        if self.failed {
+            return;
+        }
+        let live = match std::mem::replace(&mut self.run, Run::Gone) {
+            Run::Live(live) => Some(*live),
+            Run::Replayed(mut replay) => replay.take_live(),
+            Run::NoInstance(_) | Run::Gone => None,
+        };
+        if let Some(live) = live {
+            drop(self.handle.give_back(live));
+        }
+    }
+}
+
+/// What a hook the policy does not implement returns: the built-in rules
+/// the SDKs' defaults follow (Varnish's built-in VCL).
+fn builtin(entry: Entry, req: &RequestHead) -> Returned {
+    match entry.hook {
+        Hook::OnRequest => Returned::Action(builtin_recv(req)),
+        Hook::OnBackendResponse => {
+            Returned::Settings(entry.settings.map(|s| *s).unwrap_or_default())
+        }
+        Hook::OnDeliver | Hook::Instantiate => Returned::Unit,
+    }
+}
+
+/// Built-in recv: pass methods other than GET and HEAD, and requests with
+/// credentials (`Authorization`, `Cookie`); look the others up. The SDKs'
+/// `builtin.recv` and the host's own rules without a policy say the same.
+fn builtin_recv(req: &RequestHead) -> RequestAction {
+    let lookup_method = req.method == Method::GET || req.method == Method::HEAD;
+    if !lookup_method
+        || req.headers.contains_key(header::AUTHORIZATION)
+        || req.headers.contains_key(header::COOKIE)
+    {
+        RequestAction::Pass
+    } else {
+        RequestAction::Lookup
     }
 }
 

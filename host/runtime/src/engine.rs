@@ -3,11 +3,12 @@
 //! the thread that ticks the epoch. A reload to another `max_instances`
 //! makes a new engine; the old one goes with its last policy.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
@@ -41,11 +42,44 @@ struct EngineInner {
     /// so a request that finds the pool full queues here (first come,
     /// first served) instead of failing in the allocator.
     slots: Arc<Semaphore>,
+    /// Requests waiting in line for a slot now: an instance a request
+    /// finished with goes back to the pool for them rather than being kept
+    /// for reuse.
+    waiting: AtomicUsize,
+    /// Whoever keeps idle instances of this engine (the worker threads'
+    /// policy handles): a request that finds the pool full takes a slot
+    /// from one of them before it waits in line.
+    idle: Mutex<Vec<Weak<dyn IdleInstances>>>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
     /// The compiled-code cache, kept to read its hit count in tests.
     #[cfg_attr(not(test), allow(dead_code))]
     cache: Option<wasmtime::Cache>,
+}
+
+/// A holder of idle instances (ready for its next requests) that can give
+/// their slots back to the pool when another request needs one.
+pub(crate) trait IdleInstances: Send + Sync {
+    /// How many it holds now.
+    fn idle_count(&self) -> usize;
+    /// Drops one of them (its slot returns to the pool); whether it had one.
+    fn drop_one_idle(&self) -> bool;
+}
+
+/// Counts a request waiting in line for a slot while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Drop for EngineInner {
@@ -131,6 +165,8 @@ impl PolicyEngine {
                 engine,
                 max_instances: n,
                 slots: Arc::new(Semaphore::new(usize::try_from(n).unwrap_or(usize::MAX))),
+                waiting: AtomicUsize::new(0),
+                idle: Mutex::new(Vec::new()),
                 stop,
                 ticker: Some(ticker),
                 cache,
@@ -172,9 +208,45 @@ impl PolicyEngine {
             .map_or(0, wasmtime::Cache::cache_hits)
     }
 
-    /// Instances that could be created now without waiting.
+    /// Instances that could be created now without waiting: free slots,
+    /// and slots held by idle instances kept for reuse (a request that
+    /// needs one takes it from them).
     pub fn free_instances(&self) -> usize {
-        self.inner.slots.available_permits()
+        let idle: usize = self
+            .inner
+            .idle
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|holder| holder.idle_count())
+            .sum();
+        self.inner.slots.available_permits() + idle
+    }
+
+    /// Lets a request that finds the pool full take slots from `holder`'s
+    /// idle instances.
+    pub(crate) fn register_idle(&self, holder: Weak<dyn IdleInstances>) {
+        let mut idle = self.inner.idle.lock();
+        idle.retain(|h| h.strong_count() > 0);
+        idle.push(holder);
+    }
+
+    /// Whether requests are waiting in line for a slot.
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.inner.waiting.load(Ordering::Relaxed) > 0
+    }
+
+    /// Drops one idle instance kept for reuse, so that its slot returns to
+    /// the pool; whether there was one.
+    fn reclaim_idle(&self) -> bool {
+        let holders: Vec<_> = self
+            .inner
+            .idle
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        holders.iter().any(|holder| holder.drop_one_idle())
     }
 
     /// A slot of the pool for one store, waiting up to `wait` in line for
@@ -187,9 +259,16 @@ impl PolicyEngine {
         if let Ok(permit) = Arc::clone(&self.inner.slots).try_acquire_owned() {
             return Ok(permit);
         }
+        // Idle instances kept for reuse give way to a request.
+        while self.reclaim_idle() {
+            if let Ok(permit) = Arc::clone(&self.inner.slots).try_acquire_owned() {
+                return Ok(permit);
+            }
+        }
         if wait.is_zero() {
             return Err(exhausted());
         }
+        let _waiting = Waiting::new(&self.inner.waiting);
         tracing::debug!(
             wait_ms = wait.as_millis() as u64,
             "policy pool full; queued"

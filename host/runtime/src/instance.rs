@@ -1,9 +1,10 @@
-//! One request's live instance: a fresh store from the policy's
-//! `InstancePre`, and the guest's hooks called in it with the CPU budget,
-//! memory cap and error classification around each call.
+//! One request's live instance: a store from the policy's `InstancePre`
+//! (new, made ahead, or kept from the thread's earlier requests), and the
+//! guest's hooks called in it with the CPU budget, memory cap and error
+//! classification around each call.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -17,6 +18,7 @@ use crate::bindings::Policy;
 use crate::bindings::inlay::policy::types as wit;
 use crate::errors::{Hook, HostLimitTrap, PolicyError};
 use crate::imports::types::headers_from_list;
+use crate::limits::MemoryLimiter;
 use crate::memo::{Entry, Returned};
 use crate::state::StoreState;
 
@@ -177,25 +179,91 @@ pub(crate) struct LiveCall {
     store: Store<StoreState>,
     instance: Instance,
     bindings: Policy,
+    /// When it was instantiated (reuse is bounded by age).
+    born: Instant,
+    /// Requests that took it so far (reuse is bounded by a count); 0 for
+    /// one made ahead that no request has taken yet.
+    served: u32,
+    /// Set when a guest call did not return normally (it failed, or its
+    /// future was dropped mid-call): the instance may be half-way through
+    /// anything and serves no other request.
+    spoiled: bool,
+    /// The state its store held while it waited for this request, kept
+    /// to hold again when the request gives it back (one less to make).
+    idle: Option<Box<StoreState>>,
     /// The pool slot the store holds; declared after it, so the store is
     /// gone when the next request gets the slot.
     _slot: OwnedSemaphorePermit,
 }
 
 impl LiveCall {
-    /// An instance of the policy of `state`'s handle for one request:
-    /// the one made ahead for this thread if there is one (its store then
-    /// takes `state`, keeping the memory its start used), else a new one.
-    /// On failure the state comes back (it may hold lent heads).
+    /// An instance of the policy of `state`'s handle for one request: one
+    /// the handle keeps ready (made ahead, or given back by an earlier
+    /// request when the policy reuses instances; its store then takes
+    /// `state`, keeping what its memory holds), else a new one. On failure
+    /// the state comes back (it may hold lent heads).
     pub(crate) async fn start(state: StoreState) -> Result<Self, (PolicyError, Box<StoreState>)> {
-        match state.handle().take_spare() {
+        match state.handle().take_ready() {
             Some(mut live) => {
-                let made_ahead = std::mem::replace(live.store.data_mut(), state);
-                live.store.data_mut().limiter = made_ahead.limiter;
+                live.adopt(state);
                 Ok(live)
             }
-            None => Self::start_new(state).await,
+            None => Self::start_new(state).await.map(|mut live| {
+                live.served = 1;
+                live
+            }),
         }
+    }
+
+    /// Puts a request's `state` in this ready instance's store. The
+    /// memory the instance holds stays counted against the cap; every
+    /// other count (CPU, host calls, subrequests, log lines) is the new
+    /// request's own.
+    fn adopt(&mut self, state: StoreState) {
+        let mut idle = std::mem::replace(self.store.data_mut(), state);
+        let memory = idle.policy().limits.memory;
+        let limiter = std::mem::replace(&mut idle.limiter, MemoryLimiter::new(memory));
+        self.store.data_mut().limiter = MemoryLimiter {
+            denied: false,
+            ..limiter
+        };
+        self.idle = Some(Box::new(idle));
+        self.served = self.served.saturating_add(1);
+    }
+
+    /// Takes the request's state out of the store and puts an idle one
+    /// there instead (the one it held before this request, or `idle()`),
+    /// so the instance can wait for another request.
+    pub(crate) fn detach(&mut self, idle: impl FnOnce() -> StoreState) -> StoreState {
+        let idle = self.idle.take().map_or_else(idle, |state| *state);
+        let mut state = std::mem::replace(self.store.data_mut(), idle);
+        let limiter = MemoryLimiter::new(state.policy().limits.memory);
+        self.store.data_mut().limiter = std::mem::replace(&mut state.limiter, limiter);
+        state
+    }
+
+    /// Requests that took this instance so far.
+    pub(crate) fn served(&self) -> u32 {
+        self.served
+    }
+
+    /// How long ago it was instantiated.
+    pub(crate) fn age(&self) -> Duration {
+        self.born.elapsed()
+    }
+
+    /// Whether it may serve another request: every guest call returned,
+    /// no cap was reached (a guest that got `limit-exceeded` or was
+    /// refused memory carried on, but is at its limits), it holds at most
+    /// half its memory cap, and it did what its recorded calls said.
+    pub(crate) fn reusable(&self) -> bool {
+        let state = self.store.data();
+        !self.spoiled
+            && !state.limiter.denied
+            && !state.limiter.over_half()
+            && state.limit_hit.is_none()
+            && !state.clock.expired
+            && !state.tape.broken
     }
 
     /// Instantiates the policy of `state`'s handle (which keeps it, and
@@ -253,11 +321,16 @@ impl LiveCall {
                         .load(&mut store, &instance)
                         .map(|bindings| (instance, bindings))
                 });
+            policy.count_instantiation();
             match started {
                 Ok((instance, bindings)) => Ok(Self {
                     store,
                     instance,
                     bindings,
+                    born: Instant::now(),
+                    served: 0,
+                    spoiled: false,
+                    idle: None,
                     _slot: slot,
                 }),
                 Err(e) => {
@@ -291,6 +364,8 @@ impl LiveCall {
         self.store.data_mut().hook = hook;
         self.store.data_mut().restart_waits();
         self.refill_budget();
+        // Until the guest returns: a call cut short leaves it anywhere.
+        self.spoiled = true;
         let handler = self.bindings.inlay_policy_handler();
         let req = Resource::new_borrow(lent.req);
         let resp = || {
@@ -334,7 +409,10 @@ impl LiveCall {
         };
         let state = self.store.data();
         let raw = match result {
-            Ok(raw) => raw,
+            Ok(raw) => {
+                self.spoiled = false;
+                raw
+            }
             Err(e) => {
                 let error = classify(state, hook, e);
                 tracing::warn!(policy = %state.policy().name, hook = %hook, error = %error, "policy hook failed");

@@ -11,7 +11,8 @@
 //!
 //! The guest gets the host's capabilities through [`PolicyServices`]; each
 //! imported WIT interface is implemented in its own file under `imports/`
-//! (`types`, `log`, `config`, `cache`, `kv`, `fetch`, `esi`, `clock`). Every request is bounded by
+//! (`types`, `log`, `config`, `cache`, `kv`, `fetch`, `esi`, `clock`,
+//! `sdk`). Every request is bounded by
 //! [`PolicyLimits`]: CPU time per hook (epoch interruption), memory, host
 //! calls and subrequests. A policy that traps, loops or runs out of memory
 //! fails its request with a [`PolicyError`] whose

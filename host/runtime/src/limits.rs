@@ -121,8 +121,8 @@ impl PolicyLimits {
 /// it refused a growth so that the trap that follows (a Rust guest aborts
 /// when `alloc` fails) is reported as out-of-memory rather than a bug.
 pub(crate) struct MemoryLimiter {
-    cap: usize,
-    used: usize,
+    pub(crate) cap: usize,
+    pub(crate) used: usize,
     /// Set when a memory growth was refused.
     pub(crate) denied: bool,
 }
@@ -137,6 +137,16 @@ impl MemoryLimiter {
             used: 0,
             denied: false,
         }
+    }
+}
+
+impl MemoryLimiter {
+    /// Whether the memory counted is over half the cap: an instance that
+    /// holds that much is not kept for another request, which could need
+    /// as much again (and a guest that leaks a little per request would
+    /// reach the cap with reuse and never without).
+    pub(crate) fn over_half(&self) -> bool {
+        self.used > self.cap / 2
     }
 }
 

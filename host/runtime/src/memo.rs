@@ -23,8 +23,14 @@
 //! Calls whose reply depends on the world rather than on the request
 //! (the clock, kv, cache and fetch) end a path: the tree records an
 //! `Opaque` step there and requests that reach it always run the policy.
-//! Failed hooks are never recorded. The tree is bounded in bytes and
-//! starts over when full; each policy generation has its own.
+//! Failed hooks are never recorded. Each policy generation has its own
+//! trees, bounded in bytes, and keeps the paths requests use: when the
+//! current tree is full it becomes the previous one and a new tree starts;
+//! a request that walks a path only the previous tree has copies it into
+//! the current one as it goes, and what nobody walked goes with the
+//! previous tree at the next turn. A path walked at least once per turn
+//! (the popular ones) is never lost; a site with more paths than fit
+//! keeps its most requested ones rather than starting over.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -93,8 +99,9 @@ impl Recordable for () {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Entry {
     pub(crate) hook: Hook,
-    /// The host's defaults passed to `on-backend-response`.
-    pub(crate) settings: Option<CacheSettings>,
+    /// The host's defaults passed to `on-backend-response` (boxed: every
+    /// node's keys are as large as the largest).
+    pub(crate) settings: Option<Box<CacheSettings>>,
 }
 
 /// What a hook returned.
@@ -112,9 +119,26 @@ pub(crate) enum Step<S> {
     /// The guest makes this host call; children are keyed by its reply.
     Call { name: &'static str, op: Op<S> },
     /// The hook returns this; children are keyed by the next hook entered.
-    Return(Returned),
+    /// (Boxed: a synthetic response is large, and every node is as large as
+    /// its largest step.)
+    Return(Box<Returned>),
     /// The guest makes a call that cannot be repeated: run it live.
     Opaque,
+}
+
+// Not derived: a derive would ask `S: Clone` of the store state.
+impl<S> Clone for Step<S> {
+    fn clone(&self) -> Self {
+        match self {
+            Step::Start => Step::Start,
+            Step::Call { name, op } => Step::Call {
+                name,
+                op: Arc::clone(op),
+            },
+            Step::Return(returned) => Step::Return(returned.clone()),
+            Step::Opaque => Step::Opaque,
+        }
+    }
 }
 
 /// What leads from a node to one of its children.
@@ -138,9 +162,10 @@ impl<S> Node<S> {
         }
     }
 
-    /// The child reached by `key`, if recorded. Borrowed for as long as
-    /// the node: children are never removed.
-    pub(crate) fn child(&self, key: &Key) -> Option<&Arc<Node<S>>> {
+    /// The child reached by `key`, if recorded (requests walk with
+    /// [`Memo::child`], which also looks in the previous tree).
+    #[cfg(test)]
+    fn child(&self, key: &Key) -> Option<&Arc<Node<S>>> {
         self.children.get(hash(key), key)
     }
 }
@@ -273,13 +298,15 @@ pub struct MemoStats {
     pub replayed: u64,
     /// Hooks that needed an instance.
     pub live: u64,
-    /// Times the tree reached its size and started over.
+    /// Times a tree reached its size: the previous tree (and the paths
+    /// nobody walked since the last time) was dropped and a new one began.
     pub resets: u64,
     /// Approximate bytes held now.
     pub bytes: usize,
 }
 
-/// The recorded paths of one policy generation, one tree per shard.
+/// The recorded paths of one policy generation, two trees per shard (the
+/// current one and the previous one, see the module's documentation).
 ///
 /// Walking a tree takes a read lock and a reference count per step; when
 /// every core walks the same nodes, those atomic writes bounce the nodes'
@@ -301,22 +328,62 @@ pub(crate) struct Memo<S> {
 /// sharing costing more than the walk itself.
 #[repr(align(128))]
 struct Shard<S> {
-    root: RwLock<Arc<Node<S>>>,
+    roots: RwLock<Roots<S>>,
+    /// Bytes of the current tree.
     bytes: AtomicUsize,
+    /// What the current tree may hold; the previous one holds as much at
+    /// most.
     max_bytes: usize,
     replayed: AtomicU64,
     live: AtomicU64,
     resets: AtomicU64,
 }
 
-/// Where a request walks: its shard's number and root.
+/// The roots of a shard's two trees.
+struct Roots<S> {
+    current: Arc<Node<S>>,
+    previous: Option<Arc<Node<S>>>,
+}
+
+/// Where a request walks: its shard's number and the roots.
 pub(crate) struct Start<S> {
     pub(crate) shard: usize,
-    pub(crate) root: Arc<Node<S>>,
+    pub(crate) root: Cursor<S>,
+}
+
+/// A point on the recorded paths: its node in the current tree, and the
+/// same point in the previous tree while the path is there too.
+pub(crate) struct Cursor<S> {
+    pub(crate) node: Arc<Node<S>>,
+    old: Option<Arc<Node<S>>>,
+}
+
+impl<S> Cursor<S> {
+    /// A point that exists only in the current tree (a path just recorded).
+    pub(crate) fn new(node: Arc<Node<S>>) -> Self {
+        Self { node, old: None }
+    }
+}
+
+// Not derived: a derive would ask `S: Clone` of the store state.
+impl<S> Clone for Cursor<S> {
+    fn clone(&self) -> Self {
+        Self {
+            node: Arc::clone(&self.node),
+            old: self.old.clone(),
+        }
+    }
+}
+
+/// How many shards per-thread structures have: one per core, up to 64.
+pub(crate) fn shard_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(64)
 }
 
 /// This thread's shard among `n`.
-fn shard_index(n: usize) -> usize {
+pub(crate) fn shard_index(n: usize) -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -329,10 +396,10 @@ fn shard_index(n: usize) -> usize {
 /// they are header names and values of the same order as the replies.)
 fn node_bytes<S>(key: &Key) -> usize {
     let key_bytes = match key {
-        Key::Entry(e) => e
-            .settings
-            .as_ref()
-            .map_or(0, |s| s.surrogate_keys.iter().map(|k| k.len() + 24).sum()),
+        Key::Entry(e) => e.settings.as_ref().map_or(0, |s| {
+            std::mem::size_of::<CacheSettings>()
+                + s.surrogate_keys.iter().map(|k| k.len() + 24).sum::<usize>()
+        }),
         Key::Reply(r) => reply_bytes(r),
     };
     std::mem::size_of::<Node<S>>() + FIRST_TABLE * std::mem::size_of::<Slot<S>>() + 64 + key_bytes
@@ -352,7 +419,10 @@ pub(crate) fn reply_bytes(reply: &Reply) -> usize {
 impl<S> Shard<S> {
     fn new(max_bytes: usize) -> Self {
         Self {
-            root: RwLock::new(Arc::new(Node::new(Step::Start))),
+            roots: RwLock::new(Roots {
+                current: Arc::new(Node::new(Step::Start)),
+                previous: None,
+            }),
             bytes: AtomicUsize::new(0),
             max_bytes,
             replayed: AtomicU64::new(0),
@@ -381,27 +451,39 @@ impl<S> Shard<S> {
         }
         let total = self.bytes.fetch_add(size, Ordering::Relaxed) + size;
         if total > self.max_bytes {
-            // Start over; requests walking the old tree keep their nodes.
-            *self.root.write() = Arc::new(Node::new(Step::Start));
-            self.bytes.store(0, Ordering::Relaxed);
-            self.resets.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                max_bytes = self.max_bytes,
-                "policy memo full; starting over"
-            );
+            self.turn();
         }
         Some(node)
+    }
+
+    /// The current tree is full: it becomes the previous one, and the
+    /// previous one (with every path nobody walked since the last turn)
+    /// goes. Requests walking the old trees keep their nodes.
+    fn turn(&self) {
+        let fresh = Arc::new(Node::new(Step::Start));
+        let dropped = {
+            let mut roots = self.roots.write();
+            let full = std::mem::replace(&mut roots.current, fresh);
+            self.bytes.store(0, Ordering::Relaxed);
+            roots.previous.replace(full)
+        };
+        // Freed outside the lock.
+        drop(dropped);
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            max_bytes = self.max_bytes,
+            "policy memo full; the paths walked since the last turn are kept"
+        );
     }
 }
 
 impl<S> Memo<S> {
-    /// Empty trees that hold about `max_bytes` together.
+    /// Empty trees that hold about `max_bytes` together (each shard's
+    /// current and previous trees half of its share each).
     pub(crate) fn new(max_bytes: usize) -> Self {
-        let n = std::thread::available_parallelism()
-            .map_or(1, std::num::NonZeroUsize::get)
-            .min(64);
+        let n = shard_count();
         Self {
-            shards: (0..n).map(|_| Shard::new(max_bytes / n)).collect(),
+            shards: (0..n).map(|_| Shard::new(max_bytes / n / 2)).collect(),
             max_bytes,
             disabled: AtomicBool::new(false),
         }
@@ -418,8 +500,39 @@ impl<S> Memo<S> {
             return None;
         }
         let shard = shard_index(self.shards.len());
-        let root = Arc::clone(&self.shards[shard].root.read());
+        let roots = self.shards[shard].roots.read();
+        let root = Cursor {
+            node: Arc::clone(&roots.current),
+            old: roots.previous.clone(),
+        };
         Some(Start { shard, root })
+    }
+
+    /// The point `key` leads to from `at`, if recorded. A point only the
+    /// previous tree has is copied into the current one: a request walks
+    /// it again, so it is kept.
+    pub(crate) fn child(&self, shard: usize, at: &Cursor<S>, key: &Key) -> Option<Cursor<S>> {
+        let hash = hash(key);
+        let old = at
+            .old
+            .as_ref()
+            .and_then(|old| old.children.get(hash, key))
+            .map(Arc::clone);
+        if let Some(node) = at.node.children.get(hash, key) {
+            return Some(Cursor {
+                node: Arc::clone(node),
+                old,
+            });
+        }
+        let old = old?;
+        if self.disabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let node = self.shards[shard].child_or_insert(&at.node, key.clone(), old.step.clone())?;
+        Some(Cursor {
+            node,
+            old: Some(old),
+        })
     }
 
     /// Stops replaying and recording for this generation: an instance did
@@ -493,7 +606,7 @@ impl<S> Memo<S> {
         let end = if recording.opaque {
             Step::Opaque
         } else {
-            Step::Return(returned)
+            Step::Return(Box::new(returned))
         };
         let opaque = recording.opaque;
         let at = parent.as_deref().unwrap_or(at);
@@ -508,11 +621,16 @@ impl<S> Memo<S> {
 fn step_bytes<S>(step: &Step<S>) -> usize {
     match step {
         Step::Start | Step::Opaque | Step::Call { .. } => 0,
-        Step::Return(Returned::Action(RequestAction::Synthetic(s))) => {
-            s.body.len() + s.headers.len() * 64
+        Step::Return(returned) => {
+            std::mem::size_of::<Returned>()
+                + match &**returned {
+                    Returned::Action(RequestAction::Synthetic(s)) => {
+                        s.body.len() + s.headers.len() * 64
+                    }
+                    Returned::Settings(s) => s.surrogate_keys.iter().map(|k| k.len() + 24).sum(),
+                    Returned::Action(_) | Returned::Unit => 0,
+                }
         }
-        Step::Return(Returned::Settings(s)) => s.surrogate_keys.iter().map(|k| k.len() + 24).sum(),
-        Step::Return(_) => 0,
     }
 }
 

@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
@@ -13,11 +14,11 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use crate::bindings::{Policy, PolicyIndices};
 use crate::call::PolicyCall;
 use crate::compact::compact_data_segments;
-use crate::engine::{EPOCH_TICK, PolicyEngine};
-use crate::errors::PolicyError;
+use crate::engine::{EPOCH_TICK, IdleInstances, PolicyEngine};
+use crate::errors::{Hook, PolicyError};
 use crate::instance::LiveCall;
 use crate::limits::{CpuClock, PolicyLimits};
-use crate::memo::MemoStats;
+use crate::memo::{MemoStats, shard_count, shard_index};
 use crate::prewarm;
 use crate::services::{NoServices, PolicyServices};
 use crate::state::{Memo, StoreState};
@@ -45,6 +46,70 @@ pub struct PolicySource {
     /// will need it, so that a request does not wait for instantiation
     /// (CPython's takes 0.4 ms). Each spare holds a slot of the pool.
     pub pre_instantiate: bool,
+    /// Requests one instance serves, one after another on a worker
+    /// thread, before a fresh one replaces it; 1 gives every request a
+    /// fresh instance of the snapshot (nothing a request leaves in the
+    /// guest's memory is seen by another). Above 1 a request may see what
+    /// earlier ones left in the guest's globals.
+    pub requests_per_instance: u32,
+    /// How long one instance serves requests at most, from its
+    /// instantiation.
+    pub instance_lifetime: Duration,
+}
+
+/// How far one instance is reused ([`PolicySource::requests_per_instance`],
+/// [`PolicySource::instance_lifetime`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reuse {
+    pub(crate) requests: u32,
+    pub(crate) lifetime: Duration,
+}
+
+impl Reuse {
+    fn of(source: &PolicySource) -> Self {
+        Self {
+            requests: source.requests_per_instance.max(1),
+            lifetime: source.instance_lifetime,
+        }
+    }
+}
+
+/// How a policy generation's requests got their instances, for logs,
+/// metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InstanceStats {
+    /// Requests that started with the policy.
+    pub requests: u64,
+    /// Requests that ran guest code: at least one hook ran in an instance
+    /// (not replayed from recorded paths, nor a hook the policy does not
+    /// implement, which the host runs itself).
+    pub ran_guest: u64,
+    /// Instances created: for requests, ahead of them, and the one that
+    /// checks the policy at load.
+    pub instantiated: u64,
+    /// Times a request took an instance an earlier request had used.
+    pub reused: u64,
+}
+
+/// One worker thread's counts of [`InstanceStats`]; aligned to two cache
+/// lines so that threads counting their requests never share one.
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct UseCounts {
+    pub(crate) requests: AtomicU64,
+    pub(crate) ran_guest: AtomicU64,
+    pub(crate) instantiated: AtomicU64,
+    pub(crate) reused: AtomicU64,
+}
+
+/// The bit of `hook` in [`LoadedInner::builtin`].
+fn hook_bit(hook: Hook) -> u8 {
+    match hook {
+        Hook::Instantiate => 0,
+        Hook::OnRequest => 1,
+        Hook::OnBackendResponse => 2,
+        Hook::OnDeliver => 4,
+    }
 }
 
 /// What every request of one loaded policy shares.
@@ -76,8 +141,20 @@ struct LoadedInner {
     memo: Option<Arc<Memo>>,
     /// Whether requests keep an instance made ahead (see [`PolicyHandle`]).
     pre_instantiate: bool,
+    /// How far an instance is reused.
+    reuse: Reuse,
     /// Instances a request found made ahead.
     started_ahead: AtomicU64,
+    /// Per worker thread: how requests got their instances.
+    counts: Box<[UseCounts]>,
+    /// The hooks the policy does not implement (bits of [`hook_bit`]): its
+    /// SDK said so when their default ran (`inlay:policy/sdk`). The host
+    /// runs the built-in rules for them itself.
+    builtin: AtomicU8,
+}
+
+fn new_counts() -> Box<[UseCounts]> {
+    (0..shard_count()).map(|_| UseCounts::default()).collect()
 }
 
 impl std::fmt::Debug for LoadedPolicy {
@@ -98,8 +175,9 @@ fn new_memo(bytes: usize) -> Option<Arc<Memo>> {
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
-/// The least CPU time the load check's instantiation gets.
-const LOAD_CHECK_CPU: std::time::Duration = std::time::Duration::from_secs(2);
+/// The least CPU time the load check's instantiation, and the warm-up
+/// request's instantiation and hooks, get.
+pub(crate) const LOAD_CHECK_CPU: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the first bytes of a `.wasm` file say it is.
 #[derive(Debug, PartialEq, Eq)]
@@ -164,6 +242,7 @@ impl LoadedPolicy {
         source: PolicySource,
         component_bytes: &[u8],
         prewarmed: bool,
+        builtin: u8,
     ) -> Result<Self, PolicyError> {
         let path = source.path.clone();
         let _span =
@@ -185,6 +264,7 @@ impl LoadedPolicy {
         let indices = PolicyIndices::new(&instance_pre).map_err(mismatch)?;
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(policy = %source.name, generation, "policy compiled");
+        let reuse = Reuse::of(&source);
         Ok(Self {
             inner: Arc::new(LoadedInner {
                 shared: Arc::new(PolicyShared {
@@ -200,7 +280,10 @@ impl LoadedPolicy {
                 prewarmed,
                 memo: new_memo(source.memo_bytes),
                 pre_instantiate: source.pre_instantiate,
+                reuse,
                 started_ahead: AtomicU64::new(0),
+                counts: new_counts(),
+                builtin: AtomicU8::new(builtin),
             }),
         })
     }
@@ -222,14 +305,14 @@ impl LoadedPolicy {
         let component = to_component(&path, &bytes)?;
         if !source.prewarm {
             let component = compact_data_segments(&component);
-            return Self::compile_component(engine, source, &component, false);
+            return Self::compile_component(engine, source, &component, false, 0);
         }
         let started = std::time::Instant::now();
         let warm = prewarm::snapshot(engine, &source, &component);
         let fallback = match warm {
-            Ok(snapshot) => {
+            Ok((snapshot, builtin)) => {
                 let snapshot = compact_data_segments(&snapshot);
-                match Self::compile_component(engine, source.clone(), &snapshot, true) {
+                match Self::compile_component(engine, source.clone(), &snapshot, true, builtin) {
                     Ok(policy) => {
                         tracing::info!(
                             policy = %source.name,
@@ -246,7 +329,7 @@ impl LoadedPolicy {
         // The policy itself must still load; only then is the lost
         // optimisation worth a warning.
         let component = compact_data_segments(&component);
-        let policy = Self::compile_component(engine, source, &component, false)?;
+        let policy = Self::compile_component(engine, source, &component, false, 0)?;
         tracing::warn!(
             policy = %policy.name(),
             reason = %fallback,
@@ -360,7 +443,11 @@ impl LoadedPolicy {
                     .as_ref()
                     .and_then(|memo| new_memo(memo.max_bytes())),
                 pre_instantiate: self.inner.pre_instantiate,
+                reuse: self.inner.reuse,
                 started_ahead: AtomicU64::new(0),
+                counts: new_counts(),
+                // The same component: the same hooks are the SDK's defaults.
+                builtin: AtomicU8::new(self.inner.builtin.load(Ordering::Relaxed)),
             }),
         })
     }
@@ -394,6 +481,76 @@ impl LoadedPolicy {
     /// A number that grows with every load, to tell reloads apart in logs.
     pub fn generation(&self) -> u64 {
         self.inner.shared.generation
+    }
+
+    /// How far one instance is reused.
+    pub(crate) fn reuse(&self) -> Reuse {
+        self.inner.reuse
+    }
+
+    /// Requests one instance serves at most (1: a fresh instance for each).
+    pub fn requests_per_instance(&self) -> u32 {
+        self.inner.reuse.requests
+    }
+
+    /// This worker thread's counts.
+    pub(crate) fn counts(&self) -> &UseCounts {
+        &self.inner.counts[shard_index(self.inner.counts.len())]
+    }
+
+    pub(crate) fn count_instantiation(&self) {
+        self.counts().instantiated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How this generation's requests got their instances so far.
+    pub fn instance_stats(&self) -> InstanceStats {
+        let sum = |f: fn(&UseCounts) -> &AtomicU64| {
+            self.inner
+                .counts
+                .iter()
+                .map(|c| f(c).load(Ordering::Relaxed))
+                .sum()
+        };
+        InstanceStats {
+            requests: sum(|c| &c.requests),
+            ran_guest: sum(|c| &c.ran_guest),
+            instantiated: sum(|c| &c.instantiated),
+            reused: sum(|c| &c.reused),
+        }
+    }
+
+    /// Whether the host runs the built-in rules for `hook` itself: the
+    /// policy's SDK said the policy does not implement it.
+    pub(crate) fn runs_builtin(&self, hook: Hook) -> bool {
+        self.inner.builtin.load(Ordering::Relaxed) & hook_bit(hook) != 0
+    }
+
+    /// The hooks whose SDK default ran (see [`LoadedPolicy::runs_builtin`]).
+    pub(crate) fn builtin_hooks(&self) -> u8 {
+        self.inner.builtin.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the policy's SDK ran its default for `hook`: later
+    /// requests get the built-in rules from the host, without an instance.
+    pub(crate) fn learn_builtin(&self, hook: Hook) {
+        let bit = hook_bit(hook);
+        if self.inner.builtin.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            tracing::debug!(
+                policy = %self.name(),
+                hook = %hook,
+                "the policy does not implement this hook; the host runs the built-in rules for it"
+            );
+        }
+    }
+
+    /// The hooks the policy implements itself, as the WIT names them
+    /// (all three until its SDK says otherwise).
+    pub fn implemented_hooks(&self) -> Vec<&'static str> {
+        [Hook::OnRequest, Hook::OnBackendResponse, Hook::OnDeliver]
+            .into_iter()
+            .filter(|h| !self.runs_builtin(*h))
+            .map(Hook::as_str)
+            .collect()
     }
 }
 
@@ -435,14 +592,29 @@ struct CurrentHandles {
 pub struct PolicyHandle {
     policy: LoadedPolicy,
     services: Arc<dyn PolicyServices>,
-    /// An instance made ahead for this thread's next live request.
-    spare: Mutex<Option<LiveCall>>,
+    /// Instances ready for this handle's next requests, the most recent
+    /// last: one made ahead (a spare, `pre_instantiate`) and, when the
+    /// policy reuses instances, the ones its requests finished with.
+    ready: Mutex<Vec<LiveCall>>,
     /// Set while a spare is being made.
     refilling: AtomicBool,
-    /// Whether this handle keeps a spare: only the long-lived handles of
-    /// [`PolicySlot::handle`] do, when the policy pre-instantiates.
-    keeps_spare: bool,
+    /// Whether this handle keeps instances ready: only the long-lived
+    /// handles ([`PolicyHandle::keeping_instances`], one per worker thread
+    /// from [`PolicySlot::handle`]) do.
+    keeps: bool,
+    /// Whether the engine knows to take slots from `ready` when its pool
+    /// is full.
+    registered: AtomicBool,
+    /// The handle the stores of the ready instances hold while they wait:
+    /// this one holds them, and a cycle would keep both alive after a
+    /// reload.
+    idle: OnceLock<Arc<PolicyHandle>>,
 }
+
+/// Instances a handle keeps ready at most: a worker thread runs one
+/// request's policy at a time, but requests that wait (on the backend, on
+/// the cache) interleave, and each that comes back needs one.
+const READY_MAX: usize = 4;
 
 impl std::fmt::Debug for PolicyHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -453,61 +625,133 @@ impl std::fmt::Debug for PolicyHandle {
 }
 
 impl PolicyHandle {
-    /// `policy` with `services`, for requests to share.
+    /// `policy` with `services`, for requests to share. It keeps no
+    /// instance between requests: each request's instance is its own.
     pub fn new(policy: LoadedPolicy, services: Arc<dyn PolicyServices>) -> Arc<Self> {
-        Self::with_spare(policy, services, false)
+        Self::build(policy, services, false)
     }
 
     /// `policy` with `services`, for a caller that starts many requests
-    /// with it (as [`PolicySlot::handle`] does for each worker thread):
-    /// when the policy pre-instantiates, the handle keeps an instance made
-    /// ahead for its next request.
-    pub fn keeping_spare(policy: LoadedPolicy, services: Arc<dyn PolicyServices>) -> Arc<Self> {
-        let keeps_spare = policy.inner.pre_instantiate;
-        Self::with_spare(policy, services, keeps_spare)
+    /// with it, one after another (as [`PolicySlot::handle`] does for each
+    /// worker thread): the handle keeps the instances its requests
+    /// finished with for the next ones, when the policy reuses instances,
+    /// and an instance made ahead when it pre-instantiates.
+    pub fn keeping_instances(policy: LoadedPolicy, services: Arc<dyn PolicyServices>) -> Arc<Self> {
+        Self::build(policy, services, true)
     }
 
-    fn with_spare(
-        policy: LoadedPolicy,
-        services: Arc<dyn PolicyServices>,
-        keeps_spare: bool,
-    ) -> Arc<Self> {
+    fn build(policy: LoadedPolicy, services: Arc<dyn PolicyServices>, keeps: bool) -> Arc<Self> {
         Arc::new(Self {
             policy,
             services,
-            spare: Mutex::new(None),
+            ready: Mutex::new(Vec::new()),
             refilling: AtomicBool::new(false),
-            keeps_spare,
+            keeps,
+            registered: AtomicBool::new(false),
+            idle: OnceLock::new(),
         })
     }
 
-    /// The instance made ahead, if there is one; the next one is started
-    /// in the background either way (when this handle keeps a spare).
-    pub(crate) fn take_spare(self: &Arc<Self>) -> Option<LiveCall> {
-        if !self.keeps_spare {
+    /// What the stores of this handle's ready instances hold meanwhile.
+    fn idle_handle(&self) -> &Arc<PolicyHandle> {
+        self.idle
+            .get_or_init(|| PolicyHandle::new(self.policy.clone(), Arc::clone(&self.services)))
+    }
+
+    /// An instance ready for a request, if this handle keeps one that may
+    /// still serve (reuse is bounded by age); the next spare is started in
+    /// the background when the policy pre-instantiates and the request
+    /// takes the last one without giving it back.
+    pub(crate) fn take_ready(self: &Arc<Self>) -> Option<LiveCall> {
+        if !self.keeps {
             return None;
         }
-        let spare = self.spare.lock().take();
-        if spare.is_some() {
-            self.policy
-                .inner
-                .started_ahead
-                .fetch_add(1, Ordering::Relaxed);
+        let reuse = self.policy.reuse();
+        let mut ready = self.ready.lock();
+        let mut expired = Vec::new();
+        let taken = loop {
+            match ready.pop() {
+                Some(live) if live.age() >= reuse.lifetime => expired.push(live),
+                other => break other,
+            }
+        };
+        let empty = ready.is_empty();
+        drop(ready);
+        drop(expired);
+        if let Some(live) = &taken {
+            let counts = self.policy.counts();
+            if live.served() == 0 {
+                self.policy
+                    .inner
+                    .started_ahead
+                    .fetch_add(1, Ordering::Relaxed);
+            } else {
+                counts.reused.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        self.refill();
-        spare
+        // A reused instance comes back when its request ends; a fresh one
+        // does not, nor is one there when nothing was ready.
+        let comes_back = taken.as_ref().is_some_and(|_| reuse.requests > 1);
+        if self.policy.inner.pre_instantiate && empty && !comes_back {
+            self.refill();
+        }
+        taken
+    }
+
+    /// Takes the request's state out of `live` and keeps the instance
+    /// ready for this handle's next request when it may serve another
+    /// (the policy reuses instances, it is within its bounds, nothing went
+    /// wrong in it, and no request is waiting in line for a pool slot);
+    /// otherwise it is dropped and its slot returns to the pool. Returns
+    /// the request's state.
+    pub(crate) fn give_back(self: &Arc<Self>, mut live: LiveCall) -> StoreState {
+        if !self.keeps_instance(&live) {
+            return live.into_state();
+        }
+        let state = live.detach(|| StoreState::new(Arc::clone(self.idle_handle()), EPOCH_TICK));
+        let mut ready = self.ready.lock();
+        if ready.len() < READY_MAX {
+            ready.push(live);
+            drop(ready);
+            self.register();
+        }
+        state
+    }
+
+    /// Whether `live` may wait here for another of this handle's requests.
+    fn keeps_instance(&self, live: &LiveCall) -> bool {
+        let reuse = self.policy.reuse();
+        self.keeps
+            && live.served() < reuse.requests
+            && live.age() < reuse.lifetime
+            && live.reusable()
+            && !self.policy.engine().has_waiters()
+    }
+
+    /// Lets the engine take slots from this handle's ready instances.
+    fn register(self: &Arc<Self>) {
+        if !self.registered.load(Ordering::Relaxed)
+            && !self.registered.swap(true, Ordering::Relaxed)
+        {
+            let weak: Weak<dyn IdleInstances> = Arc::downgrade(self) as Weak<dyn IdleInstances>;
+            self.policy.engine().register_idle(weak);
+        }
+    }
+
+    /// How many instances are ready.
+    #[cfg(test)]
+    pub(crate) fn ready_count(&self) -> usize {
+        self.ready.lock().len()
     }
 
     /// Whether an instance made ahead is waiting.
     #[cfg(test)]
     pub(crate) fn has_spare(&self) -> bool {
-        self.spare.lock().is_some()
+        self.ready.lock().iter().any(|live| live.served() == 0)
     }
 
-    /// Makes the next spare on the runtime, off the request's path. The
-    /// spare's store holds a handle of its own (same policy and services),
-    /// not this one: this one holds the spare, and a cycle would keep both
-    /// alive after a reload.
+    /// Makes the next spare on the runtime, off the request's path. Its
+    /// store holds the idle handle, not this one (see `idle`).
     fn refill(self: &Arc<Self>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -517,9 +761,17 @@ impl PolicyHandle {
         }
         let handle = Arc::clone(self);
         runtime.spawn(async move {
-            let own = PolicyHandle::new(handle.policy.clone(), Arc::clone(&handle.services));
+            let own = Arc::clone(handle.idle_handle());
             match LiveCall::start_ahead(StoreState::new(own, EPOCH_TICK)).await {
-                Ok(Some(live)) => *handle.spare.lock() = Some(live),
+                Ok(Some(live)) => {
+                    let mut ready = handle.ready.lock();
+                    if ready.len() < READY_MAX {
+                        // Below the ones given back: those are taken first.
+                        ready.insert(0, live);
+                        drop(ready);
+                        handle.register();
+                    }
+                }
                 Ok(None) => tracing::debug!("no instance made ahead: the pool is full"),
                 // The pool is full, or the guest failed to start: the next
                 // request instantiates (and reports the error) itself.
@@ -542,6 +794,21 @@ impl PolicyHandle {
 
     pub(crate) fn services(&self) -> &dyn PolicyServices {
         &*self.services
+    }
+}
+
+impl IdleInstances for PolicyHandle {
+    fn idle_count(&self) -> usize {
+        self.ready.lock().len()
+    }
+
+    fn drop_one_idle(&self) -> bool {
+        // The oldest: the most recent is the likeliest to be taken next.
+        let dropped = {
+            let mut ready = self.ready.lock();
+            (!ready.is_empty()).then(|| ready.remove(0))
+        };
+        dropped.is_some()
     }
 }
 
@@ -682,13 +949,13 @@ impl PolicySlot {
             let handle = {
                 let mut current = self.handles.lock();
                 if current.generation == generation {
-                    let handle = PolicyHandle::keeping_spare(policy, Arc::clone(services));
+                    let handle = PolicyHandle::keeping_instances(policy, Arc::clone(services));
                     current.held.push(Arc::clone(&handle));
                     handle
                 } else {
                     // A replaced generation, pinned by requests in flight:
-                    // it lives as long as they do, with no spare made for
-                    // requests that will not come.
+                    // it lives as long as they do, with no instance kept
+                    // for requests that will not come.
                     PolicyHandle::new(policy, Arc::clone(services))
                 }
             };

@@ -33,7 +33,7 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 use crate::call::PolicyCall;
 use crate::engine::PolicyEngine;
 use crate::instance::LiveCall;
-use crate::policy::{LoadedPolicy, PolicySource};
+use crate::policy::{LOAD_CHECK_CPU, LoadedPolicy, PolicySource};
 use crate::services::NoServices;
 
 /// The warm-up request: an ordinary page view, so that the usual paths
@@ -76,26 +76,38 @@ fn warm_response() -> ResponseHead {
     }
 }
 
-/// Snapshots `component` (a component binary) after one warm-up request.
-/// Blocking (it compiles the instrumented component): call it from a
-/// blocking thread.
+/// Snapshots `component` (a component binary) after one warm-up request;
+/// with the snapshot, the hooks whose SDK default ran in it (see
+/// [`LoadedPolicy::runs_builtin`]). Blocking (it compiles the instrumented
+/// component): call it from a blocking thread.
 pub(crate) fn snapshot(
     engine: &PolicyEngine,
     source: &PolicySource,
     component: &[u8],
-) -> Result<Vec<u8>, String> {
+) -> Result<(Vec<u8>, u8), String> {
     let wizer = Wizer::new();
     let (cx, instrumented) = wizer
         .instrument_component(component)
         .map_err(|e| format!("cannot instrument the component: {e:#}"))?;
-    let probe = LoadedPolicy::compile_component(engine, source.clone(), &instrumented, false)
+    // Not a request: on a machine busy building or deploying, the cold
+    // instrumented instance may be descheduled for longer than a request's
+    // budget (a busy 2-core machine timed CPython's out at 50 ms).
+    let mut limits = source.limits.clone();
+    limits.cpu_time_ms = limits
+        .cpu_time_ms
+        .max(u64::try_from(LOAD_CHECK_CPU.as_millis()).unwrap_or(u64::MAX));
+    let warming = PolicySource {
+        limits,
+        ..source.clone()
+    };
+    let probe = LoadedPolicy::compile_component(engine, warming, &instrumented, false, 0)
         .map_err(|e| format!("cannot compile the instrumented component: {e}"))?;
     // The hooks are async; run them on a runtime of their own, on a thread
     // of their own, so that this works whether or not the caller is inside
     // a runtime.
     std::thread::scope(|scope| {
         scope
-            .spawn(|| warm_and_snapshot(&wizer, &cx, &probe))
+            .spawn(|| warm_and_snapshot(&wizer, &cx, &probe).map(|s| (s, probe.builtin_hooks())))
             .join()
             .unwrap_or_else(|payload| {
                 Err(match payload.downcast::<AccessorFailed>() {

@@ -11,7 +11,7 @@ use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall};
 use crate::limits::MemoryLimiter;
 use crate::memo::{Entry, Key, Reply, Returned, Tape};
-use crate::state::{Memo, Node, Recording, Start, Step, StoreState, not_repeated};
+use crate::state::{Cursor, Memo, Node, Recording, Start, Step, StoreState, not_repeated};
 
 /// Where a replayed request's policy runs.
 enum Run {
@@ -30,8 +30,8 @@ enum Run {
 pub(crate) struct Replay {
     /// Where this request is on the recorded paths; `None` once it left
     /// what can be recorded.
-    cursor: Option<Arc<Node>>,
-    /// The memo shard the cursor's tree belongs to.
+    cursor: Option<Cursor>,
+    /// The memo shard the cursor's trees belong to.
     shard: usize,
     /// The hooks answered from recorded paths so far, and (in one list,
     /// in order) the replies the guest got in them, to bring an instance
@@ -43,29 +43,31 @@ pub(crate) struct Replay {
 
 /// How far a hook got on the recorded paths.
 enum Walk {
-    /// The hook's recorded result, and the node the request is at now.
-    Returned(Returned, Arc<Node>),
+    /// The hook's recorded result, and where the request is now.
+    Returned(Returned, Cursor),
     /// Off the recorded paths: an instance takes over. What it does next
     /// is recorded under the node and key given, if any.
     Left(Option<(Arc<Node>, Key)>),
 }
 
-/// Answers a hook from the recorded paths below `from`: makes each
-/// recorded call on `state` and follows the child its reply leads to.
-/// The replies given are pushed to `replies`.
+/// Answers a hook from the recorded paths below `from` (in `shard` of
+/// `memo`): makes each recorded call on `state` and follows the child its
+/// reply leads to. The replies given are pushed to `replies`.
 fn replay(
+    memo: &Memo,
+    shard: usize,
     state: &mut StoreState,
-    from: &Arc<Node>,
+    from: &Cursor,
     entry: &Entry,
     replies: &mut Vec<(&'static str, Reply)>,
 ) -> Walk {
     let first = Key::Entry(entry.clone());
-    let Some(mut node) = from.child(&first) else {
-        return Walk::Left(Some((Arc::clone(from), first)));
+    let Some(mut at) = memo.child(shard, from, &first) else {
+        return Walk::Left(Some((Arc::clone(&from.node), first)));
     };
     loop {
-        let (name, reply) = match &node.step {
-            Step::Return(returned) => return Walk::Returned(returned.clone(), Arc::clone(node)),
+        let (name, reply) = match &at.node.step {
+            Step::Return(returned) => return Walk::Returned((**returned).clone(), at),
             Step::Call { name, op } => {
                 // Over the cap the guest must trap at this call: let it.
                 if !state.count_call() {
@@ -86,18 +88,18 @@ fn replay(
             Step::Opaque | Step::Start => return Walk::Left(None),
         };
         let key = Key::Reply(reply);
-        match node.child(&key) {
+        match memo.child(shard, &at, &key) {
             Some(child) => {
                 if let Key::Reply(reply) = key {
                     replies.push((name, reply));
                 }
-                node = child;
+                at = child;
             }
             None => {
                 if let Key::Reply(reply) = &key {
                     replies.push((name, reply.clone()));
                 }
-                return Walk::Left(Some((Arc::clone(node), key)));
+                return Walk::Left(Some((at.node, key)));
             }
         }
     }
@@ -149,7 +151,8 @@ impl Replay {
         let Run::Live(live) = std::mem::replace(&mut self.run, Run::Gone) else {
             return false;
         };
-        let mut state = live.into_state();
+        let handle = Arc::clone(live.state().handle());
+        let mut state = handle.give_back(*live);
         self.replies = state.journal.take();
         // A new store counts its memory from nothing again.
         state.limiter = MemoryLimiter::new(state.policy().limits.memory);
@@ -160,6 +163,17 @@ impl Replay {
     /// Whether the request has an instance of its own now.
     pub(crate) fn is_live(&self) -> bool {
         matches!(self.run, Run::Live(_))
+    }
+
+    /// The request's instance, if it has one, to give back as it ends.
+    pub(crate) fn take_live(&mut self) -> Option<LiveCall> {
+        match std::mem::replace(&mut self.run, Run::Gone) {
+            Run::Live(live) => Some(*live),
+            other => {
+                self.run = other;
+                None
+            }
+        }
     }
 
     /// Runs one hook with the heads lent as `lent`: from the recorded
@@ -175,7 +189,7 @@ impl Replay {
             Run::Recorded(state) => {
                 state.hook = entry.hook;
                 let walk = match &self.cursor {
-                    Some(from) => replay(state, from, entry, &mut self.replies),
+                    Some(from) => replay(memo, self.shard, state, from, entry, &mut self.replies),
                     None => Walk::Left(None),
                 };
                 match walk {
@@ -191,7 +205,10 @@ impl Replay {
                     }
                 }
             }
-            Run::Live(_) => self.cursor.take().map(|at| (at, Key::Entry(entry.clone()))),
+            Run::Live(_) => self
+                .cursor
+                .take()
+                .map(|at| (at.node, Key::Entry(entry.clone()))),
             Run::Gone => return Err(PolicyError::AlreadyFailed { hook: entry.hook }),
         };
         self.cursor = None;
@@ -208,7 +225,9 @@ impl Replay {
         }
         let returned = result?;
         if let (Some((at, key)), Some(recording)) = (branch, recording) {
-            self.cursor = memo.insert(self.shard, &at, key, recording, returned.clone());
+            self.cursor = memo
+                .insert(self.shard, &at, key, recording, returned.clone())
+                .map(Cursor::new);
         }
         self.entries.push(entry.clone());
         Ok(returned)

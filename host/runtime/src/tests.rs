@@ -205,7 +205,47 @@ fn probe_source(limits: PolicyLimits) -> PolicySource {
         pre_instantiate: true,
         // Every call below runs the guest; replay has its own tests.
         memo_bytes: 0,
+        requests_per_instance: test_requests_per_instance(),
+        instance_lifetime: Duration::from_secs(60),
     }
+}
+
+/// One request through the probe's three hooks (`on-request` looks the
+/// request up); its `x-hooks`, which lists every hook its instance has run
+/// so far: an instance that served another request shows it.
+pub(crate) async fn hooks_seen(handle: &Arc<PolicyHandle>, path: &str) -> String {
+    let mut call = handle.start().await.expect("start");
+    let mut req = request(path);
+    let action = call.on_request(&mut req).await.expect("on_request");
+    assert_eq!(action, RequestAction::Lookup);
+    let mut resp = ResponseHead {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+    };
+    let defaults = CacheSettings {
+        cacheable: true,
+        ttl: Duration::from_secs(60),
+        ..CacheSettings::default()
+    };
+    call.on_backend_response(&mut req, &mut resp, defaults)
+        .await
+        .expect("on_backend_response");
+    call.on_deliver(&mut req, &mut resp)
+        .await
+        .expect("on_deliver");
+    header(&resp.headers, "x-hooks")
+        .expect("x-hooks")
+        .to_string()
+}
+
+/// Requests per instance for tests that work in both modes: reused (the
+/// default) unless `INLAY_TEST_REQUESTS_PER_INSTANCE` says otherwise (1
+/// runs them with a fresh instance per request).
+pub(crate) fn test_requests_per_instance() -> u32 {
+    std::env::var("INLAY_TEST_REQUESTS_PER_INSTANCE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000)
 }
 
 /// The probe compiled once per test binary with default limits; tests that
@@ -1009,6 +1049,8 @@ mod example_policies {
                 prewarm: true,
                 pre_instantiate: true,
                 memo_bytes: 0,
+                requests_per_instance: test_requests_per_instance(),
+                instance_lifetime: Duration::from_secs(60),
             },
         )
         .await
@@ -1050,6 +1092,21 @@ mod example_policies {
         assert!(resp.headers.get("server").is_none());
         assert!(resp.headers.get("x-powered-by").is_none());
         assert_eq!(header(&resp.headers, "x-inlay-policy"), Some("headers"));
+    }
+
+    /// The SDKs say which hooks a policy leaves to its default: the
+    /// host learns it from the warm-up request at load.
+    #[tokio::test]
+    async fn the_hooks_a_policy_implements_are_known_at_load() {
+        for (name, hooks) in [
+            ("headers", &["on-request", "on-deliver"][..]),
+            ("default", &["on-request"][..]),
+            ("trap", &["on-request"][..]),
+        ] {
+            let policy = load(name, test_limits()).await;
+            assert!(policy.prewarmed(), "{name}");
+            assert_eq!(policy.implemented_hooks(), hooks, "{name}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1126,7 +1183,9 @@ mod example_policies {
     }
 }
 
+mod builtin;
 mod pool;
 mod release;
 mod replay;
+mod reuse;
 mod spare;

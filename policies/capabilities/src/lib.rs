@@ -5,9 +5,10 @@
 //! director `NAME`, or answers 500 when the host refuses the name.
 //!
 //! `/cap/state` answers with every URL this instance has seen before, one
-//! per line: the host's tests use it to prove that no request can see
-//! another's (each request gets a fresh instance of the load-time
-//! snapshot, which has seen only the synthetic warm-up request).
+//! per line: the host's tests use it to prove that with one request per
+//! instance no request can see another's (each gets a fresh instance of
+//! the load-time snapshot, which has seen only the synthetic warm-up
+//! request), and what a request sees when instances are reused.
 
 use inlay_policy::{Action, Policy, Request, builtin, cache, esi, fetch, kv};
 

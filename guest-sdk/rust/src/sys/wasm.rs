@@ -140,3 +140,13 @@ pub(crate) fn esi_set_var(name: &str, value: &str) {
 pub(crate) fn clock_now_unix_ms() -> u64 {
     wit::clock::now_unix_ms()
 }
+
+/// Tells the host that `hook` is the SDK's default (see `Policy`).
+pub(crate) fn default_hook(hook: super::Hook) {
+    use wit::sdk::Hook as W;
+    wit::sdk::default_hook(match hook {
+        super::Hook::OnRequest => W::OnRequest,
+        super::Hook::OnBackendResponse => W::OnBackendResponse,
+        super::Hook::OnDeliver => W::OnDeliver,
+    });
+}

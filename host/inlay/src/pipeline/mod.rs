@@ -299,11 +299,7 @@ impl Pipeline {
     }
 
     /// Serve one request. Never fails: errors become responses here.
-    pub async fn handle(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Response<ProxyBody> {
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
         let (parts, body) = req.into_parts();
         let mut ctx = RequestCtx::new(&parts, peer, self.config.server.server_timing);
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);

@@ -30,7 +30,8 @@ impl InlayBuilder {
     /// Serve in the test's runtime, as `inlay serve --config FILE ARGS` would
     /// after binding: the same config file and flags, a fresh port, and the
     /// access log in a file the test reads ([`Harness::access`]).
-    pub async fn start_in_process(self) -> Harness {
+    pub async fn start_in_process(mut self) -> Harness {
+        self.set_policy_mode();
         assert!(
             self.env.is_empty(),
             "environment settings apply to a process: use spawn_process, or the test's runtime flavor"

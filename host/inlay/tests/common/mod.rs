@@ -102,6 +102,32 @@ impl InlayBuilder {
         self
     }
 
+    /// With `INLAY_TEST_REQUESTS_PER_INSTANCE=N` in the test's
+    /// environment, every policy is configured with
+    /// `requests_per_instance = N` unless the test sets it: the policy
+    /// tests run in both modes (`1`: a fresh instance per request; the
+    /// default reuses instances). A `--policy` flag becomes a `[policy]`
+    /// table for that.
+    fn set_policy_mode(&mut self) {
+        let Ok(n) = std::env::var("INLAY_TEST_REQUESTS_PER_INSTANCE") else {
+            return;
+        };
+        if self.toml.contains("requests_per_instance") {
+            return;
+        }
+        let line = format!("requests_per_instance = {n}\n");
+        if let Some(at) = self.toml.find("[policy]\n") {
+            self.toml.insert_str(at + "[policy]\n".len(), &line);
+        } else if let Some(i) = self.args.iter().position(|a| a == "--policy")
+            && i + 1 < self.args.len()
+        {
+            let path = self.args.remove(i + 1);
+            self.args.remove(i);
+            self.toml
+                .push_str(&format!("[policy]\npath = {path:?}\n{line}"));
+        }
+    }
+
     /// Write the config file into `dir`; its path.
     fn write_config(&self, dir: &Path) -> PathBuf {
         let path = dir.join("inlay.toml");

@@ -64,7 +64,8 @@ impl Lines {
 impl InlayBuilder {
     /// Start `inlay serve --config FILE ARGS` and wait for its "listening on"
     /// line. The access log goes to its stdout ([`Inlay::access`]).
-    pub fn spawn_process(self) -> Inlay {
+    pub fn spawn_process(mut self) -> Inlay {
+        self.set_policy_mode();
         let dir = tempfile::tempdir().unwrap();
         let config = self.write_config(dir.path());
         let mut cmd = match self.open_files {

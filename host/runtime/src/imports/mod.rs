@@ -9,6 +9,7 @@ mod esi;
 mod fetch;
 mod kv;
 pub(crate) mod log;
+mod sdk;
 pub(crate) mod types;
 
 use std::time::Instant;

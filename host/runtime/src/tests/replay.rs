@@ -219,7 +219,7 @@ async fn failures_are_not_recorded() {
 }
 
 #[tokio::test]
-async fn a_full_tree_starts_over_and_answers_stay_right() {
+async fn full_trees_turn_over_and_answers_stay_right() {
     // A few paths' worth of bytes.
     let policy = replaying_probe(4 << 10);
     let live = replaying_probe(0);
@@ -234,6 +234,26 @@ async fn a_full_tree_starts_over_and_answers_stay_right() {
     let stats = policy.memo_stats().expect("on");
     assert!(stats.resets > 0, "{stats:?}");
     assert!(stats.bytes <= 4 << 10, "{stats:?}");
+}
+
+#[tokio::test]
+async fn full_trees_keep_the_paths_requests_walk() {
+    // Trees that hold about four paths each.
+    let sizing = replaying_probe(1 << 20);
+    run(&sizing, "/page/sizing", "fr", false).await;
+    let path_bytes = sizing.memo_stats().expect("on").bytes;
+    let policy = replaying_probe(path_bytes * 4 * 2 * crate::memo::shard_count());
+    assert!(run(&policy, "/page/hot", "fr", false).await.1, "recorded");
+    for i in 0..40 {
+        assert!(run(&policy, &format!("/page/{i}"), "fr", false).await.1);
+        let (outcome, live) = run(&policy, "/page/hot", "fr", false).await;
+        assert!(!live, "the popular path was dropped after {i} others");
+        assert_eq!(outcome, run(&sizing, "/page/hot", "fr", false).await.0);
+    }
+    let stats = policy.memo_stats().expect("on");
+    assert!(stats.resets >= 5, "{stats:?}");
+    // A path walked once, many turns ago, is gone.
+    assert!(run(&policy, "/page/0", "fr", false).await.1);
 }
 
 #[tokio::test]

@@ -4,34 +4,6 @@
 
 use super::*;
 
-/// One request through the probe's three hooks; the probe's `x-hooks`
-/// lists every hook its instance has run, so an instance that had served
-/// another request would show it.
-async fn hooks_run(handle: &Arc<PolicyHandle>, path: &str) -> String {
-    let mut call = handle.start().await.expect("start");
-    let mut req = request(path);
-    let action = call.on_request(&mut req).await.expect("on_request");
-    assert_eq!(action, RequestAction::Lookup);
-    let mut resp = ResponseHead {
-        status: StatusCode::OK,
-        headers: HeaderMap::new(),
-    };
-    let defaults = CacheSettings {
-        cacheable: true,
-        ttl: Duration::from_secs(60),
-        ..CacheSettings::default()
-    };
-    call.on_backend_response(&mut req, &mut resp, defaults)
-        .await
-        .expect("on_backend_response");
-    call.on_deliver(&mut req, &mut resp)
-        .await
-        .expect("on_deliver");
-    header(&resp.headers, "x-hooks")
-        .expect("x-hooks")
-        .to_string()
-}
-
 /// Waits (a bounded while) for the handle's spare to be made.
 async fn spare_made(handle: &PolicyHandle) -> bool {
     for _ in 0..500 {
@@ -48,6 +20,8 @@ fn compiled(engine: &PolicyEngine, pre_instantiate: bool) -> LoadedPolicy {
         engine,
         PolicySource {
             pre_instantiate,
+            // A spare is a fresh instance; reuse has its own tests.
+            requests_per_instance: 1,
             ..probe_source(test_limits())
         },
     )
@@ -57,9 +31,9 @@ fn compiled(engine: &PolicyEngine, pre_instantiate: bool) -> LoadedPolicy {
 #[tokio::test]
 async fn a_request_starts_from_the_instance_made_ahead_and_sees_nothing_before_it() {
     let policy = compiled(engine(), true);
-    let handle = PolicyHandle::keeping_spare(policy.clone(), FakeServices::new());
+    let handle = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
     assert_eq!(
-        hooks_run(&handle, "/one").await,
+        hooks_seen(&handle, "/one").await,
         "request /one,backend-response 60,deliver"
     );
     assert_eq!(policy.instances_started_ahead(), 0, "nothing was ready yet");
@@ -69,7 +43,7 @@ async fn a_request_starts_from_the_instance_made_ahead_and_sees_nothing_before_i
             "a spare is made after {n} requests"
         );
         assert_eq!(
-            hooks_run(&handle, path).await,
+            hooks_seen(&handle, path).await,
             format!("request {path},backend-response 60,deliver"),
             "the spare's instance ran this request's hooks only"
         );
@@ -80,14 +54,14 @@ async fn a_request_starts_from_the_instance_made_ahead_and_sees_nothing_before_i
 #[tokio::test]
 async fn no_instance_is_made_ahead_when_turned_off_or_for_one_off_handles() {
     let off = compiled(engine(), false);
-    let handle = PolicyHandle::keeping_spare(off.clone(), FakeServices::new());
+    let handle = PolicyHandle::keeping_instances(off.clone(), FakeServices::new());
     let on = compiled(engine(), true);
     // `LoadedPolicy::start` makes a handle for one request: a spare would
     // be thrown away.
     let one_off = PolicyHandle::new(on.clone(), FakeServices::new());
     for path in ["/a", "/b"] {
-        hooks_run(&handle, path).await;
-        hooks_run(&one_off, path).await;
+        hooks_seen(&handle, path).await;
+        hooks_seen(&one_off, path).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(!handle.has_spare() && !one_off.has_spare());
@@ -96,30 +70,41 @@ async fn no_instance_is_made_ahead_when_turned_off_or_for_one_off_handles() {
 }
 
 #[tokio::test]
-async fn a_spare_holds_a_pool_slot_until_its_handle_goes() {
+async fn a_spare_holds_a_pool_slot_until_a_request_needs_it_or_its_handle_goes() {
     let small = PolicyEngine::new(&PolicyLimits {
         max_instances: 2,
+        instance_wait_ms: 0,
         ..PolicyLimits::default()
     })
     .expect("engine");
     let policy = compiled(&small, true);
-    let handle = PolicyHandle::keeping_spare(policy.clone(), FakeServices::new());
+    let handle = PolicyHandle::keeping_instances(policy.clone(), FakeServices::new());
     let running = handle.start().await.expect("first slot");
     assert!(spare_made(&handle).await, "the spare takes the second slot");
+    assert_eq!(
+        small.free_instances(),
+        1,
+        "a spare's slot is there for the taking"
+    );
+    // A request of another handle finds the pool full: the spare gives
+    // its slot up rather than the request failing.
+    let other = policy
+        .start(FakeServices::new())
+        .await
+        .expect("the spare's slot");
+    assert!(!handle.has_spare());
+    assert_eq!(small.free_instances(), 0);
     let err = policy
         .start(FakeServices::new())
         .await
         .expect_err("the pool is full");
     assert_eq!(err.client_status(), StatusCode::SERVICE_UNAVAILABLE);
-    // The next request takes the spare; with the pool full no new one is
-    // made, and requests still start once a slot is free.
-    let second = handle.start().await.expect("the spare");
-    assert_eq!(policy.instances_started_ahead(), 1);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!handle.has_spare());
+    drop(other);
+    // The handle's next request makes a spare again once a slot is free.
+    let second = handle.start().await.expect("a slot");
     drop((running, second));
     assert_eq!(
-        hooks_run(&handle, "/after").await,
+        hooks_seen(&handle, "/after").await,
         "request /after,backend-response 60,deliver"
     );
     // Dropping the handle drops its spare and returns its slot.
