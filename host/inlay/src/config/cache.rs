@@ -28,6 +28,11 @@ pub struct CacheConfig {
     pub max_object_size: u64,
     /// Client addresses (CIDR) allowed to send `PURGE`.
     pub purge_allow: Vec<IpNet>,
+    /// Whether a non-error answer to an unsafe method (POST, PUT, DELETE,
+    /// any unknown method) removes the URL it names (RFC 9111 section
+    /// 4.4); any client can then evict a URL whose origin answers such a
+    /// method with 2xx or 3xx.
+    pub invalidate_on_unsafe: bool,
     /// Content codings that are variants of their own, most preferred
     /// first; a fetch for the cache asks for exactly one of them or
     /// `identity`.
@@ -115,6 +120,7 @@ impl Reader {
             default_keep: self.duration(t, p, "default_keep", Duration::ZERO),
             max_object_size: self.size(t, p, "max_object_size", 64 << 20),
             purge_allow,
+            invalidate_on_unsafe: self.boolean(t, p, "invalidate_on_unsafe", true),
             accept_encoding,
             strip_request_headers,
         };
