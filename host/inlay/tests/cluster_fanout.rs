@@ -185,7 +185,8 @@ async fn purges_and_bans_through_the_admin_api_reach_the_others() {
     let url = "/bytes/91?cc=max-age%3D60";
     warm(&[&a, &b, &c], url).await;
     let body = serde_json::json!({ "url": url, "host": HOST }).to_string();
-    let r = request("POST", &a.admin_url("/purge"), &[], Bytes::from(body)).await;
+    let json = [("content-type", "application/json")];
+    let r = request("POST", &a.admin_url("/purge"), &json, Bytes::from(body)).await;
     ok(&r);
     wait_count(&b, kind::APPLIED, 1).await;
     wait_count(&c, kind::APPLIED, 1).await;
@@ -194,7 +195,7 @@ async fn purges_and_bans_through_the_admin_api_reach_the_others() {
     let banned = "/bytes/92?cc=max-age%3D60";
     warm(&[&a, &b, &c], banned).await;
     let body = serde_json::json!({ "expression": "req.url ~ ^/bytes/92" }).to_string();
-    let r = request("POST", &a.admin_url("/ban"), &[], Bytes::from(body)).await;
+    let r = request("POST", &a.admin_url("/ban"), &json, Bytes::from(body)).await;
     ok(&r);
     wait_count(&b, kind::APPLIED, 2).await;
     wait_count(&c, kind::APPLIED, 2).await;

@@ -39,7 +39,14 @@ fn wasm(name: &str) -> Bytes {
 
 /// `POST /policy/push` on `node`: the status and the answer.
 async fn push(node: &Harness, component: Bytes) -> (u16, Value) {
-    let r = request("POST", &node.admin_url("/policy/push"), &[], component).await;
+    let media_type = [("content-type", inlay::admin::WASM_MEDIA_TYPE)];
+    let r = request(
+        "POST",
+        &node.admin_url("/policy/push"),
+        &media_type,
+        component,
+    )
+    .await;
     (
         r.status,
         serde_json::from_slice(&r.body).unwrap_or(Value::Null),
