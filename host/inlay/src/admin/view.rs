@@ -113,6 +113,7 @@ pub fn config_json(cfg: &Config) -> Value {
         "max_object_size": c.max_object_size,
         "purge_allow": c.purge_allow.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
         "invalidate_on_unsafe": c.invalidate_on_unsafe,
+        "ban_memory": c.ban_memory,
         "accept_encoding": c.accept_encoding,
         "strip_request_headers": c.strip_request_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
     });

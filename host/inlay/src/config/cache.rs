@@ -40,6 +40,8 @@ pub struct CacheConfig {
     /// Request fields removed from fetches for the cache: the origin may
     /// trust them, and they are not in the key.
     pub strip_request_headers: Vec<http::HeaderName>,
+    /// Most memory the bans in effect may take together, bytes.
+    pub ban_memory: u64,
 }
 
 /// The default of `cache.strip_request_headers`: fields frameworks trust to
@@ -72,6 +74,7 @@ impl CacheConfig {
             },
             max_object_size: self.max_object_size,
             accept_encoding: inlay_cache::ContentCodings::new(&self.accept_encoding),
+            ban_memory: usize::try_from(self.ban_memory).unwrap_or(usize::MAX),
         }
     }
 }
@@ -110,6 +113,13 @@ impl Reader {
                 format!("must be at least 1MiB, got {n}"),
             );
         }
+        let ban_memory = self.size(t, p, "ban_memory", inlay_cache::DEFAULT_BAN_MEMORY as u64);
+        if ban_memory < 1 << 20 {
+            self.err(
+                "cache.ban_memory",
+                format!("must be at least 1MiB, got {ban_memory}"),
+            );
+        }
         let section = CacheConfig {
             dir: self.string(t, p, "dir").map(PathBuf::from),
             memory_size,
@@ -123,6 +133,7 @@ impl Reader {
             invalidate_on_unsafe: self.boolean(t, p, "invalidate_on_unsafe", true),
             accept_encoding,
             strip_request_headers,
+            ban_memory,
         };
         self.unknown_keys(t, p);
         section
