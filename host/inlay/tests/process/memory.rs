@@ -101,11 +101,34 @@ async fn a_policy_out_of_memory_leaves_the_process_memory_bounded() {
     );
 }
 
+/// An origin that answers one cacheable response and holds the last byte
+/// of its body until `release` fires: the fill stays open, and the ban
+/// lurker drops no ban made meanwhile (a ban goes only once every fill
+/// older than it has ended), so the test does not race the lurker.
+async fn holding_origin() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; 4096];
+        let _ = s.read(&mut head).await;
+        s.write_all(b"HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 2\r\n\r\na")
+            .await
+            .unwrap();
+        let _ = released.await;
+        let _ = s.write_all(b"b").await;
+        let _ = s.read(&mut head).await;
+    });
+    (addr, release)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bans_take_at_most_their_budget_and_give_it_back_when_the_lurker_drops_them() {
-    let origin = Origin::start();
+    let (origin, release) = holding_origin().await;
     let inlay = Inlay::builder()
-        .backend(&origin)
+        .toml(&format!("[backends.default]\naddress = \"http://{origin}\""))
         .arg("--admin")
         .arg("127.0.0.1:0")
         .spawn_process();
@@ -120,9 +143,6 @@ async fn bans_take_at_most_their_budget_and_give_it_back_when_the_lurker_drops_t
         Bytes::from(serde_json::json!({ "expression": expression }).to_string())
     };
     let url = format!("http://{admin}/ban");
-    // Warm up: one ban made and dropped, so the baseline has the heap
-    // the first one leaves.
-    assert_eq!(request("POST", &url, &json, ban(0)).await.status, 200);
     let bans_left = || async {
         let r = get(&format!("http://{admin}/bans")).await;
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -131,15 +151,23 @@ async fn bans_take_at_most_their_budget_and_give_it_back_when_the_lurker_drops_t
     let wait_dropped = || async {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while bans_left().await > 0 {
-            assert!(
-                std::time::Instant::now() < until,
-                "the lurker kept the bans"
-            );
+            assert!(std::time::Instant::now() < until, "the lurker kept the bans");
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     };
+    // Warm up: one ban made and dropped, so the baseline has the heap
+    // the first one leaves.
+    assert_eq!(request("POST", &url, &json, ban(0)).await.status, 200);
     wait_dropped().await;
     let before = inlay.rss_kib();
+    // A fill stays open: the lurker keeps every ban made from now on.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let req = http::Request::get(inlay.url("/held"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let held = client.request(req).await.unwrap();
+    assert_eq!(held.status(), 200);
     // 300 of these took the process from 23 to 260 MB: the budget
     // (cache.ban_memory, 64 MiB) refuses one long before.
     let mut added = 0;
@@ -153,13 +181,16 @@ async fn bans_take_at_most_their_budget_and_give_it_back_when_the_lurker_drops_t
         }
         added += 1;
     }
+    assert_eq!(bans_left().await, added as u64, "the lurker kept them");
     let peak = inlay.rss_kib();
     let growth_mib = peak.saturating_sub(before) / 1024;
     assert!(
         growth_mib <= 96,
         "{added} bans grew the process by {growth_mib} MiB (rss {before} -> {peak} KiB)"
     );
-    // The lurker drops them (the cache is empty): the memory comes back.
+    // The fill ends and the lurker drops them: the memory comes back.
+    release.send(()).unwrap();
+    drop(held);
     wait_dropped().await;
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let after = loop {
