@@ -134,7 +134,12 @@ impl BackendConfig {
             http2: self.http2,
             ..TlsSettings::default()
         });
-        match BackendTls::load(&self.address, self.host_header.as_deref(), settings) {
+        match BackendTls::load(
+            &self.name,
+            &self.address,
+            self.host_header.as_deref(),
+            settings,
+        ) {
             Ok(t) => {
                 self.tls = Some(t);
                 Ok(())
@@ -513,7 +518,7 @@ impl Reader {
             }
             return None;
         }
-        match BackendTls::load(&b.address, b.host_header.as_deref(), settings) {
+        match BackendTls::load(&b.name, &b.address, b.host_header.as_deref(), settings) {
             Ok(tls) => Some(tls),
             Err(issues) => {
                 for (key, m) in issues {

@@ -128,7 +128,9 @@ async fn holding_origin() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender
 async fn bans_take_at_most_their_budget_and_give_it_back_when_the_lurker_drops_them() {
     let (origin, release) = holding_origin().await;
     let inlay = Inlay::builder()
-        .toml(&format!("[backends.default]\naddress = \"http://{origin}\""))
+        .toml(&format!(
+            "[backends.default]\naddress = \"http://{origin}\""
+        ))
         .arg("--admin")
         .arg("127.0.0.1:0")
         .spawn_process();
@@ -151,7 +153,10 @@ async fn bans_take_at_most_their_budget_and_give_it_back_when_the_lurker_drops_t
     let wait_dropped = || async {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while bans_left().await > 0 {
-            assert!(std::time::Instant::now() < until, "the lurker kept the bans");
+            assert!(
+                std::time::Instant::now() < until,
+                "the lurker kept the bans"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     };
