@@ -373,7 +373,7 @@ impl Admin {
             return resp;
         }
         if !route.is_probe()
-            && let Err(refusal) = self.from_where_served(&parts)
+            && let Err(refusal) = self.refuse_web_page_requests(&parts)
         {
             return refusal.into();
         }
@@ -477,7 +477,7 @@ impl Admin {
     /// rebound to this address sends its own name). The rules are the
     /// current generation's config ([`AdminHooks::config`]); without
     /// one, no origin and no other name is served.
-    fn from_where_served(&self, parts: &http::request::Parts) -> Result<(), Refusal> {
+    fn refuse_web_page_requests(&self, parts: &http::request::Parts) -> Result<(), Refusal> {
         let config = self.hooks().config.map(|config| config());
         let default = AdminAccess::default();
         let access = config.as_ref().map_or(&default, |c| &c.admin_access);
