@@ -424,11 +424,18 @@ async fn a_client_holding_slow_requests_cannot_starve_the_probes_of_another() {
 /// A harness whose admin API asks for no token (loopback), with `extra`
 /// lines in `[admin]`.
 async fn with_open_admin(origin: &Origin, extra: &str) -> Harness {
-    Harness::builder()
+    let inlay = Harness::builder()
         .backend(origin)
         .toml(&format!("[admin]\nlisten = \"127.0.0.1:0\"\n{extra}"))
         .start_in_process()
-        .await
+        .await;
+    // The routes are wired to the proxy by the time it is ready.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while get(&inlay.admin_url("/readyz")).await.status != 200 {
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    inlay
 }
 
 async fn ban_count(inlay: &Harness) -> u64 {

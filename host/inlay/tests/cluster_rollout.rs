@@ -196,7 +196,7 @@ async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_cha
     // (The head alone: the answer comes before the body, and the client
     // may see the connection close while it still sends.)
     let head = format!(
-        "POST /policy/push HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "POST /policy/push HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/wasm\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         (1 << 20) + 1
     );
     let (answer, _) = raw(
@@ -217,7 +217,7 @@ async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_cha
             .unwrap();
         tokio::io::AsyncWriteExt::write_all(
             &mut slow,
-            b"POST /policy/push HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n\0asm",
+            b"POST /policy/push HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/wasm\r\ncontent-length: 1000\r\n\r\n\0asm",
         )
         .await
         .unwrap();
