@@ -3,7 +3,7 @@
 //! optional client certificate, and ALPN (`h2` when `http2 = true`).
 //!
 //! Certificates are verified as rustls' `WebPkiServerVerifier` does, with
-//! one exception ([`OriginVerifier`]): a certificate that is exactly one
+//! one exception (`OriginVerifier`): a certificate that is exactly one
 //! of `ca_file`'s is trusted even when it says it is a CA, as OpenSSL
 //! (nginx, Varnish) trusts it; `openssl req -x509` makes such self-signed
 //! certificates, and webpki refuses a CA as a server's own certificate.
