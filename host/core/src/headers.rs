@@ -51,8 +51,21 @@ pub fn protected_connection_option(
     headers: &HeaderMap,
     protected: &[&HeaderName],
 ) -> Option<HeaderName> {
-    connection_options(headers)
-        .find(|name| CONNECTION_PROTECTED.contains(name) || protected.contains(&name))
+    // Compared as text: no HeaderName is built for the options most
+    // requests carry (`keep-alive`, `close`).
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|option| {
+            let option = option.trim();
+            CONNECTION_PROTECTED
+                .iter()
+                .chain(protected.iter().copied())
+                .find(|name| option.eq_ignore_ascii_case(name.as_str()))
+                .cloned()
+        })
 }
 
 /// Remove hop-by-hop fields, including every field named in `Connection`.
