@@ -37,7 +37,8 @@ use inlay_storage::{ObjectMeta, StoreError, StoredObject};
 
 pub use ban::lurker::{BanLurker, LurkReport};
 pub use ban::{
-    BanCounts, BanError, BanExpression, BanInfo, BanStats, MAX_BAN_EXPRESSION_LEN, MAX_BANS,
+    BanCounts, BanError, BanExpression, BanInfo, BanStats, DEFAULT_BAN_MEMORY,
+    MAX_BAN_EXPRESSION_LEN, MAX_BANS,
 };
 pub use fill::FillError;
 pub use flight::Flight;
@@ -96,6 +97,11 @@ pub struct CacheRules {
     /// The content codings that are variants of their own
     /// (`cache.accept_encoding`).
     pub accept_encoding: ContentCodings,
+    /// Most memory the bans in effect may take together, bytes
+    /// ([`BanExpression::memory`]; `cache.ban_memory`): a ban past it is
+    /// refused ([`BanError::OverBudget`]), whether made here or applied
+    /// from another node, until the lurker drops older ones.
+    pub ban_memory: usize,
 }
 
 /// Where the Vary names of a URL live, and why.
@@ -385,9 +391,10 @@ impl HttpCache {
     /// Adds a ban (see [`ban`]): every object cached before it that
     /// matches `expression` is removed at its next lookup or by the
     /// lurker. With a disk tier the ban is written and flushed before this
-    /// returns. Fails on a bad expression, past [`MAX_BANS`], or when it
-    /// cannot be persisted (then it is not in effect). A ban in effect is
-    /// told to the [`InvalidationSink`].
+    /// returns. Fails on a bad expression, past [`MAX_BANS`] or
+    /// [`CacheRules::ban_memory`], or when it cannot be persisted (then it
+    /// is not in effect). A ban in effect is told to the
+    /// [`InvalidationSink`].
     pub async fn ban(&self, expression: &str) -> Result<BanInfo, BanError> {
         let info = self.ban_local(expression).await?;
         self.tell_sink(Invalidation::Ban { expression });
@@ -395,13 +402,18 @@ impl HttpCache {
     }
 
     /// [`ban`](Self::ban) on this node only, not told to the sink: for a
-    /// ban another node made (the cluster's fan-out).
+    /// ban another node made (the cluster's fan-out). It is refused as
+    /// [`ban`](Self::ban)'s are, past this cache's budget too.
     pub async fn ban_local(&self, expression: &str) -> Result<BanInfo, BanError> {
         let expr = BanExpression::parse(expression)?;
         let bans = &self.inner.bans;
         let info = {
             let _one_at_a_time = bans.adding.lock().await;
-            let ban = self.inner.tickets.date_ban(|now| bans.next(expr, now))?;
+            let budget = self.rules.ban_memory;
+            let ban = self
+                .inner
+                .tickets
+                .date_ban(|now| bans.next(expr, now, budget))?;
             self.inner
                 .store
                 .ban_put(ban.id, ban.record())
@@ -419,10 +431,11 @@ impl HttpCache {
         self.inner.bans.infos()
     }
 
-    /// The ban counters now, with the number of bans in effect.
+    /// The ban counters now, with the number of bans in effect and the
+    /// memory they take.
     pub fn ban_counts(&self) -> BanCounts {
         let bans = &self.inner.bans;
-        bans.stats.snapshot(bans.len() as u64)
+        bans.stats.snapshot(bans.len() as u64, bans.memory() as u64)
     }
 
     /// Counters of bans (atomics), for metrics. The number of bans in

@@ -31,6 +31,7 @@ fn rules() -> CacheRules {
         },
         max_object_size: 1 << 20,
         accept_encoding: Default::default(),
+        ban_memory: inlay_cache::DEFAULT_BAN_MEMORY,
     }
 }
 
@@ -424,6 +425,73 @@ async fn bad_and_oversized_bans_are_refused() {
         BanError::TooLong { .. }
     ));
     assert!(cache.bans().is_empty(), "nothing refused is in effect");
+}
+
+/// The heavy ban: 16 conditions each just under the regex size
+/// limit; `n` makes each ban's text its own.
+fn heavy_ban(n: usize) -> String {
+    (0..16)
+        .map(|i| format!("obj.http.x-{n}-{i} ~ \"[a-z0-9_]{{737}}I\""))
+        .collect::<Vec<_>>()
+        .join(" && ")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_memory_of_live_bans_is_bounded_and_comes_back_when_they_go() {
+    let cache = memory_cache();
+    let budget = inlay_cache::DEFAULT_BAN_MEMORY;
+    // 300 of these took a process from 23 to 260 MB: the budget refuses
+    // one long before.
+    let mut added = 0;
+    let refusal = loop {
+        assert!(added < 300, "300 heavy bans accepted");
+        match cache.ban(&heavy_ban(added)).await {
+            Ok(_) => added += 1,
+            Err(e) => break e,
+        }
+    };
+    let BanError::OverBudget {
+        used,
+        needed,
+        limit,
+    } = refusal
+    else {
+        panic!("{refusal}")
+    };
+    assert_eq!(limit, budget);
+    assert!(used <= budget && used + needed > budget, "{refusal}");
+    // Each such ban counts its compiled regexes, over a MiB.
+    assert!(needed > 1 << 20, "{refusal}");
+    assert!(added >= 16, "only {added} bans fit");
+    let message = refusal.to_string();
+    assert!(message.contains("cache.ban_memory"), "{message}");
+    let counts = cache.ban_counts();
+    assert_eq!(counts.active, added as u64);
+    assert_eq!(counts.memory, used as u64);
+    assert_eq!(cache.bans().len(), added, "nothing refused is in effect");
+    // Refused on the cluster's path too.
+    assert!(matches!(
+        cache.ban_local(&heavy_ban(1000)).await,
+        Err(BanError::OverBudget { .. })
+    ));
+    // A cheap ban still fits; once the lurker drops the bans, their
+    // memory is free again.
+    cache
+        .ban("req.url == /cheap")
+        .await
+        .expect("a cheap ban fits");
+    cache.lurk().await.unwrap();
+    assert_eq!(cache.ban_counts().memory, 0);
+    cache.ban(&heavy_ban(2000)).await.expect("room again");
+    // A smaller budget refuses sooner.
+    let small = cache.with_rules(CacheRules {
+        ban_memory: 1 << 20,
+        ..rules()
+    });
+    assert!(matches!(
+        small.ban(&heavy_ban(3000)).await,
+        Err(BanError::OverBudget { limit, .. }) if limit == 1 << 20
+    ));
 }
 
 #[tokio::test(flavor = "current_thread")]

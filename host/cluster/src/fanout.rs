@@ -55,7 +55,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use inlay_cache::{HttpCache, Invalidation, InvalidationSink, PrimaryKey};
+use inlay_cache::{BanError, HttpCache, Invalidation, InvalidationSink, PrimaryKey};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -105,6 +105,10 @@ pub mod kind {
     pub const MALFORMED: &str = "malformed";
     /// Messages that parsed but could not be applied (the store failed).
     pub const APPLY_FAILED: &str = "apply_failed";
+    /// Other nodes' bans this node refused: past its ban memory budget
+    /// (`cache.ban_memory`) or its most bans kept. The objects they cover
+    /// stay cached here.
+    pub const REFUSED: &str = "refused";
     /// Times the whole cache was emptied because purges were missed.
     pub const CACHE_CLEARED: &str = "cache_cleared";
 }
@@ -784,9 +788,13 @@ impl Reader {
                     }
                     debug!(seq, id = %msg.id, from = %msg.node, objects = n, "cluster: applied");
                 }
-                Err(e) => {
+                Err(Unapplied::Refused(e)) => {
+                    self.metrics.invalidation(kind::REFUSED, 1);
+                    error!(seq, id = %msg.id, from = %msg.node, error = %e, "cluster: a ban from another node was refused here; the objects it covers stay cached on this node");
+                }
+                Err(Unapplied::Failed(e)) => {
                     self.metrics.invalidation(kind::APPLY_FAILED, 1);
-                    error!(seq, id = %msg.id, from = %msg.node, error = %e, "cluster: a purge from another node could not be applied");
+                    error!(seq, id = %msg.id, from = %msg.node, error = %e, "cluster: a purge or ban from another node could not be applied");
                 }
             },
         }
@@ -857,25 +865,39 @@ pub fn parse(payload: &[u8]) -> Result<Message, String> {
     }
 }
 
+/// Why another node's purge or ban was not applied here.
+#[derive(Debug)]
+enum Unapplied {
+    /// A ban past this node's limits ([`BanError::OverBudget`] or
+    /// [`BanError::TooMany`]).
+    Refused(String),
+    /// Anything else (the store failed, a bad key).
+    Failed(String),
+}
+
 /// Apply `op` on this node only; the objects purged (0 for a ban).
-async fn apply(cache: &HttpCache, op: &Op) -> Result<u64, String> {
+async fn apply(cache: &HttpCache, op: &Op) -> Result<u64, Unapplied> {
+    let failed = |e: &dyn std::fmt::Display| Unapplied::Failed(e.to_string());
     match op {
         Op::PurgeUrl { key, soft } => {
-            let key = PrimaryKey::from_text(key).ok_or("not a primary key")?;
+            let key =
+                PrimaryKey::from_text(key).ok_or(Unapplied::Failed("not a primary key".into()))?;
             cache
                 .purge_url_local(&key, *soft)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| failed(&e))
         }
         Op::PurgeKey { key, soft } => cache
             .purge_key_local(key, *soft)
             .await
-            .map_err(|e| e.to_string()),
-        Op::Ban { expression } => cache
-            .ban_local(expression)
-            .await
-            .map(|_| 0)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| failed(&e)),
+        Op::Ban { expression } => match cache.ban_local(expression).await {
+            Ok(_) => Ok(0),
+            Err(e @ (BanError::OverBudget { .. } | BanError::TooMany { .. })) => {
+                Err(Unapplied::Refused(e.to_string()))
+            }
+            Err(e) => Err(failed(&e)),
+        },
     }
 }
 

@@ -200,7 +200,7 @@ impl ClusterMetrics {
             ),
             (
                 "cluster_invalidations",
-                "Purges and bans of the cluster's fan-out, by kind: published, publish_failed, lost, applied, replayed, duplicate, malformed, apply_failed, cache_cleared",
+                "Purges and bans of the cluster's fan-out, by kind: published, publish_failed, lost, applied, replayed, duplicate, malformed, apply_failed, refused, cache_cleared",
                 &self.invalidations,
             ),
             (
@@ -279,7 +279,7 @@ mod tests {
              # HELP inlay_cluster_forged_hops Requests whose Inlay-Cluster-Hop field named no member's token (removed).\n\
              # TYPE inlay_cluster_forged_hops counter\n\
              inlay_cluster_forged_hops_total 0\n\
-             # HELP inlay_cluster_invalidations Purges and bans of the cluster's fan-out, by kind: published, publish_failed, lost, applied, replayed, duplicate, malformed, apply_failed, cache_cleared.\n\
+             # HELP inlay_cluster_invalidations Purges and bans of the cluster's fan-out, by kind: published, publish_failed, lost, applied, replayed, duplicate, malformed, apply_failed, refused, cache_cleared.\n\
              # TYPE inlay_cluster_invalidations counter\n\
              inlay_cluster_invalidations_total{kind=\"applied\"} 2\n\
              # HELP inlay_policy_info The policy version pushed to the cluster this node runs (value 1).\n\

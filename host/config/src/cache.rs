@@ -28,6 +28,11 @@ pub struct CacheConfig {
     pub max_object_size: u64,
     /// Client addresses (CIDR) allowed to send `PURGE`.
     pub purge_allow: Vec<IpNet>,
+    /// Whether a non-error answer to an unsafe method (POST, PUT, DELETE,
+    /// any unknown method) removes the URL it names (RFC 9111 section
+    /// 4.4); any client can then evict a URL whose origin answers such a
+    /// method with 2xx or 3xx.
+    pub invalidate_on_unsafe: bool,
     /// Content codings that are variants of their own, most preferred
     /// first; a fetch for the cache asks for exactly one of them or
     /// `identity`.
@@ -35,6 +40,8 @@ pub struct CacheConfig {
     /// Request fields removed from fetches for the cache: the origin may
     /// trust them, and they are not in the key.
     pub strip_request_headers: Vec<http::HeaderName>,
+    /// Most memory the bans in effect may take together, bytes.
+    pub ban_memory: u64,
 }
 
 /// The default of `cache.strip_request_headers`: fields frameworks trust to
@@ -82,6 +89,7 @@ impl CacheConfig {
             },
             max_object_size: self.max_object_size,
             accept_encoding: inlay_cache::ContentCodings::new(&self.accept_encoding),
+            ban_memory: usize::try_from(self.ban_memory).unwrap_or(usize::MAX),
         }
     }
 }
@@ -120,6 +128,13 @@ impl Reader {
                 format!("must be at least 1MiB, got {n}"),
             );
         }
+        let ban_memory = self.size(t, p, "ban_memory", inlay_cache::DEFAULT_BAN_MEMORY as u64);
+        if ban_memory < 1 << 20 {
+            self.err(
+                "cache.ban_memory",
+                format!("must be at least 1MiB, got {ban_memory}"),
+            );
+        }
         let section = CacheConfig {
             dir: self.string(t, p, "dir").map(PathBuf::from),
             memory_size,
@@ -130,8 +145,10 @@ impl Reader {
             default_keep: self.duration(t, p, "default_keep", Duration::ZERO),
             max_object_size: self.size(t, p, "max_object_size", 64 << 20),
             purge_allow,
+            invalidate_on_unsafe: self.boolean(t, p, "invalidate_on_unsafe", true),
             accept_encoding,
             strip_request_headers,
+            ban_memory,
         };
         self.unknown_keys(t, p);
         section

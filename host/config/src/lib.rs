@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use admin::MetricsConfig;
+pub use admin::{AdminAccess, MetricsConfig};
 pub use backends::{
     BackendConfig, DirectorConfig, DirectorKind, DirectorMember, ProbeConfig, TlsSettings,
 };
@@ -71,6 +71,9 @@ pub struct Config {
     /// `[admin] token_file`: the file holding the admin API's bearer token;
     /// without it the admin API asks for none (loopback only).
     pub admin_token_file: Option<PathBuf>,
+    /// `[admin] allowed_origins` and `allowed_hosts`: the browsers' requests
+    /// the admin API serves.
+    pub admin_access: AdminAccess,
     /// `[metrics]`: the Prometheus counters.
     pub metrics: MetricsConfig,
     /// `[cluster]`: the NATS cluster this node joins, if any.
@@ -194,7 +197,7 @@ impl Reader {
         let t = section(self, "esi");
         let esi = self.esi(t);
         let policy = self.table(root, "", "policy").and_then(|t| self.policy(t));
-        let (admin, admin_token_file) = self.admin(root);
+        let (admin, admin_token_file, admin_access) = self.admin(root);
         let t = section(self, "metrics");
         let metrics = self.metrics(t);
         let cluster = self
@@ -213,6 +216,7 @@ impl Reader {
             policy,
             admin,
             admin_token_file,
+            admin_access,
             metrics,
             cluster,
         }

@@ -568,6 +568,65 @@ fn a_non_loopback_admin_listener_needs_a_token_file() {
 }
 
 #[test]
+fn admin_origins_and_hosts_parse_and_bad_ones_are_named() {
+    let c = Config::from_toml(
+        "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n[admin]\nallowed_origins = [\"HTTPS://Ops.Example:443\", \"http://127.0.0.1:8080/\"]\nallowed_hosts = [\"Admin.Internal\"]",
+    )
+    .unwrap();
+    let access = &c.admin_access;
+    assert_eq!(
+        access.allowed_origins,
+        ["https://ops.example", "http://127.0.0.1:8080"]
+    );
+    assert_eq!(access.allowed_hosts, ["admin.internal"]);
+    assert!(access.admits_origin(b"https://ops.example"));
+    assert!(!access.admits_origin(b"http://ops.example"));
+    assert!(!access.admits_origin(b"null"));
+    for host in [
+        "admin.internal",
+        "ADMIN.internal:6082",
+        "localhost:1",
+        "localhost.",
+        "10.0.0.1:6082",
+        "[::1]:6082",
+    ] {
+        assert!(access.admits_host(host), "{host}");
+    }
+    for host in [
+        "attacker.example",
+        "admin.internal.attacker.example",
+        "u@localhost",
+        "localhost/x",
+        "evil.localhost",
+    ] {
+        assert!(!access.admits_host(host), "{host}");
+    }
+    // Nothing configured: no origin, and only addresses and localhost.
+    let none = Config::embedded_default().admin_access;
+    assert!(!none.admits_origin(b"http://127.0.0.1:6082"));
+    assert!(none.admits_host("127.0.0.1:6082") && !none.admits_host("admin.internal"));
+    let issues = admin_issues(
+        "allowed_origins = [\"ftp://a\", \"https://a/path\", \"https://u@a\", \"null\", \"*\"]\nallowed_hosts = [\"a:80\", \"a/b\", \"\", \"[::1]\"]",
+    );
+    let paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "admin.allowed_origins[0]",
+            "admin.allowed_origins[1]",
+            "admin.allowed_origins[2]",
+            "admin.allowed_origins[3]",
+            "admin.allowed_origins[4]",
+            "admin.allowed_hosts[0]",
+            "admin.allowed_hosts[1]",
+            "admin.allowed_hosts[2]",
+            "admin.allowed_hosts[3]",
+        ],
+        "{issues:#?}"
+    );
+}
+
+#[test]
 fn the_admin_flag_is_refused_on_a_public_address_without_a_token_file() {
     let mut c = Config::embedded_default();
     let mut o = Overrides {

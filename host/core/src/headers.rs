@@ -1,6 +1,7 @@
-//! Header rules every phase shares: hop-by-hop fields, `Via`, `X-Forwarded-For`.
+//! Header rules every phase shares: hop-by-hop fields, `Connection`
+//! options, `Host`, `Via`, `X-Forwarded-For`.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -19,20 +20,150 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
-/// Remove hop-by-hop fields, including every field named in `Connection`.
-/// `Upgrade` goes too: Inlay does not tunnel protocol upgrades.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+/// Request fields a `Connection` option may not name: the proxy reads
+/// them before it removes the hop-by-hop fields (`Host`, the framing), or
+/// the built-in rules decide with them (`Authorization` and `Cookie` make
+/// a request a pass). RFC 9110 section 7.6.1 forbids naming end-to-end
+/// fields; a client that does gets a 400 rather than a request whose
+/// checks saw fields the backend and the cache key do not.
+pub const CONNECTION_PROTECTED: [HeaderName; 5] = [
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::AUTHORIZATION,
+    header::COOKIE,
+];
+
+/// The field names the `Connection` options of `headers` list (values
+/// that are not text, and options that are not field names, are skipped).
+pub fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = HeaderName> + '_ {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
+}
+
+/// The first `Connection` option of `headers` that names a field in
+/// `protected` (or in [`CONNECTION_PROTECTED`]).
+pub fn protected_connection_option(
+    headers: &HeaderMap,
+    protected: &[&HeaderName],
+) -> Option<HeaderName> {
+    // Compared as text: no HeaderName is built for the options most
+    // requests carry (`keep-alive`, `close`).
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|option| {
+            let option = option.trim();
+            CONNECTION_PROTECTED
+                .iter()
+                .chain(protected.iter().copied())
+                .find(|name| option.eq_ignore_ascii_case(name.as_str()))
+                .cloned()
+        })
+}
+
+/// Remove hop-by-hop fields, including every field named in `Connection`.
+/// `Upgrade` goes too: Inlay does not tunnel protocol upgrades.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = connection_options(headers).collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
     }
     headers.remove(header::UPGRADE);
+}
+
+/// Whether `value` is a `Host` field value: `uri-host [ ":" port ]` (RFC
+/// 9110 section 7.2, RFC 3986 section 3.2.2), that is a registered name
+/// (letters, digits, `-._~`, the sub-delimiters `!$&'()*+,;=` and
+/// `%HH` escapes), an IPv4 address or a bracketed IP literal, then an
+/// optional port of digits. Userinfo (`u@host`), paths (`a/b`),
+/// backslashes, spaces and anything else are not a host. An empty value
+/// is (RFC 9112 section 3.2: a target without authority).
+pub fn is_host(value: &[u8]) -> bool {
+    let (host, port) = match value.first() {
+        Some(b'[') => {
+            let Some(end) = value.iter().position(|&b| b == b']') else {
+                return false;
+            };
+            if !is_ip_literal(&value[1..end]) {
+                return false;
+            }
+            match &value[end + 1..] {
+                [] => return true,
+                [b':', port @ ..] => (None, port),
+                _ => return false,
+            }
+        }
+        _ => match value.iter().position(|&b| b == b':') {
+            Some(i) => (Some(&value[..i]), &value[i + 1..]),
+            None => (Some(value), &[][..]),
+        },
+    };
+    port.iter().all(u8::is_ascii_digit) && host.is_none_or(is_reg_name)
+}
+
+/// The host part of a `Host` value [`is_host`] accepts, without its port
+/// and the brackets of an IP literal (`[::1]:80` is `::1`).
+pub fn host_without_port(value: &str) -> &str {
+    if let Some(rest) = value.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    value.split(':').next().unwrap_or(value)
+}
+
+/// RFC 3986 `reg-name` (which includes `IPv4address`).
+fn is_reg_name(name: &[u8]) -> bool {
+    let mut i = 0;
+    while i < name.len() {
+        match name[i] {
+            b'%' => {
+                let escaped = name.get(i + 1..i + 3);
+                if !escaped.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                    return false;
+                }
+                i += 3;
+            }
+            b if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b) => i += 1,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// RFC 3986 `IP-literal` without its brackets: an IPv6 address, or
+/// `IPvFuture` (`v` HEXDIG+ `.` then unreserved, sub-delimiters or `:`).
+fn is_ip_literal(literal: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(literal) else {
+        return false;
+    };
+    if text.parse::<Ipv6Addr>().is_ok() {
+        return true;
+    }
+    let Some(future) = text.strip_prefix(['v', 'V']) else {
+        return false;
+    };
+    let Some((version, rest)) = future.split_once('.') else {
+        return false;
+    };
+    !version.is_empty()
+        && version.bytes().all(|b| b.is_ascii_hexdigit())
+        && !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:".contains(&b))
+}
+
+/// Whether the host of a `Host` value [`is_host`] accepts is an IP
+/// address (`127.0.0.1`, `[::1]`) rather than a name.
+pub fn is_ip_host(value: &str) -> bool {
+    let host = host_without_port(value);
+    host.parse::<Ipv4Addr>().is_ok() || host.parse::<Ipv6Addr>().is_ok()
 }
 
 /// Undo what a policy hook did to the framing of a message: the host alone
@@ -88,6 +219,84 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn connection_options_naming_fields_the_proxy_relies_on_are_found() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONNECTION, HeaderValue::from_static(v));
+            h
+        };
+        let id = HeaderName::from_static("x-request-id");
+        for (value, found) in [
+            ("keep-alive, host", Some("host")),
+            ("Keep-Alive, HOST", Some("host")),
+            ("cookie", Some("cookie")),
+            ("close, authorization", Some("authorization")),
+            ("content-length", Some("content-length")),
+            ("transfer-encoding", Some("transfer-encoding")),
+            ("x-request-id", Some("x-request-id")),
+            ("keep-alive, te, x-private", None),
+            ("close", None),
+        ] {
+            assert_eq!(
+                protected_connection_option(&with(value), &[&id])
+                    .as_ref()
+                    .map(HeaderName::as_str),
+                found,
+                "{value}"
+            );
+        }
+        assert_eq!(protected_connection_option(&HeaderMap::new(), &[&id]), None);
+    }
+
+    #[test]
+    fn hosts_are_what_rfc_3986_allows() {
+        for ok in [
+            "example.com",
+            "Example.COM:8080",
+            "a-b_c~d.example",
+            "127.0.0.1",
+            "127.0.0.1:80",
+            "[::1]",
+            "[::1]:6082",
+            "[2001:db8::1]:443",
+            "[v1.fe80::a+en1]",
+            "caf%C3%A9.example",
+            "a!$&'()*+,;=b",
+            "host:",
+            "",
+        ] {
+            assert!(is_host(ok.as_bytes()), "{ok:?} refused");
+        }
+        for bad in [
+            "u@a.example",
+            "user:pass@a.example",
+            "a/b",
+            "a\\b",
+            "a b",
+            "a.example:80:80",
+            "a.example:8o",
+            "a.example/",
+            "a?b",
+            "a#b",
+            "[::1",
+            "[::1]x",
+            "[not an address]",
+            "[v.x]",
+            "::1",
+            "%zz.example",
+            "a%2",
+            "a\"b",
+            "caf\u{e9}.example",
+        ] {
+            assert!(!is_host(bad.as_bytes()), "{bad:?} accepted");
+        }
+        assert_eq!(host_without_port("[::1]:80"), "::1");
+        assert_eq!(host_without_port("localhost:80"), "localhost");
+        assert!(is_ip_host("[::1]:80") && is_ip_host("10.0.0.1:6082"));
+        assert!(!is_ip_host("localhost") && !is_ip_host("1.2.3.4.example"));
     }
 
     #[test]

@@ -36,11 +36,15 @@ fn bearer() -> (&'static str, String) {
 
 async fn admin(method: &str, url: &str, body: Value) -> (u16, Value) {
     let (k, v) = bearer();
+    let mut headers = vec![(k, v.as_str())];
     let body = match body {
         Value::Null => Bytes::new(),
-        b => Bytes::from(b.to_string()),
+        b => {
+            headers.push(("content-type", "application/json"));
+            Bytes::from(b.to_string())
+        }
     };
-    let r = request(method, url, &[(k, &v)], body).await;
+    let r = request(method, url, &headers, body).await;
     let v = serde_json::from_slice(&r.body)
         .unwrap_or_else(|e| panic!("{method} {url}: not JSON ({e}): {}", r.text()));
     (r.status, v)
@@ -219,7 +223,7 @@ async fn bad_requests_get_a_json_error_and_nothing_breaks() {
     let dir = tempfile::tempdir().unwrap();
     let inlay = with_admin(&origin, &dir).await;
     let (k, token) = bearer();
-    let auth = [(k, token.as_str())];
+    let auth = [(k, token.as_str()), ("content-type", "application/json")];
     let purge = inlay.admin_url("/purge");
     let cases: Vec<(&str, String, Bytes, u16)> = vec![
         ("POST", purge.clone(), Bytes::from_static(b"{not json"), 400),
@@ -261,7 +265,7 @@ async fn bad_requests_get_a_json_error_and_nothing_breaks() {
     // A body larger than the limit, sent chunked without a length.
     let addr = inlay.admin_addr.unwrap();
     let mut chunked = format!(
-        "POST /purge HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ntransfer-encoding: chunked\r\n\r\n"
+        "POST /purge HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
     )
     .into_bytes();
     for _ in 0..3 {
@@ -359,7 +363,9 @@ async fn a_route_without_its_hook_answers_501() {
         ("GET", "/config", ""),
     ] {
         let url = format!("http://{addr}{path}");
-        let r = request(method, &url, &[], Bytes::from(body)).await;
+        let json = [("content-type", "application/json")];
+        let headers = if body.is_empty() { &[][..] } else { &json[..] };
+        let r = request(method, &url, headers, Bytes::from(body)).await;
         assert_eq!(r.status, 501, "{method} {path}: {}", r.text());
         assert!(r.text().contains("not available"), "{}", r.text());
     }
@@ -413,4 +419,163 @@ async fn a_client_holding_slow_requests_cannot_starve_the_probes_of_another() {
     assert_eq!(r.status, 200);
     drop(held);
     server.shutdown().await;
+}
+
+/// A harness whose admin API asks for no token (loopback), with `extra`
+/// lines in `[admin]`.
+async fn with_open_admin(origin: &Origin, extra: &str) -> Harness {
+    let inlay = Harness::builder()
+        .backend(origin)
+        .toml(&format!("[admin]\nlisten = \"127.0.0.1:0\"\n{extra}"))
+        .start_in_process()
+        .await;
+    // The routes are wired to the proxy by the time it is ready.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while get(&inlay.admin_url("/readyz")).await.status != 200 {
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    inlay
+}
+
+async fn ban_count(inlay: &Harness) -> u64 {
+    let r = get(&inlay.admin_url("/bans")).await;
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    v["counts"]["added"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_page_cannot_drive_the_admin_api() {
+    let origin = Origin::start();
+    let inlay = with_open_admin(&origin, "").await;
+    let ban = inlay.admin_url("/ban");
+    let body = || Bytes::from_static(br#"{"expression":"req.url ~ ."}"#);
+    // The issue's request: a cross-site simple POST, no preflight needed.
+    let page = [
+        ("origin", "http://attacker.example"),
+        ("content-type", "text/plain"),
+    ];
+    let r = request("POST", &ban, &page, body()).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("allowed_origins"), "{}", r.text());
+    // An Origin is refused whatever the type; and what a page can send
+    // without a preflight is refused without an Origin too.
+    let r = request(
+        "POST",
+        &ban,
+        &[("origin", "null"), ("content-type", "application/json")],
+        body(),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    for t in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        let r = request("POST", &ban, &[("content-type", t)], body()).await;
+        assert_eq!(r.status, 415, "{t}: {}", r.text());
+        assert!(r.text().contains("application/json"), "{}", r.text());
+        let r = request(
+            "POST",
+            &inlay.admin_url("/reload"),
+            &[("content-type", t)],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, 415, "reload with {t}: {}", r.text());
+    }
+    assert_eq!(ban_count(&inlay).await, 0, "no ban was added");
+    // DNS rebinding: a page on another name reaching this port sends its
+    // own name as Host.
+    let port = inlay.admin_addr.unwrap().port();
+    let config = inlay.admin_url("/config");
+    let rebound = format!("attacker.example:{port}");
+    let r = request("GET", &config, &[("host", &rebound)], Bytes::new()).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("allowed_hosts"), "{}", r.text());
+    assert!(!r.text().contains("backends"), "{}", r.text());
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "localhost".into(),
+        format!("[::1]:{port}"),
+    ] {
+        let r = request("GET", &config, &[("host", &host)], Bytes::new()).await;
+        assert_eq!(r.status, 200, "{host}: {}", r.text());
+    }
+    // The probes answer a load balancer whatever name it uses.
+    for path in ["/healthz", "/readyz"] {
+        let r = request(
+            "GET",
+            &inlay.admin_url(path),
+            &[
+                ("host", "lb-target.internal"),
+                ("origin", "http://x.example"),
+            ],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    // What the admin client sends is served.
+    let r = request(
+        "POST",
+        &ban,
+        &[("content-type", "application/json")],
+        body(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(ban_count(&inlay).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_origins_and_host_names_are_served() {
+    let origin = Origin::start();
+    let inlay = with_open_admin(
+        &origin,
+        "allowed_origins = [\"https://Ops.example:443\"]\nallowed_hosts = [\"admin.internal\"]",
+    )
+    .await;
+    let port = inlay.admin_addr.unwrap().port();
+    // A dashboard at https://ops.example behind a proxy that forwards to
+    // the admin port by name.
+    let host = format!("admin.internal:{port}");
+    let r = request(
+        "POST",
+        &inlay.admin_url("/purge"),
+        &[
+            ("host", host.as_str()),
+            ("origin", "https://ops.example"),
+            ("content-type", "application/json"),
+        ],
+        Bytes::from_static(br#"{"surrogate_keys": ["k"]}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Other origins and names are still refused.
+    let r = request(
+        "GET",
+        &inlay.admin_url("/stats"),
+        &[("origin", "http://ops.example")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = request(
+        "GET",
+        &inlay.admin_url("/stats"),
+        &[("host", "admin.internal.attacker.example")],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = get(&inlay.admin_url("/config")).await;
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        v["admin"]["allowed_origins"],
+        json!(["https://ops.example"])
+    );
+    assert_eq!(v["admin"]["allowed_hosts"], json!(["admin.internal"]));
 }

@@ -87,6 +87,40 @@ async fn an_origin_whose_certificate_does_not_verify_gets_no_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_with_a_self_signed_ca_certificate_given_as_its_ca_file_is_fetched() {
+    let dir = tempfile::tempdir().unwrap();
+    // What `openssl req -x509 ... -addext subjectAltName=IP:127.0.0.1`
+    // makes: self-signed, and flagged as a CA.
+    let own = common::self_signed_ca(&["127.0.0.1"]);
+    let origin = TlsOrigin::start(&own, None).await;
+    let (ca_file, _) = own.write(dir.path(), "origin");
+    let inlay = inlay_with(&origin.url(), &format!("ca_file = {}", toml_path(&ca_file))).await;
+    let r = get(&inlay.url("/page")).await;
+    assert_eq!(r.status, 200, "pinned: {}", r.text());
+    assert_eq!(r.text(), "hello over tls\n");
+    assert_eq!(origin.requests(), 1);
+    // Pinned, its name is still checked: as another name, refused.
+    let misnamed = inlay_with(
+        &origin.url(),
+        &format!(
+            "ca_file = {}\nhost_header = \"origin.example\"",
+            toml_path(&ca_file)
+        ),
+    )
+    .await;
+    assert_eq!(get(&misnamed.url("/page")).await.status, 503);
+    // Another self-signed certificate in ca_file pins nothing.
+    let (other, _) = common::self_signed_ca(&["127.0.0.1"]).write(dir.path(), "other");
+    let wrong = inlay_with(&origin.url(), &format!("ca_file = {}", toml_path(&other))).await;
+    assert_eq!(get(&wrong.url("/page")).await.status, 503);
+    assert_eq!(
+        origin.requests(),
+        1,
+        "no request over an unverified connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_and_verification_follow_the_host_header_override() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("test origin CA");

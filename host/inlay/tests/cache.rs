@@ -729,6 +729,44 @@ async fn unsafe_methods_invalidate_the_url_and_same_host_locations() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_client_evicts_with_delete_or_an_unknown_method_unless_turned_off() {
+    let origin = Origin::start();
+    let fresh = |n: u32| format!("/bytes/{n}?cc=max-age%3D60");
+    // RFC 9111 4.4, the default: `Purge` is not PURGE (methods are
+    // case-sensitive) but an unknown method, so it evicts as DELETE does,
+    // from any address.
+    let rfc = Harness::builder().backend(&origin).start_in_process().await;
+    for (method, n) in [("DELETE", 61), ("FOO", 62), ("Purge", 63)] {
+        twice(&rfc, &fresh(n)).await;
+        let r = request(method, &rfc.url(&fresh(n)), &[], Bytes::new()).await;
+        assert_eq!(r.status, 200, "{method}: {}", r.text());
+        get(&rfc.url(&fresh(n))).await;
+        assert_eq!(
+            origin.count(&format!("/bytes/{n}")).await,
+            3,
+            "{method} evicts by default"
+        );
+    }
+    // Turned off: the same requests reach the origin and evict nothing.
+    let off = Harness::builder()
+        .backend(&origin)
+        .toml("[cache]\ninvalidate_on_unsafe = false")
+        .start_in_process()
+        .await;
+    for (method, n) in [("DELETE", 64), ("FOO", 65), ("Purge", 66), ("POST", 67)] {
+        twice(&off, &fresh(n)).await;
+        let r = request(method, &off.url(&fresh(n)), &[], Bytes::new()).await;
+        assert_eq!(r.status, 200, "{method}: {}", r.text());
+        get(&off.url(&fresh(n))).await;
+        assert_eq!(
+            origin.count(&format!("/bytes/{n}")).await,
+            2,
+            "{method} evicted /bytes/{n} with invalidate_on_unsafe = false"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_age_counts_and_targeted_cache_control_wins() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;

@@ -185,7 +185,8 @@ async fn purges_and_bans_through_the_admin_api_reach_the_others() {
     let url = "/bytes/91?cc=max-age%3D60";
     warm(&[&a, &b, &c], url).await;
     let body = serde_json::json!({ "url": url, "host": HOST }).to_string();
-    let r = request("POST", &a.admin_url("/purge"), &[], Bytes::from(body)).await;
+    let json = [("content-type", "application/json")];
+    let r = request("POST", &a.admin_url("/purge"), &json, Bytes::from(body)).await;
     ok(&r);
     wait_count(&b, kind::APPLIED, 1).await;
     wait_count(&c, kind::APPLIED, 1).await;
@@ -194,7 +195,7 @@ async fn purges_and_bans_through_the_admin_api_reach_the_others() {
     let banned = "/bytes/92?cc=max-age%3D60";
     warm(&[&a, &b, &c], banned).await;
     let body = serde_json::json!({ "expression": "req.url ~ ^/bytes/92" }).to_string();
-    let r = request("POST", &a.admin_url("/ban"), &[], Bytes::from(body)).await;
+    let r = request("POST", &a.admin_url("/ban"), &json, Bytes::from(body)).await;
     ok(&r);
     wait_count(&b, kind::APPLIED, 2).await;
     wait_count(&c, kind::APPLIED, 2).await;
@@ -559,4 +560,28 @@ async fn a_stream_deleted_under_running_nodes_is_made_anew_and_their_caches_empt
     ok(&send(&a, "PURGE", url, &[]).await);
     wait_count(&b, kind::APPLIED, 2).await;
     assert!(!fresh_hit(&b, url).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_past_a_nodes_memory_budget_is_refused_there_and_counted() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let origin = Origin::start();
+    let a = node(&nats, &origin, "a", "").await;
+    let b = node(&nats, &origin, "b", "\n[cache]\nban_memory = \"1MiB\"").await;
+    // 16 regexes each just under the size limit: over a MiB compiled.
+    let heavy = (0..16)
+        .map(|i| format!("obj.http.x-{i} ~ \"[a-z0-9_]{{737}}I\""))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    ok(&send(&a, "BAN", "/", &[("ban", &heavy)]).await);
+    wait_count(&b, kind::REFUSED, 1).await;
+    // Refused here alone: b still has room for what fits.
+    let r = send(&b, "BAN", "/", &[("ban", &heavy)]).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("cache.ban_memory"), "{}", r.text());
+    ok(&send(&a, "BAN", "/", &[("ban", "req.url ~ ^/cheap")]).await);
+    wait_count(&b, kind::APPLIED, 1).await;
+    assert_eq!(b.cluster_invalidations(kind::APPLY_FAILED), 0);
+    assert_eq!(a.cluster_invalidations(kind::REFUSED), 0);
 }

@@ -39,7 +39,14 @@ fn wasm(name: &str) -> Bytes {
 
 /// `POST /policy/push` on `node`: the status and the answer.
 async fn push(node: &Harness, component: Bytes) -> (u16, Value) {
-    let r = request("POST", &node.admin_url("/policy/push"), &[], component).await;
+    let media_type = [("content-type", inlay::admin::WASM_MEDIA_TYPE)];
+    let r = request(
+        "POST",
+        &node.admin_url("/policy/push"),
+        &media_type,
+        component,
+    )
+    .await;
     (
         r.status,
         serde_json::from_slice(&r.body).unwrap_or(Value::Null),
@@ -189,7 +196,7 @@ async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_cha
     // (The head alone: the answer comes before the body, and the client
     // may see the connection close while it still sends.)
     let head = format!(
-        "POST /policy/push HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "POST /policy/push HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/wasm\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         (1 << 20) + 1
     );
     let (answer, _) = raw(
@@ -210,7 +217,7 @@ async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_cha
             .unwrap();
         tokio::io::AsyncWriteExt::write_all(
             &mut slow,
-            b"POST /policy/push HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n\0asm",
+            b"POST /policy/push HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/wasm\r\ncontent-length: 1000\r\n\r\n\0asm",
         )
         .await
         .unwrap();

@@ -54,6 +54,88 @@ async fn forwards_with_via_and_x_forwarded_for_and_drops_hop_by_hop_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_option_naming_a_field_inlay_relies_on_is_a_400() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let url = inlay.url("/bytes/71?cc=max-age%3D60");
+    for (options, extra) in [
+        // Host, checked and then removed: the origin got the backend's
+        // address and the object was stored under a Host-less key.
+        ("keep-alive, host", None),
+        ("Host", None),
+        // A pass (Cookie, Authorization) turned into a lookup.
+        ("cookie", Some(("cookie", "session=1"))),
+        ("close, authorization", Some(("authorization", "Bearer x"))),
+        // The request id, minted or kept, then dropped.
+        ("x-request-id", Some(("x-request-id", "abc-123"))),
+        // Framing.
+        ("content-length", None),
+    ] {
+        let mut headers = vec![("connection", options)];
+        headers.extend(extra);
+        let r = request("GET", &url, &headers, Bytes::new()).await;
+        assert_eq!(r.status, 400, "Connection: {options}: {}", r.text());
+    }
+    assert_eq!(
+        origin.count("/bytes/71").await,
+        0,
+        "nothing reached the origin"
+    );
+    // Other options still name fields that are removed.
+    let r = request(
+        "GET",
+        &inlay.url("/echo"),
+        &[
+            ("connection", "keep-alive, x-private, te"),
+            ("x-private", "1"),
+        ],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(common::echoed(&r, "x-private"), None);
+    assert!(common::echoed(&r, "x-request-id").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_rfc_3986_does_not_allow_is_a_400() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    for request in [
+        &b"GET http://u@a.example/echo HTTP/1.1\r\nHost: a.example\r\n\r\n"[..],
+        b"GET http://u:p@a.example/echo HTTP/1.1\r\nHost: a.example\r\n\r\n",
+        b"GET /echo HTTP/1.1\r\nHost: u@a.example\r\n\r\n",
+        b"GET /echo HTTP/1.1\r\nHost: a/b\r\n\r\n",
+        b"GET /echo HTTP/1.1\r\nHost: a\\b\r\n\r\n",
+        b"GET /echo HTTP/1.1\r\nHost: a.example:80:80\r\n\r\n",
+        b"GET /echo HTTP/1.1\r\nHost: a.example:http\r\n\r\n",
+    ] {
+        let (resp, _) = raw(inlay.addr, request, Duration::from_secs(5)).await;
+        let shown = String::from_utf8_lossy(request);
+        assert!(resp.starts_with("HTTP/1.1 400"), "{shown:?}: {resp:?}");
+    }
+    assert_eq!(origin.count("/echo").await, 0, "nothing reached the origin");
+    for (request, host) in [
+        (
+            &b"GET http://a.example/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"[..],
+            "a.example",
+        ),
+        (
+            b"GET /echo HTTP/1.1\r\nHost: [::1]:8080\r\nConnection: close\r\n\r\n",
+            "[::1]:8080",
+        ),
+        (
+            b"GET /echo HTTP/1.1\r\nHost: a-b.example:81\r\nConnection: close\r\n\r\n",
+            "a-b.example:81",
+        ),
+    ] {
+        let (resp, _) = raw(inlay.addr, request, Duration::from_secs(5)).await;
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp:?}");
+        assert!(resp.contains(&format!("\"{host}\"")), "{host}: {resp}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_host_header_override() {
     let origin = Origin::start();
     let inlay = Harness::builder()

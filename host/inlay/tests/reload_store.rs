@@ -92,12 +92,15 @@ impl Reloadable {
     }
 
     async fn admin(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
-        let body = match body {
-            Value::Null => Bytes::new(),
-            b => Bytes::from(b.to_string()),
+        let (body, headers) = match body {
+            Value::Null => (Bytes::new(), &[][..]),
+            b => (
+                Bytes::from(b.to_string()),
+                &[("content-type", "application/json")][..],
+            ),
         };
         let url = format!("http://{}{path}", self.admin_addr);
-        let r = request(method, &url, &[], body).await;
+        let r = request(method, &url, headers, body).await;
         let text = r.text();
         match serde_json::from_str(&text) {
             Ok(v) => (r.status, v),

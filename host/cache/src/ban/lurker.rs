@@ -138,7 +138,11 @@ async fn walk(
         }
     }
     let inner = cache.upgrade()?;
-    report.dropped = inner.bans.drop_walked(top, oldest_fill);
+    let freed;
+    (report.dropped, freed) = inner.bans.drop_walked(top, oldest_fill);
+    if freed >= super::GIVE_BACK_AT {
+        super::give_back_freed_heap();
+    }
     BanStats::bump(&inner.bans.stats.lurker_walks, 1);
     if !report.dropped.is_empty()
         && let Err(e) = inner.store.ban_remove(report.dropped.clone()).await

@@ -177,13 +177,13 @@ pub fn main(args: AdminArgs) -> ExitCode {
             },
             _,
         ) => match std::fs::read(file) {
-            Ok(bytes) => Some((Bytes::from(bytes), "application/wasm")),
+            Ok(bytes) => Some((Bytes::from(bytes), super::WASM_MEDIA_TYPE)),
             Err(e) => {
                 eprintln!("inlay admin: cannot read {}: {e}", file.display());
                 return ExitCode::from(2);
             }
         },
-        (_, Some(v)) => Some((Bytes::from(v.to_string()), "application/json")),
+        (_, Some(v)) => Some((Bytes::from(v.to_string()), super::JSON_MEDIA_TYPE)),
         (_, None) => None,
     };
     match rt.block_on(call(addr, token.as_ref(), method, path, body)) {

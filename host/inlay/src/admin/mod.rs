@@ -14,7 +14,12 @@
 //! | `POST /reload` | a full reload ([`AdminHooks::reload`])                   |
 //!
 //! With `admin.token_file`, every route but the two probes needs
-//! `Authorization: Bearer <token>`. Errors are JSON: `{"error": "..."}`.
+//! `Authorization: Bearer <token>`. Every route but the probes refuses
+//! what a web page could send: a request with an `Origin` field
+//! (`admin.allowed_origins` lists the ones served), a Host that is not an
+//! IP address, `localhost` or in `admin.allowed_hosts` (DNS rebinding),
+//! and a POST whose body is not `application/json` (`application/wasm`
+//! for a pushed policy). Errors are JSON: `{"error": "..."}`.
 
 pub mod client;
 mod view;
@@ -48,10 +53,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::config::Config;
+use crate::config::{AdminAccess, Config};
 use crate::pipeline::{Invalidator, PurgeTarget};
 
 pub use view::config_json;
+
+/// The media type of a policy pushed to `POST /policy/push` (what `inlay
+/// admin policy push` sends).
+pub const WASM_MEDIA_TYPE: &str = "application/wasm";
+/// The media type of the JSON bodies the other POST routes read.
+pub const JSON_MEDIA_TYPE: &str = "application/json";
 
 /// Largest request body the admin API reads; past it the answer is 413.
 pub const MAX_BODY: usize = 64 << 10;
@@ -362,6 +373,11 @@ impl Admin {
             return resp;
         }
         if !route.is_probe()
+            && let Err(refusal) = self.refuse_web_page_requests(&parts)
+        {
+            return refusal.into();
+        }
+        if !route.is_probe()
             && let Some(token) = &*self.0.token.read()
             && !token.admits(&parts.headers)
         {
@@ -388,6 +404,11 @@ impl Admin {
             },
             _ => None,
         };
+        if method == Method::POST
+            && let Err(refusal) = route.check_content_type(&parts.headers)
+        {
+            return refusal.into();
+        }
         let body = if method == Method::POST {
             match read_body(&parts.headers, body, limit).await {
                 Ok(b) => b,
@@ -446,6 +467,50 @@ impl Admin {
             *resp.body_mut() = Full::new(Bytes::new());
         }
         resp
+    }
+
+    /// Refuses what a web page could send: a request with an `Origin`
+    /// field not in `admin.allowed_origins` (a browser adds it to every
+    /// cross-site POST, and a simple one needs no preflight), and a Host
+    /// (or request-target authority) that is not an IP address,
+    /// `localhost` or in `admin.allowed_hosts` (a page whose name is
+    /// rebound to this address sends its own name). The rules are the
+    /// current generation's config ([`AdminHooks::config`]); without
+    /// one, no origin and no other name is served.
+    fn refuse_web_page_requests(&self, parts: &http::request::Parts) -> Result<(), Refusal> {
+        let config = self.hooks().config.map(|config| config());
+        let default = AdminAccess::default();
+        let access = config.as_ref().map_or(&default, |c| &c.admin_access);
+        let host = match parts.uri.authority() {
+            Some(authority) => Some(authority.as_str()),
+            None => parts
+                .headers
+                .get(header::HOST)
+                .map(|h| h.to_str().unwrap_or("\u{fffd}")),
+        };
+        if let Some(host) = host
+            && !access.admits_host(host)
+        {
+            return Err(Refusal(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Host {:?} is not served: the admin API answers IP addresses, localhost and the names in admin.allowed_hosts (a page on another name could read it through DNS rebinding)",
+                    truncated(host)
+                ),
+            ));
+        }
+        if let Some(origin) = parts.headers.get(header::ORIGIN)
+            && !access.admits_origin(origin.as_bytes())
+        {
+            return Err(Refusal(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "requests from web pages are refused (Origin: {:?}); list the origin in admin.allowed_origins to serve it",
+                    truncated(&String::from_utf8_lossy(origin.as_bytes()))
+                ),
+            ));
+        }
+        Ok(())
     }
 
     async fn rollout(&self, route: Route, body: Bytes) -> Response<Full<Bytes>> {
@@ -601,10 +666,50 @@ impl Route {
         }
     }
 
-    /// Load balancers probe without a token.
+    /// Load balancers probe without a token, by whatever name they know
+    /// the node, and the probes say only whether it is alive or ready:
+    /// they are served whatever the token, Host and Origin.
     fn is_probe(self) -> bool {
         matches!(self, Route::Healthz | Route::Readyz)
     }
+
+    /// The media type a POST to this route must carry: JSON for the
+    /// routes that read JSON, `application/wasm` for a pushed policy, and
+    /// none or JSON for those without a body. A web page can send
+    /// `text/plain`, a form or `multipart/form-data` without a preflight;
+    /// none of them is accepted.
+    fn check_content_type(self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let given = headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| media_type(v.as_bytes()));
+        let (wanted, ok) = match self {
+            Route::PolicyPush => (WASM_MEDIA_TYPE, given.as_deref() == Some(WASM_MEDIA_TYPE)),
+            Route::Reload | Route::PolicyRollback => (
+                "no Content-Type or application/json",
+                given.as_deref().is_none_or(|t| t == JSON_MEDIA_TYPE),
+            ),
+            _ => (JSON_MEDIA_TYPE, given.as_deref() == Some(JSON_MEDIA_TYPE)),
+        };
+        if ok {
+            return Ok(());
+        }
+        let given = match &given {
+            Some(t) => format!("Content-Type {}", truncated(t)),
+            None => "no Content-Type".into(),
+        };
+        Err(Refusal(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("{} takes {wanted}, not {given}", self.path()),
+        ))
+    }
+}
+
+/// The media type of a `Content-Type` value, lower-case, without its
+/// parameters (`Application/JSON; charset=utf-8` is `application/json`).
+fn media_type(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    let essence = text.split(';').next().unwrap_or_default();
+    essence.trim().to_ascii_lowercase()
 }
 
 /// The body of `POST /purge`.
@@ -957,6 +1062,67 @@ mod tests {
         assert_eq!(r.state(), "stopping");
     }
 
+    #[test]
+    fn posts_take_only_media_types_a_page_cannot_send_without_a_preflight() {
+        let with = |t: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(t) = t {
+                h.insert(header::CONTENT_TYPE, HeaderValue::from_str(t).unwrap());
+            }
+            h
+        };
+        let simple = [
+            None,
+            Some("text/plain"),
+            Some("text/plain; charset=utf-8"),
+            Some("application/x-www-form-urlencoded"),
+            Some("multipart/form-data; boundary=x"),
+            Some("application/jsonp"),
+        ];
+        for route in [Route::Purge, Route::Ban] {
+            for json in [JSON_MEDIA_TYPE, "Application/JSON; charset=utf-8"] {
+                assert!(
+                    route.check_content_type(&with(Some(json))).is_ok(),
+                    "{route:?} {json}"
+                );
+            }
+            for t in simple {
+                let Err(Refusal(status, why)) = route.check_content_type(&with(t)) else {
+                    panic!("{route:?} took {t:?}")
+                };
+                assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+                assert!(why.contains("application/json"), "{why}");
+            }
+        }
+        // What `inlay admin policy push` sends, and nothing a page can.
+        assert!(
+            Route::PolicyPush
+                .check_content_type(&with(Some(WASM_MEDIA_TYPE)))
+                .is_ok()
+        );
+        for t in simple.into_iter().chain([Some(JSON_MEDIA_TYPE)]) {
+            assert!(
+                Route::PolicyPush.check_content_type(&with(t)).is_err(),
+                "push took {t:?}"
+            );
+        }
+        // Routes without a body: none, or JSON.
+        for route in [Route::Reload, Route::PolicyRollback] {
+            assert!(route.check_content_type(&with(None)).is_ok());
+            assert!(
+                route
+                    .check_content_type(&with(Some(JSON_MEDIA_TYPE)))
+                    .is_ok()
+            );
+            for t in &simple[1..] {
+                assert!(
+                    route.check_content_type(&with(*t)).is_err(),
+                    "{route:?} took {t:?}"
+                );
+            }
+        }
+    }
+
     fn target(v: Value) -> Result<PurgeTarget, String> {
         let (target, _) = serde_json::from_value::<PurgeRequest>(v)
             .map_err(|e| e.to_string())?
@@ -996,6 +1162,9 @@ mod tests {
             json!({ "url": "http://h/a", "host": "h" }),
             json!({ "url": "ftp://h/a" }),
             json!({ "url": "/a", "host": "bad host" }),
+            json!({ "url": "/a", "host": "u@h" }),
+            json!({ "url": "/a", "host": "h/x" }),
+            json!({ "url": "http://u@h/a" }),
             json!({ "url": "not a url" }),
             json!({ "url": "/a", "surrogate_keys": ["k"], "host": "h" }),
             json!({ "surrogate_keys": [] }),

@@ -110,6 +110,8 @@ pub fn config_json(cfg: &Config) -> Value {
         "default_keep": duration(c.default_keep),
         "max_object_size": c.max_object_size,
         "purge_allow": c.purge_allow.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+        "invalidate_on_unsafe": c.invalidate_on_unsafe,
+        "ban_memory": c.ban_memory,
         "accept_encoding": c.accept_encoding,
         "strip_request_headers": c.strip_request_headers.iter().map(|h| h.as_str()).collect::<Vec<_>>(),
     });
@@ -148,6 +150,8 @@ pub fn config_json(cfg: &Config) -> Value {
     let admin = json!({
         "listen": cfg.admin.map(|a| a.to_string()),
         "token_file": cfg.admin_token_file.as_ref().map(|p| p.display().to_string()),
+        "allowed_origins": cfg.admin_access.allowed_origins,
+        "allowed_hosts": cfg.admin_access.allowed_hosts,
     });
     let mut v = json!({
         "server": server,

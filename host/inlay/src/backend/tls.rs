@@ -2,6 +2,14 @@
 //! to (the system's, or `ca_file`), the name sent in SNI and verified, an
 //! optional client certificate, and ALPN (`h2` when `http2 = true`).
 //!
+//! Certificates are verified as rustls' `WebPkiServerVerifier` does, with
+//! one exception (`OriginVerifier`): a certificate that is exactly one
+//! of `ca_file`'s is trusted even when it says it is a CA, as OpenSSL
+//! (nginx, Varnish) trusts it; `openssl req -x509` makes such self-signed
+//! certificates, and webpki refuses a CA as a server's own certificate.
+//! Its dates and name are still checked. Every refused certificate is
+//! logged in words that say what to change.
+//!
 //! The files are read and checked when the config is read, so that a bad
 //! file is a config error with its key path (at start-up, `inlay check` and
 //! on reload, which then keeps the running generation); a reload reads them
@@ -14,14 +22,18 @@ use std::hash::Hasher;
 use std::io::Read;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::Uri;
-use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::ParsedCertificate;
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore};
 
 /// Largest certificate or key file read (a CA bundle of the whole Web
 /// PKI is well under 1 MiB); past it the file is refused, not read.
@@ -42,7 +54,7 @@ pub fn load_all(
     let mut issues = Vec::new();
     for (name, b) in &config.backends {
         let Some(settings) = &b.tls else { continue };
-        match BackendTls::load(&b.address, b.host_header.as_deref(), settings.clone()) {
+        match BackendTls::load(name, &b.address, b.host_header.as_deref(), settings.clone()) {
             Ok(tls) => {
                 set.insert(name.clone(), tls);
             }
@@ -79,10 +91,11 @@ pub struct BackendTls {
 pub type TlsIssue = (&'static str, String);
 
 impl BackendTls {
-    /// Read and check the files of `settings` for a backend at `address`
-    /// (SNI and verification use `host_header`'s host when it is set, else
-    /// the address's host). Every problem found, each with its key.
+    /// Read and check the files of `settings` for the backend `name` at
+    /// `address` (SNI and verification use `host_header`'s host when it is
+    /// set, else the address's host). Every problem found, each with its key.
     pub fn load(
+        name: &str,
         address: &Uri,
         host_header: Option<&str>,
         settings: TlsSettings,
@@ -94,19 +107,25 @@ impl BackendTls {
             None => server_name(address.host().unwrap_or_default()).map_err(|m| ("address", m)),
         };
         let server_name = server_name.map_err(|e| issues.push(e)).ok();
+        // The roots, the certificates pinned (ca_file's own), and where
+        // they come from (for the log).
         let roots = match &settings.ca_file {
             Some(path) => match read_pem(path).and_then(|pem| {
                 digest.write(&pem);
                 roots_from(&pem, path)
             }) {
-                Ok(roots) => Some(Arc::new(roots)),
+                Ok((roots, pinned)) => Some((
+                    Arc::new(roots),
+                    pinned,
+                    format!("ca_file {}", path.display()),
+                )),
                 Err(m) => {
                     issues.push(("ca_file", m));
                     None
                 }
             },
             None => match system_roots() {
-                Ok(roots) => Some(roots),
+                Ok(roots) => Some((roots, Vec::new(), "the system's CA certificates".to_owned())),
                 Err(m) => {
                     issues.push(("ca_file", m));
                     None
@@ -150,16 +169,19 @@ impl BackendTls {
                 }
             }
         };
-        let (Some(server_name), Some(roots)) = (server_name, roots) else {
+        let (Some(server_name), Some((roots, pinned, trust))) = (server_name, roots) else {
             return Err(issues);
         };
         if !issues.is_empty() {
             return Err(issues);
         }
+        let verifier = OriginVerifier::new(name, roots, pinned, trust)
+            .map_err(|e| vec![("ca_file", format!("TLS setup failed: {e}"))])?;
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| vec![("address", format!("TLS setup failed: {e}"))])?
-            .with_root_certificates(roots);
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier));
         let mut client = match identity {
             None => builder.with_no_client_auth(),
             Some((chain, key)) => builder
@@ -293,10 +315,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// The host of a Host header value (`example.com:8443`, `[::1]:8080`).
 fn host_of(host_header: &str) -> &str {
-    if let Some(rest) = host_header.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    host_header.split(':').next().unwrap_or(host_header)
+    inlay_core::headers::host_without_port(host_header)
 }
 
 fn server_name(host: &str) -> Result<ServerName<'static>, String> {
@@ -335,10 +354,16 @@ fn certificates(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>,
     Ok(certs)
 }
 
-fn roots_from(pem: &[u8], path: &Path) -> Result<RootCertStore, String> {
+/// The roots `ca_file` holds, and its certificates as they are (pinned:
+/// an origin that presents one of them is trusted, see [`OriginVerifier`]).
+fn roots_from(
+    pem: &[u8],
+    path: &Path,
+) -> Result<(RootCertStore, Vec<CertificateDer<'static>>), String> {
     let mut roots = RootCertStore::empty();
-    for (i, cert) in certificates(pem, path)?.into_iter().enumerate() {
-        roots.add(cert).map_err(|e| {
+    let certs = certificates(pem, path)?;
+    for (i, cert) in certs.iter().enumerate() {
+        roots.add(cert.clone()).map_err(|e| {
             format!(
                 "certificate {} in {} is not a usable CA: {e}",
                 i + 1,
@@ -346,7 +371,184 @@ fn roots_from(pem: &[u8], path: &Path) -> Result<RootCertStore, String> {
             )
         })?;
     }
-    Ok(roots)
+    Ok((roots, certs))
+}
+
+/// How often, at most, a backend's refused certificates are logged.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// An origin's certificate verifier: rustls' own, and a certificate that
+/// is exactly one of `ca_file`'s trusted whatever its CA flag (pinning).
+/// webpki refuses a certificate that says it is a CA as a server's own
+/// (`CaUsedAsEndEntity`), and `openssl req -x509` makes exactly such
+/// self-signed certificates; OpenSSL, and so nginx and Varnish, trust one
+/// given as its own CA. A pinned certificate's dates are checked (webpki
+/// checks an end entity's dates before its CA flag, so a certificate it
+/// refused for the flag alone is within them; a test holds it to that)
+/// and its name as any other's; the handshake proves the origin holds
+/// its key. Each refusal is logged, at most once a minute per backend,
+/// with what to change.
+#[derive(Debug)]
+pub(crate) struct OriginVerifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    pinned: Vec<CertificateDer<'static>>,
+    /// Where the roots come from: `ca_file PATH` or the system's.
+    trust: String,
+    /// The backend's name, for the log.
+    backend: String,
+    last_logged: parking_lot::Mutex<Option<Instant>>,
+    unlogged: AtomicU64,
+}
+
+impl OriginVerifier {
+    fn new(
+        backend: &str,
+        roots: Arc<RootCertStore>,
+        pinned: Vec<CertificateDer<'static>>,
+        trust: String,
+    ) -> Result<Self, rustls::client::VerifierBuilderError> {
+        Ok(Self {
+            webpki: WebPkiServerVerifier::builder_with_provider(roots, provider()).build()?,
+            pinned,
+            trust,
+            backend: backend.to_owned(),
+            last_logged: parking_lot::Mutex::new(None),
+            unlogged: AtomicU64::new(0),
+        })
+    }
+
+    /// `end_entity` is one of `ca_file`'s certificates.
+    fn is_pinned(&self, end_entity: &CertificateDer<'_>) -> bool {
+        self.pinned
+            .iter()
+            .any(|c| c.as_ref() == end_entity.as_ref())
+    }
+
+    /// Log a refusal with what to change, unless one was logged in the
+    /// last [`REFUSAL_LOG_EVERY`] (those are counted in the next line).
+    fn log_refusal(&self, e: &rustls::Error, server_name: &ServerName<'_>) {
+        {
+            let mut last = self.last_logged.lock();
+            if last.is_some_and(|t| t.elapsed() < REFUSAL_LOG_EVERY) {
+                self.unlogged.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            backend = %self.backend,
+            unlogged,
+            "the origin's certificate was refused ({e}): {}",
+            advice(e, &self.backend, &server_name.to_str(), &self.trust)
+        );
+    }
+}
+
+impl ServerCertVerifier for OriginVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(e) if is_ca_as_end_entity(&e) && self.is_pinned(end_entity) => {
+                ParsedCertificate::try_from(end_entity)
+                    .and_then(|cert| rustls::client::verify_server_name(&cert, server_name))
+                    .map(|()| ServerCertVerified::assertion())
+            }
+            verified => verified,
+        };
+        if let Err(e) = &verified {
+            self.log_refusal(e, server_name);
+        }
+        verified
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+
+    fn root_hint_subjects(&self) -> Option<&[DistinguishedName]> {
+        self.webpki.root_hint_subjects()
+    }
+}
+
+/// webpki's refusal of a certificate that says it is a CA as a server's own.
+fn is_ca_as_end_entity(e: &rustls::Error) -> bool {
+    matches!(e, rustls::Error::InvalidCertificate(e) if is_ca_certificate_error(e))
+}
+
+fn is_ca_certificate_error(e: &CertificateError) -> bool {
+    matches!(
+        e,
+        CertificateError::Other(other)
+            if matches!(other.0.downcast_ref::<webpki::Error>(), Some(webpki::Error::CaUsedAsEndEntity))
+    )
+}
+
+/// What to change so that an origin's certificate refused with `e` is
+/// trusted: the key of the backend `backend` to set, or what to fix on the
+/// origin. `name` is the name verified, `trust` where the roots come from.
+fn advice(e: &rustls::Error, backend: &str, name: &str, trust: &str) -> String {
+    let ca_file = format!("backends.{backend}.ca_file");
+    let rustls::Error::InvalidCertificate(e) = e else {
+        return format!("check the certificate the origin sends against {trust}");
+    };
+    match e {
+        CertificateError::UnknownIssuer => format!(
+            "no CA in {trust} issued it: set {ca_file} to the PEM of the CA that did (or to this very certificate, to pin it)"
+        ),
+        e if is_ca_certificate_error(e) => format!(
+            "it is a CA certificate (basicConstraints CA:TRUE, as `openssl req -x509` makes) used as the origin's own: put this very certificate in {ca_file} to pin it, or give the origin a certificate issued by that CA"
+        ),
+        CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => format!(
+            "it is not valid for {name:?}, the name verified (the host of backends.{backend}.address, or of host_header when set): give the origin a certificate whose subjectAltName lists {name:?}, or set host_header to a name the certificate lists"
+        ),
+        CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+            "it has expired: renew it on the origin (or check this machine's clock)".to_owned()
+        }
+        CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+            "it is not valid yet: check the clocks of this machine and of the origin".to_owned()
+        }
+        CertificateError::BadSignature => format!(
+            "its signature does not verify with the key of its issuer in {trust}: {ca_file} holds another CA of the same name than the one that issued it"
+        ),
+        CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
+            "its extended key usage does not allow a TLS server (serverAuth): give the origin a server certificate".to_owned()
+        }
+        CertificateError::BadEncoding => {
+            "it is not a well-formed X.509 certificate: check what the origin is configured to send".to_owned()
+        }
+        _ => format!("check the certificate the origin sends against {trust}"),
+    }
 }
 
 /// The system's trusted roots (Debian: /etc/ssl/certs, from the
@@ -387,6 +589,97 @@ mod tests {
         assert!(server_name("127.0.0.1").is_ok());
     }
 
+    /// A self-signed certificate that says it is a CA, as `openssl req
+    /// -x509 -newkey rsa:2048 -nodes -subj /CN=localhost -addext
+    /// subjectAltName=IP:127.0.0.1` makes, valid until `until`: DER and PEM.
+    fn self_signed_ca(names: &[&str], until: (i32, u8, u8)) -> (CertificateDer<'static>, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "localhost");
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(until.0, until.1, until.2);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.der().clone(), cert.pem())
+    }
+
+    /// The verifier of a backend whose `ca_file` holds `pems`.
+    fn verifier_of(pems: &[&str]) -> OriginVerifier {
+        let (roots, pinned) = roots_from(pems.concat().as_bytes(), Path::new("ca.pem")).unwrap();
+        OriginVerifier::new("origin", Arc::new(roots), pinned, "ca_file ca.pem".into()).unwrap()
+    }
+
+    fn verify(
+        v: &OriginVerifier,
+        cert: &CertificateDer<'_>,
+        name: &str,
+    ) -> Result<(), rustls::Error> {
+        let name = ServerName::try_from(name.to_owned()).unwrap();
+        v.verify_server_cert(cert, &[], &name, &[], UnixTime::now())
+            .map(|_| ())
+    }
+
+    #[test]
+    fn a_self_signed_ca_certificate_given_as_its_own_ca_file_is_pinned() {
+        let (cert, pem) = self_signed_ca(&["127.0.0.1", "localhost"], (2200, 1, 1));
+        let v = verifier_of(&[&pem]);
+        verify(&v, &cert, "127.0.0.1").expect("pinned");
+        verify(&v, &cert, "localhost").expect("pinned");
+        // Its name is still checked.
+        let e = verify(&v, &cert, "other.example").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. })
+            ),
+            "{e:?}"
+        );
+        // And its dates: webpki checks them before the CA flag.
+        let (expired, expired_pem) = self_signed_ca(&["127.0.0.1"], (2001, 1, 1));
+        let e = verify(&verifier_of(&[&expired_pem]), &expired, "127.0.0.1").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(CertificateError::ExpiredContext { .. })
+            ),
+            "{e:?}"
+        );
+        // Only the very certificate is pinned, among others or not.
+        let (_, other) = self_signed_ca(&["127.0.0.1"], (2200, 1, 1));
+        assert!(verify(&verifier_of(&[&other]), &cert, "127.0.0.1").is_err());
+        assert!(verify(&verifier_of(&[&other, &pem]), &cert, "127.0.0.1").is_ok());
+    }
+
+    #[test]
+    fn refusals_say_what_to_change() {
+        let cases = [
+            (CertificateError::UnknownIssuer, "backends.origin.ca_file"),
+            (
+                CertificateError::Other(rustls::OtherError(Arc::new(
+                    webpki::Error::CaUsedAsEndEntity,
+                ))),
+                "put this very certificate in backends.origin.ca_file",
+            ),
+            (CertificateError::NotValidForName, "host_header"),
+            (CertificateError::Expired, "renew it"),
+            (CertificateError::NotValidYet, "clock"),
+            (CertificateError::BadSignature, "backends.origin.ca_file"),
+            (CertificateError::InvalidPurpose, "serverAuth"),
+        ];
+        for (e, words) in cases {
+            let text = advice(
+                &rustls::Error::InvalidCertificate(e.clone()),
+                "origin",
+                "127.0.0.1",
+                "ca_file ca.pem",
+            );
+            assert!(text.contains(words), "{e:?}: {text}");
+        }
+    }
+
     #[test]
     fn bad_files_are_issues_with_their_keys() {
         let dir = tempfile::tempdir().unwrap();
@@ -394,6 +687,7 @@ mod tests {
         std::fs::write(&junk, "not a certificate").unwrap();
         let uri: Uri = "https://origin.test".parse().unwrap();
         let issues = BackendTls::load(
+            "secure",
             &uri,
             None,
             TlsSettings {

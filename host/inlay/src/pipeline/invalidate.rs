@@ -4,6 +4,14 @@
 //! request's URL is removed, and of the URLs in `Location` and
 //! `Content-Location` when they are on the same host (another host's
 //! URLs are not ours to drop: a response could otherwise purge any site).
+//!
+//! Any client may send such a request, so with an origin that answers
+//! `DELETE` or an unknown method with 2xx or 3xx any client can evict any
+//! URL of its host, on this node: `cache.invalidate_on_unsafe = false`
+//! turns it off (Varnish does not do it). Methods are case-sensitive (RFC
+//! 9110 section 9.1): `Purge` is not `PURGE`, so it is not the purge route
+//! and `cache.purge_allow` does not apply; it is an unknown method, passed
+//! to the origin and, by this rule, unsafe like `DELETE`.
 
 use http::{HeaderMap, Method, StatusCode, Uri, header};
 use inlay_cache::{HttpCache, PrimaryKey};

@@ -1,7 +1,8 @@
 //! pass: the request goes to its backend with the client's body, and the
 //! response to the client; nothing is looked up or stored. A non-error
 //! answer to an unsafe method drops what it changed from the cache
-//! ([`invalidate`](super::invalidate)); the policy's `on-backend-response`
+//! ([`invalidate`](super::invalidate), unless `cache.invalidate_on_unsafe`
+//! is off); the policy's `on-backend-response`
 //! still sees the response (and may turn ESI on).
 
 use std::sync::Arc;
@@ -21,7 +22,9 @@ pub(super) async fn run(p: &Pipeline, ctx: &mut RequestCtx) -> Result<Outcome, P
     let body = counted_body(ctx.body.take().unwrap_or_else(body::empty), &p.metrics);
     let mut resp = fetch::pass(&backend, &ctx.head, body).await?;
     ctx.timing.phase("fetch", routed);
-    invalidate::after_unsafe(&p.cache, &ctx.head, resp.status(), resp.headers()).await;
+    if p.config.cache.invalidate_on_unsafe {
+        invalidate::after_unsafe(&p.cache, &ctx.head, resp.status(), resp.headers()).await;
+    }
     let defaults = backend_response::default_settings(&resp, &p.cache.rules().defaults);
     let settings = backend_response::run_policy(
         ctx.policy.as_mut(),

@@ -49,6 +49,11 @@ pub(super) async fn run(
 ) -> Result<Route, ProxyError> {
     let (mut parts, body) = req.into_parts();
     p.metrics.client_request(parts.version);
+    // The request id and the cluster's hop are read before the hop-by-hop
+    // fields go: a Connection option may not name them either.
+    let hop = inlay_cluster::shard::HOP;
+    let request_id = p.request_ids.header().unwrap_or(&hop);
+    refuse_protected_options(&parts.headers, &[&hop, request_id])?;
     if let Some(shard) = &p.shard {
         shard.accept_hop(&mut parts.headers);
     }
@@ -65,7 +70,6 @@ pub(super) async fn run(
     check_declared_length(&parts.headers, limit)?;
     ctx.body = Some(capped_body(body::boxed(body), limit, ctx.body_over.clone()));
     ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
-    let hop = inlay_cluster::shard::HOP;
     ctx.for_peer = p.shard.is_some() && ctx.head.headers.contains_key(hop);
     if p.shard
         .as_ref()
@@ -144,15 +148,34 @@ impl Body for CappedBody {
     }
 }
 
+/// A 400 for a `Connection` option that names a field Inlay reads before
+/// it removes the hop-by-hop fields, or decides with ([`CONNECTION_PROTECTED`](headers::CONNECTION_PROTECTED),
+/// and `also`): removing it after the checks would let the backend and
+/// the cache key see another request than the one checked.
+fn refuse_protected_options(
+    headers: &HeaderMap,
+    also: &[&http::HeaderName],
+) -> Result<(), ProxyError> {
+    match headers::protected_connection_option(headers, also) {
+        None => Ok(()),
+        Some(name) => Err(ProxyError::BadRequest(format!(
+            "Connection names {name}, an end-to-end field Inlay relies on (RFC 9110 section 7.6.1)"
+        ))),
+    }
+}
+
 /// Turn the client's request head into the form every later phase relies on:
 /// a `Host` header (taken from the URI authority for HTTP/2 and absolute-form
-/// requests), a URI of path and query only, and no hop-by-hop fields.
+/// requests) that is a host as RFC 3986 has it, a URI of path and query
+/// only, and no hop-by-hop fields (a `Connection` option naming a field
+/// the proxy relies on is a 400, not a removal).
 pub fn normalise(
     parts: http::request::Parts,
     peer: SocketAddr,
     default_backend: &str,
 ) -> Result<RequestHead, ProxyError> {
     let mut headers = parts.headers;
+    refuse_protected_options(&headers, &[])?;
     if let Some(auth) = parts.uri.authority() {
         let v = HeaderValue::from_str(auth.as_str())
             .map_err(|_| ProxyError::BadRequest("bad authority".into()))?;
@@ -167,15 +190,16 @@ pub fn normalise(
         0 | 1 => {}
         _ => return Err(ProxyError::BadRequest("more than one Host header".into())),
     }
-    // A host name is visible ASCII (RFC 3986 reg-name, IP literals, port);
-    // anything else would reach the key and the backend as bytes nobody
-    // can read back.
+    // A host as RFC 3986 has it (a name, an IP address or literal, a
+    // port): userinfo, a path or a backslash would reach the key and the
+    // backend as a Host nobody meant.
     if let Some(host) = headers.get(header::HOST)
-        && !host.as_bytes().iter().all(|b| (0x21..=0x7e).contains(b))
+        && !headers::is_host(host.as_bytes())
     {
-        return Err(ProxyError::BadRequest(
-            "Host is not a host name (visible ASCII only)".into(),
-        ));
+        return Err(ProxyError::BadRequest(format!(
+            "Host {:?} is not a host (RFC 3986: a name or an IP address, then a port; no userinfo, path, spaces or backslashes)",
+            String::from_utf8_lossy(&host.as_bytes()[..host.len().min(100)])
+        )));
     }
     let pq = parts
         .uri

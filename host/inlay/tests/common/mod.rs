@@ -24,7 +24,7 @@ pub use harness::{AccessLog, Harness};
 pub use nats::{NatsServer, nats_server_binary};
 pub use origin::Origin;
 pub use process::{Inlay, Lines};
-pub use tls_origin::{Issued, TestCa, TlsOrigin};
+pub use tls_origin::{Issued, TestCa, TlsOrigin, self_signed_ca};
 
 /// Path of a built policy component (`make policies` builds them).
 pub fn policy(name: &str) -> PathBuf {

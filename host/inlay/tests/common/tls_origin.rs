@@ -76,6 +76,26 @@ impl TestCa {
     }
 }
 
+/// A self-signed certificate for `names` that says it is a CA, as the
+/// usual one-liner makes it (`openssl req -x509 -newkey rsa:2048 -nodes
+/// -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1`): the
+/// certificate an origin serves and, as its own `ca_file`, the one it
+/// is trusted by.
+pub fn self_signed_ca(names: &[&str]) -> Issued {
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut params = CertificateParams::new(names).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    let cert = params.self_signed(&key).unwrap();
+    Issued {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
 impl Issued {
     /// Write `STEM.crt` and `STEM.key` into `dir`; their paths.
     pub fn write(&self, dir: &Path, stem: &str) -> (PathBuf, PathBuf) {

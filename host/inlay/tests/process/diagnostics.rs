@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::common::{Inlay, Origin, esi_page, get, policy, raw, request, unused_port};
+use crate::common::{
+    Inlay, Origin, TestCa, TlsOrigin, esi_page, get, policy, raw, request, unused_port,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_requests_are_explained_on_stderr() {
@@ -29,6 +31,26 @@ async fn failed_requests_are_explained_on_stderr() {
         .spawn_process();
     assert_eq!(get(&slow.url("/hang")).await.status, 504);
     slow.expect_log("first_byte_timeout", Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_origin_certificate_says_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("the origin's CA");
+    let origin = TlsOrigin::start(&ca.issue(&["127.0.0.1"]), None).await;
+    let other = TestCa::new("another CA").write(dir.path(), "other.pem");
+    let inlay = Inlay::builder()
+        .toml(&format!(
+            "[backends.api]\naddress = \"{}\"\nca_file = {:?}",
+            origin.url(),
+            other.display().to_string()
+        ))
+        .spawn_process();
+    assert_eq!(get(&inlay.url("/x")).await.status, 503);
+    inlay.expect_log(
+        "set backends.api.ca_file to the PEM of the CA that did",
+        Duration::from_secs(5),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
