@@ -80,6 +80,7 @@ impl InlayBuilder {
             listeners.push(Listener::tls(l, proxy.tls().clone()));
         }
         let (stop, stopped) = oneshot::channel::<()>();
+        let readiness = proxy.admin().readiness().clone();
         let served = tokio::spawn(async move {
             let result = proxy
                 .run(listeners, async {
@@ -93,6 +94,16 @@ impl InlayBuilder {
             }
             result
         });
+        // Serving: the cache open and the admin API wired (as `/readyz`
+        // says), or stopped with an error the test will see.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !readiness.is_ready() && !served.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "inlay not ready within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         Harness {
             addr,
             tls_addr,
