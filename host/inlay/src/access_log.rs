@@ -156,7 +156,12 @@ struct Batch {
 
 impl Batch {
     fn push(&mut self, number: u64, line: &[u8]) {
-        self.text.extend_from_slice(line);
+        self.push_with(number, |text| text.extend_from_slice(line));
+    }
+
+    /// Add the line `format` appends to the text.
+    fn push_with(&mut self, number: u64, format: impl FnOnce(&mut Vec<u8>)) {
+        format(&mut self.text);
         self.lines.push((number, self.text.len()));
     }
 
@@ -244,11 +249,11 @@ impl AccessLog {
     /// line is dropped and counted: logging must not hold requests.
     pub fn write(&self, r: &AccessRecord) {
         let Some(handle) = &self.handle else { return };
-        let line = match self.format {
-            AccessLogFormat::Combined => combined(r),
-            AccessLogFormat::Json => json(r),
-        };
-        handle.hand_in(&line);
+        let format = self.format;
+        handle.hand_in(|out| match format {
+            AccessLogFormat::Combined => combined(r, out),
+            AccessLogFormat::Json => json(r, out),
+        });
     }
 
     /// Whether `other` is a clone of this log (the same writer thread).
@@ -285,10 +290,10 @@ impl AccessLog {
 }
 
 impl Handle {
-    /// Append `line` to this thread's buffer. The writer is woken only when
-    /// it sleeps (the first line after a pause) or when a quarter of the
-    /// queue waits; otherwise its tick takes the line.
-    fn hand_in(&self, line: &str) {
+    /// Append the line `format` writes to this thread's buffer. The writer
+    /// is woken only when it sleeps (the first line after a pause) or when a
+    /// quarter of the queue waits; otherwise its tick takes the line.
+    fn hand_in(&self, format: impl FnOnce(&mut Vec<u8>)) {
         let shared = &*self.shared;
         let mut batch = shared.buffers.get_or_default().lock();
         // Taken under the buffer's lock, so that a round that read the
@@ -302,7 +307,7 @@ impl Handle {
             shared.count_drop();
             return;
         }
-        batch.push(number, line.as_bytes());
+        batch.push_with(number, format);
         drop(batch);
         let hurry = waiting + 1 >= shared.capacity.div_ceil(4)
             && !shared.hurry.load(Ordering::Relaxed)
@@ -453,39 +458,82 @@ impl Writer {
     }
 }
 
-fn combined(r: &AccessRecord) -> String {
-    let now = httpdate_ncsa();
-    format!(
-        "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\"{}{}\n",
-        r.client
-            .map(|c| c.to_string())
-            .unwrap_or_else(|| "-".into()),
-        now,
-        r.method,
-        r.url,
-        r.protocol,
-        r.status,
-        if r.bytes == 0 {
-            "-".to_string()
-        } else {
-            r.bytes.to_string()
-        },
-        r.referer.as_deref().unwrap_or("-").replace('"', "\\\""),
-        r.user_agent.as_deref().unwrap_or("-").replace('"', "\\\""),
-        // Only on a page that left includes out, so other lines stay plain NCSA.
-        match r.esi_omitted() {
-            Some(n) if n > 0 => format!(" esi_omitted={n}"),
-            _ => String::new(),
-        },
-        // A request id is one token without spaces or quotes (`request_id::is_sane`).
-        match &r.request_id {
-            Some(id) => format!(" request_id={id}"),
-            None => String::new(),
-        },
-    )
+/// Append the NCSA combined line of `r` to `out`. Written piece by piece
+/// into the thread's buffer: no allocation, the date formatted once a second.
+fn combined(r: &AccessRecord, out: &mut Vec<u8>) {
+    // Writing to a Vec cannot fail: the results below are ignored.
+    match r.client {
+        Some(c) => {
+            let _ = write!(out, "{c}");
+        }
+        None => out.push(b'-'),
+    }
+    out.extend_from_slice(b" - - [");
+    ncsa_now(out);
+    out.extend_from_slice(b"] \"");
+    for (i, part) in [&r.method, &r.url, &r.protocol].into_iter().enumerate() {
+        if i > 0 {
+            out.push(b' ');
+        }
+        out.extend_from_slice(part.as_bytes());
+    }
+    let _ = write!(out, "\" {} ", r.status);
+    if r.bytes == 0 {
+        out.push(b'-');
+    } else {
+        let _ = write!(out, "{}", r.bytes);
+    }
+    for field in [&r.referer, &r.user_agent] {
+        out.extend_from_slice(b" \"");
+        escape_quotes(field.as_deref().unwrap_or("-"), out);
+        out.push(b'"');
+    }
+    // Only on a page that left includes out, so other lines stay plain NCSA.
+    if let Some(n) = r.esi_omitted()
+        && n > 0
+    {
+        let _ = write!(out, " esi_omitted={n}");
+    }
+    // A request id is one token without spaces or quotes (`request_id::is_sane`).
+    if let Some(id) = &r.request_id {
+        out.extend_from_slice(b" request_id=");
+        out.extend_from_slice(id.as_bytes());
+    }
+    out.push(b'\n');
 }
 
-fn json(r: &AccessRecord) -> String {
+/// `s` with each `"` written as `\"`.
+fn escape_quotes(s: &str, out: &mut Vec<u8>) {
+    for (i, part) in s.split('"').enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b"\\\"");
+        }
+        out.extend_from_slice(part.as_bytes());
+    }
+}
+
+/// Append the time now in the NCSA format; each thread formats it once a second.
+fn ncsa_now(out: &mut Vec<u8>) {
+    thread_local! {
+        static NOW: std::cell::RefCell<(u64, String)> = const {
+            std::cell::RefCell::new((0, String::new()))
+        };
+    }
+    let now = std::time::SystemTime::now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    NOW.with_borrow_mut(|(at, text)| {
+        if *at != second || text.is_empty() {
+            *at = second;
+            *text = httpdate_ncsa(now);
+        }
+        out.extend_from_slice(text.as_bytes());
+    });
+}
+
+/// Append the JSON line of `r` to `out`.
+fn json(r: &AccessRecord, out: &mut Vec<u8>) {
     let v = serde_json::json!({
         "time": httpdate::fmt_http_date(std::time::SystemTime::now()),
         "client": r.client.map(|c| c.to_string()),
@@ -505,13 +553,14 @@ fn json(r: &AccessRecord) -> String {
         "esi_omitted": r.esi_omitted(),
         "request_id": r.request_id,
     });
-    format!("{v}\n")
+    let _ = serde_json::to_writer(&mut *out, &v);
+    out.push(b'\n');
 }
 
 /// The NCSA time format, `10/Oct/2000:13:55:36 +0000`, always in UTC.
-fn httpdate_ncsa() -> String {
+fn httpdate_ncsa(at: std::time::SystemTime) -> String {
     // httpdate gives "Tue, 10 Oct 2000 13:55:36 GMT"; rearrange it.
-    let s = httpdate::fmt_http_date(std::time::SystemTime::now());
+    let s = httpdate::fmt_http_date(at);
     let parts: Vec<&str> = s.split(' ').collect();
     if parts.len() == 6 {
         format!("{}/{}/{}:{} +0000", parts[1], parts[2], parts[3], parts[4])
@@ -523,6 +572,18 @@ fn httpdate_ncsa() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn combined_line(r: &AccessRecord) -> String {
+        let mut out = Vec::new();
+        combined(r, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    fn json_line(r: &AccessRecord) -> String {
+        let mut out = Vec::new();
+        json(r, &mut out);
+        String::from_utf8(out).unwrap()
+    }
 
     #[test]
     fn combined_line_has_the_ncsa_fields() {
@@ -536,14 +597,38 @@ mod tests {
             user_agent: Some("curl/8".into()),
             ..Default::default()
         };
-        let line = combined(&r);
+        let line = combined_line(&r);
         assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
         assert!(
             line.contains("] \"GET /a?b HTTP/1.1\" 200 12 \"-\" \"curl/8\"\n"),
             "{line}"
         );
-        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
         assert_eq!(j["status"], 200);
+    }
+
+    #[test]
+    fn combined_line_escapes_quotes_and_dates_the_line_now() {
+        let r = AccessRecord {
+            method: "GET".into(),
+            url: "/".into(),
+            protocol: "HTTP/1.1".into(),
+            status: 304,
+            referer: Some("a\"b".into()),
+            user_agent: Some("\"x\"".into()),
+            ..Default::default()
+        };
+        let before = httpdate_ncsa(std::time::SystemTime::now());
+        let line = combined_line(&r);
+        let after = httpdate_ncsa(std::time::SystemTime::now());
+        assert!(line.starts_with("- - - ["), "{line}");
+        assert!(
+            line.ends_with("] \"GET / HTTP/1.1\" 304 - \"a\\\"b\" \"\\\"x\\\"\"\n"),
+            "{line}"
+        );
+        let date = &line[line.find('[').unwrap() + 1..line.find(']').unwrap()];
+        assert!(date == before || date == after, "{date}: not {before}");
+        assert!(date.ends_with(" +0000") && date.len() == 26, "{date}");
     }
 
     #[test]
@@ -557,15 +642,15 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            combined(&r).ends_with("\"-\" \"-\"\n"),
+            combined_line(&r).ends_with("\"-\" \"-\"\n"),
             "plain NCSA when none"
         );
         omitted.store(2, Ordering::Relaxed);
-        assert!(combined(&r).ends_with("\"-\" \"-\" esi_omitted=2\n"));
-        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        assert!(combined_line(&r).ends_with("\"-\" \"-\" esi_omitted=2\n"));
+        let j: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
         assert_eq!(j["esi_omitted"], 2);
         let plain = AccessRecord::default();
-        let j: serde_json::Value = serde_json::from_str(&json(&plain)).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&json_line(&plain)).unwrap();
         assert!(j["esi_omitted"].is_null());
     }
 
@@ -580,11 +665,11 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            combined(&r).ends_with("\"-\" \"-\" esi_omitted=1 request_id=abc-1\n"),
+            combined_line(&r).ends_with("\"-\" \"-\" esi_omitted=1 request_id=abc-1\n"),
             "{}",
-            combined(&r)
+            combined_line(&r)
         );
-        let j: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
         assert_eq!(j["request_id"], "abc-1");
     }
 
