@@ -19,7 +19,7 @@ from context import (
     Context, Section, Table, gbps, med, ms, num, pair_ratios, ratio_detail, trend_median, xr, zipf_draws,
     zipf_head_share,
 )
-from procs import BenchError, Inlay, RssSampler, http_get, https_raw_get, is_hit, make_certificates
+from procs import BenchError, RssSampler, http_get, https_raw_get, is_hit, make_certificates
 
 MiB = 1 << 20
 
@@ -33,9 +33,9 @@ def wrk_hits(ctx: Context) -> Section:
         "`Cache-Control: public, max-age=3600`), warmed before the runs; Inlay "
         "(memory tier 256 MiB) vs Varnish (`hits.vcl`, `-s malloc,256m`). The origin "
         "counts requests during each run (should be 0). CPU is the proxy's user+system "
-        "time over the run divided by the requests. Then the access log: the same Inlay (log "
-        "off, as every other section runs it) against one alike but for `log.access_log` set "
-        "to a file (combined format), on the 177 B object, alternated A B A B. *lines / requests* "
+        "time over the run divided by the requests. Then the access log: two more Inlays alike "
+        "but for `log.access_log`, `\"off\"` (as every other section runs it) or a file (combined "
+        "format), on the 177 B object, alternated A B A B. *lines / requests* "
         "is the log file's lines over the requests wrk completed (plus the two warming ones): "
         "at least 1 when no line was dropped (the runs' last requests, cut by wrk, are logged too)."
     )
@@ -73,16 +73,18 @@ def wrk_hits(ctx: Context) -> Section:
         {"Inlay": [med([r["rps"] for r in res[c]["inlay"]]) for c in res],
          "Varnish": [med([r["rps"] for r in res[c]["varnish"]]) for c in res]},
         "requests/s", log=True)))
-    access_log_on_off(ctx, sec, inlay, cases["177 B"])
+    access_log_on_off(ctx, sec, cases["177 B"])
     return sec
 
 
-def access_log_on_off(ctx: Context, sec: Section, log_off: Inlay, path: str) -> None:
-    """Add to `sec` the cost of the access log on hits of `path`: `log_off` against an
-    Inlay alike but for an access log file, alternated."""
+def access_log_on_off(ctx: Context, sec: Section, path: str) -> None:
+    """Add to `sec` the cost of the access log on hits of `path`: two fresh Inlays alike
+    but for `log.access_log` (a file vs "off"), alternated."""
     log_file = ctx.workdir / "hits-access.log"
-    targets = {"access log off": log_off, "access log on": ctx.inlay("hits-access-log", access_log=log_file)}
-    ctx.warm(targets["access log on"].url + path)
+    targets = {"access log off": ctx.inlay("hits-log-off"),
+               "access log on": ctx.inlay("hits-log-on", access_log=log_file)}
+    for t in targets.values():
+        ctx.warm(t.url + path)
     by = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], path))["177 B"]
     sec.raw["177 B, access log on / off"] = by
     rs = pair_ratios(by["access log on"], by["access log off"], lambda r: r["rps"])

@@ -4,10 +4,10 @@
 //! A request formats its line and appends it to a buffer of its own thread
 //! (one per log and thread, kept by `thread_local::ThreadLocal`): no
 //! wake-up and no system call. One writer thread collects the buffers every
-//! [`TICK`] (sooner when they fill up) and writes what it took, so a slow
-//! disk or a stalled stdout never holds a worker thread. When
-//! [`QUEUE_LINES`] lines wait for the writer, a new line is dropped and
-//! counted.
+//! 100 ms (`TICK`; at once when a quarter of the queue waits) and writes
+//! what it took, so a slow disk or a stalled stdout never holds a worker
+//! thread. When 16 Ki lines (`QUEUE_LINES`) wait for the writer, a new line
+//! is dropped and counted.
 //!
 //! Order: every line takes a number from one counter when it is handed in
 //! (under its thread's buffer lock), and a round of the writer takes every
