@@ -120,8 +120,9 @@ struct Handle {
 
 /// What requests and the writer thread share.
 struct Shared {
-    /// Each thread's lines not yet taken by the writer.
-    buffers: ThreadLocal<Mutex<Batch>>,
+    /// Each thread's lines not yet taken by the writer, each on cache
+    /// lines of its own (`ThreadLocal` keeps threads' values side by side).
+    buffers: ThreadLocal<CachePadded<Mutex<Batch>>>,
     /// The number the next line handed in takes (dropped lines take one too).
     handed: CachePadded<AtomicU64>,
     /// Lines taken by the writer or dropped: `handed - retired` wait.
@@ -459,12 +460,21 @@ impl Writer {
 }
 
 /// Append the NCSA combined line of `r` to `out`. Written piece by piece
-/// into the thread's buffer: no allocation, the date formatted once a second.
+/// into the thread's buffer: no allocation, no `format!`, the date
+/// formatted once a second.
 fn combined(r: &AccessRecord, out: &mut Vec<u8>) {
-    // Writing to a Vec cannot fail: the results below are ignored.
     match r.client {
-        Some(c) => {
-            let _ = write!(out, "{c}");
+        Some(IpAddr::V4(ip)) => {
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                decimal(octet, out);
+            }
+        }
+        Some(ip) => {
+            // Writing to a Vec cannot fail.
+            let _ = write!(out, "{ip}");
         }
         None => out.push(b'-'),
     }
@@ -477,11 +487,13 @@ fn combined(r: &AccessRecord, out: &mut Vec<u8>) {
         }
         out.extend_from_slice(part.as_bytes());
     }
-    let _ = write!(out, "\" {} ", r.status);
+    out.extend_from_slice(b"\" ");
+    decimal(r.status, out);
+    out.push(b' ');
     if r.bytes == 0 {
         out.push(b'-');
     } else {
-        let _ = write!(out, "{}", r.bytes);
+        decimal(r.bytes, out);
     }
     for field in [&r.referer, &r.user_agent] {
         out.extend_from_slice(b" \"");
@@ -492,7 +504,8 @@ fn combined(r: &AccessRecord, out: &mut Vec<u8>) {
     if let Some(n) = r.esi_omitted()
         && n > 0
     {
-        let _ = write!(out, " esi_omitted={n}");
+        out.extend_from_slice(b" esi_omitted=");
+        decimal(n, out);
     }
     // A request id is one token without spaces or quotes (`request_id::is_sane`).
     if let Some(id) = &r.request_id {
@@ -500,6 +513,11 @@ fn combined(r: &AccessRecord, out: &mut Vec<u8>) {
         out.extend_from_slice(id.as_bytes());
     }
     out.push(b'\n');
+}
+
+/// `n` in decimal, without `core::fmt` (a third of the line's cost with it).
+fn decimal(n: impl itoa::Integer, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// `s` with each `"` written as `\"`.
@@ -605,6 +623,14 @@ mod tests {
         );
         let j: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
         assert_eq!(j["status"], 200);
+        let v6 = AccessRecord {
+            client: Some("2001:db8::7".parse().unwrap()),
+            bytes: 18_446_744_073_709_551_615,
+            ..r
+        };
+        let line = combined_line(&v6);
+        assert!(line.starts_with("2001:db8::7 - - ["), "{line}");
+        assert!(line.contains(" 200 18446744073709551615 "), "{line}");
     }
 
     #[test]
