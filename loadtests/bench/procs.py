@@ -359,6 +359,17 @@ class Origin:
         return [self.proc.pid]
 
 
+def log_section(access_log: Path | None = None) -> list[str]:
+    """The `[log]` lines of a generated inlay config: the access log off, or
+    written to the file `access_log` (combined format)."""
+    return [
+        "[log]",
+        # info: the "listening on" line is an info event; no per-request lines.
+        'level = "info"',
+        f"access_log = {json.dumps('off' if access_log is None else str(access_log))}",
+    ]
+
+
 class Inlay:
     """One `inlay serve` with a generated TOML config."""
 
@@ -378,6 +389,7 @@ class Inlay:
         requests_per_instance: int | None = None,
         metrics: bool = True,
         tls: "TlsFiles | None" = None,
+        access_log: Path | None = None,
     ):
         self.reg = reg
         self.binary = binary
@@ -396,10 +408,7 @@ class Inlay:
             f'listen = ["{self._listen0}"]',
             "[backends.default]",
             f'address = "{origin.url}"',
-            "[log]",
-            # info: the "listening on" line is an info event; no per-request lines.
-            'level = "info"',
-            'access_log = "off"',
+            *log_section(access_log),
             "[cache]",
             f'memory_size = "{memory_size}"',
         ]

@@ -33,7 +33,11 @@ def wrk_hits(ctx: Context) -> Section:
         "`Cache-Control: public, max-age=3600`), warmed before the runs; Inlay "
         "(memory tier 256 MiB) vs Varnish (`hits.vcl`, `-s malloc,256m`). The origin "
         "counts requests during each run (should be 0). CPU is the proxy's user+system "
-        "time over the run divided by the requests."
+        "time over the run divided by the requests. Then the access log: two more Inlays alike "
+        "but for `log.access_log`, `\"off\"` (as every other section runs it) or a file (combined "
+        "format), on the 177 B object, alternated A B A B. *lines / requests* "
+        "is the log file's lines over the requests wrk completed (plus the two warming ones): "
+        "at least 1 when no line was dropped (the runs' last requests, cut by wrk, are logged too)."
     )
     inlay = ctx.inlay("hits")
     varnish = ctx.varnish("hits.vcl")
@@ -69,7 +73,35 @@ def wrk_hits(ctx: Context) -> Section:
         {"Inlay": [med([r["rps"] for r in res[c]["inlay"]]) for c in res],
          "Varnish": [med([r["rps"] for r in res[c]["varnish"]]) for c in res]},
         "requests/s", log=True)))
+    access_log_on_off(ctx, sec, cases["177 B"])
     return sec
+
+
+def access_log_on_off(ctx: Context, sec: Section, path: str) -> None:
+    """Add to `sec` the cost of the access log on hits of `path`: two fresh Inlays alike
+    but for `log.access_log` (a file vs "off"), alternated."""
+    log_file = ctx.workdir / "hits-access.log"
+    targets = {"access log off": ctx.inlay("hits-log-off"),
+               "access log on": ctx.inlay("hits-log-on", access_log=log_file)}
+    for t in targets.values():
+        ctx.warm(t.url + path)
+    by = ctx.alternate(["177 B"], list(targets), lambda c, t: ctx.wrk(targets[t], path))["177 B"]
+    sec.raw["177 B, access log on / off"] = by
+    rs = pair_ratios(by["access log on"], by["access log off"], lambda r: r["rps"])
+    sec.ratio("Cache hits 177 B: access log on / off (req/s)", med(rs), 0.97, detail=ratio_detail(rs))
+    # The writer takes the lines every 100 ms: let the last round pass before counting.
+    time.sleep(0.5)
+    with log_file.open("rb") as f:
+        lines = sum(1 for _ in f)
+    requests = sum(r["requests"] for r in by["access log on"]) + 2
+    sec.tables.append(Table("Access log on vs off, 177 B: medians over the pairs", [
+        "target", "req/s", "p50 ms", "p99 ms", "CPU µs/req", "lines / requests", "origin requests"],
+        [[name, num(med([r["rps"] for r in runs])),
+          ms(med([r["latency_ms"]["p50"] for r in runs])), ms(med([r["latency_ms"]["p99"] for r in runs])),
+          num(med([r["cpu_us_per_req"] for r in runs])),
+          f"{lines / requests:.3f}" if name == "access log on" else "-",
+          str(sum(r["origin_requests"] for r in runs))]
+         for name, runs in by.items()]))
 
 
 def wrk_metrics(ctx: Context) -> Section:

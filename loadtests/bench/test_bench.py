@@ -25,8 +25,8 @@ import svg  # noqa: E402
 from context import Ratio, Section, Table, med, pair_ratios, trend_median, zipf_draws, zipf_head_share  # noqa: E402
 from loadgen import WRK_LUA, LoadGen, flatten_k6, parse_h2load, parse_s_time  # noqa: E402
 from procs import (  # noqa: E402
-    BenchError, CpuMeter, Registry, RssSampler, descendants, http_get, https_raw_get, is_hit, make_certificates,
-    instance_counts, nginx_config, replay_counts,
+    BenchError, CpuMeter, Registry, RssSampler, descendants, http_get, https_raw_get, instance_counts, is_hit,
+    log_section, make_certificates, nginx_config, replay_counts,
 )
 from scenarios import fragment_delays, swap_link  # noqa: E402
 
@@ -387,6 +387,12 @@ class InlayLogs(unittest.TestCase):
                          {"requests": 1000, "ran_guest": 120, "instantiated": 3, "reused": 117})
         with self.assertRaises(BenchError):
             instance_counts("policy instances used policy=headers requests=1")
+
+    def test_the_access_log_is_off_unless_a_file_is_given(self):
+        import tomllib
+        self.assertEqual(tomllib.loads("\n".join(log_section()))["log"], {"level": "info", "access_log": "off"})
+        odd = Path('/w/hits "a\\b".log')
+        self.assertEqual(tomllib.loads("\n".join(log_section(odd)))["log"]["access_log"], str(odd))
 
     def test_replay_counts_from_the_reload_line(self):
         line = ("2026-11-24T02:08:21.223627Z  INFO policy hooks replayed from recorded paths policy=headers "
