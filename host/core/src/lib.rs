@@ -14,7 +14,9 @@
 //!   becomes an HTTP status;
 //! - [`body`]: the one body type ([`ProxyBody`]) every layer streams;
 //! - [`headers`]: header rules every phase applies (hop-by-hop, `Via`,
-//!   `X-Forwarded-For`).
+//!   `X-Forwarded-For`);
+//! - [`LogLimit`]: the one budget of log lines for warnings a client or an
+//!   origin can cause at will.
 //!
 //! This crate depends on neither tokio nor wasmtime.
 
@@ -22,11 +24,13 @@ pub mod body;
 mod error;
 mod head;
 pub mod headers;
+pub mod log_limit;
 mod policy;
 mod status;
 
 pub use body::{BoxError, ProxyBody};
 pub use error::{Blame, ProxyError};
 pub use head::{RequestHead, ResponseHead, path_and_query};
+pub use log_limit::LogLimit;
 pub use policy::{CacheSettings, EsiOverrides, RequestAction, SyntheticResponse};
 pub use status::{CacheStatus, StaleReason};

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use inlay_core::LogLimit;
 use tracing::warn;
 
 use crate::config::{AccessLogFormat, AccessLogTarget, LogConfig};
@@ -87,9 +88,8 @@ impl std::fmt::Debug for AccessLog {
 struct Queue {
     sender: Sender<Message>,
     dropped: AtomicU64,
-    /// When the next drop may be reported, in milliseconds after `opened`.
-    next_warning_ms: AtomicU64,
-    opened: Instant,
+    /// The drop warnings, at most one per [`DROP_WARNING_EVERY`].
+    drop_warnings: LogLimit,
 }
 
 enum Message {
@@ -134,8 +134,7 @@ impl AccessLog {
             queue: Some(Arc::new(Queue {
                 sender,
                 dropped: AtomicU64::new(0),
-                next_warning_ms: AtomicU64::new(0),
-                opened: Instant::now(),
+                drop_warnings: LogLimit::new(1, DROP_WARNING_EVERY),
             })),
         })
     }
@@ -189,16 +188,8 @@ impl AccessLog {
 impl Queue {
     fn count_drop(&self) {
         let total = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = self.opened.elapsed().as_millis() as u64;
-        let next = self.next_warning_ms.load(Ordering::Relaxed);
-        let later = now + DROP_WARNING_EVERY.as_millis() as u64;
-        // One thread wins the exchange and warns; the others stay quiet.
-        if now >= next
-            && self
-                .next_warning_ms
-                .compare_exchange(next, later, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        // The line says how many were dropped in all.
+        if self.drop_warnings.admit().is_some() {
             warn!(
                 dropped = total,
                 "access log lines dropped: the writer cannot keep up with requests"
