@@ -15,11 +15,10 @@ use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, AdminToken, PolicyHook};
 use crate::cluster::Cluster;
 use crate::config::{Config, Overrides, PolicyConfig};
+use crate::listeners::{Listener, Tls};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, log_replay_stats};
-use crate::server::Listener;
-use crate::tls::Tls;
 
 /// Inlay: a WebAssembly edge-worker runtime for HTTP caching and page assembly.
 #[derive(Debug, Parser)]
@@ -141,7 +140,7 @@ pub fn main() -> std::process::ExitCode {
                     std::process::ExitCode::from(2)
                 }
                 // The TLS certificates and keys are read as a start would.
-                _ => match crate::tls::CertificateSet::load(&cfg.server.tls) {
+                _ => match crate::listeners::load_certificates(&cfg.server.tls) {
                     Err(errors) => {
                         for e in errors {
                             eprintln!("{}: {e}", config.display());
@@ -212,7 +211,7 @@ pub fn main() -> std::process::ExitCode {
 /// rustls warns per handshake about what a client sent (an IP address as
 /// SNI, as wrk does). The filter (`log.level` or `INLAY_LOG`) keeps them
 /// when it names them. Inlay's own line for such a connection is
-/// rate-limited (server.rs).
+/// rate-limited (inlay-listener).
 const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error"), ("rustls", "rustls=error")];
 
 /// `log.level` (or `INLAY_LOG`) with [`QUIET_LIBRARIES`] added where it does not set them.
@@ -289,20 +288,20 @@ pub fn set_log_level(level: &str) -> Result<(), String> {
 pub async fn serve(cfg: Config, args: ServeArgs) -> anyhow::Result<()> {
     // The policy is compiled before we listen: a bad one stops start-up here.
     let proxy = Proxy::load(cfg).await?.reloading(args)?;
-    if let Some(warning) = crate::open_files::apply(&proxy.config().server) {
+    if let Some(warning) = crate::listeners::raise_open_files(&proxy.config().server) {
         warn!("{warning}");
     }
     let mut listeners = Vec::new();
     let backlog = proxy.config().server.listen_backlog;
     for addr in &proxy.config().server.listen {
-        let l = crate::server::bind(*addr, backlog)
+        let l = inlay_listener::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on {addr}"))?;
         // Tests and scripts read this line to learn the port of `-a 127.0.0.1:0`.
         info!("listening on http://{}", l.local_addr()?);
         listeners.push(Listener::plain(l));
     }
     for addr in &proxy.config().server.listen_tls {
-        let l = crate::server::bind(*addr, backlog)
+        let l = inlay_listener::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on https://{addr}"))?;
         info!("listening on https://{}", l.local_addr()?);
         listeners.push(Listener::tls(l, proxy.tls().clone()));
@@ -356,7 +355,7 @@ impl Proxy {
         let admin = admin_of(&cfg, policy.as_ref())?;
         let metrics = Metrics::new(cfg.metrics.enabled);
         // A certificate or key that does not load stops start-up here.
-        let tls = Tls::new(&cfg.server.tls).map_err(|errors| {
+        let tls = crate::listeners::tls(&cfg.server.tls).map_err(|errors| {
             anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
         })?;
         // A node that cannot reach its cluster does not serve: it would
@@ -444,6 +443,7 @@ impl Proxy {
         let listening = listeners.iter().find(|l| !l.is_tls());
         let listening = listening.and_then(|l| l.local_addr().ok());
         let shard = crate::cluster::shard::start(cluster.as_ref(), listening).await?;
+        let connections = metrics.connections().clone();
         let pipeline = Pipeline::with_metrics(
             cfg.clone(),
             HttpCache::new(store, cfg.cache.rules()),
@@ -454,10 +454,13 @@ impl Proxy {
         .with_shared_kv(shared_kv)
         .with_shard(shard.clone());
         let (source, hup) = reload_source.unzip();
+        let limits = crate::listeners::limits(&cfg.server);
+        let (listener_limits, limits) = tokio::sync::watch::channel(Arc::new(limits));
         let reloader = Arc::new(
             Reloader::new(pipeline, policy, source)
                 .with_admin(admin.clone())
-                .with_tls(tls),
+                .with_tls(tls)
+                .with_listener_limits(listener_limits),
         );
         // Other nodes' purges this one missed are applied before it serves,
         // and the admin API's purges are published from the first.
@@ -480,7 +483,8 @@ impl Proxy {
                 shard.leave().await;
             }
         };
-        crate::server::run(listeners, reloader.generations(), shutdown).await;
+        let generations = reloader.generations();
+        crate::listeners::serve(listeners, generations, limits, connections, shutdown).await;
         if let Some(task) = on_hup {
             task.abort();
         }

@@ -94,7 +94,7 @@ pub struct ServerConfig {
     /// Connections refused for `max_connections_per_client` held unread at
     /// most (each for `header_read_timeout`, the oldest closed first for a
     /// new one); zero closes them at once. Fewer when the open-file limit
-    /// has no room for them beside `max_connections` ([`crate::open_files`]).
+    /// has no room for them beside `max_connections` ([`crate::listeners::raise_open_files`]).
     pub tarpit_max: usize,
     /// The kernel's queue of connections not yet accepted, per listener
     /// (`listen(2)`'s backlog; Linux caps it at `net.core.somaxconn`).

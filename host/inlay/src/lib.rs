@@ -2,16 +2,15 @@
 //!
 //! One `inlay` process sits in front of origin servers, as Varnish does.
 //! This crate is the process: the command line ([`cli`]), the config
-//! ([`config`]), the accept loop and connection limits ([`server`]), TLS on the
-//! listeners ([`tls`]) and the PROXY protocol in front of them
-//! ([`proxy_protocol`]), the
+//! ([`config`]), the client listeners' glue to `inlay-listener` ([`listeners`]), the
 //! request's path through the host ([`pipeline`], one phase per file), the
 //! backends ([`backend`]), the access log ([`access_log`]), config
 //! reloads ([`reload`]), the admin API ([`admin`]) and the Prometheus
 //! counters ([`metrics`]), and the NATS cluster several nodes share
 //! ([`cluster`]). The HTTP
-//! model, the cache, ESI and the policy runtime are crates of their own
-//! (`inlay-core`, `inlay-cache`, `inlay-esi`, `inlay-runtime`); see
+//! model, the cache, ESI, the policy runtime and the listeners (accept,
+//! limits, TLS, HTTP serving) are crates of their own (`inlay-core`,
+//! `inlay-cache`, `inlay-esi`, `inlay-runtime`, `inlay-listener`); see
 //! `docs/ARCHITECTURE.md`.
 
 pub mod access_log;
@@ -22,14 +21,11 @@ pub mod cli;
 pub mod cluster;
 pub mod codec;
 pub mod config;
+pub mod listeners;
 pub mod manpage;
 pub mod metrics;
-pub mod open_files;
 pub mod pipeline;
 pub mod policy_services;
-pub mod proxy_protocol;
 pub mod reload;
 pub mod request_id;
-pub mod server;
 pub mod server_timing;
-pub mod tls;

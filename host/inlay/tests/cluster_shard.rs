@@ -18,7 +18,7 @@ use inlay::cli::Proxy;
 use inlay::cluster::Cluster;
 use inlay::cluster::shard::MAX_MEMBERS;
 use inlay::config::{AccessLogTarget, Config};
-use inlay::server::Listener;
+use inlay::listeners::Listener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

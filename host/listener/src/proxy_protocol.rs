@@ -1,5 +1,5 @@
 //! The PROXY protocol (HAProxy's, v1 text and v2 binary) in front of a
-//! client connection (`server.proxy_protocol`): the load balancer that
+//! client connection (`Limits::proxy_protocol`): the load balancer that
 //! accepted the client says who the client is before anything else is sent.
 //!
 //! The header is parsed by the `ppp` crate; this module reads it with a
@@ -12,6 +12,12 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use ppp::{HeaderResult, PartialResult as _, v1, v2};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::CLIENT_WARNINGS;
+use crate::limits::Limits;
 
 /// Most bytes read while looking for the header: a v1 header is at most
 /// 107 bytes; a v2 header is 16 bytes and its addresses and TLVs, which
@@ -92,6 +98,43 @@ fn v2_source(h: &v2::Header<'_>) -> Option<SocketAddr> {
         v2::Addresses::IPv4(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
         v2::Addresses::IPv6(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
         v2::Addresses::Unspecified | v2::Addresses::Unix(_) => None,
+    }
+}
+
+/// The PROXY protocol header of a connection, within
+/// `header_read_timeout`; `None` (the connection closed, a rate-limited
+/// warning logged) when it is missing, malformed, too long, late, or the
+/// server stops.
+pub(crate) async fn proxy_header(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    limits: &Limits,
+    stop: &CancellationToken,
+) -> Option<ProxyHeader> {
+    let read = tokio::time::timeout(limits.header_read_timeout, read_header(stream));
+    let result = tokio::select! {
+        r = read => r,
+        () = stop.cancelled() => return None,
+    };
+    match result {
+        Ok(Ok(header)) => Some(header),
+        Ok(Err(HeaderError::Closed)) => {
+            debug!(%peer, "connection closed before its PROXY header");
+            None
+        }
+        Ok(Err(e)) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                let prefix = limits.setting_prefix;
+                warn!(%peer, error = %e, suppressed = more, "no valid PROXY protocol header ({prefix}proxy_protocol); connection closed");
+            }
+            None
+        }
+        Err(_) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "no PROXY protocol header within header_read_timeout; connection closed");
+            }
+            None
+        }
     }
 }
 
