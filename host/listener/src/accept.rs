@@ -203,13 +203,7 @@ impl<M: MakeService> Server<M> {
             .collect();
         let sweeper = tokio::spawn({
             let shared = shared.clone();
-            async move {
-                let mut tick = tokio::time::interval(TARPIT_SWEEP);
-                loop {
-                    tick.tick().await;
-                    shared.admission.tarpit.sweep(Instant::now());
-                }
-            }
+            async move { shared.admission.tarpit.sweep_forever().await }
         });
         shutdown.await;
         sweeper.abort();
@@ -240,12 +234,6 @@ impl<M: MakeService> Server<M> {
 /// Connections an accept loop takes before it lets other tasks run.
 const ACCEPTS_PER_TURN: u32 = 8;
 
-/// How often the connections held in the tarpit are looked at. Often: the
-/// clients closed by one sweep come back at once, and every 250 ms that
-/// was a burst of a few hundred connections for the accept loop, milliseconds
-/// during which a normal client's new connection waited behind them.
-const TARPIT_SWEEP: Duration = Duration::from_millis(10);
-
 /// Held connections closed at once when an accept finds no descriptor
 /// left (then the accept is tried again).
 const SHED_ON_EMFILE: usize = 64;
@@ -259,6 +247,10 @@ struct Follow {
     current: Arc<Limits>,
     defer_accept: Duration,
     backlog: u32,
+    notsent_lowat: u64,
+    /// The listener's socket options changed: connections queued before
+    /// have the old ones.
+    options_changed: bool,
 }
 
 impl Follow {
@@ -272,11 +264,14 @@ impl Follow {
         let current = limits.borrow_and_update().clone();
         admission.follow(&current);
         socket::defer_accept(listener, current.defer_accept);
+        socket::listener_options(listener, current.tcp_notsent_lowat);
         Self {
             limits,
             watching: true,
             defer_accept: current.defer_accept,
             backlog: current.listen_backlog,
+            notsent_lowat: current.tcp_notsent_lowat,
+            options_changed: false,
             current,
         }
     }
@@ -299,6 +294,11 @@ impl Follow {
         if self.backlog != self.current.listen_backlog {
             self.backlog = self.current.listen_backlog;
             socket::relisten(listener, self.backlog, self.current.setting_prefix);
+        }
+        if self.notsent_lowat != self.current.tcp_notsent_lowat {
+            self.notsent_lowat = self.current.tcp_notsent_lowat;
+            socket::listener_options(listener, self.notsent_lowat);
+            self.options_changed = true;
         }
     }
 
@@ -356,6 +356,9 @@ async fn accept_loop<M: MakeService>(
     };
     let admission = &shared.admission;
     let mut follow = Follow::start(limits, listener.get_ref(), admission);
+    // Connections queued before the listener had its options (it may have
+    // been bound a while ago) do not have them; those queued after do.
+    let mut drained = false;
     let mut accepted = 0u32;
     loop {
         // A flood of connections keeps the listener ready: every few
@@ -370,7 +373,7 @@ async fn accept_loop<M: MakeService>(
         let permit = free_slot(admission, &mut follow, listener.get_ref()).await;
         let result = tokio::select! {
             biased;
-            a = accept(&listener) => a,
+            a = accept(&listener, &mut drained) => a,
             () = follow.changed() => {
                 follow.take(listener.get_ref(), admission);
                 continue;
@@ -401,6 +404,9 @@ async fn accept_loop<M: MakeService>(
             }
         };
         follow.update(listener.get_ref(), admission);
+        if std::mem::take(&mut follow.options_changed) {
+            drained = false;
+        }
         let mut permit = permit;
         let permit = loop {
             match permit.unless_owed() {
@@ -434,17 +440,9 @@ async fn accept_loop<M: MakeService>(
             };
             Some(slot)
         };
-        // Admitted: now it joins the reactor.
-        let stream = match TcpStream::from_std(stream) {
-            Ok(s) => s,
-            Err(error) => {
-                debug!(%peer, %error, "cannot register an accepted connection; closed");
-                continue;
-            }
-        };
-        socket::admitted(&stream, limits.tcp_notsent_lowat);
         let admitted = Admitted {
             stream,
+            options_inherited: drained,
             peer,
             local,
             tls: tls.clone(),
@@ -460,7 +458,10 @@ async fn accept_loop<M: MakeService>(
 
 /// A connection the accept loop let in, with what it holds.
 struct Admitted {
-    stream: TcpStream,
+    /// Not registered with the reactor yet.
+    stream: std::net::TcpStream,
+    /// Whether it took its socket options from the listener.
+    options_inherited: bool,
     peer: SocketAddr,
     local: SocketAddr,
     tls: Option<Arc<Tls>>,
@@ -475,7 +476,8 @@ struct Admitted {
 /// share, its TLS handshake, then HTTP.
 async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) {
     let Admitted {
-        mut stream,
+        stream,
+        options_inherited,
         mut peer,
         local,
         tls,
@@ -485,9 +487,27 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
     } = admitted;
     let _open = shared.stats.opened();
     let stop = shared.stop.clone();
-    let mut rest = Bytes::new();
+    // The client spoke first (TCP_DEFER_ACCEPT): its first bytes are read
+    // before the connection joins the reactor, which would have them
+    // only after one more turn of its event loop.
+    let mut rest = match socket::read_arrived(&stream) {
+        Ok(Some(first)) => first,
+        Ok(None) => Bytes::new(),
+        Err(error) => {
+            debug!(%peer, %error, "connection closed before its first bytes");
+            return;
+        }
+    };
+    let mut stream = match TcpStream::from_std(stream) {
+        Ok(s) => s,
+        Err(error) => {
+            debug!(%peer, %error, "cannot register an accepted connection; closed");
+            return;
+        }
+    };
+    socket::admitted(&stream, limits.tcp_notsent_lowat, options_inherited);
     if limits.proxy_protocol {
-        let Some(header) = proxy_header(&mut stream, peer, &limits, &stop).await else {
+        let Some(header) = proxy_header(rest, &mut stream, peer, &limits, &stop).await else {
             return;
         };
         peer = header.source.unwrap_or(peer);
@@ -530,14 +550,17 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
 }
 
 /// One connection from `listener`, non-blocking and not registered with
-/// the reactor (not to be read before it is).
+/// the reactor. `drained` is set once the listener's queue was found
+/// empty.
 async fn accept(
     listener: &AsyncFd<std::net::TcpListener>,
+    drained: &mut bool,
 ) -> io::Result<(std::net::TcpStream, SocketAddr)> {
     loop {
         let mut ready = listener.readable().await?;
-        if let Ok(accepted) = ready.try_io(|l| socket::accept(l.get_ref())) {
-            return accepted;
+        match ready.try_io(|l| socket::accept(l.get_ref())) {
+            Ok(accepted) => return accepted,
+            Err(_would_block) => *drained = true,
         }
     }
 }

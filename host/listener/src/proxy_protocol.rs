@@ -53,9 +53,14 @@ pub struct ProxyHeader {
     pub rest: Bytes,
 }
 
-/// Read the PROXY header at the start of `io`. The caller bounds the time.
-pub async fn read_header<R: AsyncRead + Unpin>(io: &mut R) -> Result<ProxyHeader, HeaderError> {
-    let mut buf = Vec::with_capacity(256);
+/// Read the PROXY header at the start of `io`, whose first bytes `read`
+/// the caller has read already. The caller bounds the time.
+pub async fn read_header<R: AsyncRead + Unpin>(
+    read: &[u8],
+    io: &mut R,
+) -> Result<ProxyHeader, HeaderError> {
+    let mut buf = Vec::with_capacity(read.len().max(256));
+    buf.extend_from_slice(read);
     loop {
         let parsed = HeaderResult::parse(&buf);
         if parsed.is_complete() {
@@ -106,12 +111,13 @@ fn v2_source(h: &v2::Header<'_>) -> Option<SocketAddr> {
 /// warning logged) when it is missing, malformed, too long, late, or the
 /// server stops.
 pub(crate) async fn proxy_header(
+    first: Bytes,
     stream: &mut TcpStream,
     peer: SocketAddr,
     limits: &Limits,
     stop: &CancellationToken,
 ) -> Option<ProxyHeader> {
-    let read = tokio::time::timeout(limits.header_read_timeout, read_header(stream));
+    let read = tokio::time::timeout(limits.header_read_timeout, read_header(&first, stream));
     let result = tokio::select! {
         r = read => r,
         () = stop.cancelled() => return None,
@@ -143,13 +149,29 @@ mod tests {
     use super::*;
 
     async fn parse(bytes: &[u8]) -> Result<ProxyHeader, HeaderError> {
-        read_header(&mut &bytes[..]).await
+        read_header(b"", &mut &bytes[..]).await
     }
 
     fn v2(command: v2::Command, addresses: impl Into<v2::Addresses>) -> Vec<u8> {
         v2::Builder::with_addresses(v2::Version::Two | command, v2::Protocol::Stream, addresses)
             .build()
             .unwrap()
+    }
+
+    #[tokio::test]
+    async fn bytes_read_already_start_the_header() {
+        let mut socket = &b"192.0.2.1 5555 443\r\nGET"[..];
+        let h = read_header(b"PROXY TCP4 203.0.113.7 ", &mut socket)
+            .await
+            .unwrap();
+        assert_eq!(h.source, Some("203.0.113.7:5555".parse().unwrap()));
+        assert_eq!(&h.rest[..], b"GET");
+        // All of it read already: the socket is not read.
+        let mut empty = &b""[..];
+        let h = read_header(b"PROXY UNKNOWN\r\nGET / HTTP/1.1\r\n", &mut empty)
+            .await
+            .unwrap();
+        assert_eq!((h.source, &h.rest[..]), (None, &b"GET / HTTP/1.1\r\n"[..]));
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+use bytes::Bytes;
 use socket2::{Domain, SockRef, Socket, Type};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
@@ -62,14 +63,55 @@ pub(crate) fn accept(
     Ok((socket.into(), peer))
 }
 
-/// The options of an admitted connection: no Nagle delay, and
-/// `tcp_notsent_lowat` (see [`notsent_lowat`]).
-pub(crate) fn admitted(stream: &impl AsFd, notsent_lowat_bytes: u64) {
-    let socket = SockRef::from(stream);
+/// The options every connection accepted from `listener` takes: no Nagle
+/// delay, and `tcp_notsent_lowat` (see [`notsent_lowat`]). Linux copies
+/// them from the listener to each connection whose handshake completes
+/// from then on, which then costs no system call ([`admitted`]).
+pub(crate) fn listener_options(listener: &impl AsFd, notsent_lowat_bytes: u64) {
+    #[cfg(target_os = "linux")]
+    connection_options(&SockRef::from(listener), notsent_lowat_bytes);
+    #[cfg(not(target_os = "linux"))]
+    let _ = (listener, notsent_lowat_bytes);
+}
+
+/// The options of an admitted connection, unless it took them from its
+/// listener ([`listener_options`]; `inherited`: it was queued after they
+/// were set).
+pub(crate) fn admitted(stream: &impl AsFd, notsent_lowat_bytes: u64, inherited: bool) {
+    if !(inherited && cfg!(target_os = "linux")) {
+        connection_options(&SockRef::from(stream), notsent_lowat_bytes);
+    }
+}
+
+fn connection_options(socket: &SockRef<'_>, notsent_lowat_bytes: u64) {
     if let Err(error) = socket.set_tcp_nodelay(true) {
         debug!(%error, "cannot set TCP_NODELAY");
     }
-    notsent_lowat(&socket, notsent_lowat_bytes);
+    notsent_lowat(socket, notsent_lowat_bytes);
+}
+
+/// Bytes read from a new connection before it joins the reactor, at most.
+/// A request head or a TLS ClientHello fits, most often.
+const FIRST_READ: usize = 4096;
+
+/// What the client sent already (`None`: nothing yet), read without
+/// waiting from a connection in non-blocking mode. With
+/// `TCP_DEFER_ACCEPT` a connection is accepted once its first bytes are
+/// there: reading them now saves the turn of the event loop that a
+/// registered connection waits before its first read. `Err` when the
+/// client closed the connection without a byte, or it failed.
+pub(crate) fn read_arrived(stream: &std::net::TcpStream) -> io::Result<Option<Bytes>> {
+    let mut first = vec![0u8; FIRST_READ];
+    match io::Read::read(&mut &*stream, &mut first) {
+        Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+        Ok(n) => {
+            first.truncate(n);
+            Ok(Some(Bytes::from(first)))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// `tcp_notsent_lowat`: the kernel takes at most `bytes` of a response
@@ -233,16 +275,28 @@ mod tests {
     async fn accepted_connections_are_non_blocking_and_take_their_options() {
         let listener = bind("127.0.0.1:0".parse().unwrap(), 16).unwrap();
         let addr = listener.local_addr().unwrap();
-        let _client = TcpStream::connect(addr).await.unwrap();
+        listener_options(&listener, 4096);
+        let mut client = TcpStream::connect(addr).await.unwrap();
         let std_listener = listener.into_std().unwrap();
         std_listener.set_nonblocking(false).unwrap();
         let (stream, peer) = accept(&std_listener).unwrap();
         assert_eq!(peer.ip(), addr.ip());
         let socket = SockRef::from(&stream);
         assert!(socket.nonblocking().unwrap());
-        admitted(&stream, 4096);
+        admitted(&stream, 4096, true);
         assert!(socket.tcp_nodelay().unwrap());
         #[cfg(target_os = "linux")]
         assert_eq!(socket.tcp_notsent_lowat().unwrap(), 4096);
+        // Nothing sent yet: nothing read, without waiting.
+        assert_eq!(read_arrived(&stream).unwrap(), None);
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"GET / HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let first = read_arrived(&stream).unwrap();
+        assert_eq!(first.as_deref(), Some(&b"GET / HTTP/1.1\r\n"[..]));
+        drop(client);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(read_arrived(&stream).is_err(), "closed without a byte more");
     }
 }

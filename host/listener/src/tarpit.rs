@@ -26,6 +26,9 @@ use tracing::warn;
 /// a stall of milliseconds four times a second.
 pub(crate) struct Tarpit {
     held: Mutex<VecDeque<(Instant, TcpStream)>>,
+    /// Told when a connection is held in an empty tarpit: the sweeper
+    /// sleeps while there is nothing to sweep.
+    held_first: tokio::sync::Notify,
     /// `tarpit_max` (or what the open-file limit leaves), followed at
     /// every change of the limits.
     pub(crate) max: AtomicUsize,
@@ -36,6 +39,7 @@ impl Tarpit {
     pub(crate) fn new(max: usize) -> Self {
         Self {
             held: Mutex::default(),
+            held_first: tokio::sync::Notify::new(),
             max: AtomicUsize::new(max),
             closer: Closer::default(),
         }
@@ -50,7 +54,7 @@ impl Tarpit {
     pub(crate) fn hold(&self, stream: TcpStream, until: Instant) {
         let max = self.max.load(Ordering::Relaxed);
         let mut gone = Vec::new();
-        {
+        let first = {
             let mut held = self.lock();
             // A lowered bound is applied here, oldest first.
             while !held.is_empty() && held.len() >= max {
@@ -61,8 +65,24 @@ impl Tarpit {
             } else {
                 gone.push(stream);
             }
+            held.len() == 1
+        };
+        if first {
+            self.held_first.notify_one();
         }
         self.closer.close(gone);
+    }
+
+    /// Close held connections as their time comes, looking every
+    /// [`SWEEP`] while any is held; runs until dropped.
+    pub(crate) async fn sweep_forever(&self) {
+        loop {
+            if self.lock().is_empty() {
+                self.held_first.notified().await;
+            }
+            tokio::time::sleep(SWEEP).await;
+            self.sweep(Instant::now());
+        }
     }
 
     /// Close the connections held past their time.
@@ -96,6 +116,12 @@ impl Tarpit {
             .close(gone.into_iter().map(|(_, s)| s).collect());
     }
 }
+
+/// How often the connections held are looked at. Often: the clients
+/// closed by one sweep come back at once, and every 250 ms that was a
+/// burst of a few hundred connections for the accept loop, milliseconds
+/// during which a normal client's new connection waited behind them.
+const SWEEP: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Connections waiting for the closing thread at most: refused
 /// connections take at most `tarpit_max` and this many descriptors
@@ -289,6 +315,22 @@ mod tests {
         assert!(open(&mut eighth).await);
         tarpit.clear();
         assert!(closed(&mut eighth).await);
+    }
+
+    #[tokio::test]
+    async fn the_sweeper_wakes_for_the_first_connection_held() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tarpit = Arc::new(Tarpit::new(10));
+        let sweeper = tokio::spawn({
+            let tarpit = tarpit.clone();
+            async move { tarpit.sweep_forever().await }
+        });
+        // Nothing held: it sleeps until something is.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (mut client, s) = pair(&listener).await;
+        tarpit.hold(s, Instant::now() + Duration::from_millis(100));
+        assert!(closed(&mut client).await, "swept at its time");
+        sweeper.abort();
     }
 
     #[test]
