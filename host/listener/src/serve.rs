@@ -97,9 +97,13 @@ pub(crate) async fn serve_connection<I, S, B>(
         }
     };
     tokio::pin!(deadline);
+    let expired = h1_clock.expired();
+    tokio::pin!(expired);
     let mut closing = false;
     loop {
         tokio::select! {
+            // The connection first: the response it polls arms the send clock.
+            biased;
             res = conn.as_mut() => {
                 if let Err(e) = res {
                     log_connection_error(peer, &*e);
@@ -110,7 +114,7 @@ pub(crate) async fn serve_connection<I, S, B>(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            why = h1_clock.expired() => {
+            why = &mut expired => {
                 info!(%peer, "response not sent within {why}; connection closed");
                 return;
             }
