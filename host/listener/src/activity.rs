@@ -198,6 +198,8 @@ pin_project_lite::pin_project! {
         rest: Bytes,
         // Whether the first bytes were looked at for the h2c preface.
         sniffed: bool,
+        // Whether anything was written yet.
+        wrote: bool,
     }
 }
 
@@ -209,7 +211,20 @@ impl TrackedIo {
             activity,
             rest,
             sniffed: false,
+            wrote: false,
         }
+    }
+}
+
+/// The first write of a connection, made on its socket at once: a
+/// connection new to the reactor is not known to be writable until the
+/// reactor's next turn, and tokio's write waits for that (the response to
+/// a request read before the connection joined the reactor waited a turn
+/// of the event loop). `None`: the socket is full, tokio's write follows.
+fn first_write(stream: &TcpStream, bufs: &[io::IoSlice<'_>]) -> Option<io::Result<usize>> {
+    match socket2::SockRef::from(stream).send_vectored(bufs) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+        r => Some(r),
     }
 }
 
@@ -261,10 +276,7 @@ impl AsyncWrite for TrackedIo {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.project();
-        let r = this.inner.poll_write(cx, data);
-        note_write(this.activity, &r);
-        r
+        self.poll_write_vectored(cx, &[io::IoSlice::new(data)])
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
@@ -272,7 +284,16 @@ impl AsyncWrite for TrackedIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
-        let r = this.inner.poll_write_vectored(cx, bufs);
+        let first = if *this.wrote || bufs.iter().all(|b| b.is_empty()) {
+            None
+        } else {
+            *this.wrote = true;
+            first_write(&this.inner, bufs)
+        };
+        let r = match first {
+            Some(r) => Poll::Ready(r),
+            None => this.inner.poll_write_vectored(cx, bufs),
+        };
         note_write(this.activity, &r);
         r
     }
@@ -284,5 +305,47 @@ impl AsyncWrite for TrackedIo {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.project().inner.poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use tokio::io::AsyncReadExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_first_write_goes_out_before_the_reactor_has_seen_the_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        // As the accept loop registers a connection (tokio's own accept
+        // marks it ready; `from_std` does not).
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let server = TcpStream::from_std(server).unwrap();
+        let activity = Arc::new(Activity::default());
+        let io = TrackedIo::new(server, activity.clone(), Bytes::from_static(b"GET"));
+        tokio::pin!(io);
+        // Polled once, with no turn of the reactor in between.
+        let mut polls = 0;
+        let written = poll_fn(|cx| {
+            polls += 1;
+            Poll::Ready(io.as_mut().poll_write(cx, b"HTTP/1.1 200 OK\r\n"))
+        })
+        .await;
+        assert!(matches!(written, Poll::Ready(Ok(17))), "{written:?}");
+        assert_eq!(polls, 1);
+        let mut got = [0u8; 17];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"HTTP/1.1 200 OK\r\n");
+        // What was read before the connection joined the reactor comes first.
+        let mut buf = [0u8; 8];
+        let n = io.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"GET");
+        assert_eq!(activity.write_blocked_for(), Duration::ZERO);
     }
 }
