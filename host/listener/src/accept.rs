@@ -577,3 +577,30 @@ fn over_client_share(peer: SocketAddr) {
         warn!(%peer, suppressed = more, "client at max_connections_per_client; connection refused");
     }
 }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The admin listener drops its sender at once: its accept loops must
+    /// wait for connections, not spin on a closed channel.
+    #[tokio::test]
+    async fn limits_whose_sender_is_gone_stay_as_they_are() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let limits = crate::tests::limits();
+        let admission = Admission::new(&limits);
+        let (tx, rx) = watch::channel(Arc::new(limits));
+        let mut follow = Follow::start(rx, &listener, &admission);
+        tx.send_replace(Arc::new(Limits {
+            max_connections: 5,
+            ..crate::tests::limits()
+        }));
+        let changed = tokio::time::timeout(Duration::from_secs(1), follow.changed()).await;
+        assert!(changed.is_ok(), "a change is seen");
+        follow.take(&listener, &admission);
+        assert_eq!(follow.current.max_connections, 5);
+        drop(tx);
+        let changed = tokio::time::timeout(Duration::from_millis(100), follow.changed()).await;
+        assert!(changed.is_err(), "no change comes from a closed channel");
+        assert_eq!(follow.current.max_connections, 5);
+    }
+}
