@@ -20,14 +20,12 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::config::{ServerConfig, TlsCertConfig};
-use crate::reload::Generations;
+use crate::pipeline::Pipeline;
 
-pub use inlay_listener::{Listener, Tls};
+pub use inlay_listener::{Listener, OverTls, Tls};
 
-/// Set on every request that came over TLS (a request extension): the
-/// access log and the pipeline read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OverTls;
+/// The pipeline generation new requests get (`reload::Generations`).
+type Generations = arc_swap::ArcSwap<Pipeline>;
 
 /// The listener's limits as `[server]` sets them.
 pub fn limits(server: &ServerConfig) -> Limits {

@@ -19,6 +19,7 @@
 use std::sync::Arc;
 
 use inlay_cache::{BanError, BanInfo, CacheStore, HttpCache};
+use inlay_listener::Tls;
 use inlay_runtime::{LoadedPolicy, PolicyError, PolicySlot};
 use inlay_storage::{StoreConfig, TieredStore};
 use tracing::{error, info, warn};
@@ -27,7 +28,6 @@ use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminToken, WeakAdmin};
 use crate::cli::ServeArgs;
 use crate::config::{AccessLogTarget, Config, ConfigError};
-use crate::listeners::Tls;
 use crate::pipeline::Pipeline;
 
 /// The pipeline generation new requests get; a config reload swaps it.

@@ -72,6 +72,11 @@ impl From<TcpListener> for Listener {
     }
 }
 
+/// Set on every request that came over TLS (a request extension), by the
+/// service that reads [`Connection::tls`]: the access log reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverTls;
+
 /// What a connection is, for the service that answers its requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Connection {

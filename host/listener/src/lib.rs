@@ -41,7 +41,7 @@ mod tls;
 
 use inlay_core::LogLimit;
 
-pub use accept::{Connection, Listener, MakeService, Server};
+pub use accept::{Connection, Listener, MakeService, OverTls, Server};
 pub use limits::{Limits, PeerFilter};
 pub use per_client::{ClientSlot, PerClient};
 pub use socket::bind;

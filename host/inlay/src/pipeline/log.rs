@@ -35,10 +35,7 @@ pub fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
             .map(|p| p.to_string())
             .unwrap_or_else(|| "/".into()),
         protocol: format!("{:?}", parts.version),
-        tls: parts
-            .extensions
-            .get::<crate::listeners::OverTls>()
-            .is_some(),
+        tls: parts.extensions.get::<inlay_listener::OverTls>().is_some(),
         referer: get(http::header::REFERER),
         user_agent: get(http::header::USER_AGENT),
         host: get(http::header::HOST).or_else(|| parts.uri.authority().map(|a| a.to_string())),
