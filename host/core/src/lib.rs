@@ -17,6 +17,8 @@
 //!   `X-Forwarded-For`);
 //! - [`rendezvous`]: the one hash that picks a key's backend in a `shard`
 //!   director and a key's owner node in a sharded cluster.
+//! - [`LogLimit`]: the one budget of log lines for warnings a client or an
+//!   origin can cause at will.
 //!
 //! This crate depends on neither tokio nor wasmtime.
 
@@ -24,6 +26,7 @@ pub mod body;
 mod error;
 mod head;
 pub mod headers;
+pub mod log_limit;
 mod policy;
 pub mod rendezvous;
 mod status;
@@ -31,5 +34,6 @@ mod status;
 pub use body::{BoxError, ProxyBody};
 pub use error::{Blame, ProxyError};
 pub use head::{RequestHead, ResponseHead, path_and_query};
+pub use log_limit::LogLimit;
 pub use policy::{CacheSettings, EsiOverrides, RequestAction, SyntheticResponse};
 pub use status::{CacheStatus, StaleReason};

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crossbeam_utils::CachePadded;
+use inlay_core::LogLimit;
 use parking_lot::Mutex;
 use thread_local::ThreadLocal;
 use tracing::warn;
@@ -134,9 +135,8 @@ struct Shared {
     /// Lines that may wait before new ones are dropped.
     capacity: u64,
     dropped: AtomicU64,
-    /// When the next drop may be reported, in milliseconds after `opened`.
-    next_warning_ms: AtomicU64,
-    opened: Instant,
+    /// The drop warnings, at most one per [`DROP_WARNING_EVERY`].
+    drop_warnings: LogLimit,
     tick: Duration,
 }
 
@@ -232,8 +232,7 @@ impl AccessLog {
             hurry: AtomicBool::new(false),
             capacity: queue_lines,
             dropped: AtomicU64::new(0),
-            next_warning_ms: AtomicU64::new(0),
-            opened: Instant::now(),
+            drop_warnings: LogLimit::new(1, DROP_WARNING_EVERY),
             tick,
         });
         let writer = Arc::clone(&shared);
@@ -325,16 +324,8 @@ impl Handle {
 impl Shared {
     fn count_drop(&self) {
         let total = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = self.opened.elapsed().as_millis() as u64;
-        let next = self.next_warning_ms.load(Ordering::Relaxed);
-        let later = now + DROP_WARNING_EVERY.as_millis() as u64;
-        // One thread wins the exchange and warns; the others stay quiet.
-        if now >= next
-            && self
-                .next_warning_ms
-                .compare_exchange(next, later, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        // The line says how many were dropped in all.
+        if self.drop_warnings.admit().is_some() {
             warn!(
                 dropped = total,
                 "access log lines dropped: the writer cannot keep up with requests"

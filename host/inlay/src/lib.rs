@@ -8,16 +8,18 @@
 //!   module that runs it; [`startup`] wires the process (the only module
 //!   that sees everything); `reload` builds the next generation from the
 //!   config source.
-//! - [`admin`] is the admin API; `server` the client listeners.
+//! - [`admin`] is the admin API; [`listeners`] the client listeners' glue
+//!   to `inlay-listener`.
 //! - `pipeline` is the request's way through the host, one phase per
 //!   file; `backend` the origins it fetches from; `policy_services` what
 //!   policies reach of the host; `access_log` its log lines.
 //! - [`config`] is the typed configuration, data only; [`metrics`] a
 //!   passive registry; `diagnostics` the diagnostic log.
 //!
-//! The HTTP model, the cache, ESI, the policy runtime, the listener and the
-//! cluster are crates of their own (`inlay-core`, `inlay-cache`,
-//! `inlay-esi`, `inlay-runtime`, `inlay-cluster`).
+//! The HTTP model, the config, the cache, ESI, the policy runtime, the
+//! listeners and the cluster are crates of their own (`inlay-core`,
+//! `inlay-config`, `inlay-cache`, `inlay-esi`, `inlay-runtime`,
+//! `inlay-listener`, `inlay-cluster`).
 
 mod access_log;
 pub mod admin;
@@ -28,17 +30,14 @@ mod codec;
 /// The typed configuration (crate `inlay-config`).
 pub use inlay_config as config;
 mod diagnostics;
+pub mod listeners;
 pub mod metrics;
-mod open_files;
 mod pipeline;
 mod policy_services;
-mod proxy_protocol;
 mod reload;
 /// Request ids; public for the `request_id` benchmark.
 pub mod request_id;
 mod resolve;
-pub mod server;
 /// `Server-Timing`; public for the `request_id` benchmark.
 pub mod server_timing;
 pub mod startup;
-mod tls;

@@ -349,8 +349,9 @@ pub struct Metrics {
     registry: Mutex<Registry>,
 
     requests: [Counter; 3],
-    connections_open: Gauge,
-    connections_accepted: Counter,
+    /// The client listeners' connections, counted by `inlay-listener`
+    /// and read at scrape time (a collector in the registry).
+    connections: Arc<inlay_listener::ConnectionStats>,
     request_bytes: Counter,
     response_bytes: Counter,
 
@@ -412,8 +413,7 @@ impl Metrics {
             registry: Mutex::new(Registry::with_prefix("inlay")),
             requests: PROTOCOLS
                 .map(|protocol| requests.get_or_create(&ProtocolLabel { protocol }).clone()),
-            connections_open: Gauge::default(),
-            connections_accepted: c(),
+            connections: Arc::new(inlay_listener::ConnectionStats::new(enabled)),
             request_bytes: c(),
             response_bytes: c(),
             hits: c(),
@@ -464,16 +464,8 @@ impl Metrics {
     }
 
     fn register_all(&self, r: &mut Registry) {
-        r.register(
-            "connections_open",
-            "Client connections open now",
-            self.connections_open.clone(),
-        );
-        r.register(
-            "connections_accepted",
-            "Client connections accepted (MAIN.sess_conn)",
-            self.connections_accepted.clone(),
-        );
+        // `inlay_connections_open`, `inlay_connections_accepted_total`.
+        r.register_collector(Box::new(Arc::clone(&self.connections)));
         r.register_with_unit(
             "client_request_body",
             "Request body bytes read from clients (MAIN.s_req_bodybytes)",
@@ -632,6 +624,7 @@ impl Metrics {
     /// counts so far stay; nothing is counted while it is off.
     pub fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Relaxed);
+        self.connections.set_counting(on);
     }
 
     /// The flag [`Metrics::enabled`] reads, for counters kept elsewhere
@@ -678,13 +671,10 @@ impl Metrics {
         self.requests[i].inc();
     }
 
-    /// A client connection accepted; it counts as open until the guard drops.
-    pub fn connection_opened(self: &Arc<Self>) -> OpenConnection {
-        if self.enabled() {
-            self.connections_accepted.inc();
-            self.connections_open.inc();
-        }
-        OpenConnection(self.enabled().then(|| Arc::clone(self)))
+    /// What the client listeners count of their connections (they count
+    /// only while counting is on).
+    pub fn connections(&self) -> &Arc<inlay_listener::ConnectionStats> {
+        &self.connections
     }
 
     /// Request body bytes read from a client.
@@ -818,19 +808,6 @@ impl Metrics {
     }
 }
 
-/// A client connection counted as open until dropped
-/// ([`Metrics::connection_opened`]).
-#[derive(Debug)]
-pub struct OpenConnection(Option<Arc<Metrics>>);
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        if let Some(m) = &self.0 {
-            m.connections_open.dec();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -878,7 +855,7 @@ mod tests {
             let b = m.backend("origin-1");
             b.finished::<()>(b.start(), &Ok(()));
             {
-                let _open = m.connection_opened();
+                let _open = m.connections().opened();
                 assert_eq!(
                     sample(&m.encode(), "inlay_connections_open"),
                     if enabled { "1" } else { "0" }

@@ -2,7 +2,7 @@
 //! file again, with the same command-line overrides, and apply it as one
 //! new pipeline generation.
 //!
-//! A request reads the current generation once ([`crate::server::run`])
+//! A request reads the current generation once ([`crate::listeners::serve`])
 //! and finishes on it: its policy, backends, cache rules, ESI settings and
 //! access log. What is shared across generations is the cache itself
 //! (store, fetches in flight, hit-for-miss marks), the policy engine
@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use inlay_cache::{CacheStore, HttpCache};
+use inlay_listener::Tls;
 use inlay_runtime::{
     LoadedPolicy, PolicyEngine, PolicyError, PolicyLimits, PolicySlot, PolicySource,
 };
@@ -32,7 +33,6 @@ use crate::config::{AccessLogTarget, Config, ConfigError, ConfigSource, PolicyCo
 use crate::pipeline::Pipeline;
 use crate::pipeline::{GenerationFigures, Generations};
 use crate::resolve::resolve;
-use crate::tls::{CertificateSet, Tls};
 
 /// What a successful reload did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -63,6 +63,8 @@ pub struct Reloader {
     admin: Option<WeakAdmin>,
     /// The TLS listeners' certificates, read again at every reload.
     tls: Option<Arc<Tls>>,
+    /// Where the client listeners read their limits (`[server]`).
+    listener_limits: Option<tokio::sync::watch::Sender<Arc<inlay_listener::Limits>>>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -107,6 +109,7 @@ impl Reloader {
             source,
             admin: None,
             tls: None,
+            listener_limits: None,
             state: tokio::sync::Mutex::new(State {
                 generation: 1,
                 slot,
@@ -126,6 +129,16 @@ impl Reloader {
     #[must_use]
     pub fn with_tls(mut self, tls: Arc<Tls>) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Reloads send `[server]`'s limits to the client listeners on `limits`.
+    #[must_use]
+    pub fn with_listener_limits(
+        mut self,
+        limits: tokio::sync::watch::Sender<Arc<inlay_listener::Limits>>,
+    ) -> Self {
+        self.listener_limits = Some(limits);
         self
     }
 
@@ -283,7 +296,7 @@ impl Reloader {
         {
             warnings.push(w);
         }
-        warnings.extend(crate::open_files::apply(&cfg.server));
+        warnings.extend(crate::listeners::raise_open_files(&cfg.server));
         if let Some(admin) = self.admin.as_ref().and_then(WeakAdmin::upgrade) {
             admin.set_token(token);
         }
@@ -300,6 +313,7 @@ impl Reloader {
                 "cache.disk_size: the new bounds apply, but evicting down to them failed: {e}"
             ));
         }
+        let listener_limits = crate::listeners::limits(&cfg.server);
         let moved = moved.0.take();
         let next = Arc::new(match &moved {
             Some(cache) => old.next_generation_on(
@@ -322,6 +336,9 @@ impl Reloader {
         }
         self.current.store(next);
         drop(moving);
+        if let Some(limits) = &self.listener_limits {
+            limits.send_replace(Arc::new(listener_limits));
+        }
         if moved.is_some() {
             close_when_unused(old.cache().clone());
         }
@@ -524,7 +541,7 @@ fn close_when_unused(cache: HttpCache) {
 /// (so that renewed certificates are served). The TLS listeners are the
 /// running ones (a reload does not move them): a config that leaves them
 /// without a certificate is refused.
-fn tls_certificates(cfg: &Config) -> Result<CertificateSet, Vec<String>> {
+fn tls_certificates(cfg: &Config) -> Result<inlay_listener::CertificateSet, Vec<String>> {
     if let Some(first) = cfg.server.listen_tls.first()
         && cfg.server.tls.is_empty()
     {
@@ -532,7 +549,7 @@ fn tls_certificates(cfg: &Config) -> Result<CertificateSet, Vec<String>> {
             "server.tls: the running listener https://{first} needs a certificate, and a reload does not close it"
         )]);
     }
-    CertificateSet::load(&cfg.server.tls)
+    crate::listeners::load_certificates(&cfg.server.tls)
 }
 
 /// Log how the outgoing policy generation's requests got their

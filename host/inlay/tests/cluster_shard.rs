@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{NatsServer, Origin, Reply, request, unused_port};
 use inlay::config::{AccessLogTarget, Config};
-use inlay::server::Listener;
+use inlay::listeners::Listener;
 use inlay::startup::Proxy;
 use inlay_cluster::Cluster;
 use inlay_cluster::shard::MAX_MEMBERS;

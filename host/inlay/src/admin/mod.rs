@@ -25,7 +25,7 @@ pub mod client;
 mod view;
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -38,7 +38,6 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use inlay_cache::{HttpCache, PrimaryKey};
 use inlay_core::body::BoxError;
 use inlay_runtime::LoadedPolicy;
@@ -47,11 +46,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::config::{AdminAccess, Config};
 use crate::pipeline::{Invalidator, PurgeTarget};
@@ -891,7 +888,16 @@ impl AdminServer {
         let addr = listener.local_addr()?;
         info!("admin API listening on http://{addr}");
         let stop = CancellationToken::new();
-        let task = tokio::spawn(accept_loop(listener, admin, stop.clone()));
+        // Its limits never change: the sender goes at once.
+        let (_, limits) = tokio::sync::watch::channel(Arc::new(listener_limits()));
+        let server = inlay_listener::Server::new(limits, move |_: &inlay_listener::Connection| {
+            let admin = admin.clone();
+            service_fn(move |req: Request<hyper::body::Incoming>| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(admin.respond(req).await) }
+            })
+        });
+        let task = tokio::spawn(server.serve([listener], stop.clone().cancelled_owned()));
         Ok(Self { addr, stop, task })
     }
 
@@ -907,114 +913,38 @@ impl AdminServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, admin: Admin, stop: CancellationToken) {
-    let connections = TaskTracker::new();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let per_client = PerClient::default();
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => break,
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(permit) => tokio::select! {
-                    _ = stop.cancelled() => break,
-                    a = listener.accept() => a.map(|a| (a, permit)),
-                },
-                Err(_) => break,
-            },
-        };
-        let ((stream, peer), permit) = match accepted {
-            Ok(x) => x,
-            Err(e) => {
-                warn!(error = %e, "admin API: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Some(client_slot) = per_client.take(peer.ip()) else {
-            tracing::debug!(%peer, "admin API: client at its connection limit; closed");
-            continue;
-        };
-        let admin = admin.clone();
-        let stop = stop.clone();
-        connections.spawn(async move {
-            serve_connection(stream, peer, admin, stop).await;
-            drop(client_slot);
-            drop(permit);
-        });
-    }
-    drop(listener);
-    connections.close();
-    if tokio::time::timeout(Duration::from_secs(5), connections.wait())
-        .await
-        .is_err()
-    {
-        warn!("admin API: connections still open at shutdown were closed");
-    }
-}
-
-/// Connections open per client address.
-#[derive(Clone, Default)]
-struct PerClient(Arc<parking_lot::Mutex<std::collections::HashMap<IpAddr, usize>>>);
-
-/// One connection of a client address; given back on drop.
-struct ClientSlot(PerClient, IpAddr);
-
-impl PerClient {
-    fn take(&self, ip: IpAddr) -> Option<ClientSlot> {
-        let mut open = self.0.lock();
-        let n = open.entry(ip).or_default();
-        if *n >= MAX_CONNECTIONS_PER_CLIENT {
-            return None;
-        }
-        *n += 1;
-        Some(ClientSlot(self.clone(), ip))
-    }
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut open = (self.0).0.lock();
-        if let Some(n) = open.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.1);
-            }
-        }
-    }
-}
-
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-    admin: Admin,
-    stop: CancellationToken,
-) {
-    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-        let admin = admin.clone();
-        async move { Ok::<_, Infallible>(admin.respond(req).await) }
-    });
-    // One request per connection: no idle keep-alive connection holds a slot.
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD)
-        .keep_alive(false)
-        .serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    let served = tokio::time::timeout(CONNECTION_DEADLINE, async {
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = stop.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.as_mut().await
-            }
-        }
-    })
-    .await;
-    match served {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "admin API connection error"),
-        Err(_) => info!(%peer, "admin API connection open too long; closed"),
+/// The admin listener's limits: [`MAX_CONNECTIONS`], its share per
+/// client (more closed at once), one request per connection (no idle
+/// keep-alive connection holds a slot), HTTP/1 only, and
+/// [`CONNECTION_DEADLINE`] for everything.
+fn listener_limits() -> inlay_listener::Limits {
+    inlay_listener::Limits {
+        max_connections: MAX_CONNECTIONS,
+        max_connections_per_client: MAX_CONNECTIONS_PER_CLIENT,
+        tarpit_max: 0,
+        listen_backlog: 1024,
+        defer_accept: Duration::ZERO,
+        tcp_notsent_lowat: 0,
+        proxy_protocol: false,
+        proxy_protocol_from: None,
+        header_read_timeout: HEADER_READ_TIMEOUT,
+        tls_handshake_timeout: HEADER_READ_TIMEOUT,
+        idle_timeout: CONNECTION_DEADLINE,
+        busy_idle_timeout: CONNECTION_DEADLINE,
+        send_timeout: CONNECTION_DEADLINE,
+        idle_send_timeout: CONNECTION_DEADLINE,
+        connection_deadline: Some(CONNECTION_DEADLINE),
+        max_header_size: MAX_HEAD,
+        keep_alive: false,
+        http2: false,
+        h2_max_concurrent_streams: 1,
+        h2_max_header_list_size: MAX_HEAD as u32,
+        h2_max_pending_accept_reset_streams: 1,
+        h2_max_local_error_reset_streams: 1,
+        h2_keep_alive_interval: Duration::ZERO,
+        h2_keep_alive_timeout: HEADER_READ_TIMEOUT,
+        shutdown_timeout: Duration::from_secs(5),
+        setting_prefix: "",
     }
 }
 

@@ -14,7 +14,9 @@
 //!   specified, so a key keeps its backend across releases.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use inlay_core::LogLimit;
 
 use inlay_core::rendezvous;
 
@@ -28,31 +30,14 @@ pub struct Director {
     config: DirectorConfig,
     members: Vec<(Arc<Backend>, u32)>,
     next: AtomicUsize,
-    retry_log: RetryLog,
+    /// The retry warnings of this director, at most one a second: an
+    /// outage retries every request, and must not turn into a line for each.
+    retry_log: LogLimit,
 }
 
-/// The retry warnings of one director, at most one a second: an outage
-/// retries every request, and must not turn into a line for each.
-#[derive(Debug, Default)]
-struct RetryLog {
-    /// The second (since the Unix epoch) of the last line written.
-    second: AtomicU64,
-    /// Retries since the last line written.
-    since: AtomicU64,
-}
-
-impl RetryLog {
-    /// `Some(retries this line stands for)` when a line may be written.
-    fn admit(&self, now: u64) -> Option<u64> {
-        self.since.fetch_add(1, Ordering::Relaxed);
-        let last = self.second.load(Ordering::Relaxed);
-        (last != now
-            && self
-                .second
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok())
-        .then(|| self.since.swap(0, Ordering::Relaxed))
-    }
+/// The retries a line stands for: its own and those left out before it.
+fn retries_in_line(left_out: Option<u64>) -> Option<u64> {
+    left_out.map(|n| n + 1)
 }
 
 impl Director {
@@ -63,17 +48,14 @@ impl Director {
             config,
             members,
             next: AtomicUsize::new(0),
-            retry_log: RetryLog::default(),
+            retry_log: LogLimit::per_second(1),
         }
     }
 
     /// A retry happened: `Some(how many since the last line)` when it
     /// may be logged (at most once a second).
     pub fn log_retry(&self) -> Option<u64> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        self.retry_log.admit(now)
+        retries_in_line(self.retry_log.admit())
     }
 
     /// The director's name.
@@ -192,10 +174,11 @@ mod tests {
 
     #[test]
     fn retries_are_logged_once_a_second_with_their_count() {
-        let log = RetryLog::default();
-        let first: Vec<u64> = (0..1000).filter_map(|_| log.admit(100)).collect();
+        let log = LogLimit::per_second(1);
+        let line = |second: u64| retries_in_line(log.admit_at(second * 1000));
+        let first: Vec<u64> = (0..1000).filter_map(|_| line(100)).collect();
         assert_eq!(first, [1], "one line in the first second");
-        let next: Vec<u64> = (0..10).filter_map(|_| log.admit(101)).collect();
+        let next: Vec<u64> = (0..10).filter_map(|_| line(101)).collect();
         assert_eq!(
             next,
             [1000],

@@ -36,7 +36,7 @@ pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRec
             .map(|p| p.to_string())
             .unwrap_or_else(|| "/".into()),
         protocol: format!("{:?}", parts.version),
-        tls: parts.extensions.get::<crate::server::OverTls>().is_some(),
+        tls: parts.extensions.get::<inlay_listener::OverTls>().is_some(),
         referer: get(http::header::REFERER),
         user_agent: get(http::header::USER_AGENT),
         host: get(http::header::HOST).or_else(|| parts.uri.authority().map(|a| a.to_string())),

@@ -23,12 +23,11 @@ use tracing::{error, info, warn};
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, PolicyHook};
 use crate::config::{Config, ConfigError, ConfigSource};
+use crate::listeners::{Listener, Tls};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, load_policy, log_replay_stats};
 pub use crate::resolve::{Resolved, resolve};
-use crate::server::Listener;
-use crate::tls::Tls;
 
 /// `inlay serve`: read the config from `source` (a bad one exits with 2),
 /// set up the diagnostic log and the runtime, and serve until SIGTERM or
@@ -86,7 +85,7 @@ pub fn check(path: &Path) -> std::process::ExitCode {
         Err(e) => return fail(vec![e.to_string()]),
     };
     // The TLS certificates and keys are read as a start would.
-    if let Err(errors) = crate::tls::CertificateSet::load(&cfg.server.tls) {
+    if let Err(errors) = crate::listeners::load_certificates(&cfg.server.tls) {
         return fail(errors);
     }
     println!("{}: ok", path.display());
@@ -117,20 +116,20 @@ fn return_large_buffers_to_the_kernel() {
 async fn serve(cfg: Config, source: ConfigSource) -> anyhow::Result<()> {
     // The policy is compiled before we listen: a bad one stops start-up here.
     let proxy = Proxy::load(cfg).await?.reloading(source)?;
-    if let Some(warning) = crate::open_files::apply(&proxy.config().server) {
+    if let Some(warning) = crate::listeners::raise_open_files(&proxy.config().server) {
         warn!("{warning}");
     }
     let mut listeners = Vec::new();
     let backlog = proxy.config().server.listen_backlog;
     for addr in &proxy.config().server.listen {
-        let l = crate::server::bind(*addr, backlog)
+        let l = inlay_listener::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on {addr}"))?;
         // Tests and scripts read this line to learn the port of `-a 127.0.0.1:0`.
         info!("listening on http://{}", l.local_addr()?);
         listeners.push(Listener::plain(l));
     }
     for addr in &proxy.config().server.listen_tls {
-        let l = crate::server::bind(*addr, backlog)
+        let l = inlay_listener::bind(*addr, backlog)
             .with_context(|| format!("cannot listen on https://{addr}"))?;
         info!("listening on https://{}", l.local_addr()?);
         listeners.push(Listener::tls(l, proxy.tls().clone()));
@@ -178,7 +177,7 @@ impl Proxy {
         let metrics = Metrics::new(cfg.metrics.enabled);
         let cluster_metrics = cluster::metrics(&metrics);
         // A certificate or key that does not load stops start-up here.
-        let tls = Tls::new(&cfg.server.tls).map_err(|errors| {
+        let tls = crate::listeners::tls(&cfg.server.tls).map_err(|errors| {
             anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
         })?;
         // A node that cannot reach its cluster does not serve: it would
@@ -267,6 +266,7 @@ impl Proxy {
         let listening = listeners.iter().find(|l| !l.is_tls());
         let listening = listening.and_then(|l| l.local_addr().ok());
         let shard = inlay_cluster::shard::start(cluster.as_ref(), listening).await?;
+        let connections = metrics.connections().clone();
         let pipeline = Pipeline::first(
             Arc::clone(&settings.config),
             &settings.backend_tls,
@@ -278,10 +278,13 @@ impl Proxy {
         .with_shared_kv(shared_kv)
         .with_shard(shard.clone());
         let (source, hup) = reload_source.unzip();
+        let limits = crate::listeners::limits(&cfg.server);
+        let (listener_limits, limits) = tokio::sync::watch::channel(Arc::new(limits));
         let reloader = Arc::new(
             Reloader::new(pipeline, policy, source)
                 .with_admin(admin.clone())
-                .with_tls(tls),
+                .with_tls(tls)
+                .with_listener_limits(listener_limits),
         );
         // Other nodes' purges this one missed are applied before it serves,
         // and the admin API's purges are published from the first.
@@ -303,7 +306,8 @@ impl Proxy {
                 shard.leave().await;
             }
         };
-        crate::server::run(listeners, reloader.generations(), shutdown).await;
+        let generations = reloader.generations();
+        crate::listeners::serve(listeners, generations, limits, connections, shutdown).await;
         if let Some(task) = on_hup {
             task.abort();
         }

@@ -1,5 +1,5 @@
 //! The PROXY protocol (HAProxy's, v1 text and v2 binary) in front of a
-//! client connection (`server.proxy_protocol`): the load balancer that
+//! client connection (`Limits::proxy_protocol`): the load balancer that
 //! accepted the client says who the client is before anything else is sent.
 //!
 //! The header is parsed by the `ppp` crate; this module reads it with a
@@ -12,6 +12,12 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use ppp::{HeaderResult, PartialResult as _, v1, v2};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::CLIENT_WARNINGS;
+use crate::limits::Limits;
 
 /// Most bytes read while looking for the header: a v1 header is at most
 /// 107 bytes; a v2 header is 16 bytes and its addresses and TLVs, which
@@ -47,9 +53,14 @@ pub struct ProxyHeader {
     pub rest: Bytes,
 }
 
-/// Read the PROXY header at the start of `io`. The caller bounds the time.
-pub async fn read_header<R: AsyncRead + Unpin>(io: &mut R) -> Result<ProxyHeader, HeaderError> {
-    let mut buf = Vec::with_capacity(256);
+/// Read the PROXY header at the start of `io`, whose first bytes `read`
+/// the caller has read already. The caller bounds the time.
+pub async fn read_header<R: AsyncRead + Unpin>(
+    read: &[u8],
+    io: &mut R,
+) -> Result<ProxyHeader, HeaderError> {
+    let mut buf = Vec::with_capacity(read.len().max(256));
+    buf.extend_from_slice(read);
     loop {
         let parsed = HeaderResult::parse(&buf);
         if parsed.is_complete() {
@@ -95,18 +106,72 @@ fn v2_source(h: &v2::Header<'_>) -> Option<SocketAddr> {
     }
 }
 
+/// The PROXY protocol header of a connection, within
+/// `header_read_timeout`; `None` (the connection closed, a rate-limited
+/// warning logged) when it is missing, malformed, too long, late, or the
+/// server stops.
+pub(crate) async fn proxy_header(
+    first: Bytes,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    limits: &Limits,
+    stop: &CancellationToken,
+) -> Option<ProxyHeader> {
+    let read = tokio::time::timeout(limits.header_read_timeout, read_header(&first, stream));
+    let result = tokio::select! {
+        r = read => r,
+        () = stop.cancelled() => return None,
+    };
+    match result {
+        Ok(Ok(header)) => Some(header),
+        Ok(Err(HeaderError::Closed)) => {
+            debug!(%peer, "connection closed before its PROXY header");
+            None
+        }
+        Ok(Err(e)) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                let prefix = limits.setting_prefix;
+                warn!(%peer, error = %e, suppressed = more, "no valid PROXY protocol header ({prefix}proxy_protocol); connection closed");
+            }
+            None
+        }
+        Err(_) => {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "no PROXY protocol header within header_read_timeout; connection closed");
+            }
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     async fn parse(bytes: &[u8]) -> Result<ProxyHeader, HeaderError> {
-        read_header(&mut &bytes[..]).await
+        read_header(b"", &mut &bytes[..]).await
     }
 
     fn v2(command: v2::Command, addresses: impl Into<v2::Addresses>) -> Vec<u8> {
         v2::Builder::with_addresses(v2::Version::Two | command, v2::Protocol::Stream, addresses)
             .build()
             .unwrap()
+    }
+
+    #[tokio::test]
+    async fn bytes_read_already_start_the_header() {
+        let mut socket = &b"192.0.2.1 5555 443\r\nGET"[..];
+        let h = read_header(b"PROXY TCP4 203.0.113.7 ", &mut socket)
+            .await
+            .unwrap();
+        assert_eq!(h.source, Some("203.0.113.7:5555".parse().unwrap()));
+        assert_eq!(&h.rest[..], b"GET");
+        // All of it read already: the socket is not read.
+        let mut empty = &b""[..];
+        let h = read_header(b"PROXY UNKNOWN\r\nGET / HTTP/1.1\r\n", &mut empty)
+            .await
+            .unwrap();
+        assert_eq!((h.source, &h.rest[..]), (None, &b"GET / HTTP/1.1\r\n"[..]));
     }
 
     #[tokio::test]

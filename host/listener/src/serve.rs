@@ -1,0 +1,350 @@
+//! One admitted connection served: HTTP/1.1 or HTTP/2 (hyper), its
+//! timeouts (header read, idle, busy idle, send, idle send, the
+//! connection's deadline), and graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::Service;
+use hyper_util::rt::TokioTimer;
+use hyper_util::server::conn::auto;
+use inlay_core::BoxError;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::CLIENT_WARNINGS;
+use crate::activity::{Activity, GuardedBody, InFlight};
+use crate::admission::Admission;
+use crate::limits::Limits;
+use crate::send_clock::{STREAM_CLOCK, SendClock, SendLimits, StreamExecutor};
+
+/// Serve `io` (an admitted connection from `peer`, perhaps TLS) with
+/// `service` until it ends, a timeout closes it, or `stop` asks for a
+/// graceful close.
+pub(crate) async fn serve_connection<I, S, B>(
+    io: I,
+    service: S,
+    activity: Arc<Activity>,
+    peer: SocketAddr,
+    limits: &Limits,
+    admission: &Admission,
+    stop: CancellationToken,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
+    let send_limits = SendLimits::of(limits);
+    let mut builder = auto::Builder::new(StreamExecutor(send_limits));
+    if !limits.http2 {
+        builder = builder.http1_only();
+    }
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_size.max(8192))
+        .keep_alive(limits.keep_alive);
+    let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.h2_max_header_list_size)
+        .max_concurrent_streams(limits.h2_max_concurrent_streams)
+        .max_pending_accept_reset_streams(limits.h2_max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
+        .keep_alive_interval(keep_alive)
+        .keep_alive_timeout(limits.h2_keep_alive_timeout);
+    // HTTP/1 sends one response at a time: its clock is the connection's.
+    // An HTTP/2 stream gets its own from `StreamExecutor`.
+    let h1_clock = Arc::new(SendClock::new(send_limits, false));
+    let service = Tracked {
+        inner: service,
+        activity: activity.clone(),
+        h1_clock: h1_clock.clone(),
+    };
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let idle = limits.idle_timeout;
+    let busy_idle = idle.min(limits.busy_idle_timeout);
+    // Fewer free slots than this: idle connections go after `busy_idle`.
+    let reserve = (limits.max_connections / 10).max(1);
+    let period = busy_idle
+        .min(limits.idle_send_timeout)
+        .min(Duration::from_secs(1))
+        .max(Duration::from_millis(10));
+    // Each connection checks at a phase of its own: connections accepted
+    // in one burst (a flood) ticked in the same millisecond, a few
+    // thousand wake-ups at once on the thread that also accepts and
+    // answers everyone.
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + phase(peer, period), period);
+    let deadline = async {
+        match limits.connection_deadline {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let expired = h1_clock.expired();
+    tokio::pin!(expired);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            // The connection first: the response it polls arms the send clock.
+            biased;
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    log_connection_error(peer, &*e);
+                }
+                return;
+            }
+            _ = stop.cancelled(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            why = &mut expired => {
+                info!(%peer, "response not sent within {why}; connection closed");
+                return;
+            }
+            () = &mut deadline => {
+                info!(%peer, "connection open longer than its deadline; closed");
+                return;
+            }
+            _ = tick.tick() => {
+                // Checked while closing too: a graceful shutdown waits for
+                // writes that a client which reads nothing never lets finish.
+                if activity.write_blocked_for() >= limits.idle_send_timeout {
+                    info!(%peer, "client read nothing for idle_send_timeout; connection closed");
+                    return;
+                }
+                let idle = if admission.free() < reserve {
+                    busy_idle
+                } else {
+                    idle
+                };
+                if !closing && activity.idle_for() >= idle {
+                    debug!(%peer, "closing idle connection");
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// A point within `period` that differs from one connection to the next.
+fn phase(peer: SocketAddr, period: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    // Each `RandomState` has keys of its own.
+    let h = RandomState::new().hash_one(peer);
+    let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX).max(1);
+    Duration::from_micros(h % period_us)
+}
+
+/// The caller's service, with each request counted in flight and each
+/// response timed by its send clock.
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    h1_clock: Arc<SendClock>,
+}
+
+impl<S, B> Service<Request<Incoming>> for Tracked<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    B: http_body::Body,
+{
+    type Response = Response<GuardedBody<B>>;
+    type Error = Infallible;
+    type Future = TrackedCall<S::Future>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        TrackedCall {
+            inner: self.inner.call(req),
+            guard: Some(InFlight::new(self.activity.clone())),
+            h1_clock: Some(self.h1_clock.clone()),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request being answered by the caller's service.
+    struct TrackedCall<F> {
+        #[pin]
+        inner: F,
+        guard: Option<InFlight>,
+        h1_clock: Option<Arc<SendClock>>,
+    }
+}
+
+impl<F, B> Future for TrackedCall<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+    B: http_body::Body,
+{
+    type Output = Result<Response<GuardedBody<B>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(response) = std::task::ready!(this.inner.poll(cx));
+        // An HTTP/2 stream's future runs in the stream's task, with the
+        // stream's clock; HTTP/1 has the connection's.
+        let clock = STREAM_CLOCK
+            .try_with(Arc::clone)
+            .ok()
+            .or_else(|| this.h1_clock.take());
+        let guard = this
+            .guard
+            .take()
+            .expect("a TrackedCall is not polled after it is ready");
+        Poll::Ready(Ok(response.map(|b| guard.attach(b, clock))))
+    }
+}
+
+fn log_connection_error(peer: SocketAddr, e: &(dyn std::error::Error + 'static)) {
+    if let Some(h) = e.downcast_ref::<hyper::Error>() {
+        if h.is_timeout() {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, suppressed = more, "client sent no complete request head in time (header_read_timeout); connection closed");
+            }
+            return;
+        }
+        if h.is_parse() || h.is_parse_too_large() {
+            if let Some(more) = CLIENT_WARNINGS.admit() {
+                warn!(%peer, error = %h, suppressed = more, "malformed request; answered 400 and closed the connection");
+            }
+            return;
+        }
+        if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+            debug!(%peer, error = %h, "client went away");
+            return;
+        }
+    }
+    if let Some(io) = e.downcast_ref::<io::Error>()
+        && io.kind() == io::ErrorKind::Interrupted
+    {
+        // hyper-util's answer to a graceful close before the first byte:
+        // a connection we closed because it stayed idle.
+        debug!(%peer, "idle connection closed before its first request");
+        return;
+    }
+    let text = e.to_string();
+    if went_away(e) || text.contains("connection reset") || text.contains("broken pipe") {
+        debug!(%peer, error = %text, "client went away");
+    } else if let Some(more) = CLIENT_WARNINGS.admit() {
+        warn!(%peer, error = %text, suppressed = more, "connection error");
+    }
+}
+
+/// Whether `e` (or what caused it) is the client leaving: a reset, a write
+/// to a closed socket, or (over TLS) the end of the stream without a
+/// close_notify. A TLS client that resets after its handshake, before any
+/// HTTP byte, is as common as one that leaves a plain connection.
+fn went_away(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<io::Error>() {
+            if matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::UnexpectedEof
+            ) {
+                return true;
+            }
+            // An io::Error wrapping another error: its source is the
+            // inner one's source, so look at the inner one itself.
+            if let Some(inner) = io.get_ref() {
+                cause = Some(inner);
+                continue;
+            }
+        }
+        cause = c.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body::Frame;
+    use hyper::service::service_fn;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    #[test]
+    fn a_reset_or_an_unclosed_tls_stream_is_a_client_going_away() {
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert!(went_away(&reset));
+        let wrapped = io::Error::other(io::Error::from(io::ErrorKind::UnexpectedEof));
+        assert!(went_away(&wrapped), "found through the source chain");
+        assert!(!went_away(&io::Error::from(io::ErrorKind::InvalidData)));
+    }
+
+    /// Connections accepted in one burst must not all wake in the same
+    /// millisecond for their idle checks.
+    #[test]
+    fn connections_check_their_timers_at_phases_of_their_own() {
+        let period = Duration::from_secs(1);
+        let phases: std::collections::HashSet<Duration> = (0..64u16)
+            .map(|i| phase(SocketAddr::from(([127, 0, 0, 1], 40_000 + i)), period))
+            .collect();
+        assert!(phases.iter().all(|p| *p < period), "{phases:?}");
+        assert!(phases.len() > 48, "{} distinct phases of 64", phases.len());
+    }
+
+    /// A page whose body fails right after its first bytes (an ESI include
+    /// that fails at once) must reach the client as a 200 head and those
+    /// bytes, then a cut connection: never as nothing, never as a complete
+    /// chunked body.
+    #[tokio::test]
+    async fn bytes_before_a_body_error_reach_the_client_before_the_cut() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = service_fn(|_req: hyper::Request<Incoming>| async {
+                let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+                    Ok(Frame::data(Bytes::from_static(b"before"))),
+                    Err("include failed".into()),
+                ];
+                let body = inlay_core::body::boxed(http_body_util::StreamBody::new(
+                    futures_util::stream::iter(frames),
+                ));
+                let guard = InFlight::new(Arc::new(Activity::default()));
+                Ok::<_, Infallible>(hyper::Response::new(guard.attach(body, None)))
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let _ = client.read_to_end(&mut got).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        assert!(got.contains("\r\n6\r\nbefore\r\n"), "{got:?}");
+        assert!(
+            !got.ends_with("0\r\n\r\n"),
+            "the cut page looks complete: {got:?}"
+        );
+    }
+}
