@@ -23,15 +23,15 @@
 
 mod access_log;
 pub mod admin;
-mod backend;
-mod body;
+use inlay_backend as backend;
 pub mod cli;
 mod codec;
 /// The typed configuration (crate `inlay-config`).
 pub use inlay_config as config;
 mod diagnostics;
 pub mod listeners;
-pub mod metrics;
+/// The Prometheus metrics (crate `inlay-metrics`).
+pub use inlay_metrics as metrics;
 mod pipeline;
 mod policy_services;
 mod reload;

@@ -22,37 +22,32 @@
 //! for a pushed policy). Errors are JSON: `{"error": "..."}`.
 
 pub mod client;
+mod purge_request;
+mod server;
+mod token;
 mod view;
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper::service::service_fn;
-use inlay_cache::{HttpCache, PrimaryKey};
+use inlay_cache::HttpCache;
 use inlay_core::body::BoxError;
 use inlay_runtime::LoadedPolicy;
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq;
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-use tracing::info;
 
 use crate::config::{AdminAccess, Config};
-use crate::pipeline::{Invalidator, PurgeTarget};
+use crate::pipeline::Invalidator;
 
+use purge_request::{PurgeRequest, truncated};
+pub use server::{AdminServer, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_CLIENT};
+pub use token::{AdminToken, Readiness};
 pub use view::config_json;
 
 /// The media type of a policy pushed to `POST /policy/push` (what `inlay
@@ -63,120 +58,8 @@ pub const JSON_MEDIA_TYPE: &str = "application/json";
 
 /// Largest request body the admin API reads; past it the answer is 413.
 pub const MAX_BODY: usize = 64 << 10;
-/// Connections served at once; more wait in the kernel's backlog.
-pub const MAX_CONNECTIONS: usize = 64;
-/// Connections one client address may hold; more from it are closed at
-/// once, so that a client holding slow requests cannot keep a load
-/// balancer's probe from another address waiting.
-pub const MAX_CONNECTIONS_PER_CLIENT: usize = 16;
-/// A client must send its request head within this time.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// A client must send its request body within this time.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest a connection may last (a reload that compiles a policy included).
-const CONNECTION_DEADLINE: Duration = Duration::from_secs(300);
-/// Largest request head read, in bytes (hyper's smallest buffer).
-const MAX_HEAD: usize = 8192;
-/// Most surrogate keys one purge may name.
-const MAX_PURGE_KEYS: usize = 1000;
-/// Longest surrogate key or URL accepted.
-const MAX_KEY_LEN: usize = 1024;
-const MAX_URL_LEN: usize = 8192;
-
-/// Whether the proxy should get traffic: starting (the cache is not open
-/// yet), ready, or stopping (a shutdown signal came; the drain runs).
-/// Clones share one state.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicU8>);
-
-const STARTING: u8 = 0;
-const READY: u8 = 1;
-const STOPPING: u8 = 2;
-
-impl Readiness {
-    /// A process that is starting: not ready.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The cache is open and the policy loaded. Has no effect once stopping.
-    pub fn set_ready(&self) {
-        let _ = self
-            .0
-            .compare_exchange(STARTING, READY, Ordering::SeqCst, Ordering::SeqCst);
-    }
-
-    /// A shutdown signal came: load balancers must stop sending. Final.
-    pub fn set_stopping(&self) {
-        self.0.store(STOPPING, Ordering::SeqCst);
-    }
-
-    /// Whether `/readyz` answers 200.
-    pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::SeqCst) == READY
-    }
-
-    /// `"starting"`, `"ready"` or `"stopping"`.
-    pub fn state(&self) -> &'static str {
-        match self.0.load(Ordering::SeqCst) {
-            STARTING => "starting",
-            READY => "ready",
-            _ => "stopping",
-        }
-    }
-}
-
-/// The admin API's bearer token (`admin.token_file`).
-#[derive(Clone)]
-pub struct AdminToken(Arc<[u8]>);
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(<redacted>)")
-    }
-}
-
-impl AdminToken {
-    /// Read the token from `path`: its text without the trailing newline.
-    /// An empty file, or one that is not a single word of visible ASCII
-    /// (a header cannot carry anything else), is an error.
-    pub fn read(path: &Path) -> anyhow::Result<Self> {
-        let text =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        Self::new(&text).map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))
-    }
-
-    /// The token from its bytes; a trailing newline (`\n` or `\r\n`) is dropped.
-    pub fn new(text: &[u8]) -> Result<Self, String> {
-        let text = text.strip_suffix(b"\n").unwrap_or(text);
-        let text = text.strip_suffix(b"\r").unwrap_or(text);
-        if text.is_empty() {
-            return Err("the token is empty".into());
-        }
-        if !text.iter().all(|b| (0x21..=0x7e).contains(b)) {
-            return Err("the token must be one word of visible ASCII".into());
-        }
-        Ok(Self(text.into()))
-    }
-
-    /// The token, for a client's `Authorization` header.
-    pub fn secret(&self) -> &[u8] {
-        &self.0
-    }
-
-    /// Whether `headers` carry `Authorization: Bearer <this token>`; the
-    /// token is compared in constant time.
-    pub fn admits(&self, headers: &HeaderMap) -> bool {
-        let Some(v) = headers.get(header::AUTHORIZATION) else {
-            return false;
-        };
-        let v = v.as_bytes();
-        let Some((scheme, given)) = v.split_at_checked(7) else {
-            return false;
-        };
-        scheme.eq_ignore_ascii_case(b"bearer ") && bool::from(given.trim_ascii().ct_eq(&self.0))
-    }
-}
 
 /// `GET /metrics`: the Prometheus text.
 pub type MetricsHook = Arc<dyn Fn() -> BoxFuture<'static, String> + Send + Sync>;
@@ -709,95 +592,6 @@ fn media_type(value: &[u8]) -> String {
     essence.trim().to_ascii_lowercase()
 }
 
-/// The body of `POST /purge`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PurgeRequest {
-    /// `http://host/path?query`, or `/path?query` with `host`.
-    url: Option<String>,
-    host: Option<String>,
-    surrogate_keys: Option<Vec<String>>,
-    #[serde(default)]
-    soft: bool,
-}
-
-impl PurgeRequest {
-    /// What to purge, and how the answer names it (`url HOST/PATH`, `keys A B`).
-    fn target(&self) -> Result<(PurgeTarget, String), String> {
-        match (&self.url, &self.surrogate_keys) {
-            (Some(url), None) => self.url_target(url),
-            (None, Some(keys)) => {
-                if self.host.is_some() {
-                    return Err("\"host\" goes with \"url\", not with surrogate keys".into());
-                }
-                if keys.is_empty() || keys.len() > MAX_PURGE_KEYS {
-                    return Err(format!("give 1 to {MAX_PURGE_KEYS} surrogate keys"));
-                }
-                for k in keys {
-                    // Keys are words of a header field (Surrogate-Key: a b).
-                    if k.is_empty()
-                        || k.len() > MAX_KEY_LEN
-                        || !k.bytes().all(|b| (0x21..=0x7e).contains(&b))
-                    {
-                        return Err(format!(
-                            "surrogate keys are words of visible ASCII, 1 to {MAX_KEY_LEN} bytes: {:?}",
-                            truncated(k)
-                        ));
-                    }
-                }
-                Ok((
-                    PurgeTarget::Keys(keys.clone()),
-                    format!("keys {}", keys.join(" ")),
-                ))
-            }
-            _ => Err("give either \"url\" or \"surrogate_keys\"".into()),
-        }
-    }
-
-    /// The key the public `PURGE` method computes for this URL: the
-    /// request goes through the same normalisation as a client's.
-    fn url_target(&self, url: &str) -> Result<(PurgeTarget, String), String> {
-        if url.len() > MAX_URL_LEN {
-            return Err(format!("the URL is longer than {MAX_URL_LEN} bytes"));
-        }
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|_| format!("not a URL: {:?}", truncated(url)))?;
-        let mut req = Request::builder().method("PURGE");
-        match (uri.authority(), &self.host) {
-            (Some(_), Some(_)) => {
-                return Err("give the host in the URL or in \"host\", not both".into());
-            }
-            (Some(_), None) => {
-                if !matches!(uri.scheme_str(), Some("http" | "https")) {
-                    return Err(format!("not an http URL: {:?}", truncated(url)));
-                }
-            }
-            (None, Some(host)) => {
-                let host = HeaderValue::from_str(host)
-                    .map_err(|_| format!("not a host name: {:?}", truncated(host)))?;
-                req = req.header(header::HOST, host);
-            }
-            (None, None) => return Err("a path needs \"host\" (or give a full URL)".into()),
-        }
-        let (parts, ()) = req
-            .uri(uri)
-            .body(())
-            .map_err(|e| format!("bad URL: {e}"))?
-            .into_parts();
-        let peer = SocketAddr::from(([127, 0, 0, 1], 0));
-        let head = crate::pipeline::recv::normalise(parts, peer, "")
-            .map_err(|e| format!("{e} in {:?}", truncated(url)))?;
-        let shown = format!("url {}{}", head.host(), head.path_and_query());
-        Ok((PurgeTarget::Url(PrimaryKey::of(&head)), shown))
-    }
-}
-
-/// At most 100 characters of client text, for error messages.
-fn truncated(s: &str) -> String {
-    s.chars().take(100).collect()
-}
-
 /// Read a request body of at most `limit` bytes ([`MAX_BODY`] but for a
 /// pushed policy) within [`BODY_READ_TIMEOUT`].
 async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Refusal>
@@ -865,132 +659,9 @@ fn not_available(what: &str) -> Response<Full<Bytes>> {
     )
 }
 
-/// The admin listener, serving until [`shutdown`](Self::shutdown).
-#[derive(Debug)]
-pub struct AdminServer {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-impl AdminServer {
-    /// Listen on `addr` and serve `admin`; logs "admin API listening on
-    /// http://ADDR" (tests and scripts read the port of `127.0.0.1:0` there).
-    pub async fn bind(addr: SocketAddr, admin: Admin) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("admin API: cannot listen on {addr}"))?;
-        Ok(Self::start(listener, admin)?)
-    }
-
-    /// Serve `admin` on `listener`.
-    pub fn start(listener: TcpListener, admin: Admin) -> std::io::Result<Self> {
-        let addr = listener.local_addr()?;
-        info!("admin API listening on http://{addr}");
-        let stop = CancellationToken::new();
-        // Its limits never change: the sender goes at once.
-        let (_, limits) = tokio::sync::watch::channel(Arc::new(listener_limits()));
-        let server = inlay_listener::Server::new(limits, move |_: &inlay_listener::Connection| {
-            let admin = admin.clone();
-            service_fn(move |req: Request<hyper::body::Incoming>| {
-                let admin = admin.clone();
-                async move { Ok::<_, Infallible>(admin.respond(req).await) }
-            })
-        });
-        let task = tokio::spawn(server.serve([listener], stop.clone().cancelled_owned()));
-        Ok(Self { addr, stop, task })
-    }
-
-    /// The address it listens on.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stop accepting, let the requests in flight finish (5 s at most).
-    pub async fn shutdown(self) {
-        self.stop.cancel();
-        let _ = self.task.await;
-    }
-}
-
-/// The admin listener's limits: [`MAX_CONNECTIONS`], its share per
-/// client (more closed at once), one request per connection (no idle
-/// keep-alive connection holds a slot), HTTP/1 only, and
-/// [`CONNECTION_DEADLINE`] for everything.
-fn listener_limits() -> inlay_listener::Limits {
-    inlay_listener::Limits {
-        max_connections: MAX_CONNECTIONS,
-        max_connections_per_client: MAX_CONNECTIONS_PER_CLIENT,
-        tarpit_max: 0,
-        listen_backlog: 1024,
-        defer_accept: Duration::ZERO,
-        tcp_notsent_lowat: 0,
-        proxy_protocol: false,
-        proxy_protocol_from: None,
-        header_read_timeout: HEADER_READ_TIMEOUT,
-        tls_handshake_timeout: HEADER_READ_TIMEOUT,
-        idle_timeout: CONNECTION_DEADLINE,
-        busy_idle_timeout: CONNECTION_DEADLINE,
-        send_timeout: CONNECTION_DEADLINE,
-        idle_send_timeout: CONNECTION_DEADLINE,
-        connection_deadline: Some(CONNECTION_DEADLINE),
-        max_header_size: MAX_HEAD,
-        keep_alive: false,
-        http2: false,
-        h2_max_concurrent_streams: 1,
-        h2_max_header_list_size: MAX_HEAD as u32,
-        h2_max_pending_accept_reset_streams: 1,
-        h2_max_local_error_reset_streams: 1,
-        h2_keep_alive_interval: Duration::ZERO,
-        h2_keep_alive_timeout: HEADER_READ_TIMEOUT,
-        shutdown_timeout: Duration::from_secs(5),
-        setting_prefix: "",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn with_auth(v: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
-        h
-    }
-
-    #[test]
-    fn the_token_is_read_without_its_newline_and_checked_exactly() {
-        let t = AdminToken::new(b"s3cret\n").unwrap();
-        assert!(t.admits(&with_auth("Bearer s3cret")));
-        assert!(t.admits(&with_auth("bearer s3cret")));
-        assert!(!t.admits(&with_auth("Bearer s3cre")));
-        assert!(!t.admits(&with_auth("Bearer s3cret2")));
-        assert!(!t.admits(&with_auth("Basic s3cret")));
-        assert!(!t.admits(&with_auth("s3cret")));
-        assert!(!t.admits(&HeaderMap::new()));
-        assert!(
-            AdminToken::new(b"tok\r\n")
-                .unwrap()
-                .admits(&with_auth("Bearer tok"))
-        );
-        assert!(AdminToken::new(b"\n").is_err());
-        assert!(AdminToken::new(b"").is_err());
-        assert!(AdminToken::new(b"two words").is_err());
-        assert!(!format!("{t:?}").contains("s3cret"));
-    }
-
-    #[test]
-    fn readiness_goes_ready_then_stopping_and_never_back() {
-        let r = Readiness::new();
-        assert!(!r.is_ready());
-        assert_eq!(r.state(), "starting");
-        r.set_ready();
-        assert!(r.is_ready());
-        r.set_stopping();
-        r.set_ready();
-        assert!(!r.is_ready());
-        assert_eq!(r.state(), "stopping");
-    }
 
     #[test]
     fn posts_take_only_media_types_a_page_cannot_send_without_a_preflight() {
@@ -1050,63 +721,6 @@ mod tests {
                     "{route:?} took {t:?}"
                 );
             }
-        }
-    }
-
-    fn target(v: Value) -> Result<PurgeTarget, String> {
-        let (target, _) = serde_json::from_value::<PurgeRequest>(v)
-            .map_err(|e| e.to_string())?
-            .target()?;
-        Ok(target)
-    }
-
-    #[test]
-    fn a_purge_url_has_the_key_of_the_request_a_client_sends() {
-        let client_head = || {
-            let (parts, ()) = Request::builder()
-                .uri("/a/b?x=1")
-                .header("host", "WWW.Example.com")
-                .body(())
-                .unwrap()
-                .into_parts();
-            crate::pipeline::recv::normalise(parts, SocketAddr::from(([1, 2, 3, 4], 5)), "d")
-                .unwrap()
-        };
-        let want = PrimaryKey::of(&client_head());
-        for v in [
-            json!({ "url": "http://WWW.Example.com/a/b?x=1" }),
-            json!({ "url": "/a/b?x=1", "host": "www.example.com" }),
-        ] {
-            let Ok(PurgeTarget::Url(key)) = target(v.clone()) else {
-                panic!("{v} refused")
-            };
-            assert_eq!(key, want, "{v}");
-        }
-    }
-
-    #[test]
-    fn bad_purge_requests_are_refused_with_a_reason() {
-        for v in [
-            json!({}),
-            json!({ "url": "/a" }),
-            json!({ "url": "http://h/a", "host": "h" }),
-            json!({ "url": "ftp://h/a" }),
-            json!({ "url": "/a", "host": "bad host" }),
-            json!({ "url": "/a", "host": "u@h" }),
-            json!({ "url": "/a", "host": "h/x" }),
-            json!({ "url": "http://u@h/a" }),
-            json!({ "url": "not a url" }),
-            json!({ "url": "/a", "surrogate_keys": ["k"], "host": "h" }),
-            json!({ "surrogate_keys": [] }),
-            json!({ "surrogate_keys": ["a b"] }),
-            json!({ "surrogate_keys": [""] }),
-            json!({ "surrogate_keys": ["k"], "host": "h" }),
-            json!({ "surrogate_keys": vec!["k"; MAX_PURGE_KEYS + 1] }),
-            json!({ "url": format!("/{}", "a".repeat(MAX_URL_LEN)), "host": "h" }),
-            json!({ "url": "/a", "host": "h", "extra": 1 }),
-            json!({ "url": 5 }),
-        ] {
-            assert!(target(v.clone()).is_err(), "{v} accepted");
         }
     }
 }

@@ -13,9 +13,9 @@ use inlay_core::{ProxyBody, ProxyError, RequestHead, body, headers};
 
 use inlay_cluster::shard::{HOP, Peer, Shard};
 
+use crate::backend::TimeoutBody;
 use crate::backend::director::key_hash;
 use crate::backend::{Backends, Picked};
-use crate::body::TimeoutBody;
 
 /// Client fields that would make the backend answer with less than a whole
 /// object; a fetch for the cache drops them (and adds its own validators).

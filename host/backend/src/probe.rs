@@ -21,8 +21,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, info, warn};
 
 use super::tls::Connector;
-use crate::config::{BackendConfig, ProbeConfig};
-use crate::metrics::BackendMetrics;
+use inlay_config::{BackendConfig, ProbeConfig};
+use inlay_metrics::BackendMetrics;
 
 /// Longest probe outcome kept for `GET /stats`.
 const MAX_OUTCOME: usize = 200;

@@ -5,6 +5,7 @@
 
 pub mod director;
 pub mod probe;
+mod timeout_body;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -18,9 +19,9 @@ use inlay_core::ProxyError;
 use inlay_core::body::{self, ProxyBody};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::body::TimeoutBody;
-use crate::config::{BackendConfig, Config};
-use crate::metrics::{BackendMetrics, Metrics};
+use inlay_config::{BackendConfig, Config};
+use inlay_metrics::{BackendMetrics, Metrics};
+pub use timeout_body::TimeoutBody;
 
 /// One configured origin.
 #[derive(Debug)]
@@ -146,7 +147,7 @@ impl Backends {
         }
         let director = self.directors.get(name)?;
         let key = match director.config().kind {
-            crate::config::DirectorKind::Shard => key(),
+            inlay_config::DirectorKind::Shard => key(),
             _ => 0,
         };
         Some(Picked {

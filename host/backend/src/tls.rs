@@ -39,7 +39,7 @@ use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, RootCer
 /// PKI is well under 1 MiB); past it the file is refused, not read.
 const MAX_PEM_FILE: u64 = 16 << 20;
 
-pub use crate::config::TlsSettings;
+pub use inlay_config::TlsSettings;
 
 /// The TLS of each `https://` backend, by name, its files read.
 pub type BackendTlsSet = std::collections::HashMap<String, BackendTls>;
@@ -48,8 +48,8 @@ pub type BackendTlsSet = std::collections::HashMap<String, BackendTls>;
 /// checked now: the resolve step's part for backends. Every problem is
 /// returned, each with its key path (`backends.NAME.ca_file`).
 pub fn load_all(
-    config: &crate::config::Config,
-) -> Result<BackendTlsSet, Vec<crate::config::ConfigIssue>> {
+    config: &inlay_config::Config,
+) -> Result<BackendTlsSet, Vec<inlay_config::ConfigIssue>> {
     let mut set = BackendTlsSet::new();
     let mut issues = Vec::new();
     for (name, b) in &config.backends {
@@ -62,7 +62,7 @@ pub fn load_all(
                 issues.extend(
                     found
                         .into_iter()
-                        .map(|(key, message)| crate::config::ConfigIssue {
+                        .map(|(key, message)| inlay_config::ConfigIssue {
                             path: format!("backends.{name}.{key}"),
                             message,
                         }),

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use inlay_core::BoxError;
 
-use crate::metrics::BackendMetrics;
+use inlay_metrics::BackendMetrics;
 
 /// The between-bytes timeout expired while streaming a backend body.
 #[derive(Debug, thiserror::Error)]

@@ -20,7 +20,7 @@ use inlay_core::LogLimit;
 
 use inlay_core::rendezvous;
 
-use crate::config::{DirectorConfig, DirectorKind};
+use inlay_config::{DirectorConfig, DirectorKind};
 
 use super::Backend;
 
@@ -142,9 +142,9 @@ pub use inlay_core::rendezvous::hash as key_hash;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Backends;
-    use crate::config::Config;
-    use crate::metrics::Metrics;
+    use crate::Backends;
+    use inlay_config::Config;
+    use inlay_metrics::Metrics;
 
     /// A `shard` director over backends named `names`.
     fn shard(names: &[&str]) -> Backends {
