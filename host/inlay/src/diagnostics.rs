@@ -8,7 +8,7 @@
 /// rustls warns per handshake about what a client sent (an IP address as
 /// SNI, as wrk does). The filter (`log.level` or `INLAY_LOG`) keeps them
 /// when it names them. Inlay's own line for such a connection is
-/// rate-limited (server.rs).
+/// rate-limited (inlay-listener).
 const QUIET_LIBRARIES: &[(&str, &str)] = &[("h2", "h2=error"), ("rustls", "rustls=error")];
 
 /// `log.level` (or `INLAY_LOG`) with [`QUIET_LIBRARIES`] added where it does not set them.
