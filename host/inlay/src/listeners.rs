@@ -19,7 +19,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::config::{ServerConfig, TlsCertConfig};
+use crate::config::{ConfigIssue, ServerConfig, TlsCertConfig};
 use crate::pipeline::Generations;
 
 pub use inlay_listener::{Listener, OverTls, Tls};
@@ -109,23 +109,25 @@ impl hyper::service::Service<Request<Incoming>> for PipelineService {
     }
 }
 
-/// The TLS side of the listeners serving `entries` (`[[server.tls]]`),
-/// their files read now. Errors name the entry's key
-/// (`server.tls[N].cert: ...`).
-pub fn tls(entries: &[TlsCertConfig]) -> Result<Tls, Vec<String>> {
-    Tls::new(load_certificates(entries)?).map_err(|e| vec![format!("server.tls: {e}")])
+/// The TLS side of the listeners serving `certificates` (the resolve
+/// step's, from `[[server.tls]]`).
+pub fn tls(certificates: CertificateSet) -> anyhow::Result<Tls> {
+    Tls::new(certificates).map_err(|e| anyhow::anyhow!("server.tls: {e}"))
 }
 
 /// Read every entry's certificate chain and key, and check that they
 /// belong together. Every entry's problems are returned, each naming its
 /// key (`server.tls[N].cert: ...`), none read half.
-pub fn load_certificates(entries: &[TlsCertConfig]) -> Result<CertificateSet, Vec<String>> {
+pub fn load_certificates(entries: &[TlsCertConfig]) -> Result<CertificateSet, Vec<ConfigIssue>> {
     let mut errors = Vec::new();
     let mut loaded = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         match load_entry(entry) {
             Ok(k) => loaded.push((Arc::new(k), entry.names.clone())),
-            Err((field, message)) => errors.push(format!("server.tls[{i}].{field}: {message}")),
+            Err((field, message)) => errors.push(ConfigIssue {
+                path: format!("server.tls[{i}].{field}"),
+                message,
+            }),
         }
     }
     if errors.is_empty() {
@@ -290,7 +292,7 @@ mod tests {
             format!("{set:?}"),
             "CertificateSet { names: [\"a.example\"], default: true }"
         );
-        let tls = tls(&[write_cert(dir.path(), "b.example")]).unwrap();
+        let tls = tls(load_certificates(&[write_cert(dir.path(), "b.example")]).unwrap()).unwrap();
         assert_eq!(tls.len(), 1);
     }
 
@@ -317,8 +319,12 @@ mod tests {
             key: other.key.clone(),
             ..good.clone()
         };
-        let errors =
-            load_certificates(&[good, missing, not_a_cert, not_a_key, wrong_key]).unwrap_err();
+        let errors: Vec<String> =
+            load_certificates(&[good, missing, not_a_cert, not_a_key, wrong_key])
+                .unwrap_err()
+                .iter()
+                .map(|i| format!("{}: {}", i.path, i.message))
+                .collect();
         assert_eq!(errors.len(), 4, "{errors:?}");
         assert!(
             errors[0].starts_with("server.tls[1].cert: cannot read"),

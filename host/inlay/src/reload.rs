@@ -223,11 +223,11 @@ impl Reloader {
         let changed = changed_sections(old.config(), &cfg);
         // Everything that can fail comes before the policy is swapped in the
         // slot: after that, nothing may refuse the generation.
-        let settings = resolve(cfg).map_err(|e| config_errors(&e))?;
+        let mut settings = resolve(cfg).map_err(|e| config_errors(&e))?;
         let cfg = &*settings.config;
         let token = settings.admin_token.clone();
         let certificates = match &self.tls {
-            Some(_) => Some(tls_certificates(cfg)?),
+            Some(_) => Some(tls_certificates(cfg, &mut settings.certificates)?),
             None => None,
         };
         let access_log = if needs_new_access_log(old.config(), cfg) {
@@ -537,11 +537,14 @@ fn close_when_unused(cache: HttpCache) {
     });
 }
 
-/// The certificates of `cfg`'s `[[server.tls]]`, read from their files now
-/// (so that renewed certificates are served). The TLS listeners are the
+/// The certificates of `cfg`'s `[[server.tls]]`, read from their files by
+/// the resolve step (so that renewed certificates are served). The TLS listeners are the
 /// running ones (a reload does not move them): a config that leaves them
 /// without a certificate is refused.
-fn tls_certificates(cfg: &Config) -> Result<inlay_listener::CertificateSet, Vec<String>> {
+fn tls_certificates(
+    cfg: &Config,
+    resolved: &mut inlay_listener::CertificateSet,
+) -> Result<inlay_listener::CertificateSet, Vec<String>> {
     if let Some(first) = cfg.server.listen_tls.first()
         && cfg.server.tls.is_empty()
     {
@@ -549,7 +552,7 @@ fn tls_certificates(cfg: &Config) -> Result<inlay_listener::CertificateSet, Vec<
             "server.tls: the running listener https://{first} needs a certificate, and a reload does not close it"
         )]);
     }
-    crate::listeners::load_certificates(&cfg.server.tls)
+    Ok(std::mem::take(resolved))
 }
 
 /// Log how the outgoing policy generation's requests got their

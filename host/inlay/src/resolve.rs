@@ -3,7 +3,8 @@
 //! A start, a reload and `inlay check` resolve alike; every problem is
 //! reported, each with its key path, as the config's own are.
 //!
-//! What it reads: the TLS files of `https://` backends (`ca_file`,
+//! What it reads: the TLS listeners' certificates and keys
+//! (`[[server.tls]]`), the TLS files of `https://` backends (`ca_file`,
 //! `client_cert`, `client_key`) and the admin API's `token_file`. The
 //! cluster's credentials are read when it connects, and the policy when
 //! it loads.
@@ -13,9 +14,11 @@ use std::sync::Arc;
 use crate::admin::AdminToken;
 use crate::backend::tls::{self, BackendTlsSet};
 use crate::config::{Config, ConfigError, ConfigIssue, unguarded_admin};
+use crate::listeners::load_certificates;
+use inlay_listener::CertificateSet;
 
 /// A config with the files it names read: what a generation is built from.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Resolved {
     /// The validated config.
     pub config: Arc<Config>,
@@ -23,6 +26,9 @@ pub struct Resolved {
     pub backend_tls: BackendTlsSet,
     /// The admin API's bearer token, when `admin.token_file` is set.
     pub admin_token: Option<AdminToken>,
+    /// The TLS listeners' certificates, by SNI name (none without
+    /// `[[server.tls]]`).
+    pub certificates: CertificateSet,
 }
 
 /// Read and check the files `config` names; every problem, with its key
@@ -37,11 +43,16 @@ pub fn resolve(config: Config) -> Result<Resolved, ConfigError> {
         issues.push(issue);
         None
     });
+    let certificates = load_certificates(&config.server.tls).unwrap_or_else(|found| {
+        issues.extend(found);
+        CertificateSet::default()
+    });
     match issues.is_empty() {
         true => Ok(Resolved {
             config: Arc::new(config),
             backend_tls,
             admin_token,
+            certificates,
         }),
         false => Err(ConfigError::Invalid(issues)),
     }

@@ -72,8 +72,8 @@ pub fn check(path: &Path) -> std::process::ExitCode {
         }
         std::process::ExitCode::from(2)
     };
-    let cfg = match Config::from_file(path).and_then(resolve) {
-        Ok(settings) => settings.config,
+    match Config::from_file(path).and_then(resolve) {
+        Ok(_) => {}
         Err(ConfigError::Invalid(issues)) => {
             return fail(
                 issues
@@ -83,10 +83,6 @@ pub fn check(path: &Path) -> std::process::ExitCode {
             );
         }
         Err(e) => return fail(vec![e.to_string()]),
-    };
-    // The TLS certificates and keys are read as a start would.
-    if let Err(errors) = crate::listeners::load_certificates(&cfg.server.tls) {
-        return fail(errors);
     }
     println!("{}: ok", path.display());
     std::process::ExitCode::SUCCESS
@@ -169,7 +165,7 @@ impl Proxy {
     pub async fn load(cfg: Config) -> anyhow::Result<Self> {
         // The files the config names (TLS, the admin token): a bad one
         // stops start-up here, with its key path.
-        let settings = resolve(cfg)?;
+        let mut settings = resolve(cfg)?;
         let cfg = Arc::clone(&settings.config);
         let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
         let policy = load_policy(&cfg).await?;
@@ -177,9 +173,7 @@ impl Proxy {
         let metrics = Metrics::new(cfg.metrics.enabled);
         let cluster_metrics = cluster::metrics(&metrics);
         // A certificate or key that does not load stops start-up here.
-        let tls = crate::listeners::tls(&cfg.server.tls).map_err(|errors| {
-            anyhow::anyhow!("TLS certificates do not load:\n  {}", errors.join("\n  "))
-        })?;
+        let tls = crate::listeners::tls(std::mem::take(&mut settings.certificates))?;
         // A node that cannot reach its cluster does not serve: it would
         // miss the purges of the others.
         let cluster = match &cfg.cluster {

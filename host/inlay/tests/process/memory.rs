@@ -135,6 +135,10 @@ async fn bans_take_at_most_their_budget_and_give_it_back_when_the_lurker_drops_t
         .arg("127.0.0.1:0")
         .spawn_process();
     let admin = crate::admin::admin_addr(&inlay);
+    // Bans need the cache open (the admin API answers before it is).
+    while get(&format!("http://{admin}/readyz")).await.status != 200 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let json = [("content-type", "application/json")];
     let ban = |n: usize| {
         // The ban: 16 regexes each just under the size limit.
