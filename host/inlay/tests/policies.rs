@@ -155,7 +155,7 @@ macro_rules! per_language {
     )*};
 }
 
-per_language!(rust => "", javascript => "-js", python => "-py", c => "-c");
+per_language!(rust => "", javascript => "-js", python => "-py", c => "-c", go => "-go");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_policy_passes_cookies_unless_configured() {
