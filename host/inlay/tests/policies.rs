@@ -157,6 +157,81 @@ macro_rules! per_language {
 
 per_language!(rust => "", javascript => "-js", python => "-py", c => "-c", go => "-go");
 
+/// Go's runtime in a policy instance (the `runtime-go` fixture, on
+/// Inlay's WASI preview 1 adapter): its standard library's clock, sleep,
+/// goroutines and collector work within a hook, and a panic fails its
+/// request alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_runtime_in_a_policy() {
+    let origin = Origin::start();
+    let inlay = with_policy(&origin, "runtime-go").await;
+    assert!(inlay.policy().prewarmed());
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let started = Instant::now();
+    let r = get(&inlay.url("/go/time")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    let field = |name: &str| -> u128 {
+        text.split(' ')
+            .find_map(|kv| kv.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    // time.Now is the host's clock; time.Sleep(2s) passed in virtual time.
+    assert!(
+        (before..before + 60_000).contains(&field("now=")),
+        "{text}"
+    );
+    assert!(
+        (2_000_000_000..3_000_000_000).contains(&field("slept=")),
+        "{text}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "the sleep waited");
+    assert_eq!(get(&inlay.url("/go/goroutines")).await.text(), "5050");
+    // 8 MiB of garbage a request, 40 requests in instances reused up to
+    // 1000 times, a 64 MiB cap: the collector must keep up.
+    for i in 0..40 {
+        let r = get(&inlay.url(&format!("/go/alloc?i={i}"))).await;
+        assert_eq!((r.status, r.text().as_str()), (200, "allocated"), "request {i}");
+    }
+    assert!(inlay.policy().instance_stats().reused >= 30);
+    assert_eq!(get(&inlay.url("/go/print")).await.text(), "printed");
+    drop(inlay);
+    let inlay = isolated("runtime-go", "", "/go/panic", Duration::from_secs(2)).await;
+    let why = failure_of(&inlay, "/go/panic").await;
+    assert!(why.contains("policy trapped in on-request"), "{why}");
+}
+
+/// A Go policy's hooks make no host call of their own (the runtime's
+/// monotonic clock is the adapter's, not the host's), so requests it has
+/// seen are replayed like any other language's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn go_policies_are_replayed() {
+    let origin = Origin::start();
+    let mut inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmemo_size = \"4MiB\"",
+            policy("headers-go").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    for _round in 0..2 {
+        for i in 0..10 {
+            let r = get(&inlay.url(&format!("/echo?n={i}&utm_source=x&cc=max-age%3D60"))).await;
+            assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+        }
+    }
+    inlay.stop().await;
+    let stats = inlay.policy().memo_stats().expect("memo_size > 0 records paths");
+    // The first round's 10 new URLs run live (on-request and on-deliver);
+    // the second round walks their paths.
+    assert_eq!((stats.replayed, stats.live), (20, 20), "{stats:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_policy_passes_cookies_unless_configured() {
     let origin = Origin::start();

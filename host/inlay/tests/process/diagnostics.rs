@@ -122,13 +122,18 @@ async fn failing_policies_are_explained_on_stderr() {
     for (fixture, path, said) in [
         ("loop", "/loop", "CPU time"),
         ("trap", "/trap", "trap fixture"),
+        // A Go panic: Go prints it on stderr, the adapter logs each line.
+        ("runtime-go", "/go/panic", "panic: go fixture: refusing /go/panic"),
+        // Go's standard output is the policy's log too.
+        ("runtime-go", "/go/print", "go fixture says hello to /go/print"),
     ] {
         let inlay = Inlay::builder()
             .backend(&origin)
             .arg("--policy")
             .arg(policy(fixture).display().to_string())
             .spawn_process();
-        assert!(get(&inlay.url(path)).await.status >= 500);
+        let status = get(&inlay.url(path)).await.status;
+        assert_eq!(status >= 500, path != "/go/print", "{path}: {status}");
         inlay.expect_log(said, Duration::from_secs(5));
     }
 }
