@@ -163,9 +163,19 @@ impl Adapter {
 fn stdout_and_stderr_lines_become_log_lines() {
     let mut a = Adapter::new();
     assert_eq!(a.fd_write(1, &[b"hello\nwor", b"ld\n"]), (0, 12));
-    assert_eq!(a.fd_write(2, &[b"panic: boom\n\ngoroutine 1 [running]:\n"]), (0, 36));
+    assert_eq!(
+        a.fd_write(2, &[b"panic: boom\n\ngoroutine 1 [running]:\n"]),
+        (0, 36)
+    );
     // Bytes that are not UTF-8 end the line there; a cut character too.
-    assert_eq!(a.fd_write(1, &[b"ok \xff rest\n", "caf\u{e9}".as_bytes()[..4].as_ref()]).0, 0);
+    assert_eq!(
+        a.fd_write(
+            1,
+            &[b"ok \xff rest\n", "caf\u{e9}".as_bytes()[..4].as_ref()]
+        )
+        .0,
+        0
+    );
     assert_eq!(a.fd_write(1, &["\u{1f600} \u{e9}\u{800}".as_bytes()]).0, 0);
     // Overlong and surrogate encodings are not UTF-8 either.
     assert_eq!(a.fd_write(2, &[b"a\xc0\xafb", b"c\xed\xa0\x80d"]).0, 0);
@@ -198,7 +208,11 @@ fn the_wall_clock_is_the_hosts_and_the_monotonic_one_virtual() {
     assert_eq!(errno, 0);
     let (_, second) = a.clock(1);
     assert!(second > first, "monotonic: {first} then {second}");
-    assert_eq!(a.clock(0), (0, 1_700_000_000_123_000_000), "realtime, in ns");
+    assert_eq!(
+        a.clock(0),
+        (0, 1_700_000_000_123_000_000),
+        "realtime, in ns"
+    );
     // Reading the wall clock brings the monotonic one to it, so that
     // time.Since measures wall time between two reads of time.Now.
     let (_, after_wall) = a.clock(1);
@@ -206,7 +220,10 @@ fn the_wall_clock_is_the_hosts_and_the_monotonic_one_virtual() {
     a.store.data_mut().now_ms += 250;
     a.clock(0);
     let (_, later) = a.clock(1);
-    assert!(later - after_wall >= 250_000_000, "{after_wall} then {later}");
+    assert!(
+        later - after_wall >= 250_000_000,
+        "{after_wall} then {later}"
+    );
     // CPU-time clocks are refused.
     assert_eq!(a.clock(2).0, 28, "EINVAL");
     assert_eq!(a.clock(3).0, 28, "EINVAL");
@@ -242,14 +259,26 @@ fn timers_fire_at_once_in_virtual_time() {
     a.memory.read(&a.store, 3072, &mut event).unwrap();
     assert_eq!(u16::from_le_bytes([event[8], event[9]]), 8, "EBADF");
     assert_eq!(event[10], 1, "fd_read");
-    assert_eq!(a.call::<_, i32>("poll_oneoff", (2048, 3072, 0, 600)).unwrap(), 28);
+    assert_eq!(
+        a.call::<_, i32>("poll_oneoff", (2048, 3072, 0, 600))
+            .unwrap(),
+        28
+    );
 }
 
 #[test]
 fn no_randomness_files_arguments_or_exit() {
     let mut a = Adapter::new();
-    assert_eq!(a.call::<_, i32>("random_get", (256, 16)).unwrap(), 52, "ENOSYS");
-    assert_eq!(a.call::<_, i32>("fd_prestat_get", (3, 256)).unwrap(), 8, "EBADF");
+    assert_eq!(
+        a.call::<_, i32>("random_get", (256, 16)).unwrap(),
+        52,
+        "ENOSYS"
+    );
+    assert_eq!(
+        a.call::<_, i32>("fd_prestat_get", (3, 256)).unwrap(),
+        8,
+        "EBADF"
+    );
     assert_eq!(
         a.call::<_, i32>("path_open", (3, 0, 256, 1, 0, 0i64, 0i64, 0, 300))
             .unwrap(),
@@ -258,7 +287,10 @@ fn no_randomness_files_arguments_or_exit() {
     a.write(256, &[0xff; 8]);
     assert_eq!(a.call::<_, i32>("args_sizes_get", (256, 260)).unwrap(), 0);
     assert_eq!((a.u32_at(256), a.u32_at(260)), (0, 0));
-    assert_eq!(a.call::<_, i32>("environ_sizes_get", (256, 260)).unwrap(), 0);
+    assert_eq!(
+        a.call::<_, i32>("environ_sizes_get", (256, 260)).unwrap(),
+        0
+    );
     assert_eq!((a.u32_at(256), a.u32_at(260)), (0, 0));
     // stdin is at its end; stdio is a character device.
     a.write(300, &[0xff; 4]);

@@ -181,21 +181,25 @@ async fn go_runtime_in_a_policy() {
             .unwrap_or_else(|| panic!("no {name} in {text}"))
     };
     // time.Now is the host's clock; time.Sleep(2s) passed in virtual time.
-    assert!(
-        (before..before + 60_000).contains(&field("now=")),
-        "{text}"
-    );
+    assert!((before..before + 60_000).contains(&field("now=")), "{text}");
     assert!(
         (2_000_000_000..3_000_000_000).contains(&field("slept=")),
         "{text}"
     );
-    assert!(started.elapsed() < Duration::from_secs(2), "the sleep waited");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the sleep waited"
+    );
     assert_eq!(get(&inlay.url("/go/goroutines")).await.text(), "5050");
     // 8 MiB of garbage a request, 40 requests in instances reused up to
     // 1000 times, a 64 MiB cap: the collector must keep up.
     for i in 0..40 {
         let r = get(&inlay.url(&format!("/go/alloc?i={i}"))).await;
-        assert_eq!((r.status, r.text().as_str()), (200, "allocated"), "request {i}");
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (200, "allocated"),
+            "request {i}"
+        );
     }
     assert!(inlay.policy().instance_stats().reused >= 30);
     assert_eq!(get(&inlay.url("/go/print")).await.text(), "printed");
@@ -226,7 +230,10 @@ async fn go_policies_are_replayed() {
         }
     }
     inlay.stop().await;
-    let stats = inlay.policy().memo_stats().expect("memo_size > 0 records paths");
+    let stats = inlay
+        .policy()
+        .memo_stats()
+        .expect("memo_size > 0 records paths");
     // The first round's 10 new URLs run live (on-request and on-deliver);
     // the second round walks their paths.
     assert_eq!((stats.replayed, stats.live), (20, 20), "{stats:?}");

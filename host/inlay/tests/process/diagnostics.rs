@@ -123,9 +123,17 @@ async fn failing_policies_are_explained_on_stderr() {
         ("loop", "/loop", "CPU time"),
         ("trap", "/trap", "trap fixture"),
         // A Go panic: Go prints it on stderr, the adapter logs each line.
-        ("runtime-go", "/go/panic", "panic: go fixture: refusing /go/panic"),
+        (
+            "runtime-go",
+            "/go/panic",
+            "panic: go fixture: refusing /go/panic",
+        ),
         // Go's standard output is the policy's log too.
-        ("runtime-go", "/go/print", "go fixture says hello to /go/print"),
+        (
+            "runtime-go",
+            "/go/print",
+            "go fixture says hello to /go/print",
+        ),
     ] {
         let inlay = Inlay::builder()
             .backend(&origin)
