@@ -9,9 +9,13 @@
 ;; when a core module imports `wasi_snapshot_preview1`) and implements the
 ;; whole preview 1 surface on the `inlay:policy` world alone:
 ;;
-;;   stdout, stderr     each line a log line (`log.write`): stdout at info,
-;;                      stderr (Go's panics and fatal errors) at error; bytes
-;;                      that are not UTF-8 end the line there
+;;   stdout, stderr     each line of each write a log line (`log.write`):
+;;                      stdout at info, stderr (Go's fatal errors) at error;
+;;                      bytes that are not UTF-8 end the line there. There is
+;;                      no memory of its own to keep a partial line in, so a
+;;                      line written in pieces (Go's runtime prints that way)
+;;                      is logged in pieces; the Go SDK logs a hook's panic
+;;                      itself, as one line
 ;;   wall clock         `clock.now-unix-ms`
 ;;   monotonic clock    virtual: it never calls the host (the runtime reads it
 ;;                      all the time, and a call to the clock ends a recorded

@@ -6,6 +6,10 @@ package policy
 // handler exports wired to the Run functions.
 
 import (
+	"fmt"
+	"os"
+	"runtime/debug"
+
 	witRuntime "go.bytecodealliance.org/pkg/wit/runtime"
 	witTypes "go.bytecodealliance.org/pkg/wit/types"
 
@@ -42,8 +46,20 @@ func done(req *types.Request, resp *types.Response) {
 	witRuntime.Unpin()
 }
 
+// recovered turns a panic in a hook into one log line (the panic and the
+// stack), then traps: the host fails this request alone. Go's own report
+// of an unrecovered panic would reach the log a piece at a time (the
+// runtime writes each part of it separately to standard error).
+func recovered(hook Hook) {
+	if r := recover(); r != nil {
+		host.Log(ErrorLevel, fmt.Sprintf("policy %s panicked: %v\n%s", hook, r, debug.Stack()))
+		os.Exit(2) // proc_exit: a trap in the adapter
+	}
+}
+
 func exportOnRequest(r *types.Request) types.RequestAction {
 	defer done(r, nil)
+	defer recovered(HookOnRequest)
 	action := RunOnRequest(NewRequest(componentRequest{r}))
 	switch action.kind {
 	case lookup:
@@ -61,6 +77,7 @@ func exportOnRequest(r *types.Request) types.RequestAction {
 
 func exportOnBackendResponse(r *types.Request, p *types.Response, settings types.CacheSettings) types.CacheSettings {
 	defer done(r, p)
+	defer recovered(HookOnBackendResponse)
 	out := RunOnBackendResponse(NewRequest(componentRequest{r}), NewResponse(componentResponse{p}), CacheSettings{
 		Cacheable:     settings.Cacheable,
 		TTL:           settings.Ttl,
@@ -81,6 +98,7 @@ func exportOnBackendResponse(r *types.Request, p *types.Response, settings types
 
 func exportOnDeliver(r *types.Request, p *types.Response) {
 	defer done(r, p)
+	defer recovered(HookOnDeliver)
 	RunOnDeliver(NewRequest(componentRequest{r}), NewResponse(componentResponse{p}))
 }
 

@@ -122,11 +122,11 @@ async fn failing_policies_are_explained_on_stderr() {
     for (fixture, path, said) in [
         ("loop", "/loop", "CPU time"),
         ("trap", "/trap", "trap fixture"),
-        // A Go panic: Go prints it on stderr, the adapter logs each line.
+        // A Go panic: the SDK logs it (and the stack) as one line.
         (
             "runtime-go",
             "/go/panic",
-            "panic: go fixture: refusing /go/panic",
+            "policy on-request panicked: go fixture: refusing /go/panic",
         ),
         // Go's standard output is the policy's log too.
         (
