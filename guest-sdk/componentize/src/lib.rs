@@ -94,18 +94,25 @@ pub fn componentize(core: &[u8]) -> Result<Vec<u8>, Error> {
 pub fn embed_world(core: &[u8], dir: &Path, world: &str) -> Result<Vec<u8>, Error> {
     let mut resolve = Resolve::default();
     let (pkg, _files) = resolve.push_dir(dir).map_err(Error::Wit)?;
-    let world = resolve
-        .select_world(&[pkg], Some(world))
-        .map_err(Error::Wit)?;
     let mut module = core.to_vec();
+    embed(&mut module, &resolve, pkg, world).map_err(Error::Wit)?;
+    Ok(module)
+}
+
+/// Embeds `world` of the package `pkg` in `module` as wit-bindgen does.
+fn embed(
+    module: &mut Vec<u8>,
+    resolve: &Resolve,
+    pkg: wit_parser::PackageId,
+    world: &str,
+) -> anyhow::Result<()> {
+    let world = resolve.select_world(&[pkg], Some(world))?;
     wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
+        module,
+        resolve,
         world,
         wit_component::StringEncoding::UTF8,
     )
-    .map_err(Error::Encode)?;
-    Ok(module)
 }
 
 /// Whether the core module imports anything from [`PREVIEW1_MODULE`].
@@ -144,16 +151,7 @@ pub fn preview1_adapter() -> Result<Vec<u8>, Error> {
     let pkg = resolve
         .push_str("policy.wit", &wit)
         .map_err(Error::Adapter)?;
-    let world = resolve
-        .select_world(&[pkg], Some("preview1-adapter"))
-        .map_err(Error::Adapter)?;
-    wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
-        world,
-        wit_component::StringEncoding::UTF8,
-    )
-    .map_err(Error::Adapter)?;
+    embed(&mut module, &resolve, pkg, "preview1-adapter").map_err(Error::Adapter)?;
     Ok(module)
 }
 

@@ -40,18 +40,24 @@ type Host interface {
 	DefaultHook(hook Hook)
 }
 
-// RequestHost is the client's request as a Host holds it (see Request).
-type RequestHost interface {
-	Method() string
-	SetMethod(method string)
-	URL() string
-	SetURL(url string) error
+// HeaderHost is a request's or response's header fields as a Host holds
+// them.
+type HeaderHost interface {
 	Header(name string) (string, bool)
 	HeaderAll(name string) []string
 	Headers() []Header
 	SetHeader(name, value string) error
 	AppendHeader(name, value string) error
 	RemoveHeader(name string)
+}
+
+// RequestHost is the client's request as a Host holds it (see Request).
+type RequestHost interface {
+	HeaderHost
+	Method() string
+	SetMethod(method string)
+	URL() string
+	SetURL(url string) error
 	ClientIP() string
 	Backend() string
 	SetBackend(name string) error
@@ -60,14 +66,9 @@ type RequestHost interface {
 
 // ResponseHost is a response as a Host holds it (see Response).
 type ResponseHost interface {
+	HeaderHost
 	Status() uint16
 	SetStatus(status uint16) error
-	Header(name string) (string, bool)
-	HeaderAll(name string) []string
-	Headers() []Header
-	SetHeader(name, value string) error
-	AppendHeader(name, value string) error
-	RemoveHeader(name string)
 }
 
 // host is the current Host: the component's imports in WebAssembly.
