@@ -21,8 +21,9 @@ pub struct ServerConfig {
     /// naming the real client; one without is closed.
     pub proxy_protocol: bool,
     /// With `proxy_protocol`: the peers (load balancers) allowed to send
-    /// the header; a connection from elsewhere is closed unread. Empty:
-    /// any peer (the port must then be reachable by the proxies only).
+    /// the header; a connection from elsewhere is closed unread. Required
+    /// (not empty) with `proxy_protocol`: anyone else could claim any
+    /// address.
     pub proxy_protocol_from: Vec<IpNet>,
     /// Maximum concurrent client connections; more wait in the accept queue.
     pub max_connections: usize,
@@ -290,6 +291,14 @@ impl Reader {
             self.err(
                 "server.proxy_protocol_from",
                 "set, but server.proxy_protocol is off: no header is read",
+            );
+        }
+        if server.proxy_protocol && server.proxy_protocol_from.is_empty() {
+            self.err(
+                "server.proxy_protocol_from",
+                "empty, but server.proxy_protocol is on: any client could send a PROXY header \
+                 claiming any address (127.0.0.1 passes cache.purge_allow); list the load \
+                 balancers' networks, e.g. [\"10.0.0.0/8\"] (\"0.0.0.0/0\" and \"::/0\" trust everyone)",
             );
         }
         self.unknown_keys(t, p);

@@ -458,6 +458,29 @@ fn proxy_protocol_peers_parse_and_need_proxy_protocol() {
     assert_eq!(issues[0].path, "server.proxy_protocol_from");
 }
 
+/// With the PROXY protocol on, the peers that may send a header must be
+/// listed: by default anyone could claim 127.0.0.1 and pass `purge_allow`.
+#[test]
+fn proxy_protocol_without_the_peers_allowed_to_send_it_is_refused() {
+    let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+    for from in ["", "proxy_protocol_from = []\n"] {
+        let Err(ConfigError::Invalid(issues)) =
+            Config::from_toml(&format!("[server]\nproxy_protocol = true\n{from}{backend}"))
+        else {
+            panic!("accepted with {from:?}")
+        };
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].path, "server.proxy_protocol_from");
+        assert!(issues[0].message.contains("any client"), "{issues:?}");
+    }
+    // Trusting every peer is possible, but only when said.
+    let c = Config::from_toml(&format!(
+        "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"0.0.0.0/0\", \"::/0\"]\n{backend}"
+    ))
+    .unwrap();
+    assert!(c.server.proxy_protocol_from[1].contains("2001:db8::1".parse().unwrap()));
+}
+
 #[test]
 fn the_tls_quick_flags_make_one_default_certificate() {
     let mut c = Config::embedded_default();

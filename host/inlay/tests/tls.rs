@@ -538,7 +538,7 @@ async fn a_proxy_header_comes_before_the_tls_handshake() {
     two_names(&pki);
     let inlay = Harness::builder()
         .backend(&origin)
-        .server("proxy_protocol = true")
+        .server("proxy_protocol = true\nproxy_protocol_from = [\"127.0.0.1\"]")
         .arg("-a")
         .arg("https://127.0.0.1:0")
         .toml(&pki.entry("a", &["a.test"]))

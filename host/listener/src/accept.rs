@@ -422,9 +422,7 @@ async fn accept_loop<M: MakeService>(
         let limits = follow.current.clone();
         // Behind the PROXY protocol the client is known once its header
         // is read (in the connection's task); the peer is the load balancer.
-        let proxied = limits.proxy_protocol;
-        if proxied
-            && let Some(from) = &limits.proxy_protocol_from
+        if let Some(from) = &limits.proxy_protocol
             && !from.allows(peer.ip())
         {
             // Anyone else could claim any address (and pass purge_allow).
@@ -434,16 +432,14 @@ async fn accept_loop<M: MakeService>(
             }
             continue;
         }
-        let client_slot = if proxied {
-            None
-        } else {
-            let Some(slot) = admission.per_client.take(peer.ip()) else {
-                over_client_share(peer);
-                let until = Instant::now() + limits.header_read_timeout;
-                admission.tarpit.hold(stream, until);
-                continue;
-            };
-            Some(slot)
+        // The peer's share, PROXY header or not: until a header names
+        // another client, the connection is the peer's (one that sends
+        // `P` and waits holds its own share, not every slot).
+        let Some(client_slot) = admission.per_client.take(peer.ip()) else {
+            over_client_share(peer);
+            let until = Instant::now() + limits.header_read_timeout;
+            admission.tarpit.hold(stream, until);
+            continue;
         };
         let admitted = Admitted {
             stream,
@@ -472,8 +468,9 @@ struct Admitted {
     tls: Option<Arc<Tls>>,
     /// The limits when it was accepted, for its whole life.
     limits: Arc<Limits>,
-    /// `None` behind the PROXY protocol: taken once the header names the client.
-    client_slot: Option<ClientSlot>,
+    /// Its peer's share; behind the PROXY protocol, exchanged for the
+    /// share of the client its header names.
+    client_slot: ClientSlot,
     permit: ConnectionSlot,
 }
 
@@ -487,7 +484,7 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         local,
         tls,
         limits,
-        client_slot,
+        mut client_slot,
         permit,
     } = admitted;
     let _open = shared.stats.opened();
@@ -511,20 +508,22 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         }
     };
     socket::admitted(&stream, limits.tcp_notsent_lowat, options_inherited);
-    if limits.proxy_protocol {
+    if limits.proxy_protocol.is_some() {
         let Some(header) = proxy_header(rest, &mut stream, peer, &limits, &stop).await else {
             return;
         };
-        peer = header.source.unwrap_or(peer);
         rest = header.rest;
+        if let Some(client) = header.source
+            && client.ip() != peer.ip()
+        {
+            // The load balancer's share goes back once the client's is taken.
+            client_slot = match shared.admission.per_client.take(client.ip()) {
+                Some(slot) => slot,
+                None => return over_client_share(client),
+            };
+        }
+        peer = header.source.unwrap_or(peer);
     }
-    let client_slot = match client_slot {
-        Some(slot) => slot,
-        None => match shared.admission.per_client.take(peer.ip()) {
-            Some(slot) => slot,
-            None => return over_client_share(peer),
-        },
-    };
     let activity = Arc::new(Activity::default());
     let tracked = TrackedIo::new(stream, activity.clone(), rest);
     let conn = Connection {

@@ -224,9 +224,10 @@ async fn sighup_turns_the_proxy_protocol_on_for_new_connections() {
         Some("127.0.0.1")
     );
 
-    let text = std::fs::read_to_string(&inlay.config)
-        .unwrap()
-        .replace("[server]\n", "[server]\nproxy_protocol = true\n");
+    let text = std::fs::read_to_string(&inlay.config).unwrap().replace(
+        "[server]\n",
+        "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"127.0.0.1\"]\n",
+    );
     std::fs::write(&inlay.config, text).unwrap();
     inlay.signal("HUP");
     tokio::task::block_in_place(|| {
