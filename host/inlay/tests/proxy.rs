@@ -467,6 +467,32 @@ async fn every_request_gets_one_access_log_line() {
     assert_eq!(json.access.lines().len(), 1, "{}", json.access.text());
 }
 
+/// A User-Agent made to end its field early (issue 29: `curl -A 'x\" 500 1
+/// "-" "forged'`) stays one field of the NCSA line: its backslash and its
+/// quotes are escaped, so a log parser reads the line as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_user_agent_stays_one_field_of_the_access_log() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let (resp, _) = raw(
+        inlay.addr,
+        b"GET /resp?ua HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\
+          User-Agent: x\\\" 500 1 \"-\" \"forged\r\nReferer: a\tb\\\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp:?}");
+    let line = inlay
+        .access
+        .wait_for(&["/resp?ua"], Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("no line: {}", inlay.access.text()));
+    assert!(
+        line.contains(r#" "a\x09b\\" "x\\\" 500 1 \"-\" \"forged" request_id="#),
+        "{line}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_over_max_request_body_gets_413() {
     let origin = Origin::start();
