@@ -28,7 +28,7 @@ use crate::admission::{Admission, ConnectionSlot};
 use crate::limits::Limits;
 use crate::per_client::ClientSlot;
 use crate::proxy_protocol::proxy_header;
-use crate::serve::serve_connection;
+use crate::serve::{Speaks, serve_connection};
 use crate::stats::ConnectionStats;
 use crate::tls::{Tls, handshake};
 use crate::{CLIENT_WARNINGS, SHED_WARNINGS, socket};
@@ -536,17 +536,27 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
     match tls {
         None => {
             let io = TokioIo::new(tracked);
-            serve_connection(io, service, activity, peer, &limits, admission, stop).await;
+            let speaks = Speaks::Detect;
+            serve_connection(
+                io, speaks, service, activity, peer, &limits, admission, stop,
+            )
+            .await;
         }
         Some(tls) => {
             let Some(io) = handshake(&tls, tracked, peer, &limits, &stop).await else {
                 return;
             };
-            if io.get_ref().1.alpn_protocol() == Some(b"h2") {
+            let speaks = if io.get_ref().1.alpn_protocol() == Some(b"h2") {
                 activity.set_h2();
-            }
+                Speaks::Http2
+            } else {
+                Speaks::Http1
+            };
             let io = TokioIo::new(io);
-            serve_connection(io, service, activity, peer, &limits, admission, stop).await;
+            serve_connection(
+                io, speaks, service, activity, peer, &limits, admission, stop,
+            )
+            .await;
         }
     }
     drop(client_slot);
