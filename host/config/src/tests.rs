@@ -294,7 +294,7 @@ fn quick_flags_override_the_file() {
 #[test]
 fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
     let c = Config::from_toml(
-        "[server]\nlisten = [\"127.0.0.1:6081\", \"https://127.0.0.1:6443\", \"http://:80\"]\n\
+        "[server]\nlisten = [\"127.0.0.1:6081\", \"https://127.0.0.1:6443\", \"http://:80\", \"h2c://127.0.0.1:6082\"]\n\
          [[server.tls]]\ncert = \"a.pem\"\nkey = \"a.key\"\nnames = [\"a.example\", \"*.b.example\"]\n\
          [[server.tls]]\ncert = \"d.pem\"\nkey = \"d.key\"\n\
          [backends.o]\naddress = \"http://127.0.0.1:8080\"\n",
@@ -303,6 +303,7 @@ fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
     let s = &c.server;
     assert_eq!(s.listen.len(), 2);
     assert_eq!(s.listen_tls, vec!["127.0.0.1:6443".parse().unwrap()]);
+    assert_eq!(s.listen_h2c, vec!["127.0.0.1:6082".parse().unwrap()]);
     assert_eq!(s.tls.len(), 2);
     assert_eq!(s.tls[0].names, ["a.example", "*.b.example"]);
     assert!(s.tls[1].names.is_empty());

@@ -39,12 +39,30 @@ use crate::{CLIENT_WARNINGS, SHED_WARNINGS, socket};
 pub struct Listener {
     tcp: TcpListener,
     tls: Option<Arc<Tls>>,
+    /// Plain HTTP/2 with prior knowledge only.
+    h2c_only: bool,
 }
 
 impl Listener {
     /// A plain HTTP listener (HTTP/1.1 and h2c).
     pub fn plain(tcp: TcpListener) -> Self {
-        Self { tcp, tls: None }
+        Self {
+            tcp,
+            tls: None,
+            h2c_only: false,
+        }
+    }
+
+    /// A plain listener that speaks HTTP/2 with prior knowledge only: a
+    /// connection that does not open with the preface is closed (RFC 9113
+    /// 3.4), not answered in HTTP/1.1. For a load balancer that speaks
+    /// h2c to its targets.
+    pub fn h2c(tcp: TcpListener) -> Self {
+        Self {
+            tcp,
+            tls: None,
+            h2c_only: true,
+        }
     }
 
     /// A TLS listener serving `tls`'s certificates.
@@ -52,6 +70,7 @@ impl Listener {
         Self {
             tcp,
             tls: Some(tls),
+            h2c_only: false,
         }
     }
 
@@ -338,7 +357,7 @@ async fn accept_loop<M: MakeService>(
     limits: watch::Receiver<Arc<Limits>>,
     shared: Arc<Shared<M>>,
 ) {
-    let Listener { tcp, tls } = listener;
+    let Listener { tcp, tls, h2c_only } = listener;
     // Accepted here without tokio's `accept`, which registers every new
     // connection with the reactor: a refused one never is (it went in and
     // out again, two `epoll_ctl` calls for each connection of a flood).
@@ -447,6 +466,7 @@ async fn accept_loop<M: MakeService>(
             peer,
             local,
             tls: tls.clone(),
+            h2c_only,
             limits,
             client_slot,
             permit,
@@ -466,6 +486,8 @@ struct Admitted {
     peer: SocketAddr,
     local: SocketAddr,
     tls: Option<Arc<Tls>>,
+    /// From an h2c-only listener.
+    h2c_only: bool,
     /// The limits when it was accepted, for its whole life.
     limits: Arc<Limits>,
     /// Its peer's share; behind the PROXY protocol, exchanged for the
@@ -483,6 +505,7 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         mut peer,
         local,
         tls,
+        h2c_only,
         limits,
         mut client_slot,
         permit,
@@ -536,7 +559,11 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
     match tls {
         None => {
             let io = TokioIo::new(tracked);
-            let speaks = Speaks::Detect;
+            let speaks = if h2c_only {
+                Speaks::Http2
+            } else {
+                Speaks::Detect
+            };
             serve_connection(
                 io, speaks, service, activity, peer, &limits, admission, stop,
             )

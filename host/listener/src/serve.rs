@@ -33,9 +33,9 @@ pub(crate) enum Speaks {
     /// Plain TCP: HTTP/1.1, or h2c when it starts with the HTTP/2 preface
     /// (and `Limits::http2` is on).
     Detect,
-    /// TLS whose ALPN chose `h2`: HTTP/2 only, so that a connection that
-    /// does not start with the preface is closed (RFC 9113 3.4), not
-    /// answered in HTTP/1.1.
+    /// TLS whose ALPN chose `h2`, or an h2c-only listener: HTTP/2 only, so
+    /// that a connection that does not start with the preface is closed
+    /// (RFC 9113 3.4), not answered in HTTP/1.1.
     Http2,
     /// TLS without `h2` in ALPN: HTTP/1 only (HTTP/2 over TLS needs ALPN,
     /// RFC 9113 3.3).

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::{Connection, ConnectionStats, Limits, Server};
+use crate::{Connection, ConnectionStats, Limits, Listener, Server};
 
 /// Limits as Inlay's defaults have them.
 pub(crate) fn limits() -> Limits {
@@ -57,6 +57,11 @@ struct Running {
 /// A server whose service answers `200` with the connection's peer after
 /// waiting for the `delay` (ms) of the request's query.
 async fn start(limits: Limits) -> Running {
+    start_on(limits, Listener::plain).await
+}
+
+/// [`start`] on the listener `kind` makes.
+async fn start_on(limits: Limits, kind: fn(TcpListener) -> Listener) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = watch::channel(Arc::new(limits));
@@ -72,7 +77,7 @@ async fn start(limits: Limits) -> Running {
     })
     .with_stats(stats.clone());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(server.serve([listener], async {
+    let served = tokio::spawn(server.serve([kind(listener)], async {
         let _ = stopped.await;
     }));
     Running {
@@ -296,4 +301,59 @@ async fn a_proxy_header_naming_its_own_peer_counts_once() {
             "{header:?}: {got:?}"
         );
     }
+}
+
+/// What the server sends after `bytes` until it closes (within 5 s).
+async fn answer_to(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    client.write_all(bytes).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut got))
+        .await
+        .expect("closed within 5 s")
+        .unwrap();
+    got
+}
+
+/// An `h2c://` listener speaks HTTP/2 with prior knowledge only: what
+/// does not open with the preface is closed with HTTP/2 frames at most
+/// (RFC 9113 3.4, h2spec 3.5/2), where a plain listener, which speaks
+/// HTTP/1.1 too, answers it as a malformed HTTP/1 request (RFC 9112 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_listener_closes_what_does_not_open_with_the_preface() {
+    const INVALID: &[u8] = b"INVALID CONNECTION PREFACE\r\n\r\n";
+    let plain = start(limits()).await;
+    let got = answer_to(plain.addr, INVALID).await;
+    assert!(
+        got.starts_with(b"HTTP/1.1 4"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+
+    let h2c = start_on(limits(), Listener::h2c).await;
+    for bytes in [INVALID, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"] {
+        let got = answer_to(h2c.addr, bytes).await;
+        let mut frames = &got[..];
+        while let [a, b, c, kind, ..] = *frames {
+            let len = u32::from_be_bytes([0, a, b, c]) as usize;
+            assert!(kind <= 9 && frames.len() >= 9 + len, "not HTTP/2: {got:?}");
+            frames = &frames[9 + len..];
+        }
+        assert!(frames.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    }
+    // A client with prior knowledge is served.
+    let tcp = TcpStream::connect(h2c.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("http://x/")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), hyper::Version::HTTP_2);
 }
