@@ -96,8 +96,10 @@ bench-quick: deps build policies
 	bash loadtests/bench/run.sh quick
 
 # The public HTTP cache test suite (cache-tests.fyi) run through Inlay as the
-# suite runs Varnish; results and score in loadtests/reports/conformance/.
+# suite runs Varnish, and h2spec over TLS and h2c (fails when an h2spec case
+# does); results and score in loadtests/reports/conformance/.
 conformance:
+	@bash loadtests/scripts/ensure-deps.sh conformance
 	bash loadtests/conformance/run.sh
 
 # Hostile traffic on loopback beside a normal client (about 1 min 40 s;

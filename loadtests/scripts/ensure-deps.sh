@@ -2,6 +2,7 @@
 # Install what a fresh machine lacks. `build`: a Rust toolchain with cargo,
 # and nats-server for the cluster tests.
 # `bench`: also wrk, varnish, nginx, h2load (nghttp2-client) and k6. `package`: cargo-deb and dpkg-deb.
+# `conformance`: h2spec (with go install), openssl, node and python3.
 # Idempotent; quiet when all is present.
 set -euo pipefail
 what="${1:-build}"
@@ -47,6 +48,29 @@ if [ "$what" = package ]; then
   fi
 fi
 
+# Go for the tools `go install` builds (k6, h2spec): on PATH or in /usr/local/go.
+go_bin() {
+  local gobin
+  gobin="$(command -v go || true)"
+  [ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
+  echo "$gobin"
+}
+
+if [ "$what" = conformance ]; then
+  command -v openssl >/dev/null 2>&1 || apt_install openssl
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  command -v node >/dev/null 2>&1 || apt_install nodejs npm
+  if ! command -v h2spec >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/h2spec" ]; then
+    gobin="$(go_bin)"
+    if [ -z "$gobin" ]; then
+      echo "ensure-deps: h2spec is missing and so is Go (https://go.dev/dl)" >&2
+      exit 1
+    fi
+    echo "ensure-deps: building h2spec v2.2.1 with go install (about a minute)" >&2
+    "$gobin" install github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible
+  fi
+fi
+
 if [ "$what" = bench ]; then
   command -v wrk >/dev/null 2>&1 || apt_install wrk
   command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || apt_install varnish
@@ -57,8 +81,7 @@ if [ "$what" = bench ]; then
   command -v h2load >/dev/null 2>&1 || apt_install nghttp2-client
   command -v openssl >/dev/null 2>&1 || apt_install openssl
   if ! command -v k6 >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/k6" ]; then
-    gobin="$(command -v go || true)"
-    [ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
+    gobin="$(go_bin)"
     if [ -z "$gobin" ]; then
       echo "ensure-deps: k6 is missing and so is Go (k6 v1.8.1 needs a recent Go: https://go.dev/dl)" >&2
       exit 1
