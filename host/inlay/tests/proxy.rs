@@ -531,6 +531,32 @@ async fn a_request_body_over_max_request_body_gets_413() {
     assert!(r.text().contains("\"bytes\":1024"), "{}", r.text());
 }
 
+/// Chunk lines ended by a bare LF are the client's malformed framing
+/// (hyper refuses them, RFC 9112 7.1 wants CRLF): a 400 and the connection
+/// closed, never a 502 that blames the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_with_bare_lf_lines_is_the_client_s_400() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .start_in_process()
+        .await;
+    let (resp, closed) = raw(
+        inlay.addr,
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\nAAAAA\n0\n\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp:?}");
+    assert!(closed, "{resp:?}");
+    let line = inlay
+        .access
+        .wait_for(&["/upload"], Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("no line: {}", inlay.access.text()));
+    assert!(line.contains(" 400 "), "{line}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_clients_cannot_hold_every_connection_slot() {
     // Every slot taken by a connection that sends nothing: when the slots

@@ -6,8 +6,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -19,6 +18,7 @@ use inlay_core::body::{BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestAction, RequestHead, body, headers};
 use inlay_runtime::{Hook, PolicyCall};
 
+use super::context::BodyFault;
 use super::{Pipeline, RequestCtx};
 use crate::metrics::Metrics;
 use crate::server_timing;
@@ -68,7 +68,11 @@ pub(super) async fn run(
     let limit = p.config.server.max_request_body;
     ctx.body_limit = limit;
     check_declared_length(&parts.headers, limit)?;
-    ctx.body = Some(capped_body(body::boxed(body), limit, ctx.body_over.clone()));
+    ctx.body = Some(capped_body(
+        body::boxed(body),
+        limit,
+        ctx.body_fault.clone(),
+    ));
     ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
     ctx.for_peer = p.shard.is_some() && ctx.head.headers.contains_key(hop);
     if p.shard
@@ -107,19 +111,18 @@ fn check_declared_length(headers: &HeaderMap, limit: u64) -> Result<(), ProxyErr
 
 /// The request body, failing once more than `limit` bytes have come (a
 /// chunked body can claim any chunk size, so the stream itself is
-/// counted); `over` is set when it did, so the failure is the client's 413
-/// and not the backend's 502.
-fn capped_body(body: ProxyBody, limit: u64, over: Arc<AtomicBool>) -> ProxyBody {
+/// counted); `fault` records why it failed.
+fn capped_body(body: ProxyBody, limit: u64, fault: Arc<OnceLock<BodyFault>>) -> ProxyBody {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     inlay_core::body::boxed(CappedBody {
         inner: Limited::new(body, limit),
-        over,
+        fault,
     })
 }
 
 struct CappedBody {
     inner: Limited<ProxyBody>,
-    over: Arc<AtomicBool>,
+    fault: Arc<OnceLock<BodyFault>>,
 }
 
 impl Body for CappedBody {
@@ -131,10 +134,17 @@ impl Body for CappedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Err(e))) = &polled
-            && e.downcast_ref::<LengthLimitError>().is_some()
-        {
-            self.over.store(true, Ordering::Relaxed);
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            let fault = if e.downcast_ref::<LengthLimitError>().is_some() {
+                BodyFault::TooLarge
+            } else {
+                // hyper's message ("error reading a body from connection")
+                // and its cause ("Invalid chunk size line: Invalid Size").
+                let causes =
+                    std::iter::successors(Some(&**e as &dyn std::error::Error), |e| e.source());
+                BodyFault::Broken(causes.map(|e| e.to_string()).collect::<Vec<_>>().join(": "))
+            };
+            let _ = self.fault.set(fault);
         }
         polled
     }
