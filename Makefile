@@ -83,9 +83,10 @@ package: deps
 	$(CARGO) deb -p inlay --no-build --locked -o target/debian/ \
 		--separate-debug-symbols --compress-debug-symbols=zlib
 
-# vendor/wasmtime must be its crates.io release plus the patches in
-# vendor/wasmtime-patches (README.md there); about a second, and needs
-# crates.io unless cargo's cache has the release.
+# vendor/wasmtime and vendor/hyper must be their crates.io releases plus the
+# patches in vendor/wasmtime-patches and vendor/hyper-patches (README.md
+# there); about a second each, and needs crates.io unless cargo's cache has
+# the releases.
 vendor-check:
 	@bash vendor/check.sh
 
