@@ -48,27 +48,26 @@ if [ "$what" = package ]; then
   fi
 fi
 
-# Go for the tools `go install` builds (k6, h2spec): on PATH or in /usr/local/go.
-go_bin() {
+# Builds the Go tool $1 with `go install $2` (taking $3) unless it is on
+# PATH or in ~/go/bin; Go itself on PATH or in /usr/local/go.
+go_tool() {
+  command -v "$1" >/dev/null 2>&1 || [ -x "$HOME/go/bin/$1" ] && return 0
   local gobin
   gobin="$(command -v go || true)"
   [ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
-  echo "$gobin"
+  if [ -z "$gobin" ]; then
+    echo "ensure-deps: $1 is missing and so is Go (https://go.dev/dl)" >&2
+    exit 1
+  fi
+  echo "ensure-deps: building $2 with go install ($3)" >&2
+  "$gobin" install "$2"
 }
 
 if [ "$what" = conformance ]; then
   command -v openssl >/dev/null 2>&1 || apt_install openssl
   command -v python3 >/dev/null 2>&1 || apt_install python3
   command -v node >/dev/null 2>&1 || apt_install nodejs npm
-  if ! command -v h2spec >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/h2spec" ]; then
-    gobin="$(go_bin)"
-    if [ -z "$gobin" ]; then
-      echo "ensure-deps: h2spec is missing and so is Go (https://go.dev/dl)" >&2
-      exit 1
-    fi
-    echo "ensure-deps: building h2spec v2.2.1 with go install (about a minute)" >&2
-    "$gobin" install github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible
-  fi
+  go_tool h2spec github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible "about a minute"
 fi
 
 if [ "$what" = bench ]; then
@@ -80,13 +79,6 @@ if [ "$what" = bench ]; then
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || apt_install nginx
   command -v h2load >/dev/null 2>&1 || apt_install nghttp2-client
   command -v openssl >/dev/null 2>&1 || apt_install openssl
-  if ! command -v k6 >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/k6" ]; then
-    gobin="$(go_bin)"
-    if [ -z "$gobin" ]; then
-      echo "ensure-deps: k6 is missing and so is Go (k6 v1.8.1 needs a recent Go: https://go.dev/dl)" >&2
-      exit 1
-    fi
-    echo "ensure-deps: building k6 v1.8.1 with go install (a few minutes)" >&2
-    GOFLAGS=-mod=mod "$gobin" install go.k6.io/k6@v1.8.1
-  fi
+  # k6 v1.8.1 needs a recent Go.
+  GOFLAGS=-mod=mod go_tool k6 go.k6.io/k6@v1.8.1 "a few minutes"
 fi
