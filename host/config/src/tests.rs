@@ -704,7 +704,10 @@ fn websocket_defaults_and_bounds() {
     .unwrap();
     assert_eq!(c.websocket.idle_timeout, Duration::from_secs(30));
     assert_eq!(c.websocket.max_tunnels, 5);
-    assert_eq!(c.websocket.tunnelled("foo, my-proto/2"), Some("my-proto/2".into()));
+    assert_eq!(
+        c.websocket.tunnelled("foo, my-proto/2"),
+        Some("my-proto/2".into())
+    );
     assert_eq!(c.websocket.tunnelled("my-proto"), None);
     let off = Config::from_toml(&format!("{base}[websocket]\nenabled = false\n")).unwrap();
     assert_eq!(off.websocket.tunnelled("websocket"), None);
