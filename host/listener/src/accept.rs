@@ -153,6 +153,8 @@ struct Shared<M> {
     stats: Arc<ConnectionStats>,
     connections: TaskTracker,
     stop: CancellationToken,
+    /// Cancelled when the drain reaches `shutdown_timeout`: tunnels close.
+    tunnels_close: CancellationToken,
 }
 
 impl<M: MakeService> Server<M> {
@@ -199,6 +201,7 @@ impl<M: MakeService> Server<M> {
             stats,
             connections: TaskTracker::new(),
             stop: CancellationToken::new(),
+            tunnels_close: CancellationToken::new(),
         });
         let accept_tasks: Vec<_> = listeners
             .into_iter()
@@ -228,13 +231,22 @@ impl<M: MakeService> Server<M> {
         let shutdown_timeout = limits.borrow().shutdown_timeout;
         match tokio::time::timeout(shutdown_timeout, connections.wait()).await {
             Ok(()) => info!("all connections drained"),
-            Err(_) => warn!(
-                connections = connections.len(),
-                "shutdown deadline reached; closing remaining connections"
-            ),
+            Err(_) => {
+                warn!(
+                    connections = connections.len(),
+                    "shutdown deadline reached; closing remaining connections"
+                );
+                // Tunnels (WebSockets) were left open until now; they close
+                // themselves, and get a moment to say so (their log lines).
+                shared.tunnels_close.cancel();
+                let _ = tokio::time::timeout(TUNNELS_CLOSE_GRACE, connections.wait()).await;
+            }
         }
     }
 }
+
+/// How long tunnels told to close at the end of a drain get to do so.
+const TUNNELS_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Connections an accept loop takes before it lets other tasks run.
 const ACCEPTS_PER_TURN: u32 = 8;
@@ -534,10 +546,21 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
     };
     let service = shared.make.make(&conn);
     let admission = &shared.admission;
+    let tunnels_close = shared.tunnels_close.clone();
     match tls {
         None => {
             let io = TokioIo::new(tracked);
-            serve_connection(io, service, activity, peer, &limits, admission, stop).await;
+            serve_connection(
+                io,
+                service,
+                activity,
+                peer,
+                &limits,
+                admission,
+                stop,
+                tunnels_close,
+            )
+            .await;
         }
         Some(tls) => {
             let Some(io) = handshake(&tls, tracked, peer, &limits, &stop).await else {
@@ -547,7 +570,17 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
                 activity.set_h2();
             }
             let io = TokioIo::new(io);
-            serve_connection(io, service, activity, peer, &limits, admission, stop).await;
+            serve_connection(
+                io,
+                service,
+                activity,
+                peer,
+                &limits,
+                admission,
+                stop,
+                tunnels_close,
+            )
+            .await;
         }
     }
     drop(client_slot);

@@ -26,10 +26,12 @@ use crate::activity::{Activity, GuardedBody, InFlight};
 use crate::admission::Admission;
 use crate::limits::Limits;
 use crate::send_clock::{STREAM_CLOCK, SendClock, SendLimits, StreamExecutor};
+use crate::tunnel::TunnelTicket;
 
 /// Serve `io` (an admitted connection from `peer`, perhaps TLS) with
 /// `service` until it ends, a timeout closes it, or `stop` asks for a
 /// graceful close.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_connection<I, S, B>(
     io: I,
     service: S,
@@ -38,6 +40,7 @@ pub(crate) async fn serve_connection<I, S, B>(
     limits: &Limits,
     admission: &Admission,
     stop: CancellationToken,
+    tunnels_close: CancellationToken,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
@@ -66,6 +69,11 @@ pub(crate) async fn serve_connection<I, S, B>(
         .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
         .keep_alive_interval(keep_alive)
         .keep_alive_timeout(limits.h2_keep_alive_timeout);
+    let upgrades = limits.upgrades && limits.http2;
+    if upgrades {
+        // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSockets over HTTP/2 (RFC 8441).
+        builder.http2().enable_connect_protocol();
+    }
     // HTTP/1 sends one response at a time: its clock is the connection's.
     // An HTTP/2 stream gets its own from `StreamExecutor`.
     let h1_clock = Arc::new(SendClock::new(send_limits, false));
@@ -73,71 +81,118 @@ pub(crate) async fn serve_connection<I, S, B>(
         inner: service,
         activity: activity.clone(),
         h1_clock: h1_clock.clone(),
+        tunnels_close: upgrades.then_some(tunnels_close),
     };
-    let conn = builder.serve_connection(io, service);
-    tokio::pin!(conn);
-    let idle = limits.idle_timeout;
-    let busy_idle = idle.min(limits.busy_idle_timeout);
-    // Fewer free slots than this: idle connections go after `busy_idle`.
-    let reserve = (limits.max_connections / 10).max(1);
-    let period = busy_idle
-        .min(limits.idle_send_timeout)
-        .min(Duration::from_secs(1))
-        .max(Duration::from_millis(10));
-    // Each connection checks at a phase of its own: connections accepted
-    // in one burst (a flood) ticked in the same millisecond, a few
-    // thousand wake-ups at once on the thread that also accepts and
-    // answers everyone.
-    let mut tick =
-        tokio::time::interval_at(tokio::time::Instant::now() + phase(peer, period), period);
-    let deadline = async {
-        match limits.connection_deadline {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending().await,
-        }
+    let serving = Serving {
+        activity,
+        h1_clock,
+        peer,
+        limits,
+        admission,
+        stop,
     };
-    tokio::pin!(deadline);
-    let expired = h1_clock.expired();
-    tokio::pin!(expired);
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            // The connection first: the response it polls arms the send clock.
-            biased;
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    log_connection_error(peer, &*e);
-                }
-                return;
+    if upgrades {
+        let conn = builder.serve_connection_with_upgrades(io, service);
+        serving.drive(conn, |c| c.graceful_shutdown()).await;
+    } else {
+        let conn = builder.serve_connection(io, service);
+        serving.drive(conn, |c| c.graceful_shutdown()).await;
+    }
+}
+
+/// What the loop that drives one connection reads.
+struct Serving<'a> {
+    activity: Arc<Activity>,
+    h1_clock: Arc<SendClock>,
+    peer: SocketAddr,
+    limits: &'a Limits,
+    admission: &'a Admission,
+    stop: CancellationToken,
+}
+
+impl Serving<'_> {
+    /// Drive `conn` (hyper's connection, closed gracefully by `shutdown`)
+    /// until it ends or a timeout closes it; a connection handed to a
+    /// tunnel (an HTTP/1.1 upgrade) ends when its tunnel does.
+    async fn drive<C>(self, conn: C, shutdown: impl Fn(Pin<&mut C>))
+    where
+        C: Future<Output = Result<(), BoxError>>,
+    {
+        let Self {
+            activity,
+            h1_clock,
+            peer,
+            limits,
+            admission,
+            stop,
+        } = self;
+        tokio::pin!(conn);
+        let idle = limits.idle_timeout;
+        let busy_idle = idle.min(limits.busy_idle_timeout);
+        // Fewer free slots than this: idle connections go after `busy_idle`.
+        let reserve = (limits.max_connections / 10).max(1);
+        let period = busy_idle
+            .min(limits.idle_send_timeout)
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(10));
+        // Each connection checks at a phase of its own: connections accepted
+        // in one burst (a flood) ticked in the same millisecond, a few
+        // thousand wake-ups at once on the thread that also accepts and
+        // answers everyone.
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + phase(peer, period), period);
+        let deadline = async {
+            match limits.connection_deadline {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
             }
-            _ = stop.cancelled(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            why = &mut expired => {
-                info!(%peer, "response not sent within {why}; connection closed");
-                return;
-            }
-            () = &mut deadline => {
-                info!(%peer, "connection open longer than its deadline; closed");
-                return;
-            }
-            _ = tick.tick() => {
-                // Checked while closing too: a graceful shutdown waits for
-                // writes that a client which reads nothing never lets finish.
-                if activity.write_blocked_for() >= limits.idle_send_timeout {
-                    info!(%peer, "client read nothing for idle_send_timeout; connection closed");
+        };
+        tokio::pin!(deadline);
+        let expired = h1_clock.expired();
+        tokio::pin!(expired);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                // The connection first: the response it polls arms the send clock.
+                biased;
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        log_connection_error(peer, &*e);
+                    }
+                    // An upgraded HTTP/1.1 connection: hyper handed its
+                    // socket to the tunnel, which it stays with.
+                    activity.tunnels_closed().await;
                     return;
                 }
-                let idle = if admission.free() < reserve {
-                    busy_idle
-                } else {
-                    idle
-                };
-                if !closing && activity.idle_for() >= idle {
-                    debug!(%peer, "closing idle connection");
+                _ = stop.cancelled(), if !closing => {
                     closing = true;
-                    conn.as_mut().graceful_shutdown();
+                    shutdown(conn.as_mut());
+                }
+                why = &mut expired => {
+                    info!(%peer, "response not sent within {why}; connection closed");
+                    return;
+                }
+                () = &mut deadline => {
+                    info!(%peer, "connection open longer than its deadline; closed");
+                    return;
+                }
+                _ = tick.tick() => {
+                    // Checked while closing too: a graceful shutdown waits for
+                    // writes that a client which reads nothing never lets finish.
+                    if activity.write_blocked_for() >= limits.idle_send_timeout {
+                        info!(%peer, "client read nothing for idle_send_timeout; connection closed");
+                        return;
+                    }
+                    let idle = if admission.free() < reserve {
+                        busy_idle
+                    } else {
+                        idle
+                    };
+                    if !closing && activity.idle_for() >= idle {
+                        debug!(%peer, "closing idle connection");
+                        closing = true;
+                        shutdown(conn.as_mut());
+                    }
                 }
             }
         }
@@ -159,6 +214,8 @@ struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
     h1_clock: Arc<SendClock>,
+    /// With upgrades served: what closes tunnels at the end of a drain.
+    tunnels_close: Option<CancellationToken>,
 }
 
 impl<S, B> Service<Request<Incoming>> for Tracked<S>
@@ -170,12 +227,28 @@ where
     type Error = Infallible;
     type Future = TrackedCall<S::Future>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        if let Some(closing) = &self.tunnels_close
+            && may_upgrade(&req)
+        {
+            let ticket = TunnelTicket::new(self.activity.clone(), closing.clone());
+            req.extensions_mut().insert(ticket);
+        }
         TrackedCall {
             inner: self.inner.call(req),
             guard: Some(InFlight::new(self.activity.clone())),
             h1_clock: Some(self.h1_clock.clone()),
         }
+    }
+}
+
+/// A request that may take its connection over: HTTP/1.1 with `Upgrade`
+/// (hyper hands the socket over only then), or an HTTP/2 CONNECT.
+fn may_upgrade<B>(req: &Request<B>) -> bool {
+    match req.version() {
+        http::Version::HTTP_11 => req.headers().contains_key(http::header::UPGRADE),
+        http::Version::HTTP_2 => req.method() == http::Method::CONNECT,
+        _ => false,
     }
 }
 
