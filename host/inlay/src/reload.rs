@@ -335,6 +335,7 @@ impl Reloader {
             **guard = next.cache().clone();
         }
         self.current.store(next);
+        old.retire(cfg.server.shutdown_timeout);
         drop(moving);
         if let Some(limits) = &self.listener_limits {
             limits.send_replace(Arc::new(listener_limits));

@@ -20,8 +20,18 @@ pub(super) async fn run(p: &Pipeline, ctx: &mut RequestCtx) -> Result<Outcome, P
     let routed = ctx.timing.now();
     let backend = p.through.upstreams().for_pass(&ctx.head)?;
     let body = counted_body(ctx.body.take().unwrap_or_else(body::empty), &p.metrics);
-    let mut resp = fetch::pass(&backend, &ctx.head, body).await?;
+    let resp = fetch::pass(&backend, &ctx.head, body).await?;
     ctx.timing.phase("fetch", routed);
+    answered(p, ctx, resp).await
+}
+
+/// What follows the backend's answer to a passed request: the cache
+/// invalidated after an unsafe method, the policy's `on-backend-response`.
+pub(super) async fn answered(
+    p: &Pipeline,
+    ctx: &mut RequestCtx,
+    mut resp: http::Response<ProxyBody>,
+) -> Result<Outcome, ProxyError> {
     if p.config.cache.invalidate_on_unsafe {
         invalidate::after_unsafe(&p.cache, &ctx.head, resp.status(), resp.headers()).await;
     }
