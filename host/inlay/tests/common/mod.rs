@@ -131,8 +131,10 @@ impl InlayBuilder {
     /// Write the config file into `dir`; its path.
     fn write_config(&self, dir: &Path) -> PathBuf {
         let path = dir.join("inlay.toml");
-        let mut text =
-            String::from("[server]\nlisten = [\"127.0.0.1:0\"]\nshutdown_timeout = \"10s\"\n");
+        let mut text = String::from("[server]\nlisten = [\"127.0.0.1:0\"]\n");
+        if !self.server.contains("shutdown_timeout") {
+            text.push_str("shutdown_timeout = \"10s\"\n");
+        }
         text.push_str(&self.server);
         if let Some(b) = &self.backend {
             text.push_str(&format!(
