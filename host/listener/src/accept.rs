@@ -28,7 +28,7 @@ use crate::admission::{Admission, ConnectionSlot};
 use crate::limits::Limits;
 use crate::per_client::ClientSlot;
 use crate::proxy_protocol::proxy_header;
-use crate::serve::serve_connection;
+use crate::serve::Serving;
 use crate::stats::ConnectionStats;
 use crate::tls::{Tls, handshake};
 use crate::{CLIENT_WARNINGS, SHED_WARNINGS, socket};
@@ -545,23 +545,16 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         local,
     };
     let service = shared.make.make(&conn);
-    let admission = &shared.admission;
-    let tunnels_close = shared.tunnels_close.clone();
+    let serving = |stop| Serving {
+        activity: activity.clone(),
+        peer,
+        limits: &limits,
+        admission: &shared.admission,
+        stop,
+        tunnels_close: shared.tunnels_close.clone(),
+    };
     match tls {
-        None => {
-            let io = TokioIo::new(tracked);
-            serve_connection(
-                io,
-                service,
-                activity,
-                peer,
-                &limits,
-                admission,
-                stop,
-                tunnels_close,
-            )
-            .await;
-        }
+        None => serving(stop).serve(TokioIo::new(tracked), service).await,
         Some(tls) => {
             let Some(io) = handshake(&tls, tracked, peer, &limits, &stop).await else {
                 return;
@@ -569,18 +562,7 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
             if io.get_ref().1.alpn_protocol() == Some(b"h2") {
                 activity.set_h2();
             }
-            let io = TokioIo::new(io);
-            serve_connection(
-                io,
-                service,
-                activity,
-                peer,
-                &limits,
-                admission,
-                stop,
-                tunnels_close,
-            )
-            .await;
+            serving(stop).serve(TokioIo::new(io), service).await;
         }
     }
     drop(client_slot);

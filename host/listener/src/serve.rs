@@ -28,103 +28,92 @@ use crate::limits::Limits;
 use crate::send_clock::{STREAM_CLOCK, SendClock, SendLimits, StreamExecutor};
 use crate::tunnel::TunnelTicket;
 
-/// Serve `io` (an admitted connection from `peer`, perhaps TLS) with
-/// `service` until it ends, a timeout closes it, or `stop` asks for a
-/// graceful close.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn serve_connection<I, S, B>(
-    io: I,
-    service: S,
-    activity: Arc<Activity>,
-    peer: SocketAddr,
-    limits: &Limits,
-    admission: &Admission,
-    stop: CancellationToken,
-    tunnels_close: CancellationToken,
-) where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError> + Send,
-{
-    let send_limits = SendLimits::of(limits);
-    let mut builder = auto::Builder::new(StreamExecutor(send_limits));
-    if !limits.http2 {
-        builder = builder.http1_only();
-    }
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_size.max(8192))
-        .keep_alive(limits.keep_alive);
-    let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(limits.h2_max_header_list_size)
-        .max_concurrent_streams(limits.h2_max_concurrent_streams)
-        .max_pending_accept_reset_streams(limits.h2_max_pending_accept_reset_streams)
-        .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
-        .keep_alive_interval(keep_alive)
-        .keep_alive_timeout(limits.h2_keep_alive_timeout);
-    let upgrades = limits.upgrades && limits.http2;
-    if upgrades {
-        // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSockets over HTTP/2 (RFC 8441).
-        builder.http2().enable_connect_protocol();
-    }
-    // HTTP/1 sends one response at a time: its clock is the connection's.
-    // An HTTP/2 stream gets its own from `StreamExecutor`.
-    let h1_clock = Arc::new(SendClock::new(send_limits, false));
-    let service = Tracked {
-        inner: service,
-        activity: activity.clone(),
-        h1_clock: h1_clock.clone(),
-        tunnels_close: upgrades.then_some(tunnels_close),
-    };
-    let serving = Serving {
-        activity,
-        h1_clock,
-        peer,
-        limits,
-        admission,
-        stop,
-    };
-    if upgrades {
-        let conn = builder.serve_connection_with_upgrades(io, service);
-        serving.drive(conn, |c| c.graceful_shutdown()).await;
-    } else {
-        let conn = builder.serve_connection(io, service);
-        serving.drive(conn, |c| c.graceful_shutdown()).await;
-    }
-}
-
-/// What the loop that drives one connection reads.
-struct Serving<'a> {
-    activity: Arc<Activity>,
-    h1_clock: Arc<SendClock>,
-    peer: SocketAddr,
-    limits: &'a Limits,
-    admission: &'a Admission,
-    stop: CancellationToken,
+/// What serving one admitted connection reads: the connection's
+/// activity and address, the limits it was accepted with, the server's
+/// admission (its free slots), and what stops it.
+pub(crate) struct Serving<'a> {
+    pub(crate) activity: Arc<Activity>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) limits: &'a Limits,
+    pub(crate) admission: &'a Admission,
+    /// Asks for a graceful close (the drain).
+    pub(crate) stop: CancellationToken,
+    /// Closes the connection's tunnels (the end of the drain).
+    pub(crate) tunnels_close: CancellationToken,
 }
 
 impl Serving<'_> {
-    /// Drive `conn` (hyper's connection, closed gracefully by `shutdown`)
-    /// until it ends or a timeout closes it; a connection handed to a
-    /// tunnel (an HTTP/1.1 upgrade) ends when its tunnel does.
-    async fn drive<C>(self, conn: C, shutdown: impl Fn(Pin<&mut C>))
+    /// Serve `io` (the admitted connection, perhaps TLS) with `service`
+    /// until it ends, a timeout closes it, or `stop` asks for a graceful
+    /// close.
+    pub(crate) async fn serve<I, S, B>(self, io: I, service: S)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError> + Send,
+    {
+        let limits = self.limits;
+        let send_limits = SendLimits::of(limits);
+        let mut builder = auto::Builder::new(StreamExecutor(send_limits));
+        if !limits.http2 {
+            builder = builder.http1_only();
+        }
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(limits.max_header_size.max(8192))
+            .keep_alive(limits.keep_alive);
+        let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(limits.h2_max_header_list_size)
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            .max_pending_accept_reset_streams(limits.h2_max_pending_accept_reset_streams)
+            .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
+            .keep_alive_interval(keep_alive)
+            .keep_alive_timeout(limits.h2_keep_alive_timeout);
+        let upgrades = limits.upgrades && limits.http2;
+        if upgrades {
+            // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSockets over HTTP/2 (RFC 8441).
+            builder.http2().enable_connect_protocol();
+        }
+        // HTTP/1 sends one response at a time: its clock is the connection's.
+        // An HTTP/2 stream gets its own from `StreamExecutor`.
+        let h1_clock = Arc::new(SendClock::new(send_limits, false));
+        let service = Tracked {
+            inner: service,
+            activity: self.activity.clone(),
+            h1_clock: h1_clock.clone(),
+            tunnels_close: upgrades.then(|| self.tunnels_close.clone()),
+        };
+        if upgrades {
+            let conn = builder.serve_connection_with_upgrades(io, service);
+            self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
+        } else {
+            let conn = builder.serve_connection(io, service);
+            self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
+        }
+    }
+
+    /// Drive `conn` (hyper's connection, closed gracefully by `shutdown`;
+    /// its HTTP/1 responses timed by `h1_clock`) until it ends or a
+    /// timeout closes it; a connection handed to a tunnel (an HTTP/1.1
+    /// upgrade) ends when its tunnel does.
+    async fn drive<C>(self, conn: C, shutdown: impl Fn(Pin<&mut C>), h1_clock: Arc<SendClock>)
     where
         C: Future<Output = Result<(), BoxError>>,
     {
         let Self {
             activity,
-            h1_clock,
             peer,
             limits,
             admission,
             stop,
+            ..
         } = self;
         tokio::pin!(conn);
         let idle = limits.idle_timeout;
