@@ -194,13 +194,7 @@ async fn a_policy_refuses_an_upgrade_or_lets_it_through() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let good = {
-        use hmac::{Mac, SimpleHmac};
-        let expiry = now + 600;
-        let mut mac = SimpleHmac::<sha2::Sha256>::new_from_slice(b"s3cret").unwrap();
-        mac.update(format!("{expiry}:/ws").as_bytes());
-        format!("{expiry}.{}", hex::encode(mac.finalize().into_bytes()))
-    };
+    let good = common::auth_token("s3cret", "/ws", now + 600);
     let ws = connect(inlay.addr, &format!("/ws?token={good}")).await;
     speak(ws).await;
     assert_eq!(origin.count("/ws").await, 1);

@@ -38,6 +38,15 @@ pub fn policy(name: &str) -> PathBuf {
     p
 }
 
+/// A token the `auth` policy accepts for `path` until `expiry` (Unix
+/// seconds), signed with `key`: `<expiry>.<hex HMAC-SHA256 of "expiry:path">`.
+pub fn auth_token(key: &str, path: &str, expiry: u64) -> String {
+    use hmac::{Mac, SimpleHmac};
+    let mut mac = SimpleHmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(format!("{expiry}:{path}").as_bytes());
+    format!("{expiry}.{}", hex::encode(mac.finalize().into_bytes()))
+}
+
 /// A loopback port nobody listens on: bound, noted, closed.
 pub fn unused_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
