@@ -1,8 +1,8 @@
 //! Tunnels (WebSockets, and the other upgrades `[websocket]` allows): how
 //! many are open against `websocket.max_tunnels`, what they moved (a
 //! collector for `GET /metrics`), and the copy of bytes both ways with its
-//! idle timeout. The pipeline's `tunnel` phase opens them; this module
-//! knows nothing of HTTP.
+//! idle timeout (`copy.rs`: no buffer held while nothing moves). The
+//! pipeline's `tunnel` phase opens them; this module knows nothing of HTTP.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,9 +17,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Figures, Metrics};
 
-/// Bytes each direction of a tunnel buffers (tokio's default): a read
-/// from one side is written to the other before the next.
-const BUFFER: usize = 8 << 10;
+mod copy;
 
 /// The process's tunnels, shared by every pipeline generation.
 #[derive(Debug, Default)]
@@ -127,7 +125,7 @@ where
         total: &tunnels.to_client,
     };
     let end = tokio::select! {
-        copied = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, BUFFER, BUFFER) => {
+        copied = copy::both_ways(&mut client, &mut backend) => {
             TunnelEnd::Ended(copied.err())
         }
         () = idle_for(idle, started, &last) => TunnelEnd::Idle(idle),
