@@ -28,6 +28,21 @@ use crate::limits::Limits;
 use crate::send_clock::{STREAM_CLOCK, SendClock, SendLimits, StreamExecutor};
 use crate::tunnel::TunnelTicket;
 
+/// Which HTTP a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Speaks {
+    /// Plain TCP: HTTP/1.1, or h2c when it starts with the HTTP/2 preface
+    /// (and `Limits::http2` is on).
+    Detect,
+    /// TLS whose ALPN chose `h2`, or an h2c-only listener: HTTP/2 only, so
+    /// that a connection that does not start with the preface is closed
+    /// (RFC 9113 3.4), not answered in HTTP/1.1.
+    Http2,
+    /// TLS without `h2` in ALPN: HTTP/1 only (HTTP/2 over TLS needs ALPN,
+    /// RFC 9113 3.3).
+    Http1,
+}
+
 /// What serving one admitted connection reads: the connection's
 /// activity and address, the limits it was accepted with, the server's
 /// admission (its free slots), and what stops it.
@@ -42,11 +57,22 @@ pub(crate) struct Serving<'a> {
     pub(crate) tunnels_close: CancellationToken,
 }
 
+/// The HTTP/1 settings of `limits`, on hyper-util's builder or hyper's.
+macro_rules! http1_settings {
+    ($builder:expr, $limits:expr) => {
+        $builder
+            .timer(TokioTimer::new())
+            .header_read_timeout($limits.header_read_timeout)
+            .max_buf_size($limits.max_header_size.max(8192))
+            .keep_alive($limits.keep_alive)
+    };
+}
+
 impl Serving<'_> {
-    /// Serve `io` (the admitted connection, perhaps TLS) with `service`
-    /// until it ends, a timeout closes it, or `stop` asks for a graceful
-    /// close.
-    pub(crate) async fn serve<I, S, B>(self, io: I, service: S)
+    /// Serve `io` (the admitted connection, perhaps TLS), which `speaks`
+    /// HTTP/1, HTTP/2 or either, with `service` until it ends, a timeout
+    /// closes it, or `stop` asks for a graceful close.
+    pub(crate) async fn serve<I, S, B>(self, io: I, speaks: Speaks, service: S)
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
         S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
@@ -57,15 +83,16 @@ impl Serving<'_> {
         let limits = self.limits;
         let send_limits = SendLimits::of(limits);
         let mut builder = auto::Builder::new(StreamExecutor(send_limits));
-        if !limits.http2 {
-            builder = builder.http1_only();
-        }
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .max_buf_size(limits.max_header_size.max(8192))
-            .keep_alive(limits.keep_alive);
+        let speaks = match speaks {
+            Speaks::Detect if !limits.http2 => Speaks::Http1,
+            speaks => speaks,
+        };
+        builder = match speaks {
+            Speaks::Http2 => builder.http2_only(),
+            Speaks::Http1 => builder.http1_only(),
+            Speaks::Detect => builder,
+        };
+        http1_settings!(builder.http1(), limits);
         let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
         builder
             .http2()
@@ -76,7 +103,7 @@ impl Serving<'_> {
             .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
             .keep_alive_interval(keep_alive)
             .keep_alive_timeout(limits.h2_keep_alive_timeout);
-        let upgrades = limits.upgrades && limits.http2;
+        let upgrades = limits.upgrades;
         if upgrades {
             // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSockets over HTTP/2 (RFC 8441).
             builder.http2().enable_connect_protocol();
@@ -90,12 +117,25 @@ impl Serving<'_> {
             h1_clock: h1_clock.clone(),
             tunnels_close: upgrades.then(|| self.tunnels_close.clone()),
         };
-        if upgrades {
-            let conn = builder.serve_connection_with_upgrades(io, service);
-            self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
-        } else {
-            let conn = builder.serve_connection(io, service);
-            self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
+        match (speaks, upgrades) {
+            // hyper-util's upgradable connection reads the version itself
+            // (it ignores http1_only and http2_only): plain TCP only.
+            (Speaks::Detect, true) => {
+                let conn = builder.serve_connection_with_upgrades(io, service);
+                self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
+            }
+            // HTTP/1 only, upgradable: hyper's own HTTP/1 connection.
+            (Speaks::Http1, true) => {
+                let mut http1 = hyper::server::conn::http1::Builder::new();
+                http1_settings!(http1, limits);
+                let conn = http1.serve_connection(io, service).with_upgrades();
+                self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
+            }
+            // HTTP/2 serves extended CONNECT on any of its connections.
+            _ => {
+                let conn = builder.serve_connection(io, service);
+                self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
+            }
         }
     }
 
@@ -103,9 +143,10 @@ impl Serving<'_> {
     /// its HTTP/1 responses timed by `h1_clock`) until it ends or a
     /// timeout closes it; a connection handed to a tunnel (an HTTP/1.1
     /// upgrade) ends when its tunnel does.
-    async fn drive<C>(self, conn: C, shutdown: impl Fn(Pin<&mut C>), h1_clock: Arc<SendClock>)
+    async fn drive<C, E>(self, conn: C, shutdown: impl Fn(Pin<&mut C>), h1_clock: Arc<SendClock>)
     where
-        C: Future<Output = Result<(), BoxError>>,
+        C: Future<Output = Result<(), E>>,
+        E: Into<BoxError>,
     {
         let Self {
             activity,
@@ -146,7 +187,7 @@ impl Serving<'_> {
                 biased;
                 res = conn.as_mut() => {
                     if let Err(e) = res {
-                        log_connection_error(peer, &*e);
+                        log_connection_error(peer, &*e.into());
                     }
                     // An upgraded HTTP/1.1 connection: hyper handed its
                     // socket to the tunnel, which it stays with.

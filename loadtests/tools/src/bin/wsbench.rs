@@ -99,9 +99,8 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn open(url: &str) -> anyhow::Result<Ws> {
     let (ws, resp) = tokio::time::timeout(
