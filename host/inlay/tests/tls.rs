@@ -705,3 +705,59 @@ async fn after_alpn_h2_an_invalid_preface_is_closed_not_answered_in_http1() {
         "served as HTTP/2 without ALPN h2: {got:?}"
     );
 }
+
+/// A WebSocket over TLS: `wss://` with ALPN http/1.1 (what browsers send)
+/// upgrades the HTTP/1.1 connection; with ALPN h2 it is an extended
+/// CONNECT stream (RFC 8441). Both reach the origin's echo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_is_tunnelled_over_http11_and_h2() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let inlay = start(&origin, &pki, "").await;
+    let addr = inlay.tls_addr.unwrap();
+    let hello = Message::text("hello over tls");
+
+    let h1 = connect(addr, &pki.client(&[b"http/1.1"]), "a.test")
+        .await
+        .unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async("wss://a.test/ws", h1)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    ws.send(hello.clone()).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), hello);
+    ws.close(None).await.unwrap();
+
+    let h2 = connect(addr, &pki.client(&[b"h2"]), "a.test")
+        .await
+        .unwrap();
+    assert_eq!(alpn(&h2).as_deref(), Some(&b"h2"[..]));
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(h2))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("https://a.test/ws")
+        .header("sec-websocket-version", "13")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let upgraded = hyper::upgrade::on(&mut resp).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(upgraded),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    ws.send(hello.clone()).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), hello);
+    assert_eq!(origin.count("/ws").await, 2);
+}
