@@ -735,28 +735,7 @@ async fn wss_is_tunnelled_over_http11_and_h2() {
         .await
         .unwrap();
     assert_eq!(alpn(&h2).as_deref(), Some(&b"h2"[..]));
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(h2))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let mut req = http::Request::builder()
-        .method(http::Method::CONNECT)
-        .uri("https://a.test/ws")
-        .header("sec-websocket-version", "13")
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let mut resp = send.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let upgraded = hyper::upgrade::on(&mut resp).await.unwrap();
-    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-        TokioIo::new(upgraded),
-        tokio_tungstenite::tungstenite::protocol::Role::Client,
-        None,
-    )
-    .await;
+    let mut ws = common::h2_websocket(TokioIo::new(h2), "https://a.test/ws").await;
     ws.send(hello.clone()).await.unwrap();
     assert_eq!(ws.next().await.unwrap().unwrap(), hello);
     assert_eq!(origin.count("/ws").await, 2);

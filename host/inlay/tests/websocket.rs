@@ -19,7 +19,6 @@ use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -45,24 +44,7 @@ async fn connect_h2(
     path: &str,
 ) -> WebSocketStream<TokioIo<hyper::upgrade::Upgraded>> {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let mut req = http::Request::builder()
-        .method(http::Method::CONNECT)
-        .uri(format!("http://{addr}{path}"))
-        .header("sec-websocket-version", "13")
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let mut resp = send.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200, "{resp:?}");
-    assert!(!resp.headers().contains_key("sec-websocket-accept"));
-    let upgraded = hyper::upgrade::on(&mut resp).await.unwrap();
-    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await
+    common::h2_websocket(TokioIo::new(tcp), &format!("http://{addr}{path}")).await
 }
 
 /// Send `msg` and read what comes back, within 5 s.

@@ -177,40 +177,31 @@ mod tests {
     /// an end on one side reaches the other.
     #[tokio::test]
     async fn bytes_go_both_ways_in_order_through_writers_that_take_little() {
-        let (mut client, mut a) = duplex(64);
-        let (mut b, mut backend) = duplex(64);
+        let (client, mut a) = duplex(64);
+        let (mut b, backend) = duplex(64);
         let copy = tokio::spawn(async move { both_ways(&mut a, &mut b).await });
         let up: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
         let down: Vec<u8> = (0..1_000_000u32).map(|i| (i % 241) as u8).collect();
-        let (up2, down2) = (up.clone(), down.clone());
-        let client_side = tokio::spawn(async move {
-            let (mut r, mut w) = tokio::io::split(&mut client);
-            let send = async {
-                w.write_all(&up2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let recv = r.read_to_end(&mut got);
-            let ((), n) = tokio::join!(send, recv);
-            n.unwrap();
-            got
-        });
-        let backend_side = tokio::spawn(async move {
-            let (mut r, mut w) = tokio::io::split(&mut backend);
-            let send = async {
-                w.write_all(&down2).await.unwrap();
-                w.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let recv = r.read_to_end(&mut got);
-            let ((), n) = tokio::join!(send, recv);
-            n.unwrap();
-            got
-        });
+        let client_side = tokio::spawn(send_and_read(client, up.clone()));
+        let backend_side = tokio::spawn(send_and_read(backend, down.clone()));
         assert_eq!(backend_side.await.unwrap(), up);
         assert_eq!(client_side.await.unwrap(), down);
         let (a_to_b, b_to_a) = copy.await.unwrap().unwrap();
         assert_eq!((a_to_b, b_to_a), (1_000_000, 1_000_000));
+    }
+
+    /// Write `data` into `end` and close it, while reading all that comes
+    /// out of it; what came.
+    async fn send_and_read(mut end: tokio::io::DuplexStream, data: Vec<u8>) -> Vec<u8> {
+        let (mut r, mut w) = tokio::io::split(&mut end);
+        let send = async {
+            w.write_all(&data).await.unwrap();
+            w.shutdown().await.unwrap();
+        };
+        let mut got = Vec::new();
+        let ((), read) = tokio::join!(send, r.read_to_end(&mut got));
+        read.unwrap();
+        got
     }
 
     /// Once the writer took everything, nothing stays held.
