@@ -713,3 +713,41 @@ fn every_documented_key_is_known_to_its_section() {
         assert!(unknown.is_empty(), "{key}: {unknown:#?}\n{toml}");
     }
 }
+
+#[test]
+fn websocket_defaults_and_bounds() {
+    let base = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n";
+    let c = Config::from_toml(base).unwrap();
+    assert_eq!(c.websocket, WebSocketConfig::default());
+    assert!(c.websocket.enabled);
+    assert_eq!(c.websocket.tunnelled("WebSocket"), Some("websocket".into()));
+    assert_eq!(c.websocket.tunnelled("h2c"), None);
+    let c = Config::from_toml(&format!(
+        "{base}[websocket]\nidle_timeout = \"30s\"\nmax_tunnels = 5\nother_protocols = [\"My-Proto/2\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(c.websocket.idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.websocket.max_tunnels, 5);
+    assert_eq!(
+        c.websocket.tunnelled("foo, my-proto/2"),
+        Some("my-proto/2".into())
+    );
+    assert_eq!(c.websocket.tunnelled("my-proto"), None);
+    let off = Config::from_toml(&format!("{base}[websocket]\nenabled = false\n")).unwrap();
+    assert_eq!(off.websocket.tunnelled("websocket"), None);
+    let e = Config::from_toml(&format!(
+        "{base}[websocket]\nidle_timeout = \"0s\"\nmax_tunnels = 0\nother_protocols = [\"h2c\", \"websocket\", \"a b\", \"ok\"]\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    for key in [
+        "websocket.idle_timeout",
+        "websocket.max_tunnels",
+        "websocket.other_protocols[0]",
+        "websocket.other_protocols[1]",
+        "websocket.other_protocols[2]",
+    ] {
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    assert!(!e.contains("other_protocols[3]"), "{e}");
+}

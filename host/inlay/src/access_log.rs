@@ -66,8 +66,11 @@ pub struct AccessRecord {
     pub tls: bool,
     /// Status sent.
     pub status: u16,
-    /// Body bytes sent.
+    /// Body bytes sent (through a tunnel: the bytes sent to the client).
     pub bytes: u64,
+    /// A tunnel's bytes from the client (logged as `received`); none for
+    /// other requests.
+    pub received: Option<u64>,
     /// Referer header.
     pub referer: Option<String>,
     /// User-Agent header.
@@ -573,6 +576,7 @@ fn json(r: &AccessRecord, out: &mut Vec<u8>) {
         "host": r.host,
         "status": r.status,
         "bytes": r.bytes,
+        "received": r.received,
         "referer": r.referer,
         "user_agent": r.user_agent,
         "cache": r.cache.log_name(),
