@@ -52,6 +52,7 @@ impl Config {
                     cert: cert.clone(),
                     key: key.clone(),
                     names: Vec::new(),
+                    ocsp: None,
                 }];
             }
             (Some(_), None) => issues.push(issue("--tls-cert", "needs --tls-key too")),

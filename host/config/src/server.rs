@@ -105,6 +105,10 @@ pub struct TlsCertConfig {
     pub key: PathBuf,
     /// Lower-case host names (`*.example.com` covers one label).
     pub names: Vec<String>,
+    /// `ocsp_file`: a DER OCSP response for the certificate, stapled on
+    /// handshakes of clients that ask for the status; read again by a
+    /// reload (a renewed response is the operator's cron job).
+    pub ocsp: Option<PathBuf>,
 }
 
 /// Fields `server.request_id_header` may not name: they frame, route or
@@ -374,6 +378,13 @@ impl Reader {
             };
             let cert = file(self, "cert");
             let key = file(self, "key");
+            let ocsp = match self.string(e, &p, "ocsp_file") {
+                Some(f) if f.is_empty() => {
+                    self.err(join(&p, "ocsp_file"), "must name a DER OCSP response file");
+                    None
+                }
+                f => f.map(PathBuf::from),
+            };
             let names = self.strings(e, &p, "names").unwrap_or_default();
             for (j, n) in names.iter().enumerate() {
                 if !valid_sni_name(n) {
@@ -408,7 +419,12 @@ impl Reader {
                 }
             }
             if let (Some(cert), Some(key)) = (cert, key) {
-                out.push(TlsCertConfig { cert, key, names });
+                out.push(TlsCertConfig {
+                    cert,
+                    key,
+                    names,
+                    ocsp,
+                });
             }
             self.unknown_keys(e, &p);
         }
