@@ -39,6 +39,7 @@ impl Config {
             self.server.listen.clear();
             self.server.listen_tls.clear();
             self.server.listen_h2c.clear();
+            self.server.listen_quic.clear();
             for a in &o.listen {
                 match parse_listener(a) {
                     Ok((addr, scheme)) => self.server.add_listener(addr, scheme),

@@ -23,6 +23,9 @@
 //! - `tunnel`: connections the service turns into tunnels (an HTTP/1.1
 //!   upgrade, an HTTP/2 extended CONNECT), held open and counted until
 //!   the tunnel ends ([`TunnelTicket`], [`TunnelGuard`]);
+//! - [`quic`]: HTTP/3 on the QUIC listeners (quinn and h3), with the same
+//!   certificates and limits, handing requests to a service as `serve` does
+//!   ([`QuicServer`]);
 //! - [`open_files`]: the open-file limit the limits need;
 //! - [`ConnectionStats`]: what is counted, a Prometheus collector.
 //!
@@ -35,6 +38,7 @@ mod limits;
 pub mod open_files;
 mod per_client;
 pub mod proxy_protocol;
+pub mod quic;
 mod send_clock;
 mod serve;
 mod socket;
@@ -48,6 +52,7 @@ use inlay_core::LogLimit;
 pub use accept::{Connection, Listener, MakeService, OverTls, Server};
 pub use limits::{Limits, PeerFilter};
 pub use per_client::{ClientSlot, PerClient};
+pub use quic::{MakeQuicService, QuicBody, QuicListener, QuicServer, QuicStats};
 pub use socket::bind;
 pub use stats::{ConnectionStats, OpenConnection};
 pub use tls::{CertificateSet, Tls, TlsError};

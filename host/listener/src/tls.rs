@@ -31,6 +31,9 @@ const SESSION_CACHE_ENTRIES: usize = 16 * 1024;
 /// The protocols offered by ALPN, preferred first.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
+/// What ALPN offers on the QUIC listeners (RFC 9114 3.1).
+const ALPN_QUIC: [&[u8]; 1] = [b"h3"];
+
 /// Why the TLS side could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -47,6 +50,9 @@ pub enum TlsError {
 pub struct Tls {
     certificates: Arc<SniResolver>,
     config: Arc<rustls::ServerConfig>,
+    /// The same certificates, sessions and ticket key, with ALPN `h3`
+    /// and TLS 1.3 only (QUIC), for the QUIC listeners.
+    quic: Arc<rustls::ServerConfig>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -73,10 +79,26 @@ impl Tls {
         config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
         config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE_ENTRIES);
         config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(TlsError::Ticketer)?;
+        let mut quic = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(TlsError::Versions)?
+        .with_no_client_auth()
+        .with_cert_resolver(certificates.clone());
+        quic.alpn_protocols = ALPN_QUIC.iter().map(|p| p.to_vec()).collect();
+        quic.session_storage = config.session_storage.clone();
+        quic.ticketer = config.ticketer.clone();
         Ok(Self {
             certificates,
             config: Arc::new(config),
+            quic: Arc::new(quic),
         })
+    }
+
+    /// The rustls config of the QUIC listeners' handshakes.
+    pub(crate) fn quic_config(&self) -> Arc<rustls::ServerConfig> {
+        Arc::clone(&self.quic)
     }
 
     /// Serve `set` to the handshakes that start from now on.

@@ -23,7 +23,7 @@ use tracing::{error, info, warn};
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, PolicyHook};
 use crate::config::{Config, ConfigError, ConfigSource};
-use crate::listeners::{Listener, Tls};
+use crate::listeners::{Listener, QuicListener, Tls};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, load_policy, log_replay_stats};
@@ -136,6 +136,14 @@ async fn serve(cfg: Config, source: ConfigSource) -> anyhow::Result<()> {
         info!("listening on h2c://{}", l.local_addr()?);
         listeners.push(Listener::h2c(l));
     }
+    let mut quic = Vec::new();
+    for addr in &proxy.config().server.listen_quic {
+        let l = QuicListener::bind(*addr, proxy.tls())
+            .with_context(|| format!("cannot listen on quic://{addr}"))?;
+        info!("listening on quic://{}", l.local_addr());
+        quic.push(l);
+    }
+    let proxy = proxy.with_quic(quic);
     let admin = match proxy.config().admin {
         Some(addr) => Some(AdminServer::bind(addr, proxy.admin().clone()).await?),
         None => None,
@@ -164,6 +172,8 @@ pub struct Proxy {
     tls: Arc<Tls>,
     /// The NATS connection of `[cluster]`, made before anything listens.
     cluster: Option<Cluster>,
+    /// The QUIC (HTTP/3) listeners, bound ([`with_quic`](Self::with_quic)).
+    quic: Vec<QuicListener>,
 }
 
 impl Proxy {
@@ -199,7 +209,16 @@ impl Proxy {
             metrics,
             tls: Arc::new(tls),
             cluster,
+            quic: Vec::new(),
         })
+    }
+
+    /// Serve HTTP/3 on `quic` too (bound with [`tls`](Self::tls)'s
+    /// certificates), beside the listeners [`run`](Self::run) takes.
+    #[must_use]
+    pub fn with_quic(mut self, quic: Vec<QuicListener>) -> Self {
+        self.quic = quic;
+        self
     }
 
     /// What the admin API serves: its readiness turns ready once [`run`](Self::run)
@@ -258,6 +277,7 @@ impl Proxy {
             metrics,
             tls,
             cluster,
+            quic,
         } = self;
         let cfg = Arc::clone(&settings.config);
         let store = open_store(&cfg)?;
@@ -266,7 +286,10 @@ impl Proxy {
         let listening = listeners.iter().find(|l| !l.is_tls());
         let listening = listening.and_then(|l| l.local_addr().ok());
         let shard = inlay_cluster::shard::start(cluster.as_ref(), listening).await?;
-        let connections = metrics.connections().clone();
+        let connections = crate::listeners::ListenerStats {
+            tcp: metrics.connections().clone(),
+            quic: metrics.quic().clone(),
+        };
         let pipeline = Pipeline::first(
             Arc::clone(&settings.config),
             &settings.backend_tls,
@@ -307,7 +330,7 @@ impl Proxy {
             }
         };
         let generations = reloader.generations();
-        crate::listeners::serve(listeners, generations, limits, connections, shutdown).await;
+        crate::listeners::serve(listeners, quic, generations, limits, connections, shutdown).await;
         if let Some(task) = on_hup {
             task.abort();
         }
