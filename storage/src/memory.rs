@@ -274,6 +274,8 @@ impl MemTier {
         let mut meta = f(&old.obj.meta);
         meta.body_len = old.obj.meta.body_len;
         meta.checksum = old.obj.meta.checksum;
+        // The codings describe the body, which stays.
+        meta.codings.clone_from(&old.obj.meta.codings);
         let meta = Arc::new(meta);
         let obj = StoredObject {
             meta: meta.clone(),

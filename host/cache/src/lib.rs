@@ -17,6 +17,7 @@
 //! caller fetches, and tells the cache what came back.
 
 pub mod ban;
+pub mod coding;
 mod fill;
 mod flight;
 mod hit_for_miss;
