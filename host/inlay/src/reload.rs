@@ -463,7 +463,7 @@ async fn prepare_cache(
         Some(dir) => format!("cannot open {}", dir.display()),
         None => "cannot open a memory-only cache".to_owned(),
     };
-    let (current, rules) = (current.clone(), n.rules());
+    let (current, rules) = (current.clone(), new.cache_rules());
     let opened = tokio::task::spawn_blocking(move || {
         let store = TieredStore::open(sc).map_err(|e| format!("{where_}: {e}"))?;
         let store = CacheStore::from_tiered(Arc::new(store));

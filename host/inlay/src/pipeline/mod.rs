@@ -19,6 +19,7 @@
 //! sequences the phases, nothing else.
 
 mod backend_response;
+mod compress;
 mod context;
 mod deliver;
 mod esi;
@@ -119,6 +120,8 @@ pub struct Pipeline {
     shared_kv: Option<SharedKv>,
     /// `[cluster] shard = true`: misses go to their key's owner.
     shard: Option<Arc<inlay_cluster::shard::Shard>>,
+    /// The representation each client is sent (`[compression]`).
+    compressor: compress::Compressor,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -168,7 +171,7 @@ impl Pipeline {
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
-        let cache = self.cache.with_rules(config.cache.rules());
+        let cache = self.cache.with_rules(config.cache_rules());
         self.next_generation_on(config, backend_tls, policy, access_log, cache)
     }
 
@@ -230,6 +233,7 @@ impl Pipeline {
         let request_ids = RequestIds::new(&config.server);
         let services = host_services(&cache, &backends, &request_ids, None);
         let through = through_cache(&config, &cache, &backends, None, &metrics);
+        let compressor = compress::Compressor::new(cache.rules(), config.compression.max_streams);
         Self {
             config,
             backends,
@@ -245,6 +249,7 @@ impl Pipeline {
             request_ids,
             shared_kv: None,
             shard: None,
+            compressor,
         }
     }
 
