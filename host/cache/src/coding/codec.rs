@@ -107,7 +107,7 @@ impl Encoder {
 
 /// A decoder taking its input a slice at a time and making bounded output.
 enum Decoder {
-    Gzip(GzDecoder<Vec<u8>>),
+    Gzip(Box<GzDecoder<Vec<u8>>>),
     Br(Box<BrDecoder>),
     Zstd(Box<ZstdDecoder>),
 }
@@ -134,7 +134,7 @@ fn corrupt(what: &str) -> io::Error {
 impl Decoder {
     fn new(coding: Coding) -> io::Result<Self> {
         Ok(match coding {
-            Coding::Gzip => Decoder::Gzip(GzDecoder::new(Vec::new())),
+            Coding::Gzip => Decoder::Gzip(Box::new(GzDecoder::new(Vec::new()))),
             Coding::Br => {
                 use brotli_decompressor::StandardAlloc;
                 let mut state = brotli_decompressor::BrotliState::new(

@@ -55,7 +55,7 @@ impl Coding {
     /// The coding of a response's body as its `Content-Encoding` says:
     /// `Ok(None)` for none (or `identity`), `Err` for one Inlay cannot
     /// read (an unknown coding, or several).
-    pub fn of_response(headers: &HeaderMap) -> Result<Option<Self>, ()> {
+    pub fn of_response(headers: &HeaderMap) -> Result<Option<Self>, UnreadableCoding> {
         let mut codings = headers
             .get_all(header::CONTENT_ENCODING)
             .iter()
@@ -67,10 +67,16 @@ impl Coding {
         };
         match (Self::from_name(first), codings.next()) {
             (Some(c), None) => Ok(Some(c)),
-            _ => Err(()),
+            _ => Err(UnreadableCoding),
         }
     }
 }
+
+/// A `Content-Encoding` Inlay cannot decode: a coding it does not know, or
+/// several applied one over another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a Content-Encoding Inlay cannot decode")]
+pub struct UnreadableCoding;
 
 /// A compression level for each coding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,8 +207,9 @@ impl CompressionRules {
     }
 }
 
-/// Whether `Cache-Control` has `no-transform`.
-fn no_transform(headers: &HeaderMap) -> bool {
+/// Whether `Cache-Control` has `no-transform` (RFC 9111 section 5.2: a
+/// response's, or a request's, which asks for it as it is).
+pub fn no_transform(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::CACHE_CONTROL)
         .iter()
@@ -380,8 +387,8 @@ mod tests {
         assert_eq!(of("identity"), Ok(None));
         assert_eq!(of("X-Gzip"), Ok(Some(Coding::Gzip)));
         assert_eq!(of("br"), Ok(Some(Coding::Br)));
-        assert_eq!(of("deflate"), Err(()));
-        assert_eq!(of("gzip, br"), Err(()));
+        assert_eq!(of("deflate"), Err(UnreadableCoding));
+        assert_eq!(of("gzip, br"), Err(UnreadableCoding));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, Response, header};
 use http_body_util::{BodyExt, StreamBody};
-use inlay_cache::coding::{self, Coding, CompressionRules, IDENTITY};
+use inlay_cache::coding::{self, Coding, CompressionRules, IDENTITY, no_transform};
 use inlay_cache::{CacheRules, ContentCodings};
 use inlay_core::RequestHead;
 use inlay_core::body::{self, ProxyBody};
@@ -63,7 +63,9 @@ impl Compressor {
         mut resp: Response<ProxyBody>,
         obj: &StoredObject,
     ) -> (Response<ProxyBody>, Bytes) {
-        if obj.meta.codings.is_empty() {
+        // Off (a reload may turn it off over stored codings), or the
+        // client asked for the content as it is.
+        if obj.meta.codings.is_empty() || self.rules.is_none() || no_transform(&head.headers) {
             return (resp, coding::identity_body(obj));
         }
         let chosen = self
@@ -91,7 +93,7 @@ impl Compressor {
         resp: &mut Response<ProxyBody>,
     ) -> Option<StreamCoding> {
         let rules = self.rules.as_ref()?;
-        if !rules.applies(resp.status(), resp.headers()) {
+        if !rules.applies(resp.status(), resp.headers()) || no_transform(&head.headers) {
             return None;
         }
         let chosen = self
