@@ -195,6 +195,14 @@ pub(crate) fn fill(
     let codings = codings_to_store(&target.cache, &resp, settings);
     let mut meta = object_meta(resp.status().as_u16(), resp.headers(), settings);
     meta.created_ms = ticket.since_ms;
+    if !codings.is_empty() {
+        // It came uncoded and will hold every coding: whatever coding a
+        // request negotiates, this object serves it, so Accept-Encoding
+        // selects no variant of its own (an origin that says `Vary:
+        // Accept-Encoding` and sends identity is fetched once, not once
+        // per coding).
+        meta.vary.retain(|name| name != "accept-encoding");
+    }
     let (parts, body) = resp.into_parts();
     let (progress, progress_rx) = watch::channel(Progress::default());
     let overflow = Arc::new(parking_lot::Mutex::new(Overflow::default()));

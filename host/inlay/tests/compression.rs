@@ -148,6 +148,33 @@ async fn every_coding_decodes_to_the_origins_bytes_and_one_fetch_serves_them_all
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_that_varies_on_accept_encoding_but_sends_identity_is_fetched_once() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let path = "/html/65536?vary=Accept-Encoding";
+    let want = get(&format!("{}{path}", origin.url())).await.body;
+    let url = inlay.url(path);
+    until_hit(&url, "br").await;
+    for (ae, coding) in [
+        ("gzip", Some("gzip")),
+        ("identity", None),
+        ("br", Some("br")),
+    ] {
+        let r = get_with(&url, &[("accept-encoding", ae)]).await;
+        assert!(r.header("cache-status").unwrap().contains("hit"), "{ae}");
+        assert_eq!(r.header("content-encoding"), coding, "{ae}");
+        assert_eq!(decode(coding, &r.body), want, "{ae}");
+        let vary: Vec<_> = r.headers.get_all("vary").iter().collect();
+        assert_eq!(vary, ["Accept-Encoding"], "{ae}: said once");
+    }
+    assert_eq!(
+        origin.count("/html/65536").await,
+        2,
+        "Inlay's one fetch, and the test's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranges_of_a_compressed_object_are_of_the_bytes_sent() {
     let origin = Origin::start();
     let inlay = Harness::builder().backend(&origin).start_in_process().await;
