@@ -56,11 +56,11 @@ impl Reader {
         let store_levels = Levels {
             br: level(self, "br_level", 9, 0, 11),
             gzip: level(self, "gzip_level", 6, 1, 9),
-            zstd: level(self, "zstd_level", 12, 1, 19),
+            zstd: level(self, "zstd_level", 15, 1, 19),
         };
         let stream_levels = Levels {
             br: level(self, "stream_br_level", 4, 0, 11),
-            gzip: level(self, "stream_gzip_level", 4, 1, 9),
+            gzip: level(self, "stream_gzip_level", 3, 1, 9),
             zstd: level(self, "stream_zstd_level", 3, 1, 19),
         };
         let section = CompressionConfig {
