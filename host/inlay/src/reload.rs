@@ -636,7 +636,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
     let differs =
         |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
     let mut changed = Vec::new();
-    let sections: [(&str, bool); 7] = [
+    let sections: [(&str, bool); 8] = [
         ("server", differs(&old.server, &new.server)),
         (
             "backends",
@@ -646,6 +646,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
         ),
         ("log", differs(&old.log, &new.log)),
         ("cache", differs(&old.cache, &new.cache)),
+        ("compression", differs(&old.compression, &new.compression)),
         ("esi", differs(&old.esi, &new.esi)),
         ("policy", differs(&old.policy, &new.policy)),
         ("admin", old.admin != new.admin),
@@ -758,6 +759,8 @@ mod tests {
             BASE.replace("8080", "8081")
         ));
         assert_eq!(changed_sections(&old, &new), ["backends", "esi"]);
+        let new = config(&format!("{BASE}\n[compression]\nbr_level = 5\n"));
+        assert_eq!(changed_sections(&old, &new), ["compression"]);
     }
 
     #[test]
