@@ -637,7 +637,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
     let differs =
         |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
     let mut changed = Vec::new();
-    let sections: [(&str, bool); 8] = [
+    let sections: [(&str, bool); 9] = [
         ("server", differs(&old.server, &new.server)),
         (
             "backends",
