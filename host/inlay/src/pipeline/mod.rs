@@ -20,6 +20,7 @@
 //! holds the generation and sequences the phases, nothing else.
 
 mod backend_response;
+mod compress;
 mod context;
 mod deliver;
 mod esi;
@@ -127,6 +128,8 @@ pub struct Pipeline {
     /// Cancelled `server.shutdown_timeout` after a reload replaced this
     /// generation: the tunnels it opened close then.
     retired: tokio_util::sync::CancellationToken,
+    /// The representation each client is sent (`[compression]`).
+    compressor: compress::Compressor,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -178,7 +181,7 @@ impl Pipeline {
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
-        let cache = self.cache.with_rules(config.cache.rules());
+        let cache = self.cache.with_rules(config.cache_rules());
         self.next_generation_on(config, backend_tls, policy, access_log, cache)
     }
 
@@ -240,6 +243,7 @@ impl Pipeline {
         let request_ids = RequestIds::new(&config.server);
         let services = host_services(&cache, &backends, &request_ids, None);
         let through = through_cache(&config, &cache, &backends, None, &metrics);
+        let compressor = compress::Compressor::new(cache.rules(), config.compression.max_streams);
         Self {
             config,
             backends,
@@ -257,6 +261,7 @@ impl Pipeline {
             shard: None,
             tunnels,
             retired: tokio_util::sync::CancellationToken::new(),
+            compressor,
         }
     }
 

@@ -293,7 +293,7 @@ impl Proxy {
         let pipeline = Pipeline::first(
             Arc::clone(&settings.config),
             &settings.backend_tls,
-            HttpCache::new(store, cfg.cache.rules()),
+            HttpCache::new(store, cfg.cache_rules()),
             policy.clone(),
             access_log,
             metrics,
