@@ -167,15 +167,19 @@ impl H3 {
             let mut stream = send.send_request(req).await.unwrap();
             // In pieces, as a client streams an upload; the server may
             // stop reading it (a body past max_request_body) and answer.
-            let mut sent = Ok(());
+            let mut stopped = false;
             for piece in body.chunks(64 * 1024) {
-                sent = stream.send_data(Bytes::copy_from_slice(piece)).await;
-                if sent.is_err() {
+                if stream
+                    .send_data(Bytes::copy_from_slice(piece))
+                    .await
+                    .is_err()
+                {
+                    stopped = true;
                     break;
                 }
             }
-            if sent.is_ok() {
-                stream.finish().await.unwrap();
+            if !stopped && let Err(e) = stream.finish().await {
+                assert!(!body.is_empty(), "a GET's end not sent: {e}");
             }
             let resp = stream.recv_response().await.unwrap();
             let mut body = Vec::new();
@@ -432,11 +436,16 @@ async fn a_flood_of_initials_from_one_address_gets_retries_and_another_client_is
     // From 127.0.0.2, which never answers what the server sends.
     let flooder = tokio::net::UdpSocket::bind("127.0.0.2:0").await.unwrap();
     let sending = tokio::spawn(async move {
+        // In bursts of 50: a socket's receive buffer holds about 150 of
+        // them, and what the kernel drops never reaches the server.
         for _ in 0..3 {
-            for p in &flood {
-                flooder.send_to(p, quic).await.unwrap();
+            for burst in flood.chunks(50) {
+                for p in burst {
+                    flooder.send_to(p, quic).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
     // Meanwhile a client on 127.0.0.1 connects (through a Retry: the
@@ -454,7 +463,7 @@ async fn a_flood_of_initials_from_one_address_gets_retries_and_another_client_is
     let quic_stats = inlay.metrics.quic();
     // The handshakes the flood got are bounded; the rest were Retries.
     assert!(
-        quic_stats.retries() >= 500,
+        quic_stats.retries() >= 600,
         "retries: {}",
         quic_stats.retries()
     );

@@ -52,11 +52,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use crate::CLIENT_WARNINGS;
 use crate::accept::Connection;
 use crate::limits::Limits;
 use crate::per_client::{ClientSlot, PerClient};
 use crate::tls::Tls;
-use crate::{CLIENT_WARNINGS, OverTls};
 
 /// Handshakes under way past which an address not yet validated is sent
 /// a Retry before it gets one (RFC 9000 8.1.2). Below it a client
@@ -715,12 +715,12 @@ async fn request<S, B>(
         }
     };
     let (mut send, recv) = stream.split();
-    let mut req = req.map(|()| QuicBody {
+    // Over TLS, as `Connection::tls` tells the service (it marks the request).
+    let req = req.map(|()| QuicBody {
         stream: recv,
         data_done: false,
         done: false,
     });
-    req.extensions_mut().insert(OverTls);
     let Ok(resp) = service.call(req).await;
     let (parts, body) = resp.into_parts();
     let sent = tokio::time::timeout(
