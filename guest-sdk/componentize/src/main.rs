@@ -30,12 +30,20 @@ enum Command {
         /// Where to write the component (written atomically).
         #[arg(short, long)]
         output: PathBuf,
+        /// The interface the component must export (a policy's handler
+        /// unless given; `wasi:http/incoming-handler` for a component
+        /// backend).
+        #[arg(long, default_value = inlay_componentize::HANDLER_INTERFACE)]
+        export: String,
     },
     /// Check that files are valid policy components; print their imports.
     Check {
         /// Component files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// The interface each must export (a policy's handler unless given).
+        #[arg(long, default_value = inlay_componentize::HANDLER_INTERFACE)]
+        export: String,
     },
     /// Check that a WIT package directory parses; print its worlds.
     Wit {
@@ -68,9 +76,13 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Encode { input, output } => {
+        Command::Encode {
+            input,
+            output,
+            export,
+        } => {
             let core = read(&input)?;
-            let component = inlay_componentize::componentize(&core)
+            let component = inlay_componentize::componentize_exporting(&core, &export)
                 .with_context(|| format!("{}", input.display()))?;
             write_atomically(&output, &component)?;
             println!(
@@ -80,10 +92,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 component.len()
             );
         }
-        Command::Check { files } => {
+        Command::Check { files, export } => {
             for file in files {
                 let bytes = read(&file)?;
-                let info = inlay_componentize::check_component(&bytes)
+                let info = inlay_componentize::check_component_exporting(&bytes, &export)
                     .with_context(|| format!("{}", file.display()))?;
                 println!(
                     "{}: ok, {} bytes, imports [{}]",

@@ -15,6 +15,7 @@ mod admin;
 mod backends;
 mod cache;
 mod cluster;
+mod component;
 mod esi;
 mod log;
 mod overrides;
@@ -34,6 +35,7 @@ pub use cache::{CacheConfig, STRIP_REQUEST_HEADERS};
 pub use cluster::{
     ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig, ShardConfig,
 };
+pub use component::ComponentConfig;
 pub use esi::EsiConfig;
 pub use log::{AccessLogFormat, AccessLogTarget, LogConfig};
 pub use overrides::Overrides;
