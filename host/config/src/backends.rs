@@ -337,6 +337,7 @@ impl Reader {
             ..b
         };
         let tls = self.backend_tls(t, p, &b);
+        self.no_component_keys(t, p);
         self.unknown_keys(t, p);
         address.map(|_| BackendConfig { tls, ..b })
     }

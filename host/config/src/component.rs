@@ -50,6 +50,19 @@ const ORIGIN_ONLY: [&str; 9] = [
     "address",
 ];
 
+/// Keys only a component backend has.
+const COMPONENT_ONLY: [&str; 9] = [
+    "cpu_time",
+    "memory",
+    "max_instances",
+    "instance_wait",
+    "request_timeout",
+    "max_subrequests",
+    "max_subrequest_bytes",
+    "env",
+    "read_only_dir",
+];
+
 impl ComponentConfig {
     /// `path` with every default.
     pub fn with_defaults(path: PathBuf) -> Self {
@@ -69,6 +82,19 @@ impl ComponentConfig {
 }
 
 impl Reader {
+    /// On an origin backend (at `p`), the keys only a component has are
+    /// errors that say so.
+    pub(super) fn no_component_keys(&mut self, t: &Table, p: &str) {
+        for key in COMPONENT_ONLY {
+            if self.get(t, p, key).is_some() {
+                self.err(
+                    join(p, key),
+                    "only for a component backend (component = \"app.wasm\")",
+                );
+            }
+        }
+    }
+
     /// The component settings of backend table `t` (at `p`), when it has a
     /// `component` key; the keys only an origin has are errors then.
     pub(super) fn component(&mut self, t: &Table, p: &str) -> Option<ComponentConfig> {
@@ -127,5 +153,85 @@ impl Reader {
             env,
             read_only_dir: self.string(t, p, "read_only_dir").map(PathBuf::from),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{Config, ConfigError, Overrides};
+
+    fn issue_paths(text: &str) -> Vec<String> {
+        match Config::from_toml(text) {
+            Err(ConfigError::Invalid(issues)) => {
+                let mut paths: Vec<_> = issues.into_iter().map(|i| i.path).collect();
+                paths.sort();
+                paths
+            }
+            other => panic!("expected issues, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_component_backend_reads_its_settings_and_is_named_by_its_name() {
+        let c = Config::from_toml(
+            "[backends.app]\ncomponent = \"app.wasm\"\ncpu_time = \"200ms\"\n\
+             memory = \"32MiB\"\nmax_instances = 8\nfirst_byte_timeout = \"5s\"\n\
+             read_only_dir = \"static\"\n[backends.app.env]\nMODE = \"edge\"\nLIMIT = 3\n",
+        )
+        .expect("valid");
+        let b = &c.backends["app"];
+        assert_eq!(b.authority(), "app", "what an ESI include or a fetch names");
+        assert_eq!(b.first_byte_timeout, Duration::from_secs(5));
+        let app = b.component.as_ref().expect("a component");
+        assert_eq!(app.path.to_str(), Some("app.wasm"));
+        assert_eq!(app.cpu_time, Duration::from_millis(200));
+        assert_eq!((app.memory, app.max_instances), (32 << 20, 8));
+        assert_eq!(app.env["MODE"], "edge");
+        assert_eq!(app.env["LIMIT"], "3");
+        assert_eq!(
+            app.read_only_dir.as_deref().and_then(|p| p.to_str()),
+            Some("static")
+        );
+        assert_eq!(app.max_subrequests, 32, "the policy's default");
+    }
+
+    #[test]
+    fn origin_keys_on_a_component_and_component_keys_on_an_origin_are_errors() {
+        let paths = issue_paths(
+            "[backends.app]\ncomponent = \"app.wasm\"\naddress = \"http://127.0.0.1:1\"\n\
+             http2 = true\nmemory = \"1KiB\"\ncpu_time = \"0s\"\n[backends.app.probe]\nurl = \"/\"\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "backends.app.address",
+                "backends.app.cpu_time",
+                "backends.app.http2",
+                "backends.app.memory",
+                "backends.app.probe",
+            ]
+        );
+        let paths =
+            issue_paths("[backends.origin]\naddress = \"http://127.0.0.1:1\"\ncpu_time = \"1s\"\n");
+        assert_eq!(paths, ["backends.origin.cpu_time"]);
+    }
+
+    #[test]
+    fn the_component_flag_makes_the_default_backend_a_component() {
+        let mut c = Config::embedded_default();
+        let flag = |b: Option<&str>| Overrides {
+            component: Some("app.wasm".into()),
+            backend: b.map(str::to_owned),
+            ..Overrides::default()
+        };
+        c.apply_overrides(&flag(None)).expect("applies");
+        let app = c.default_backend().component.as_ref().expect("a component");
+        assert_eq!(app.path.to_str(), Some("app.wasm"));
+        let err = Config::embedded_default()
+            .apply_overrides(&flag(Some("http://127.0.0.1:1")))
+            .expect_err("one or the other");
+        assert!(err.to_string().contains("--component"), "{err}");
     }
 }

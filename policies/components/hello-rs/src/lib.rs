@@ -119,13 +119,35 @@ fn big(kb: usize) -> String {
     s
 }
 
-/// The value of `name` in a query string (no percent-decoding but `%2F`
-/// and `%3A`, enough for the tests' URLs).
+/// The value of `name` in a query string, percent-decoded.
 fn param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=')?;
-        (k == name).then(|| v.replace("%2F", "/").replace("%3A", ":"))
+        (k == name).then(|| percent_decode(v))
     })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The text of `path` under the first preopened directory, or the error
