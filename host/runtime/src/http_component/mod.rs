@@ -56,6 +56,9 @@ use state::AppState;
 /// large guest on a busy machine; requests get `cpu_time`).
 const LOAD_CHECK_CPU: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Guests' output is logged at most this often.
+static OUTPUT_LOG: LogLimit = LogLimit::per_second(20);
+
 /// Requests that fail after their response head are logged at most this
 /// often.
 static FAILURE_LOG: LogLimit = LogLimit::per_second(20);
@@ -251,6 +254,7 @@ impl HttpComponent {
             {
                 this.log_failure(e);
             }
+            this.log_output(&store.data().output.text());
             result
         });
         // A request that goes away before the head stops its guest.
@@ -342,6 +346,15 @@ impl HttpComponent {
             *req.uri_mut() = uri;
         }
         req
+    }
+
+    /// What the request's guest wrote to stdout and stderr, if anything.
+    fn log_output(&self, text: &str) {
+        if !text.is_empty()
+            && let Some(left_out) = OUTPUT_LOG.admit()
+        {
+            tracing::info!(component = %self.name, left_out, "component output: {text}");
+        }
     }
 
     /// A request that had its response head failed while the guest wrote

@@ -3,9 +3,14 @@
 //! stdin), the `wasi:http` context with the outgoing hooks, the memory
 //! cap and the CPU clock.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
+use parking_lot::Mutex;
 use wasmtime::component::ResourceTable;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
@@ -23,6 +28,8 @@ pub(crate) struct AppState {
     pub(crate) clock: CpuClock,
     /// When the guest's current call into the host began.
     host_since: Option<Instant>,
+    /// What it wrote to stdout and stderr.
+    pub(crate) output: GuestOutput,
 }
 
 impl AppState {
@@ -35,6 +42,8 @@ impl AppState {
         for (k, v) in &settings.env {
             wasi.env(k, v);
         }
+        let output = GuestOutput::default();
+        wasi.stdout(output.clone()).stderr(output.clone());
         if let Some(dir) = &settings.read_only_dir {
             wasi.preopened_dir(dir, "/", FsPerms::ReadOnly)
                 .map_err(|e| format!("cannot open read_only_dir {}: {e:#}", dir.display()))?;
@@ -47,6 +56,7 @@ impl AppState {
             limiter: MemoryLimiter::new(settings.memory),
             clock: CpuClock::new(settings.cpu_time, tick),
             host_since: None,
+            output,
         })
     }
 
@@ -82,5 +92,91 @@ impl WasiHttpView for AppState {
             table: &mut self.table,
             hooks: &mut self.hooks,
         }
+    }
+}
+
+/// The most of a request's stdout and stderr kept for the log.
+const OUTPUT_KEPT: usize = 8 << 10;
+
+/// What a request's guest writes to stdout and stderr, together: the
+/// first [`OUTPUT_KEPT`] bytes are kept for the log (a Python traceback, a
+/// panic message), the rest dropped. Writes never fail nor wait.
+#[derive(Clone, Default)]
+pub(crate) struct GuestOutput(Arc<Mutex<Vec<u8>>>);
+
+impl GuestOutput {
+    /// What was kept, as text; empty when the guest wrote nothing.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock()).trim_end().to_owned()
+    }
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl GuestOutput {
+    fn keep(&self, bytes: &[u8]) {
+        let mut kept = self.0.lock();
+        let room = OUTPUT_KEPT.saturating_sub(kept.len());
+        kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.keep(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 << 10)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for GuestOutput {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for GuestOutput {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.keep(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
     }
 }
