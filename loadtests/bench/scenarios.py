@@ -20,6 +20,7 @@ from context import (
     zipf_head_share,
 )
 from procs import BenchError, RssSampler, http_get, https_raw_get, is_hit, make_certificates
+from components import components
 
 MiB = 1 << 20
 
@@ -961,4 +962,5 @@ SECTIONS = {
     "dynamic": k6_dynamic,
     "tls": tls,
     "vod": k6_vod,
+    "components": components,
 }

@@ -3,7 +3,8 @@
 //! `wasmtime serve`, unchanged.
 //!
 //! Routes: `/` a page that includes `/fragment` with ESI; `/fragment`;
-//! `/hello` a short text; `/big?kb=N` a page of N KiB. The others are what
+//! `/hello` a short text; `/big?kb=N` a page of N KiB; `/esi?n=N` a page of N
+//! uncacheable fragments `/frag?i=K` (the benchmark's). The others are what
 //! the host's tests need: `/env?name=X` (an environment variable),
 //! `/fetch?url=U` (an outgoing request; answers its status or the error),
 //! `/file?path=P` (reads a file of the read-only directory), `/trap` (panics), `/spin` (never ends),
@@ -59,6 +60,31 @@ impl wasip2::exports::http::incoming_handler::Guest for App {
                 let kb: usize = param(query, "kb").and_then(|v| v.parse().ok()).unwrap_or(16);
                 let body = big(kb.min(4096));
                 page(out, 200, &[("content-type", "text/html")], body.as_bytes())
+            }
+            "/esi" => {
+                // A page of N includes of uncacheable fragments (the
+                // benchmark's ESI page): every page fetches them all.
+                let n: usize = param(query, "n").and_then(|v| v.parse().ok()).unwrap_or(10);
+                let mut body = String::from("<html><body>\n");
+                for i in 0..n.min(100) {
+                    body.push_str(&format!("<esi:include src=\"/frag?i={i}\"/>\n"));
+                }
+                body.push_str("</body></html>\n");
+                page(
+                    out,
+                    200,
+                    &[
+                        ("content-type", "text/html"),
+                        ("cache-control", "no-store"),
+                        ("surrogate-control", "content=\"ESI/1.0\""),
+                    ],
+                    body.as_bytes(),
+                )
+            }
+            "/frag" => {
+                let i = param(query, "i").unwrap_or_default();
+                let body = format!("<p>fragment {i}</p>");
+                page(out, 200, &[("cache-control", "no-store")], body.as_bytes())
             }
             "/env" => {
                 let name = param(query, "name").unwrap_or_default();
