@@ -15,7 +15,9 @@ use http::{Request, Response};
 use inlay_config::{ComponentConfig, Config, ConfigIssue};
 use inlay_core::ProxyError;
 use inlay_core::body::ProxyBody;
-use inlay_runtime::http_component::{ComponentOutbound, ComponentSettings, HttpComponent};
+use inlay_runtime::http_component::{
+    ComponentOutbound, ComponentSettings, HttpComponent, NoOutbound,
+};
 use sha2::{Digest, Sha256};
 
 use crate::Backends;
@@ -166,25 +168,6 @@ impl ComponentOutbound for Backends {
     }
 }
 
-/// What a component backend's request lacks when it has no way out (a
-/// request sent through [`crate::Backend::send`] rather than a pick).
-pub(crate) struct NoWayOut;
-
-impl ComponentOutbound for NoWayOut {
-    fn backend_for(&self, _authority: &str) -> Option<String> {
-        None
-    }
-
-    fn send(
-        &self,
-        backend: &str,
-        _req: Request<ProxyBody>,
-    ) -> BoxFuture<'static, Result<Response<ProxyBody>, ProxyError>> {
-        let backend = backend.to_owned();
-        Box::pin(async move { Err(ProxyError::Internal(format!("no route to {backend}"))) })
-    }
-}
-
 /// The request a component gets: its URI the path and query, HTTP/1.1,
 /// its Host the backend's `host_header`, or the client's, or the
 /// backend's name.
@@ -220,7 +203,7 @@ pub(crate) async fn serve(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let outbound: Arc<dyn ComponentOutbound> = match outbound {
         Some(b) => Arc::new(b),
-        None => Arc::new(NoWayOut),
+        None => Arc::new(NoOutbound),
     };
     component
         .serve(req, outbound)

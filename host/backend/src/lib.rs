@@ -423,28 +423,12 @@ impl Backend {
         }
         let timeout = self.config.first_byte_timeout;
         let resp = match tokio::time::timeout(timeout, self.client.request(req)).await {
-            Err(_) => {
-                // The origin may be working on it: not sent again.
-                return Err(Failed {
-                    error: ProxyError::BackendTimeout {
-                        backend: self.config.name.clone(),
-                        timeout,
-                    },
-                    retryable: false,
-                });
-            }
+            // The origin may be working on it: not sent again.
+            Err(_) => return Err(self.timed_out()),
             Ok(Err(e)) => return Err(self.classify(e)),
             Ok(Ok(resp)) => resp,
         };
-        let (parts, incoming) = resp.into_parts();
-        let body = TimeoutBody::new(
-            incoming,
-            self.config.between_bytes_timeout,
-            self.config.name.clone(),
-            permit,
-        )
-        .counting_stalls(self.metrics.enabled().then(|| Arc::clone(&self.metrics)));
-        Ok(Response::from_parts(parts, body::boxed(body)))
+        Ok(self.between_bytes(resp, permit))
     }
 
     /// A component backend's request, served in-process: within
@@ -465,15 +449,7 @@ impl Backend {
         let timeout = self.config.first_byte_timeout;
         let served = tokio::time::timeout(timeout, component::serve(c, req, outbound.cloned()));
         let resp = match served.await {
-            Err(_) => {
-                return Err(Failed {
-                    error: ProxyError::BackendTimeout {
-                        backend: self.config.name.clone(),
-                        timeout,
-                    },
-                    retryable: false,
-                });
-            }
+            Err(_) => return Err(self.timed_out()),
             Ok(Err(error)) => {
                 // A full instance pool never ran the request.
                 let retryable = matches!(error, ProxyError::BackendBusy { .. });
@@ -481,6 +457,31 @@ impl Backend {
             }
             Ok(Ok(resp)) => resp,
         };
+        Ok(self.between_bytes(resp, permit))
+    }
+
+    /// No response head within `first_byte_timeout`.
+    fn timed_out(&self) -> Failed {
+        Failed {
+            error: ProxyError::BackendTimeout {
+                backend: self.config.name.clone(),
+                timeout: self.config.first_byte_timeout,
+            },
+            retryable: false,
+        }
+    }
+
+    /// `resp` with its body bounded by `between_bytes_timeout` (and its
+    /// stalls counted), holding `permit` until the body is done.
+    fn between_bytes<B>(
+        &self,
+        resp: Response<B>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Response<ProxyBody>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<inlay_core::BoxError>,
+    {
         let (parts, incoming) = resp.into_parts();
         let body = TimeoutBody::new(
             incoming,
@@ -489,7 +490,7 @@ impl Backend {
             permit,
         )
         .counting_stalls(self.metrics.enabled().then(|| Arc::clone(&self.metrics)));
-        Ok(Response::from_parts(parts, body::boxed(body)))
+        Response::from_parts(parts, body::boxed(body))
     }
 
     fn classify(&self, e: hyper_util::client::legacy::Error) -> Failed {

@@ -172,12 +172,7 @@ impl HttpComponent {
     /// would fail every request: a start function that traps, an instance
     /// the pool cannot hold, a `read_only_dir` that does not open.
     pub async fn check(&self) -> Result<(), ComponentError> {
-        let slot = self
-            .loaded
-            .engine
-            .slot(self.settings.instance_wait)
-            .await
-            .map_err(|_| self.exhausted())?;
+        let slot = self.slot().await?;
         let settings = ComponentSettings {
             cpu_time: LOAD_CHECK_CPU,
             ..(*self.settings).clone()
@@ -201,12 +196,7 @@ impl HttpComponent {
         req: Request<ProxyBody>,
         outbound: Arc<dyn ComponentOutbound>,
     ) -> Result<Response<ProxyBody>, ComponentError> {
-        let slot = self
-            .loaded
-            .engine
-            .slot(self.settings.instance_wait)
-            .await
-            .map_err(|_| self.exhausted())?;
+        let slot = self.slot().await?;
         let depth = req.extensions().get::<Depth>().map_or(0, |d| d.0);
         let mut store = self.store(&self.settings, outbound, depth)?;
         let req = self.with_authority(req);
@@ -282,11 +272,17 @@ impl HttpComponent {
         }
     }
 
-    fn exhausted(&self) -> ComponentError {
-        ComponentError::PoolExhausted {
-            waited: self.settings.instance_wait,
-            max_instances: self.loaded.engine.max_instances(),
-        }
+    /// A slot of the pool, waiting up to `instance_wait` for one.
+    async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ComponentError> {
+        let wait = self.settings.instance_wait;
+        self.loaded
+            .engine
+            .slot(wait)
+            .await
+            .map_err(|_| ComponentError::PoolExhausted {
+                waited: wait,
+                max_instances: self.loaded.engine.max_instances(),
+            })
     }
 
     /// A store for one request, its limits and clock set.
@@ -417,8 +413,9 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The outbound of the load check: no request may leave it.
-struct NoOutbound;
+/// No way out: every outgoing request is refused (the load check's, and
+/// a request sent to a component backend other than through a pick).
+pub struct NoOutbound;
 
 impl ComponentOutbound for NoOutbound {
     fn backend_for(&self, _authority: &str) -> Option<String> {

@@ -107,7 +107,9 @@ pub(crate) struct GuestOutput(Arc<Mutex<Vec<u8>>>);
 impl GuestOutput {
     /// What was kept, as text; empty when the guest wrote nothing.
     pub(crate) fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock()).trim_end().to_owned()
+        String::from_utf8_lossy(&self.0.lock())
+            .trim_end()
+            .to_owned()
     }
 }
 
