@@ -402,3 +402,30 @@ async fn a_component_calling_itself_stops_at_the_depth_limit() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outgoing_response_bodies_stop_at_max_subrequest_bytes() {
+    let origin = Origin::start();
+    let inlay = with_settings(
+        "hello-rs",
+        "max_subrequest_bytes = \"1KiB\"",
+        &format!("[backends.api]\naddress = {:?}", origin.url()),
+    )
+    .await;
+    let fetch = |path: &str| {
+        let url = inlay.url(&format!(
+            "/fetch?url={}",
+            urlencode(&format!("http://api{path}"))
+        ));
+        async move { get(&url).await.text() }
+    };
+    // Under the budget: the whole body; over it: the body fails at the
+    // chunk that crosses it (the example answers what it read before).
+    assert_eq!(fetch("/resp?body=small").await, "200 small");
+    let cut = fetch("/static/4096").await;
+    assert!(
+        cut.starts_with("200 ") && cut.len() < 1024 + 4,
+        "{} bytes",
+        cut.len()
+    );
+}
