@@ -195,6 +195,8 @@ mod tests {
             Some("static")
         );
         assert_eq!(app.max_subrequests, 32, "the policy's default");
+        let named = Config::from_toml("[backends.my_app-2]\ncomponent = \"a.wasm\"\n").unwrap();
+        assert_eq!(named.backends["my_app-2"].authority(), "my_app-2");
     }
 
     #[test]

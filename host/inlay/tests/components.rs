@@ -8,23 +8,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Harness, Origin, esi_page, get, request, urlencode};
-
-/// Path of a built example component (`make components` builds them).
-fn component(name: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = root.join("target/components").join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} is missing: run `make components` first (make test does)",
-        p.display()
-    );
-    p
-}
+use common::{Harness, Origin, component, esi_page, get, request, urlencode};
 
 /// Inlay with `name` as the default backend, as `inlay serve --component`
 /// (which replaces the file's default backend, as it does the embedded

@@ -23,7 +23,7 @@ pub use client::{
 pub use harness::{AccessLog, Harness};
 pub use nats::{NatsServer, nats_server_binary};
 pub use origin::Origin;
-pub use process::{Inlay, Lines};
+pub use process::{Inlay, Lines, spawn_without_config};
 pub use tls_origin::{Issued, TestCa, TlsOrigin, self_signed_ca};
 
 /// Path of a built policy component (`make policies` builds them).
@@ -33,6 +33,19 @@ pub fn policy(name: &str) -> PathBuf {
     assert!(
         p.exists(),
         "{} is missing: run `make policies` first (make test does)",
+        p.display()
+    );
+    p
+}
+
+/// Path of a built example `wasi:http` component (`make components`
+/// builds them).
+pub fn component(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let p = root.join("target/components").join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} is missing: run `make components` first (make test does)",
         p.display()
     );
     p

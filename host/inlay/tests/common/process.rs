@@ -97,6 +97,23 @@ impl InlayBuilder {
     }
 }
 
+/// Start `inlay serve ARGS` with no config file (the embedded default)
+/// and wait for its "listening on" line.
+pub fn spawn_without_config(args: &[&str]) -> Inlay {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlay"));
+    cmd.arg("serve").args(args).env("INLAY_LOG", "info");
+    let (child, addr, out, err) = spawn_and_wait_listening(cmd);
+    Inlay {
+        child: Some(child),
+        addr,
+        access: out,
+        log: err,
+        config: dir.path().join("none.toml"),
+        _dir: dir,
+    }
+}
+
 #[allow(clippy::zombie_processes)] // the caller owns the child and waits for it in Drop
 fn spawn_and_wait_listening(mut cmd: Command) -> (Child, SocketAddr, Lines, Lines) {
     cmd.stdout(Stdio::piped())
