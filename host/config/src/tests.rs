@@ -294,7 +294,7 @@ fn quick_flags_override_the_file() {
 #[test]
 fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
     let c = Config::from_toml(
-        "[server]\nlisten = [\"127.0.0.1:6081\", \"https://127.0.0.1:6443\", \"http://:80\"]\n\
+        "[server]\nlisten = [\"127.0.0.1:6081\", \"https://127.0.0.1:6443\", \"http://:80\", \"h2c://127.0.0.1:6082\"]\n\
          [[server.tls]]\ncert = \"a.pem\"\nkey = \"a.key\"\nnames = [\"a.example\", \"*.b.example\"]\n\
          [[server.tls]]\ncert = \"d.pem\"\nkey = \"d.key\"\n\
          [backends.o]\naddress = \"http://127.0.0.1:8080\"\n",
@@ -303,6 +303,7 @@ fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
     let s = &c.server;
     assert_eq!(s.listen.len(), 2);
     assert_eq!(s.listen_tls, vec!["127.0.0.1:6443".parse().unwrap()]);
+    assert_eq!(s.listen_h2c, vec!["127.0.0.1:6082".parse().unwrap()]);
     assert_eq!(s.tls.len(), 2);
     assert_eq!(s.tls[0].names, ["a.example", "*.b.example"]);
     assert!(s.tls[1].names.is_empty());
@@ -456,6 +457,29 @@ fn proxy_protocol_peers_parse_and_need_proxy_protocol() {
         panic!("accepted")
     };
     assert_eq!(issues[0].path, "server.proxy_protocol_from");
+}
+
+/// With the PROXY protocol on, the peers that may send a header must be
+/// listed: by default anyone could claim 127.0.0.1 and pass `purge_allow`.
+#[test]
+fn proxy_protocol_without_the_peers_allowed_to_send_it_is_refused() {
+    let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+    for from in ["", "proxy_protocol_from = []\n"] {
+        let Err(ConfigError::Invalid(issues)) =
+            Config::from_toml(&format!("[server]\nproxy_protocol = true\n{from}{backend}"))
+        else {
+            panic!("accepted with {from:?}")
+        };
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].path, "server.proxy_protocol_from");
+        assert!(issues[0].message.contains("any client"), "{issues:?}");
+    }
+    // Trusting every peer is possible, but only when said.
+    let c = Config::from_toml(&format!(
+        "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"0.0.0.0/0\", \"::/0\"]\n{backend}"
+    ))
+    .unwrap();
+    assert!(c.server.proxy_protocol_from[1].contains("2001:db8::1".parse().unwrap()));
 }
 
 #[test]

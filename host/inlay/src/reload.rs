@@ -611,7 +611,8 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
     note(
         "server.listen",
         restore(&old.server.listen, &mut new.server.listen)
-            | restore(&old.server.listen_tls, &mut new.server.listen_tls),
+            | restore(&old.server.listen_tls, &mut new.server.listen_tls)
+            | restore(&old.server.listen_h2c, &mut new.server.listen_h2c),
     );
     note("admin.listen", restore(&old.admin, &mut new.admin));
     // The NATS connection and the node's identity in the cluster are made

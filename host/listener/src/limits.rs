@@ -33,12 +33,14 @@ pub struct Limits {
     /// Bytes a connection's socket may hold written but not yet sent
     /// (Linux `TCP_NOTSENT_LOWAT`); zero leaves the kernel's default.
     pub tcp_notsent_lowat: u64,
-    /// Every connection starts with a PROXY protocol header (v1 or v2)
-    /// naming the real client; one without is closed.
-    pub proxy_protocol: bool,
-    /// With `proxy_protocol`: the peers allowed to send the header; a
-    /// connection from elsewhere is closed unread. `None`: any peer.
-    pub proxy_protocol_from: Option<PeerFilter>,
+    /// `Some(peers)`: every connection starts with a PROXY protocol header
+    /// (v1 or v2) naming the real client, sent by one of `peers` (the load
+    /// balancers); a connection from another peer is closed unread, one
+    /// without a valid header is closed. Until its header is read, a
+    /// connection counts against its peer's `max_connections_per_client`,
+    /// then against the client the header names. To trust any peer, say
+    /// so: `PeerFilter::new(|_| true)`.
+    pub proxy_protocol: Option<PeerFilter>,
     /// A client must send its PROXY header, and its whole request head,
     /// within this time.
     pub header_read_timeout: Duration,

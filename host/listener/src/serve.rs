@@ -27,11 +27,28 @@ use crate::admission::Admission;
 use crate::limits::Limits;
 use crate::send_clock::{STREAM_CLOCK, SendClock, SendLimits, StreamExecutor};
 
+/// Which HTTP a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Speaks {
+    /// Plain TCP: HTTP/1.1, or h2c when it starts with the HTTP/2 preface
+    /// (and `Limits::http2` is on).
+    Detect,
+    /// TLS whose ALPN chose `h2`, or an h2c-only listener: HTTP/2 only, so
+    /// that a connection that does not start with the preface is closed
+    /// (RFC 9113 3.4), not answered in HTTP/1.1.
+    Http2,
+    /// TLS without `h2` in ALPN: HTTP/1 only (HTTP/2 over TLS needs ALPN,
+    /// RFC 9113 3.3).
+    Http1,
+}
+
 /// Serve `io` (an admitted connection from `peer`, perhaps TLS) with
 /// `service` until it ends, a timeout closes it, or `stop` asks for a
 /// graceful close.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_connection<I, S, B>(
     io: I,
+    speaks: Speaks,
     service: S,
     activity: Arc<Activity>,
     peer: SocketAddr,
@@ -47,9 +64,12 @@ pub(crate) async fn serve_connection<I, S, B>(
 {
     let send_limits = SendLimits::of(limits);
     let mut builder = auto::Builder::new(StreamExecutor(send_limits));
-    if !limits.http2 {
-        builder = builder.http1_only();
-    }
+    builder = match speaks {
+        Speaks::Http2 => builder.http2_only(),
+        Speaks::Http1 => builder.http1_only(),
+        Speaks::Detect if !limits.http2 => builder.http1_only(),
+        Speaks::Detect => builder,
+    };
     builder
         .http1()
         .timer(TokioTimer::new())
