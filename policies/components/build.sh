@@ -12,7 +12,9 @@
 #       wasm32-unknown-unknown by the toolchain policies/build.sh uses
 #       (rustup's target, or Debian's rustc-web with -Zbuild-std), made a
 #       component by `inlay-componentize encode --export
-#       wasi:http/incoming-handler`
+#       wasi:http/incoming-handler`; hello-p3-rs: a wasi:http/service 0.3
+#       component (wit-bindgen's async bindings against wit-p3/), served
+#       by an inlay built with --features wasi-http-p3
 #   js  hello-js: ComponentizeJS 0.23 (guest-sdk/js's node_modules) against
 #       wit/ (the fetch event of its StarlingMonkey engine)
 #   py  hello-py: componentize-py 0.25.1 (target/lang/python-venv) against
@@ -56,8 +58,6 @@ build_rs() {
         cargo build -q --manifest-path "$root/Cargo.toml" -p inlay-componentize
         tool="$root/target/debug/inlay-componentize"
     fi
-    local crate="$here/hello-rs" target_dir="$root/target/components-build"
-    stale "$out/hello-rs.wasm" "$crate/src" "$crate/Cargo.toml" || return 0
     local build=(cargo build --release --target wasm32-unknown-unknown) env=()
     if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
         # What policies/build.sh uses when rustup has no wasm target (it
@@ -70,11 +70,19 @@ build_rs() {
         build=(/usr/bin/cargo build --release --target wasm32-unknown-unknown -Zbuild-std=std,panic_abort)
         env=(RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER="$linker")
     fi
-    local t0=$(date +%s)
-    env "${env[@]}" CARGO_TARGET_DIR="$target_dir" "${build[@]}" --manifest-path "$crate/Cargo.toml"
-    "$tool" encode "$target_dir/wasm32-unknown-unknown/release/component_hello_rs.wasm" \
-        -o "$out/hello-rs.wasm" --export wasi:http/incoming-handler >/dev/null
-    built+=("hello-rs ($(stat -c %s "$out/hello-rs.wasm") bytes, $(( $(date +%s) - t0 ))s)")
+    local target_dir="$root/target/components-build" name export t0
+    # hello-rs serves wasi:http 0.2; hello-p3-rs 0.3 (wit-p3/).
+    for name in hello-rs:wasi:http/incoming-handler hello-p3-rs:wasi:http/handler; do
+        export=${name#*:}
+        name=${name%%:*}
+        stale "$out/$name.wasm" "$here/$name/src" "$here/$name/Cargo.toml" || continue
+        t0=$(date +%s)
+        env "${env[@]}" CARGO_TARGET_DIR="$target_dir" "${build[@]}" \
+            --manifest-path "$here/$name/Cargo.toml"
+        "$tool" encode "$target_dir/wasm32-unknown-unknown/release/component_${name//-/_}.wasm" \
+            -o "$out/$name.wasm" --export "$export" >/dev/null
+        built+=("$name ($(stat -c %s "$out/$name.wasm") bytes, $(( $(date +%s) - t0 ))s)")
+    done
 }
 
 build_js() {

@@ -416,3 +416,44 @@ async fn outgoing_response_bodies_stop_at_max_subrequest_bytes() {
         cut.len()
     );
 }
+
+/// wasi:http/service 0.3 (`--features wasi-http-p3`): the page, its
+/// fragment, caching.
+#[cfg(feature = "wasi-http-p3")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_3_component_answers_its_page_and_fragment() {
+    let inlay = serving("hello-p3-rs").await;
+    let r = get(&inlay.url("/")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("<p>fragment from a Rust 0.3 component</p>"),
+        "{}",
+        r.text()
+    );
+    let hello = get(&inlay.url("/hello")).await;
+    assert_eq!(hello.text(), "hello from a Rust 0.3 component\n");
+    let again = get(&inlay.url("/hello")).await;
+    assert!(again.header("cache-status").unwrap().contains("hit"));
+    // Concurrent requests, each its own instance and event loop.
+    let urls: Vec<String> = (0..20).map(|i| inlay.url(&format!("/hello?{i}"))).collect();
+    let replies = futures_util::future::join_all(urls.iter().map(|u| get(u))).await;
+    assert!(replies.iter().all(|r| r.status == 200));
+}
+
+/// Without the feature a 0.3 component is refused at load, with its key.
+#[cfg(not(feature = "wasi-http-p3"))]
+#[tokio::test]
+async fn a_0_3_component_is_refused_without_the_feature() {
+    let text = format!(
+        "[backends.default]\ncomponent = {:?}\n",
+        component("hello-p3-rs").display().to_string()
+    );
+    let cfg = inlay::config::Config::from_toml(&text).unwrap();
+    let err = inlay::startup::Proxy::load(cfg).await.unwrap_err();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("backends.default.component") && err.contains("--features wasi-http-p3"),
+        "{err}"
+    );
+}

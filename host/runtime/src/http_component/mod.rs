@@ -25,6 +25,8 @@
 
 mod error;
 mod outbound;
+#[cfg(feature = "p3")]
+mod p3;
 mod settings;
 mod state;
 
@@ -32,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use futures_util::future::BoxFuture;
 use http::{Request, Response, Uri};
 use http_body_util::BodyExt;
 use inlay_core::LogLimit;
@@ -77,9 +80,24 @@ pub struct HttpComponent {
 /// pre-instantiation.
 struct Loaded {
     engine: PolicyEngine,
-    pre: ProxyPre<AppState>,
+    pre: Pre,
     path: PathBuf,
 }
+
+/// The pre-instantiated component, by the world it serves.
+#[derive(Clone)]
+enum Pre {
+    /// `wasi:http/proxy` 0.2: `incoming-handler.handle` sets the response
+    /// through an out-parameter.
+    P2(ProxyPre<AppState>),
+    /// `wasi:http/service` 0.3: `handler.handle` is async and returns it.
+    #[cfg(feature = "p3")]
+    P3(wasmtime_wasi_http::p3::bindings::ServicePre<AppState>),
+}
+
+/// What the request's task sends once the guest has given the response
+/// head, or why there is none.
+type Head = Result<Response<ProxyBody>, ComponentError>;
 
 impl std::fmt::Debug for HttpComponent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,11 +129,19 @@ impl HttpComponent {
             max_instances: settings.max_instances,
             message: e.to_string(),
         })?;
-        let component =
-            Component::new(engine.engine(), bytes).map_err(|e| ComponentError::Compile {
+        let component = Component::new(engine.engine(), bytes).map_err(|e| {
+            let mut message = format!("{e:#}");
+            if cfg!(not(feature = "p3")) && message.contains("component model async") {
+                message.push_str(
+                    " (a wasi:http 0.3 component? this inlay serves 0.2 ones: \
+                     build it with --features wasi-http-p3)",
+                );
+            }
+            ComponentError::Compile {
                 path: path.to_owned(),
-                message: format!("{e:#}"),
-            })?;
+                message,
+            }
+        })?;
         let mismatch = |e: wasmtime::Error| ComponentError::WorldMismatch {
             path: path.to_owned(),
             message: format!("{e:#}"),
@@ -123,9 +149,28 @@ impl HttpComponent {
         let mut linker = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(mismatch)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(mismatch)?;
+        #[cfg(feature = "p3")]
+        {
+            wasmtime_wasi::p3::add_to_linker(&mut linker).map_err(mismatch)?;
+            wasmtime_wasi_http::p3::add_to_linker(&mut linker).map_err(mismatch)?;
+        }
         let pre = linker.instantiate_pre(&component).map_err(mismatch)?;
-        let pre = ProxyPre::new(pre).map_err(mismatch)?;
-        Ok(Self {
+        #[cfg(feature = "p3")]
+        if let Ok(service) = wasmtime_wasi_http::p3::bindings::ServicePre::new(pre.clone()) {
+            return Ok(Self::loaded(name, path, engine, Pre::P3(service), settings));
+        }
+        let pre = Pre::P2(ProxyPre::new(pre).map_err(mismatch)?);
+        Ok(Self::loaded(name, path, engine, pre, settings))
+    }
+
+    fn loaded(
+        name: &str,
+        path: &Path,
+        engine: PolicyEngine,
+        pre: Pre,
+        settings: ComponentSettings,
+    ) -> Self {
+        Self {
             loaded: Arc::new(Loaded {
                 engine,
                 pre,
@@ -133,7 +178,7 @@ impl HttpComponent {
             }),
             settings: Arc::new(settings),
             name: name.into(),
-        })
+        }
     }
 
     /// The same compiled component with other settings (a reload that
@@ -178,7 +223,11 @@ impl HttpComponent {
             ..(*self.settings).clone()
         };
         let mut store = self.store(&settings, Arc::new(NoOutbound), 0)?;
-        let result = self.loaded.pre.instantiate_async(&mut store).await;
+        let result = match &self.loaded.pre {
+            Pre::P2(pre) => pre.instantiate_async(&mut store).await.map(drop),
+            #[cfg(feature = "p3")]
+            Pre::P3(pre) => pre.instantiate_async(&mut store).await.map(drop),
+        };
         drop(slot);
         match result {
             Ok(_) => Ok(()),
@@ -205,35 +254,16 @@ impl HttpComponent {
         // logged by the task (the request has its response), one before
         // it is the request's error, which the pipeline logs.
         let answered = Arc::new(AtomicBool::new(false));
-        let (incoming, out) = {
-            let mut http = store.data_mut().http();
-            let bad = |e: wasmtime::Error| ComponentError::BadRequest {
-                message: format!("{e:#}"),
-            };
-            let req = req.map(|b| b.map_err(|e| HttpError::InternalError(Some(e.to_string()))));
-            let incoming = http.new_incoming_request(Scheme::Http, req).map_err(bad)?;
-            let set = Arc::clone(&answered);
-            let out = http
-                .new_response_outparam_from_callback(move |resp| {
-                    set.store(true, Ordering::Release);
-                    let _ = tx.send(resp);
-                })
-                .map_err(bad)?;
-            (incoming, out)
+        let run = match &self.loaded.pre {
+            Pre::P2(pre) => p2_handle(pre.clone(), &mut store, req, tx, Arc::clone(&answered))?,
+            #[cfg(feature = "p3")]
+            Pre::P3(pre) => p3::handle(pre.clone(), req, tx, Arc::clone(&answered)),
         };
-        let pre = self.loaded.pre.clone();
         let this = self.clone();
         let task = tokio::spawn(async move {
             let _slot = slot;
             let timeout = this.settings.request_timeout;
-            let run = async {
-                let proxy = pre.instantiate_async(&mut store).await?;
-                proxy
-                    .wasi_http_incoming_handler()
-                    .call_handle(&mut store, incoming, out)
-                    .await
-            };
-            let outcome = tokio::time::timeout(timeout, run).await;
+            let outcome = tokio::time::timeout(timeout, run(&mut store)).await;
             let result = match outcome {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(classify(store.data(), &this.settings, e)),
@@ -250,19 +280,13 @@ impl HttpComponent {
         // A request that goes away before the head stops its guest.
         let task = AbortOnDrop(Some(task));
         match rx.await {
-            Ok(Ok(resp)) => {
+            Ok(head) => {
                 task.detach();
-                Ok(resp.map(body::boxed))
-            }
-            Ok(Err(code)) => {
-                task.detach();
-                Err(ComponentError::NoResponse {
-                    message: format!("it answered with the error {code:?}"),
-                })
+                head
             }
             Err(_) => match task.join().await {
                 Some(Ok(())) => Err(ComponentError::NoResponse {
-                    message: "handle returned without setting a response".into(),
+                    message: "handle returned without a response".into(),
                 }),
                 Some(Err(e)) => Err(e),
                 None => Err(ComponentError::Trap {
@@ -307,11 +331,17 @@ impl HttpComponent {
         store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
         let ticks = store.data_mut().clock.restart();
         store.set_epoch_deadline(ticks);
+        // The CPU clock runs only while guest code does: not in a call
+        // into the host, nor while no guest code runs at all (a 0.3
+        // guest's tasks waiting in the store's event loop).
         store.call_hook(|mut ctx, hook| {
             match hook {
-                CallHook::CallingHost => ctx.data_mut().host_call_starts(),
-                CallHook::ReturningFromHost => ctx.data_mut().host_call_ends(),
-                CallHook::CallingWasm | CallHook::ReturningFromWasm => {}
+                CallHook::CallingHost | CallHook::ReturningFromWasm => {
+                    ctx.data_mut().host_call_starts()
+                }
+                CallHook::ReturningFromHost | CallHook::CallingWasm => {
+                    ctx.data_mut().host_call_ends()
+                }
             }
             Ok(())
         });
@@ -365,6 +395,48 @@ impl HttpComponent {
             );
         }
     }
+}
+
+/// What a request's task runs in its store: instantiation and the call.
+type Run =
+    Box<dyn for<'a> FnOnce(&'a mut Store<AppState>) -> BoxFuture<'a, wasmtime::Result<()>> + Send>;
+
+/// A `wasi:http/proxy` 0.2 request: the request and the response
+/// out-parameter in the store's table; the head is sent on `tx` when the
+/// guest sets it.
+fn p2_handle(
+    pre: ProxyPre<AppState>,
+    store: &mut Store<AppState>,
+    req: Request<ProxyBody>,
+    tx: oneshot::Sender<Head>,
+    answered: Arc<AtomicBool>,
+) -> Result<Run, ComponentError> {
+    let mut http = store.data_mut().http();
+    let bad = |e: wasmtime::Error| ComponentError::BadRequest {
+        message: format!("{e:#}"),
+    };
+    let req = req.map(|b| b.map_err(|e| HttpError::InternalError(Some(e.to_string()))));
+    let incoming = http.new_incoming_request(Scheme::Http, req).map_err(bad)?;
+    let out = http
+        .new_response_outparam_from_callback(move |resp| {
+            answered.store(true, Ordering::Release);
+            let _ = tx.send(match resp {
+                Ok(resp) => Ok(resp.map(body::boxed)),
+                Err(code) => Err(ComponentError::NoResponse {
+                    message: format!("it answered with the error {code:?}"),
+                }),
+            });
+        })
+        .map_err(bad)?;
+    Ok(Box::new(move |store| {
+        Box::pin(async move {
+            let proxy = pre.instantiate_async(&mut *store).await?;
+            proxy
+                .wasi_http_incoming_handler()
+                .call_handle(&mut *store, incoming, out)
+                .await
+        })
+    }))
 }
 
 /// What a request's failure was: the limit it ran into, or the trap.
