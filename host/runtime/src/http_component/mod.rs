@@ -1,5 +1,6 @@
-//! Standard `wasi:http/proxy` 0.2 components served in-process: a backend
-//! that is an application rather than a socket. The pipeline sends it the
+//! Standard `wasi:http/proxy` 0.2 components (and, with the cargo feature
+//! `p3`, `wasi:http/service` 0.3 ones) served in-process: a backend that
+//! is an application rather than a socket. The pipeline sends it the
 //! requests it would send an origin, and what it answers goes through the
 //! cache, ESI, purge and the access log as an origin's answer does.
 //!
@@ -8,7 +9,8 @@
 //!   └─ Loaded (compiled, linked, pre-instantiated; kept by a reload of
 //!        │     the same file and pool size; its own engine and pool)
 //!        └─ serve (one request: a fresh store and instance from the pool,
-//!                  `wasi:http/incoming-handler.handle` in a task of its own)
+//!                  `wasi:http/incoming-handler.handle` in a task of its
+//!                  own; a 0.3 `handler.handle` in the store's event loop)
 //! ```
 //!
 //! The guest's world is bounded as a policy's is: outgoing HTTP only to
