@@ -294,6 +294,18 @@ async fn a_reload_serves_a_changed_component_file_without_dropping_a_request() {
             statuses
         })
     };
+    // A cold compile of the 13 MB JavaScript component in a debug build
+    // can take longer than the admin call may: compiled once here, the
+    // reload finds it in wasmtime's code cache.
+    let js = component("hello-js");
+    tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(&js).unwrap();
+        let settings = inlay_runtime::http_component::ComponentSettings::default();
+        inlay_runtime::http_component::HttpComponent::load("warm", &js, &bytes, settings)
+            .expect("the JavaScript example loads");
+    })
+    .await
+    .unwrap();
     // Written aside and renamed, as a deploy does.
     let next = dir.path().join("app.wasm.new");
     std::fs::copy(component("hello-js"), &next).unwrap();
