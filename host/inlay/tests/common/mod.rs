@@ -45,24 +45,22 @@ pub fn go_policy_built(name: &str) -> bool {
 
 /// Path of a built policy component (`make policies` builds them).
 pub fn policy(name: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = root.join("target/policies").join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} is missing: run `make policies` first (make test does)",
-        p.display()
-    );
-    p
+    built("policies", name)
 }
 
 /// Path of a built example `wasi:http` component (`make components`
 /// builds them).
 pub fn component(name: &str) -> PathBuf {
+    built("components", name)
+}
+
+/// `target/<dir>/<name>.wasm`, which `make <dir>` builds.
+fn built(dir: &str, name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = root.join("target/components").join(format!("{name}.wasm"));
+    let p = root.join("target").join(dir).join(format!("{name}.wasm"));
     assert!(
         p.exists(),
-        "{} is missing: run `make components` first (make test does)",
+        "{} is missing: run `make {dir}` first (make test does)",
         p.display()
     );
     p
