@@ -390,6 +390,7 @@ class Inlay:
         metrics: bool = True,
         tls: "TlsFiles | None" = None,
         access_log: Path | None = None,
+        component: Path | None = None,
     ):
         self.reg = reg
         self.binary = binary
@@ -407,7 +408,8 @@ class Inlay:
             "[server]",
             f'listen = ["{self._listen0}"]',
             "[backends.default]",
-            f'address = "{origin.url}"',
+            # A wasi:http component served in-process instead of the origin.
+            f'component = "{component}"' if component is not None else f'address = "{origin.url}"',
             *log_section(access_log),
             "[cache]",
             f'memory_size = "{memory_size}"',

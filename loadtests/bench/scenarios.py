@@ -23,6 +23,7 @@ from context import (
 from procs import (
     NGINX_BROTLI_MODULE, BenchError, RssSampler, http_get, https_raw_get, is_hit, make_certificates,
 )
+from components import components
 
 MiB = 1 << 20
 
@@ -1044,4 +1045,5 @@ SECTIONS = {
     "tls": tls,
     "vod": k6_vod,
     "compression": wrk_compression,
+    "components": components,
 }

@@ -16,6 +16,7 @@ mod backends;
 mod cache;
 mod cluster;
 mod compression;
+mod component;
 mod esi;
 mod log;
 mod overrides;
@@ -37,6 +38,7 @@ pub use cluster::{
     ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig, ShardConfig,
 };
 pub use compression::CompressionConfig;
+pub use component::ComponentConfig;
 pub use esi::EsiConfig;
 pub use log::{AccessLogFormat, AccessLogTarget, LogConfig};
 pub use overrides::Overrides;

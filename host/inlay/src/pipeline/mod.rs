@@ -47,6 +47,7 @@ use tracing::{Instrument, debug_span};
 
 use crate::access_log::AccessLog;
 use crate::backend::Backends;
+use crate::backend::component::ComponentSet;
 use crate::backend::tls::BackendTlsSet;
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -148,12 +149,13 @@ impl Pipeline {
     pub fn first(
         config: Arc<Config>,
         backend_tls: &BackendTlsSet,
+        components: &ComponentSet,
         cache: HttpCache,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let backends = Backends::new(&config, backend_tls, &metrics);
+        let backends = Backends::new(&config, backend_tls, components, &metrics);
         let invalidator = Arc::new(Invalidator::new(cache.clone(), Arc::clone(&metrics)));
         let tunnels = Arc::new(Tunnels::default());
         metrics.register_collector(tunnels.figures(&metrics));
@@ -178,11 +180,12 @@ impl Pipeline {
         &self,
         config: Arc<Config>,
         backend_tls: &BackendTlsSet,
+        components: &ComponentSet,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
         let cache = self.cache.with_rules(config.cache_rules());
-        self.next_generation_on(config, backend_tls, policy, access_log, cache)
+        self.next_generation_on(config, backend_tls, components, policy, access_log, cache)
     }
 
     /// [`next_generation`](Self::next_generation) on another cache (a
@@ -191,11 +194,14 @@ impl Pipeline {
         &self,
         config: Arc<Config>,
         backend_tls: &BackendTlsSet,
+        components: &ComponentSet,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
         cache: HttpCache,
     ) -> Self {
-        let backends = self.backends.renewed(&config, backend_tls, &self.metrics);
+        let backends = self
+            .backends
+            .renewed(&config, backend_tls, components, &self.metrics);
         Self::build(
             config,
             cache,
