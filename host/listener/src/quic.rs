@@ -299,6 +299,17 @@ impl std::fmt::Debug for QuicBody {
     }
 }
 
+impl Drop for QuicBody {
+    fn drop(&mut self) {
+        // Answered without the rest of the body (a GET, a 413): the client
+        // is told to stop sending with H3_NO_ERROR (RFC 9114 4.1), not the
+        // transport's bare 0.
+        if !self.data_done {
+            self.stream.stop_sending(h3::error::Code::H3_NO_ERROR);
+        }
+    }
+}
+
 impl Body for QuicBody {
     type Data = Bytes;
     type Error = BoxError;
