@@ -503,3 +503,60 @@ async fn the_drain_lets_an_http3_request_in_flight_finish() {
     let refused = tokio::time::timeout(Duration::from_secs(3), connecting).await;
     assert!(!matches!(refused, Ok(Ok(_))), "connected after the drain");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_share_is_refused_and_a_silent_connection_times_out() {
+    let origin = Origin::start();
+    let cert = Cert::new();
+    let inlay = start(
+        &origin,
+        &cert,
+        "max_connections_per_client = 1\nidle_timeout = \"1s\"",
+    )
+    .await;
+    let quic = inlay.quic_addr.unwrap();
+    let first = H3::connect(quic, &cert).await;
+    assert_eq!(first.get("/static/3").await.status, 200);
+    // A second connection from 127.0.0.1: proven by a Retry, then refused.
+    let e = endpoint("127.0.0.1:0", &cert);
+    let second = tokio::time::timeout(
+        Duration::from_secs(5),
+        e.connect(quic, "localhost").unwrap(),
+    )
+    .await
+    .expect("an answer within 5 s");
+    match second {
+        Err(quinn::ConnectionError::ConnectionClosed(c)) => {
+            assert_eq!(c.error_code, quinn::TransportErrorCode::CONNECTION_REFUSED);
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    assert_eq!(inlay.metrics.quic().refused(), 1);
+    assert!(inlay.metrics.quic().retries() >= 1);
+    // Another address has a share of its own.
+    let other = H3::connect_from("127.0.0.2:0", quic, &cert).await;
+    assert_eq!(other.get("/static/3").await.status, 200);
+    drop((first, other));
+    // A connection that says nothing is closed after idle_timeout.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let silent = tokio::time::timeout(
+        Duration::from_secs(5),
+        e.connect(quic, "localhost").unwrap(),
+    )
+    .await
+    .unwrap()
+    .expect("a share free again");
+    let started = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.closed())
+        .await
+        .expect("closed within 5 s");
+    assert!(
+        matches!(closed, quinn::ConnectionError::TimedOut),
+        "{closed:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+}
