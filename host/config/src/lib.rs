@@ -15,8 +15,8 @@ mod admin;
 mod backends;
 mod cache;
 mod cluster;
-mod compression;
 mod component;
+mod compression;
 mod esi;
 mod log;
 mod overrides;
@@ -37,8 +37,8 @@ pub use cache::{CacheConfig, STRIP_REQUEST_HEADERS};
 pub use cluster::{
     ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig, ShardConfig,
 };
-pub use compression::CompressionConfig;
 pub use component::ComponentConfig;
+pub use compression::CompressionConfig;
 pub use esi::EsiConfig;
 pub use log::{AccessLogFormat, AccessLogTarget, LogConfig};
 pub use overrides::Overrides;
