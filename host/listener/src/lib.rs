@@ -59,7 +59,7 @@ pub use per_client::{ClientSlot, PerClient};
 pub use quic::{MakeQuicService, QuicBody, QuicListener, QuicServer, QuicStats};
 pub use socket::bind;
 pub use stats::{ConnectionStats, OpenConnection};
-pub use tls::{CertificateSet, Tls, TlsError};
+pub use tls::{CertificateSet, Tls, TlsError, ocsp_response_problem};
 pub use tunnel::{TunnelGuard, TunnelTicket};
 
 /// Warnings about what one client did wrong, at most 20 a second: a flood
