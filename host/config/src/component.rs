@@ -47,12 +47,11 @@ pub struct ComponentConfig {
 const MAX_INSTANCE_WAIT: Duration = Duration::from_secs(60);
 
 /// Keys of an origin backend that mean nothing for a component.
-const ORIGIN_ONLY: [&str; 9] = [
+const ORIGIN_ONLY: [&str; 8] = [
     "connect_timeout",
     "keepalive_timeout",
     "max_idle_connections",
     "http2",
-    "probe",
     "ca_file",
     "client_cert",
     "client_key",
@@ -224,6 +223,12 @@ mod tests {
             Some("static")
         );
         assert_eq!(app.max_subrequests, 32, "the policy's default");
+        let probed = Config::from_toml(
+            "[backends.app]\ncomponent = \"app.wasm\"\n[backends.app.probe]\nurl = \"/health\"\n",
+        )
+        .expect("a component backend may be probed");
+        let probe = probed.backends["app"].probe.as_ref().expect("a probe");
+        assert_eq!(probe.url, "/health");
         let named = Config::from_toml("[backends.my_app-2]\ncomponent = \"a.wasm\"\n").unwrap();
         assert_eq!(named.backends["my_app-2"].authority(), "my_app-2");
     }
@@ -267,7 +272,7 @@ mod tests {
     fn origin_keys_on_a_component_and_component_keys_on_an_origin_are_errors() {
         let paths = issue_paths(
             "[backends.app]\ncomponent = \"app.wasm\"\naddress = \"http://127.0.0.1:1\"\n\
-             http2 = true\nmemory = \"1KiB\"\ncpu_time = \"0s\"\n[backends.app.probe]\nurl = \"/\"\n",
+             http2 = true\nmemory = \"1KiB\"\ncpu_time = \"0s\"\n",
         );
         assert_eq!(
             paths,
@@ -276,7 +281,6 @@ mod tests {
                 "backends.app.cpu_time",
                 "backends.app.http2",
                 "backends.app.memory",
-                "backends.app.probe",
             ]
         );
         let paths =

@@ -599,3 +599,75 @@ async fn requests_per_instance_on_a_0_2_component_is_refused() {
         "{err}"
     );
 }
+
+/// A component backend's health probe is served by the component
+/// in-process and drives the director as an origin's does: a component
+/// whose probe fails gets no requests, its director's next member does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_backends_probe_drives_its_director() {
+    let probe = |url: &str| {
+        format!(
+            "[backends.{{}}.probe]\nurl = {url:?}\ninterval = \"50ms\"\ntimeout = \"2s\"\nwindow = 2\nthreshold = 1\ninitial = 0\n"
+        )
+    };
+    let inlay = Harness::builder()
+        .toml(&format!(
+            "[backends.broken]\ncomponent = {:?}\n{}\
+             [backends.app]\ncomponent = {:?}\n{}\
+             [directors.default]\ntype = \"fallback\"\nbackends = [\"broken\", \"app\"]\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            component("hello-rs").display().to_string(),
+            probe("/trap").replace("{}", "broken"),
+            component("hello-p3-rs").display().to_string(),
+            probe("/hello").replace("{}", "app"),
+        ))
+        .start_in_process()
+        .await;
+    // Until its first probe answers, a backend is sick (initial = 0).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stats = loop {
+        let r = get(&inlay.admin_url("/stats")).await;
+        let stats: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let backends = &stats["backends"];
+        if backends["app"]["healthy"] == true && backends["broken"]["last"].is_string() {
+            break stats;
+        }
+        assert!(Instant::now() < deadline, "no probe result: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let broken = &stats["backends"]["broken"];
+    assert_eq!(broken["healthy"], false, "{stats}");
+    assert!(
+        broken["last"]
+            .as_str()
+            .unwrap()
+            .contains("component trapped"),
+        "{stats}"
+    );
+    // The fallback director skips the sick component.
+    for i in 0..3 {
+        let r = get(&inlay.url(&format!("/hello?{i}"))).await;
+        assert_eq!(r.text(), "hello from a Rust 0.3 component\n");
+    }
+}
+
+/// A component backend whose probe fails is sick: its requests fail at
+/// once with a 503, as a sick origin's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_backend_whose_probe_fails_gets_no_requests() {
+    let inlay = with_settings(
+        "hello-rs",
+        "",
+        "[backends.default.probe]\nurl = \"/no-such-page\"\ninterval = \"50ms\"\ninitial = 0\n",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = get(&inlay.url("/hello")).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let line = inlay
+        .access
+        .json_for("/hello", Duration::from_secs(5))
+        .await;
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(error.contains("sick"), "{line}");
+}
