@@ -25,6 +25,12 @@ async fn node(origin: &Origin, nats: &NatsServer, name: &str, extra: &str) -> Ha
         ))
         .start_in_process()
         .await;
+    ready(node, name).await
+}
+
+/// `node` once its admin API says it is ready (it has applied the
+/// cluster's current versions).
+async fn ready(node: Harness, name: &str) -> Harness {
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(&node.admin_url("/readyz")).await.status != 200 {
         assert!(Instant::now() < deadline, "{name} not ready within 30 s");
@@ -274,12 +280,7 @@ async fn component_node(nats: &NatsServer, name: &str) -> Harness {
         ))
         .start_in_process()
         .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(&node.admin_url("/readyz")).await.status != 200 {
-        assert!(Instant::now() < deadline, "{name} not ready within 30 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    node
+    ready(node, name).await
 }
 
 /// What `node`'s component answers to `/hello` (a fresh URL each time:
