@@ -48,6 +48,7 @@ pub fn limits(server: &ServerConfig) -> Limits {
         max_header_size: server.max_header_size,
         keep_alive: true,
         http2: true,
+        upgrades: true,
         h2_max_concurrent_streams: server.h2_max_concurrent_streams,
         h2_max_header_list_size: server.h2_max_header_list_size,
         h2_max_pending_accept_reset_streams: server.h2_max_pending_accept_reset_streams,

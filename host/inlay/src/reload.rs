@@ -398,6 +398,7 @@ impl Reloader {
             **guard = next.cache().clone();
         }
         self.current.store(next);
+        old.retire(cfg.server.shutdown_timeout);
         drop(moving);
         if let Some(limits) = &self.listener_limits {
             limits.send_replace(Arc::new(listener_limits));
@@ -526,7 +527,7 @@ async fn prepare_cache(
         Some(dir) => format!("cannot open {}", dir.display()),
         None => "cannot open a memory-only cache".to_owned(),
     };
-    let (current, rules) = (current.clone(), n.rules());
+    let (current, rules) = (current.clone(), new.cache_rules());
     let opened = tokio::task::spawn_blocking(move || {
         let store = TieredStore::open(sc).map_err(|e| format!("{where_}: {e}"))?;
         let store = CacheStore::from_tiered(Arc::new(store));
@@ -699,7 +700,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
     let differs =
         |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
     let mut changed = Vec::new();
-    let sections: [(&str, bool); 7] = [
+    let sections: [(&str, bool); 9] = [
         ("server", differs(&old.server, &new.server)),
         (
             "backends",
@@ -709,9 +710,11 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
         ),
         ("log", differs(&old.log, &new.log)),
         ("cache", differs(&old.cache, &new.cache)),
+        ("compression", differs(&old.compression, &new.compression)),
         ("esi", differs(&old.esi, &new.esi)),
         ("policy", differs(&old.policy, &new.policy)),
         ("admin", old.admin != new.admin),
+        ("websocket", old.websocket != new.websocket),
     ];
     for (name, differs) in sections {
         if differs {
@@ -821,6 +824,8 @@ mod tests {
             BASE.replace("8080", "8081")
         ));
         assert_eq!(changed_sections(&old, &new), ["backends", "esi"]);
+        let new = config(&format!("{BASE}\n[compression]\nbr_level = 5\n"));
+        assert_eq!(changed_sections(&old, &new), ["compression"]);
     }
 
     #[test]

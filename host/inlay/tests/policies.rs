@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Harness, Origin, get, policy, request, urlencode};
+use common::{Harness, Origin, auth_token as token, get, policy, request, urlencode};
 
 async fn with_policy(origin: &Origin, name: &str) -> Harness {
     Harness::builder()
@@ -285,13 +285,6 @@ async fn default_policy_passes_cookies_unless_configured() {
         .await;
     }
     assert_eq!(origin.count("/bytes/13").await, 1);
-}
-
-fn token(key: &str, path: &str, expiry: u64) -> String {
-    use hmac::{Mac, SimpleHmac};
-    let mut mac = SimpleHmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
-    mac.update(format!("{expiry}:{path}").as_bytes());
-    format!("{expiry}.{}", hex::encode(mac.finalize().into_bytes()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

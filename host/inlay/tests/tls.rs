@@ -705,3 +705,38 @@ async fn after_alpn_h2_an_invalid_preface_is_closed_not_answered_in_http1() {
         "served as HTTP/2 without ALPN h2: {got:?}"
     );
 }
+
+/// A WebSocket over TLS: `wss://` with ALPN http/1.1 (what browsers send)
+/// upgrades the HTTP/1.1 connection; with ALPN h2 it is an extended
+/// CONNECT stream (RFC 8441). Both reach the origin's echo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_is_tunnelled_over_http11_and_h2() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let inlay = start(&origin, &pki, "").await;
+    let addr = inlay.tls_addr.unwrap();
+    let hello = Message::text("hello over tls");
+
+    let h1 = connect(addr, &pki.client(&[b"http/1.1"]), "a.test")
+        .await
+        .unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async("wss://a.test/ws", h1)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    ws.send(hello.clone()).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), hello);
+    ws.close(None).await.unwrap();
+
+    let h2 = connect(addr, &pki.client(&[b"h2"]), "a.test")
+        .await
+        .unwrap();
+    assert_eq!(alpn(&h2).as_deref(), Some(&b"h2"[..]));
+    let mut ws = common::h2_websocket(TokioIo::new(h2), "https://a.test/ws").await;
+    ws.send(hello.clone()).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), hello);
+    assert_eq!(origin.count("/ws").await, 2);
+}

@@ -28,7 +28,7 @@ use crate::admission::{Admission, ConnectionSlot};
 use crate::limits::Limits;
 use crate::per_client::ClientSlot;
 use crate::proxy_protocol::proxy_header;
-use crate::serve::{Speaks, serve_connection};
+use crate::serve::{Serving, Speaks};
 use crate::stats::ConnectionStats;
 use crate::tls::{Tls, handshake};
 use crate::{CLIENT_WARNINGS, SHED_WARNINGS, socket};
@@ -172,6 +172,8 @@ struct Shared<M> {
     stats: Arc<ConnectionStats>,
     connections: TaskTracker,
     stop: CancellationToken,
+    /// Cancelled when the drain reaches `shutdown_timeout`: tunnels close.
+    tunnels_close: CancellationToken,
 }
 
 impl<M: MakeService> Server<M> {
@@ -218,6 +220,7 @@ impl<M: MakeService> Server<M> {
             stats,
             connections: TaskTracker::new(),
             stop: CancellationToken::new(),
+            tunnels_close: CancellationToken::new(),
         });
         let accept_tasks: Vec<_> = listeners
             .into_iter()
@@ -247,13 +250,22 @@ impl<M: MakeService> Server<M> {
         let shutdown_timeout = limits.borrow().shutdown_timeout;
         match tokio::time::timeout(shutdown_timeout, connections.wait()).await {
             Ok(()) => info!("all connections drained"),
-            Err(_) => warn!(
-                connections = connections.len(),
-                "shutdown deadline reached; closing remaining connections"
-            ),
+            Err(_) => {
+                warn!(
+                    connections = connections.len(),
+                    "shutdown deadline reached; closing remaining connections"
+                );
+                // Tunnels (WebSockets) were left open until now; they close
+                // themselves, and get a moment to say so (their log lines).
+                shared.tunnels_close.cancel();
+                let _ = tokio::time::timeout(TUNNELS_CLOSE_GRACE, connections.wait()).await;
+            }
         }
     }
 }
+
+/// How long tunnels told to close at the end of a drain get to do so.
+const TUNNELS_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Connections an accept loop takes before it lets other tasks run.
 const ACCEPTS_PER_TURN: u32 = 8;
@@ -555,19 +567,24 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         local,
     };
     let service = shared.make.make(&conn);
-    let admission = &shared.admission;
+    let serving = |stop| Serving {
+        activity: activity.clone(),
+        peer,
+        limits: &limits,
+        admission: &shared.admission,
+        stop,
+        tunnels_close: shared.tunnels_close.clone(),
+    };
     match tls {
         None => {
-            let io = TokioIo::new(tracked);
             let speaks = if h2c_only {
                 Speaks::Http2
             } else {
                 Speaks::Detect
             };
-            serve_connection(
-                io, speaks, service, activity, peer, &limits, admission, stop,
-            )
-            .await;
+            serving(stop)
+                .serve(TokioIo::new(tracked), speaks, service)
+                .await;
         }
         Some(tls) => {
             let Some(io) = handshake(&tls, tracked, peer, &limits, &stop).await else {
@@ -579,11 +596,7 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
             } else {
                 Speaks::Http1
             };
-            let io = TokioIo::new(io);
-            serve_connection(
-                io, speaks, service, activity, peer, &limits, admission, stop,
-            )
-            .await;
+            serving(stop).serve(TokioIo::new(io), speaks, service).await;
         }
     }
     drop(client_slot);

@@ -67,6 +67,11 @@ pub struct Limits {
     /// HTTP/2 is served (h2c with prior knowledge; over TLS as ALPN chose);
     /// false: HTTP/1 only.
     pub http2: bool,
+    /// Connections may be handed to the service for a tunnel: an HTTP/1.1
+    /// request with `Upgrade` answered 101, an HTTP/2 CONNECT (extended
+    /// CONNECT, RFC 8441, announced in SETTINGS) answered 2xx; the request
+    /// carries a [`TunnelTicket`](crate::TunnelTicket).
+    pub upgrades: bool,
     /// HTTP/2: streams a client may have open at once.
     pub h2_max_concurrent_streams: u32,
     /// HTTP/2: largest header list a client may send, in bytes.

@@ -33,6 +33,7 @@ pub(crate) fn limits() -> Limits {
         max_header_size: 64 << 10,
         keep_alive: true,
         http2: true,
+        upgrades: true,
         h2_max_concurrent_streams: 100,
         h2_max_header_list_size: 64 << 10,
         h2_max_pending_accept_reset_streams: 20,

@@ -100,6 +100,7 @@ fn listener_limits() -> inlay_listener::Limits {
         max_header_size: MAX_HEAD,
         keep_alive: false,
         http2: false,
+        upgrades: false,
         h2_max_concurrent_streams: 1,
         h2_max_header_list_size: MAX_HEAD as u32,
         h2_max_pending_accept_reset_streams: 1,

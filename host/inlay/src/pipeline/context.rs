@@ -35,6 +35,8 @@ pub struct RequestCtx {
     pub(super) body_limit: u64,
     /// This request's policy instance, when the generation runs a policy.
     pub(super) policy: Option<PolicyCall>,
+    /// The tunnel the request asks for (a WebSocket), found by recv.
+    pub(super) upgrade: Option<super::tunnel::UpgradeRequest>,
     /// A peer's fetch for its cache (`[cluster] shard`): it gets the edge
     /// fields and ESI templates unassembled.
     pub(super) for_peer: bool,
@@ -70,6 +72,7 @@ impl RequestCtx {
             body_fault: Arc::default(),
             body_limit: u64::MAX,
             policy: None,
+            upgrade: None,
             for_peer: false,
             request_id: None,
             record: super::log::start(parts, peer),

@@ -27,8 +27,18 @@ pub(super) async fn run(p: &Pipeline, ctx: &mut RequestCtx) -> Result<Outcome, P
         body = super::recv::body_started(body, wait).await?;
     }
     let body = counted_body(body, &p.metrics);
-    let mut resp = fetch::pass(&backend, &ctx.head, body).await?;
+    let resp = fetch::pass(&backend, &ctx.head, body).await?;
     ctx.timing.phase("fetch", routed);
+    answered(p, ctx, resp).await
+}
+
+/// What follows the backend's answer to a passed request: the cache
+/// invalidated after an unsafe method, the policy's `on-backend-response`.
+pub(super) async fn answered(
+    p: &Pipeline,
+    ctx: &mut RequestCtx,
+    mut resp: http::Response<ProxyBody>,
+) -> Result<Outcome, ProxyError> {
     if p.config.cache.invalidate_on_unsafe {
         invalidate::after_unsafe(&p.cache, &ctx.head, resp.status(), resp.headers()).await;
     }

@@ -2,7 +2,9 @@
 //! id, bounded (its declared and streamed body), normalised (Host, URI
 //! form, hop-by-hop fields) and checked for the cluster's hop; then the
 //! route is decided: PURGE and BAN go to their handlers, the policy's
-//! `on-request` (or the built-in rules) chooses lookup, pass or an answer.
+//! `on-request` (or the built-in rules) chooses lookup, pass or an answer;
+//! an upgrade Inlay tunnels (a WebSocket, found here) goes to the tunnel
+//! unless the policy answered it.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -40,6 +42,8 @@ pub enum Route {
     Purge,
     /// The BAN method.
     Ban,
+    /// Open a tunnel (a WebSocket) to the backend: never cached.
+    Tunnel,
 }
 
 /// recv: from the request as it came to the route, with `ctx` holding the
@@ -78,7 +82,15 @@ pub(super) async fn run(
         limit,
         ctx.body_fault.clone(),
     ));
+    let upgrade = super::tunnel::requested(&mut parts, &p.config.websocket)?;
     ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
+    if let Some(up) = &upgrade {
+        // The policy sees the upgrade as its client asked for it.
+        ctx.head
+            .headers
+            .insert(header::UPGRADE, up.protocol().clone());
+    }
+    ctx.upgrade = upgrade;
     ctx.for_peer = p.shard.is_some() && ctx.head.headers.contains_key(hop);
     if p.shard
         .as_ref()
@@ -93,7 +105,11 @@ pub(super) async fn run(
         _ => {}
     }
     ctx.policy = p.start_policy().await?;
-    let route = route(&mut ctx.head, ctx.policy.as_mut(), &p.metrics).await?;
+    let route = match route(&mut ctx.head, ctx.policy.as_mut(), &p.metrics).await? {
+        // Whether the policy said lookup or pass: a tunnel is never cached.
+        Route::Lookup | Route::Pass if ctx.upgrade.is_some() => Route::Tunnel,
+        route => route,
+    };
     // Whatever the policy set, the flag goes no further.
     ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
     ctx.timing.phase("recv", Some(ctx.started));

@@ -313,7 +313,7 @@ impl Proxy {
             Arc::clone(&settings.config),
             &settings.backend_tls,
             &components,
-            HttpCache::new(store, cfg.cache.rules()),
+            HttpCache::new(store, cfg.cache_rules()),
             policy.clone(),
             access_log,
             metrics,

@@ -18,7 +18,8 @@ mod tls_origin;
 use std::path::{Path, PathBuf};
 
 pub use client::{
-    Reply, echo_headers, echoed, esi_page, get, get_resp_from, get_site, raw, request, urlencode,
+    Reply, echo_headers, echoed, esi_page, get, get_resp_from, get_site, h2_websocket, raw,
+    request, urlencode,
 };
 pub use harness::{AccessLog, Harness};
 pub use nats::{NatsServer, nats_server_binary};
@@ -64,6 +65,15 @@ fn built(dir: &str, name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// A token the `auth` policy accepts for `path` until `expiry` (Unix
+/// seconds), signed with `key`: `<expiry>.<hex HMAC-SHA256 of "expiry:path">`.
+pub fn auth_token(key: &str, path: &str, expiry: u64) -> String {
+    use hmac::{Mac, SimpleHmac};
+    let mut mac = SimpleHmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(format!("{expiry}:{path}").as_bytes());
+    format!("{expiry}.{}", hex::encode(mac.finalize().into_bytes()))
 }
 
 /// A loopback port nobody listens on: bound, noted, closed.
@@ -159,8 +169,10 @@ impl InlayBuilder {
     /// Write the config file into `dir`; its path.
     fn write_config(&self, dir: &Path) -> PathBuf {
         let path = dir.join("inlay.toml");
-        let mut text =
-            String::from("[server]\nlisten = [\"127.0.0.1:0\"]\nshutdown_timeout = \"10s\"\n");
+        let mut text = String::from("[server]\nlisten = [\"127.0.0.1:0\"]\n");
+        if !self.server.contains("shutdown_timeout") {
+            text.push_str("shutdown_timeout = \"10s\"\n");
+        }
         text.push_str(&self.server);
         if let Some(b) = &self.backend {
             text.push_str(&format!(
