@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -87,14 +87,16 @@ impl Route {
 /// the request they are made for and sent through the host. A 0.2 store
 /// serves one request; a 0.3 instance may serve several, whose guest
 /// tasks are told apart by the root of the async call stack at every call
-/// into the host ([`OutboundHooks::entering_host`]).
+/// into the host while more than one waits for its response
+/// ([`OutboundHooks::entering_host`]).
 pub(crate) struct OutboundHooks {
     /// The request whose guest code calls the host now.
     current: Arc<Route>,
     /// A 0.3 instance's requests, by the guest task `handle` runs in.
     by_task: HashMap<GuestTaskId, Arc<Route>>,
-    /// Whether the store may serve several requests.
-    pub(crate) shared: bool,
+    /// A 0.3 instance's count of the requests waiting for their response
+    /// (`None` for a 0.2 store, which serves one).
+    pub(crate) running: Option<Arc<AtomicUsize>>,
     /// The component backend's name, for the log.
     pub(crate) component: Arc<str>,
 }
@@ -104,7 +106,7 @@ impl OutboundHooks {
         Self {
             current: route,
             by_task: HashMap::new(),
-            shared: false,
+            running: None,
             component,
         }
     }
@@ -115,10 +117,14 @@ impl OutboundHooks {
         self.by_task.insert(task, route);
     }
 
-    /// Whether guest calls into the host must be told apart (several
-    /// requests started in this store).
+    /// Whether guest calls into the host must be told apart: several
+    /// requests are waiting for their response in this store. (With one,
+    /// its calls are its own; a guest task that goes on after its
+    /// response, while a later request runs alone, counts to that one.)
     pub(crate) fn needs_task(&self) -> bool {
-        self.shared && self.by_task.len() > 1
+        self.running
+            .as_ref()
+            .is_some_and(|r| r.load(Ordering::Relaxed) > 1)
     }
 
     /// The guest calls the host from the task whose root is `root`.

@@ -10,8 +10,8 @@
 //!   `concurrent_requests_per_instance` of them at once, an instance
 //!   younger than `instance_lifetime`, and idle for at most
 //!   [`IDLE_INSTANCE_TIMEOUT`] (`wasmtime serve`'s default);
-//! - an instance that failed (a trap, its CPU time, its memory) accepts
-//!   nothing more: the worker ends and its slot returns to the pool;
+//! - an instance that failed (a trap, its CPU time, its memory) ends
+//!   (`ProxyHandler` drops its store) and its slot returns to the pool;
 //! - instances belong to one generation's [`P3Pool`]: when the generation
 //!   goes (a reload), its instances accept nothing more and idle ones
 //!   end, so a reload never serves from an old instance.
@@ -193,7 +193,8 @@ impl HandlerState for Instances {
         let settings = &c.settings;
         // Routes are set per request (`on_request_start`).
         let mut store = c.store(settings, Route::new(Arc::new(NoOutbound), 0, settings))?;
-        store.data_mut().hooks_mut().shared = true;
+        let running = Arc::new(AtomicUsize::new(0));
+        store.data_mut().hooks_mut().running = Some(Arc::clone(&running));
         let service = match self.pre.instantiate_async(&mut store).await {
             Ok(service) => service,
             Err(e) => return Err(classify(store.data(), settings, e).into()),
@@ -223,8 +224,7 @@ impl HandlerState for Instances {
                 born,
                 lifetime: settings.instance_lifetime,
                 retired: Arc::clone(&self.retired),
-                failed: Arc::new(AtomicBool::new(false)),
-                concurrent: AtomicUsize::new(0),
+                running,
                 cpu_time: settings.cpu_time,
                 request_timeout: settings.request_timeout,
                 component: c.clone(),
@@ -241,10 +241,10 @@ struct Worker {
     born: Instant,
     lifetime: Duration,
     retired: Arc<AtomicBool>,
-    /// Set when a request of the instance failed: it accepts no more.
-    failed: Arc<AtomicBool>,
-    /// Requests running when the latest was accepted, itself included.
-    concurrent: AtomicUsize,
+    /// Requests waiting for their response now (as the worker last
+    /// counted them), shared with the store's hooks: while one runs
+    /// alone, its guest calls need not be told apart.
+    running: Arc<AtomicUsize>,
     cpu_time: Duration,
     request_timeout: Duration,
     component: HttpComponent,
@@ -256,16 +256,16 @@ impl WorkerState for Worker {
     type RequestData = Ticket;
 
     fn should_accept_request(&self, concurrent: usize, total: usize) -> ShouldAccept {
+        // Asked at every turn of the worker's loop: the count is current.
+        self.running.store(concurrent, Ordering::Relaxed);
         if total >= self.max_requests
             || self.retired.load(Ordering::Relaxed)
-            || self.failed.load(Ordering::Relaxed)
             || self.born.elapsed() >= self.lifetime
         {
             ShouldAccept::Never
         } else if concurrent >= self.max_concurrent {
             ShouldAccept::No
         } else {
-            self.concurrent.store(concurrent + 1, Ordering::Relaxed);
             ShouldAccept::Yes
         }
     }
@@ -276,7 +276,7 @@ impl WorkerState for Worker {
         ticket: Ticket,
         task: GuestTaskId,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
-        let running = self.concurrent.load(Ordering::Relaxed).max(1);
+        let running = self.running.fetch_add(1, Ordering::Relaxed) + 1;
         let state = store.data_mut();
         // The guest may now run `cpu_time` for each request it runs.
         state.extend_cpu(
@@ -290,8 +290,9 @@ impl WorkerState for Worker {
 
     fn drop(&self, store: Store<AppState>, result: wasmtime::Result<()>) {
         let state = store.data();
+        // A failure ends the worker (the store is not used again): its
+        // requests are told why.
         if let Err(e) = result {
-            self.failed.store(true, Ordering::Relaxed);
             let error = classify(state, &self.component.settings, e);
             self.component.log_failure(&error);
             for cell in &state.failures {
