@@ -23,7 +23,16 @@
 //! Calls whose reply depends on the world rather than on the request
 //! (the clock, kv, cache and fetch) end a path: the tree records an
 //! `Opaque` step there and requests that reach it always run the policy.
-//! Failed hooks are never recorded. Each policy generation has its own
+//! Failed hooks are never recorded.
+//!
+//! A path is recorded the second time a request takes it, not the first:
+//! most of the paths of a site with many URLs are taken once (a Zipf mix
+//! over 100,000 URLs puts 40% of its requests on URLs seen once in a run),
+//! and recording them (a closure per host call, a node per step, the trees
+//! turning over sooner) cost more than the walks of the others saved. A
+//! small table of the points where requests left the paths (their hash,
+//! one per slot, a newer one replacing an older) remembers the first
+//! sighting. Each policy generation has its own
 //! trees, bounded in bytes, and keeps the paths requests use: when the
 //! current tree is full it becomes the previous one and a new tree starts;
 //! a request that walks a path only the previous tree has copies it into
@@ -301,6 +310,10 @@ pub struct MemoStats {
     /// Times a tree reached its size: the previous tree (and the paths
     /// nobody walked since the last time) was dropped and a new one began.
     pub resets: u64,
+    /// Requests that left the recorded paths where none had before (as
+    /// far as the table of first sightings remembers): they ran without
+    /// recording; the next one there records.
+    pub first_sightings: u64,
     /// Approximate bytes held now.
     pub bytes: usize,
 }
@@ -337,6 +350,11 @@ struct Shard<S> {
     replayed: AtomicU64,
     live: AtomicU64,
     resets: AtomicU64,
+    /// Where requests left the recorded paths lately: the hash of each
+    /// point (see [`Memo::admit`]), by its low bits.
+    sighted: Box<[AtomicU64]>,
+    /// Paths not recorded because they were seen for the first time.
+    first_sightings: AtomicU64,
 }
 
 /// The roots of a shard's two trees.
@@ -351,18 +369,37 @@ pub(crate) struct Start<S> {
     pub(crate) root: Cursor<S>,
 }
 
-/// A point on the recorded paths: its node in the current tree, and the
-/// same point in the previous tree while the path is there too.
+/// A point on the recorded paths: its node in the current tree, the same
+/// point in the previous tree while the path is there too, and the hash of
+/// the keys that led there (the same in both trees).
 pub(crate) struct Cursor<S> {
     pub(crate) node: Arc<Node<S>>,
     old: Option<Arc<Node<S>>>,
+    path: u64,
 }
 
 impl<S> Cursor<S> {
-    /// A point that exists only in the current tree (a path just recorded).
-    pub(crate) fn new(node: Arc<Node<S>>) -> Self {
-        Self { node, old: None }
+    /// A point that exists only in the current tree (a path just recorded),
+    /// reached by the keys hashed as `path`.
+    pub(crate) fn new(node: Arc<Node<S>>, path: u64) -> Self {
+        Self {
+            node,
+            old: None,
+            path,
+        }
     }
+
+    /// The hash of the path to this point and on by `key`: what
+    /// [`Memo::admit`] is asked about where a request leaves the paths.
+    pub(crate) fn sighting(&self, key: &Key) -> u64 {
+        follow(self.path, hash(key))
+    }
+}
+
+/// The hash of a path that goes on by a key whose hash is `key`.
+fn follow(path: u64, key: u64) -> u64 {
+    // A multiply-rotate mix (as FxHash): cheap, and order-dependent.
+    (path.rotate_left(5) ^ key).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 
 // Not derived: a derive would ask `S: Clone` of the store state.
@@ -371,6 +408,7 @@ impl<S> Clone for Cursor<S> {
         Self {
             node: Arc::clone(&self.node),
             old: self.old.clone(),
+            path: self.path,
         }
     }
 }
@@ -416,8 +454,16 @@ pub(crate) fn reply_bytes(reply: &Reply) -> usize {
     }
 }
 
+/// Bytes of a tree per slot of its shard's table of first sightings: a
+/// path of `headers` takes about 2.5 KB, so the table remembers the last
+/// ten times as many first sightings as the tree holds paths.
+const TREE_BYTES_PER_SIGHTING: usize = 256;
+
 impl<S> Shard<S> {
     fn new(max_bytes: usize) -> Self {
+        let sightings = (max_bytes / TREE_BYTES_PER_SIGHTING)
+            .clamp(256, 1 << 16)
+            .next_power_of_two();
         Self {
             roots: RwLock::new(Roots {
                 current: Arc::new(Node::new(Step::Start)),
@@ -428,6 +474,8 @@ impl<S> Shard<S> {
             replayed: AtomicU64::new(0),
             live: AtomicU64::new(0),
             resets: AtomicU64::new(0),
+            sighted: (0..sightings).map(|_| AtomicU64::new(0)).collect(),
+            first_sightings: AtomicU64::new(0),
         }
     }
 
@@ -504,8 +552,29 @@ impl<S> Memo<S> {
         let root = Cursor {
             node: Arc::clone(&roots.current),
             old: roots.previous.clone(),
+            path: 0,
         };
         Some(Start { shard, root })
+    }
+
+    /// Whether a request leaving the recorded paths at `sighting` (see
+    /// [`Cursor::sighting`]) should record where it goes: yes if a request
+    /// left them there before, as far as the table of first sightings
+    /// remembers; otherwise the sighting is remembered and the request
+    /// runs without recording.
+    pub(crate) fn admit(&self, shard: usize, sighting: u64) -> bool {
+        let shard = &self.shards[shard];
+        let mask = shard.sighted.len() - 1;
+        // The high bits pick the slot: the low ones are the multiply's weakest.
+        let slot = &shard.sighted[usize::try_from(sighting >> 40).unwrap_or(0) & mask];
+        // 0 marks an empty slot: no sighting is 0 then.
+        let sighting = sighting.max(1);
+        if slot.load(Ordering::Relaxed) == sighting {
+            return true;
+        }
+        slot.store(sighting, Ordering::Relaxed);
+        shard.first_sightings.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     /// The point `key` leads to from `at`, if recorded. A point only the
@@ -513,6 +582,7 @@ impl<S> Memo<S> {
     /// it again, so it is kept.
     pub(crate) fn child(&self, shard: usize, at: &Cursor<S>, key: &Key) -> Option<Cursor<S>> {
         let hash = hash(key);
+        let path = follow(at.path, hash);
         let old = at
             .old
             .as_ref()
@@ -522,6 +592,7 @@ impl<S> Memo<S> {
             return Some(Cursor {
                 node: Arc::clone(node),
                 old,
+                path,
             });
         }
         let old = old?;
@@ -532,6 +603,7 @@ impl<S> Memo<S> {
         Some(Cursor {
             node,
             old: Some(old),
+            path,
         })
     }
 
@@ -560,6 +632,7 @@ impl<S> Memo<S> {
             replayed: sum(|s| s.replayed.load(Ordering::Relaxed)),
             live: sum(|s| s.live.load(Ordering::Relaxed)),
             resets: sum(|s| s.resets.load(Ordering::Relaxed)),
+            first_sightings: sum(|s| s.first_sightings.load(Ordering::Relaxed)),
             bytes: self
                 .shards
                 .iter()
@@ -571,29 +644,31 @@ impl<S> Memo<S> {
     /// Adds what a live hook did under `at` in `shard`'s tree: `first`
     /// leads to its first step, each call's reply to the next, and the
     /// hook's end (`returned`, or `Opaque` if the recording is) comes last.
-    /// Returns the end node, where the request goes on from, unless the
-    /// path ended opaque.
+    /// Returns the end, where the request goes on from, unless the path
+    /// ended opaque.
     pub(crate) fn insert(
         &self,
         shard: usize,
-        at: &Node<S>,
+        at: &Cursor<S>,
         first: Key,
         recording: Recording<S>,
         returned: Returned,
-    ) -> Option<Arc<Node<S>>> {
+    ) -> Option<Cursor<S>> {
         if self.disabled.load(Ordering::Relaxed) {
             return None;
         }
         let shard = &self.shards[shard];
         let mut parent: Option<Arc<Node<S>>> = None;
+        let mut path = at.path;
         let mut key = first;
         for call in recording.calls {
             let step = Step::Call {
                 name: call.name,
                 op: call.op,
             };
+            path = follow(path, hash(&key));
             let node = {
-                let at = parent.as_deref().unwrap_or(at);
+                let at = parent.as_deref().unwrap_or(&at.node);
                 shard.child_or_insert(at, key, step)
             };
             let Some(node) = node else {
@@ -609,12 +684,13 @@ impl<S> Memo<S> {
             Step::Return(Box::new(returned))
         };
         let opaque = recording.opaque;
-        let at = parent.as_deref().unwrap_or(at);
+        path = follow(path, hash(&key));
+        let at = parent.as_deref().unwrap_or(&at.node);
         let Some(node) = shard.child_or_insert(at, key, end) else {
             self.disable();
             return None;
         };
-        (!opaque).then_some(node)
+        (!opaque).then(|| Cursor::new(node, path))
     }
 }
 

@@ -11,7 +11,7 @@ use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall};
 use crate::limits::MemoryLimiter;
 use crate::memo::{Entry, Key, Reply, Returned, Tape};
-use crate::state::{Cursor, Memo, Node, Recording, Start, Step, StoreState, not_repeated};
+use crate::state::{Cursor, Memo, Recording, Start, Step, StoreState, not_repeated};
 
 /// Where a replayed request's policy runs.
 enum Run {
@@ -39,6 +39,10 @@ pub(crate) struct Replay {
     entries: Vec<Entry>,
     replies: Vec<(&'static str, Reply)>,
     run: Run,
+    /// Whether this request records where it goes off the paths: it left
+    /// them where another request had (see [`Memo::admit`]); its later
+    /// hooks are recorded too, so the next request there replays them all.
+    recording: bool,
 }
 
 /// How far a hook got on the recorded paths.
@@ -46,8 +50,8 @@ enum Walk {
     /// The hook's recorded result, and where the request is now.
     Returned(Returned, Cursor),
     /// Off the recorded paths: an instance takes over. What it does next
-    /// is recorded under the node and key given, if any.
-    Left(Option<(Arc<Node>, Key)>),
+    /// may be recorded under the point and key given, if any.
+    Left(Option<(Cursor, Key)>),
 }
 
 /// Answers a hook from the recorded paths below `from` (in `shard` of
@@ -63,7 +67,7 @@ fn replay(
 ) -> Walk {
     let first = Key::Entry(entry.clone());
     let Some(mut at) = memo.child(shard, from, &first) else {
-        return Walk::Left(Some((Arc::clone(&from.node), first)));
+        return Walk::Left(Some((from.clone(), first)));
     };
     loop {
         let (name, reply) = match &at.node.step {
@@ -99,7 +103,7 @@ fn replay(
                 if let Key::Reply(reply) = &key {
                     replies.push((name, reply.clone()));
                 }
-                return Walk::Left(Some((at.node, key)));
+                return Walk::Left(Some((at, key)));
             }
         }
     }
@@ -117,6 +121,7 @@ impl Replay {
             entries: Vec::with_capacity(3),
             replies: Vec::with_capacity(16),
             run: Run::Recorded(Box::new(state)),
+            recording: false,
         }
     }
 
@@ -205,13 +210,15 @@ impl Replay {
                     }
                 }
             }
-            Run::Live(_) => self
-                .cursor
-                .take()
-                .map(|at| (at.node, Key::Entry(entry.clone()))),
+            Run::Live(_) => self.cursor.take().map(|at| (at, Key::Entry(entry.clone()))),
             Run::Gone => return Err(PolicyError::AlreadyFailed { hook: entry.hook }),
         };
         self.cursor = None;
+        // Record from here if a request left the paths here before.
+        let branch = branch.filter(|(at, key)| {
+            self.recording = self.recording || memo.admit(self.shard, at.sighting(key));
+            self.recording
+        });
         memo.count_live(self.shard);
         let Run::Live(live) = &mut self.run else {
             return Err(PolicyError::AlreadyFailed { hook: entry.hook });
@@ -225,9 +232,7 @@ impl Replay {
         }
         let returned = result?;
         if let (Some((at, key)), Some(recording)) = (branch, recording) {
-            self.cursor = memo
-                .insert(self.shard, &at, key, recording, returned.clone())
-                .map(Cursor::new);
+            self.cursor = memo.insert(self.shard, &at, key, recording, returned.clone());
         }
         self.entries.push(entry.clone());
         Ok(returned)

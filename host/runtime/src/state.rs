@@ -18,7 +18,6 @@ use crate::services::{BodyBudget, PolicyServices};
 /// The replay tree and its parts, over this store state.
 pub(crate) type Cursor = memo::Cursor<StoreState>;
 pub(crate) type Memo = memo::Memo<StoreState>;
-pub(crate) type Node = memo::Node<StoreState>;
 pub(crate) type Recording = memo::Recording<StoreState>;
 pub(crate) type Start = memo::Start<StoreState>;
 pub(crate) type Step = memo::Step<StoreState>;
