@@ -92,7 +92,7 @@ impl PolicyCall {
             Some(start) => Run::Replayed(Box::new(Replay::new(state, start))),
             // The first hook the policy implements gets the instance.
             None if policy.runs_builtin(Hook::OnRequest) => Run::NoInstance(Box::new(state)),
-            None => Run::Live(Box::new(LiveCall::start(state).await.map_err(|(e, _)| e)?)),
+            None => Run::Live(LiveCall::start(state).await.map_err(|(e, _)| e)?),
         };
         Ok(Self {
             handle,
@@ -133,7 +133,7 @@ impl PolicyCall {
             return false;
         }
         let live = match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Live(live) if !live.state().journal.incomplete => *live,
+            Run::Live(live) if !live.state().journal.incomplete => live,
             Run::Replayed(mut replay) => {
                 let released = replay.release();
                 self.run = Run::Replayed(replay);
@@ -187,7 +187,7 @@ impl PolicyCall {
         let state = live.state();
         let repeated =
             !state.tape.broken && state.tape.is_empty() && state.journal.len() == expected;
-        self.run = Run::Live(Box::new(live));
+        self.run = Run::Live(live);
         let hook = self.entries.last().map_or(Hook::Instantiate, |e| e.hook);
         match caught_up {
             // Cut short by a limit (a busy machine): not a different policy.
@@ -350,7 +350,7 @@ impl Drop for PolicyCall {
             return;
         }
         let live = match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Live(live) => Some(*live),
+            Run::Live(live) => Some(live),
             Run::Replayed(mut replay) => replay.take_live(),
             Run::NoInstance(_) | Run::Gone => None,
         };

@@ -4,7 +4,7 @@
 //! classification around each call.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -179,8 +179,9 @@ pub(crate) struct LiveCall {
     store: Store<StoreState>,
     instance: Instance,
     bindings: Policy,
-    /// When it was instantiated (reuse is bounded by age).
-    born: Instant,
+    /// When it was instantiated, on its engine's coarse clock (reuse is
+    /// bounded by age).
+    born: Duration,
     /// Requests that took it so far (reuse is bounded by a count); 0 for
     /// one made ahead that no request has taken yet.
     served: u32,
@@ -190,7 +191,8 @@ pub(crate) struct LiveCall {
     spoiled: bool,
     /// The state its store held while it waited for this request, kept
     /// to hold again when the request gives it back (one less to make).
-    idle: Option<Box<StoreState>>,
+    /// (Not boxed: the instance is, and moves as a box.)
+    idle: Option<StoreState>,
     /// The pool slot the store holds; declared after it, so the store is
     /// gone when the next request gets the slot.
     _slot: OwnedSemaphorePermit,
@@ -202,7 +204,9 @@ impl LiveCall {
     /// request when the policy reuses instances; its store then takes
     /// `state`, keeping what its memory holds), else a new one. On failure
     /// the state comes back (it may hold lent heads).
-    pub(crate) async fn start(state: StoreState) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    pub(crate) async fn start(
+        state: StoreState,
+    ) -> Result<Box<Self>, (PolicyError, Box<StoreState>)> {
         match state.handle().take_ready() {
             Some(mut live) => {
                 live.adopt(state);
@@ -227,7 +231,7 @@ impl LiveCall {
             denied: false,
             ..limiter
         };
-        self.idle = Some(Box::new(idle));
+        self.idle = Some(idle);
         self.served = self.served.saturating_add(1);
     }
 
@@ -235,7 +239,7 @@ impl LiveCall {
     /// there instead (the one it held before this request, or `idle()`),
     /// so the instance can wait for another request.
     pub(crate) fn detach(&mut self, idle: impl FnOnce() -> StoreState) -> StoreState {
-        let idle = self.idle.take().map_or_else(idle, |state| *state);
+        let idle = self.idle.take().unwrap_or_else(idle);
         let mut state = std::mem::replace(self.store.data_mut(), idle);
         let limiter = MemoryLimiter::new(state.policy().limits.memory);
         self.store.data_mut().limiter = std::mem::replace(&mut state.limiter, limiter);
@@ -247,9 +251,10 @@ impl LiveCall {
         self.served
     }
 
-    /// How long ago it was instantiated.
+    /// How long ago it was instantiated (to the engine's last tick).
     pub(crate) fn age(&self) -> Duration {
-        self.born.elapsed()
+        let engine = self.store.data().handle().policy().engine();
+        engine.coarse_now().saturating_sub(self.born)
     }
 
     /// Whether it may serve another request: every guest call returned,
@@ -273,7 +278,7 @@ impl LiveCall {
     /// policy's `instance_wait_ms`.
     pub(crate) async fn start_new(
         state: StoreState,
-    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    ) -> Result<Box<Self>, (PolicyError, Box<StoreState>)> {
         let policy = state.handle().policy();
         let slot = policy.engine().slot(policy.limits().instance_wait()).await;
         match slot {
@@ -286,7 +291,7 @@ impl LiveCall {
     /// is free now: it never queues before requests.
     pub(crate) async fn start_ahead(
         state: StoreState,
-    ) -> Result<Option<Self>, (PolicyError, Box<StoreState>)> {
+    ) -> Result<Option<Box<Self>>, (PolicyError, Box<StoreState>)> {
         match state.handle().policy().engine().slot_now() {
             Some(slot) => Self::instantiate(state, slot).await.map(Some),
             None => Ok(None),
@@ -295,14 +300,14 @@ impl LiveCall {
 
     /// Removes the instance, returning its slot to the pool, and gives
     /// back the request's state.
-    pub(crate) fn into_state(self) -> StoreState {
+    pub(crate) fn into_state(self: Box<Self>) -> StoreState {
         self.store.into_data()
     }
 
     async fn instantiate(
         state: StoreState,
         slot: OwnedSemaphorePermit,
-    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    ) -> Result<Box<Self>, (PolicyError, Box<StoreState>)> {
         let handle = Arc::clone(state.handle());
         let policy = handle.policy();
         let span = tracing::debug_span!("policy.instantiate", policy = %policy.name());
@@ -311,7 +316,7 @@ impl LiveCall {
             let mut store = Store::new(engine, state);
             store.limiter(|state| &mut state.limiter);
             store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
-            let ticks = store.data_mut().clock.restart();
+            let ticks = store.data_mut().begin_guest_call();
             store.set_epoch_deadline(ticks);
             let started = pre
                 .instantiate_async(&mut store)
@@ -323,16 +328,16 @@ impl LiveCall {
                 });
             policy.count_instantiation();
             match started {
-                Ok((instance, bindings)) => Ok(Self {
+                Ok((instance, bindings)) => Ok(Box::new(Self {
                     store,
                     instance,
                     bindings,
-                    born: Instant::now(),
+                    born: policy.engine().coarse_now(),
                     served: 0,
                     spoiled: false,
                     idle: None,
                     _slot: slot,
-                }),
+                })),
                 Err(e) => {
                     let error = match classify(store.data(), Hook::Instantiate, e) {
                         PolicyError::Trap { message, .. } => PolicyError::Instantiate { message },
@@ -362,7 +367,6 @@ impl LiveCall {
     ) -> Result<Returned, PolicyError> {
         let hook = entry.hook;
         self.store.data_mut().hook = hook;
-        self.store.data_mut().restart_waits();
         self.refill_budget();
         // Until the guest returns: a call cut short leaves it anywhere.
         self.spoiled = true;
@@ -419,9 +423,10 @@ impl LiveCall {
                 return Err(error);
             }
         };
-        let used = state.clock.used();
-        let cpu_us = u64::try_from(used.as_micros()).unwrap_or(u64::MAX);
-        tracing::debug!(hook = %hook, cpu_us, "policy hook done");
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let cpu_us = u64::try_from(state.clock.used().as_micros()).unwrap_or(u64::MAX);
+            tracing::debug!(hook = %hook, cpu_us, "policy hook done");
+        }
         match raw {
             Raw::Action(action) => action_from_wit(action)
                 .map(Returned::Action)
@@ -430,9 +435,10 @@ impl LiveCall {
         }
     }
 
-    /// Gives the next guest call a whole CPU budget.
+    /// Gives the next guest call a whole CPU budget and its whole
+    /// `host_wait`.
     pub(crate) fn refill_budget(&mut self) {
-        let ticks = self.store.data_mut().clock.restart();
+        let ticks = self.store.data_mut().begin_guest_call();
         self.store.set_epoch_deadline(ticks);
     }
 

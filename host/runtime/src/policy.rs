@@ -595,7 +595,7 @@ pub struct PolicyHandle {
     /// Instances ready for this handle's next requests, the most recent
     /// last: one made ahead (a spare, `pre_instantiate`) and, when the
     /// policy reuses instances, the ones its requests finished with.
-    ready: Mutex<Vec<LiveCall>>,
+    ready: Mutex<Vec<Box<LiveCall>>>,
     /// Set while a spare is being made.
     refilling: AtomicBool,
     /// Whether this handle keeps instances ready: only the long-lived
@@ -662,7 +662,7 @@ impl PolicyHandle {
     /// still serve (reuse is bounded by age); the next spare is started in
     /// the background when the policy pre-instantiates and the request
     /// takes the last one without giving it back.
-    pub(crate) fn take_ready(self: &Arc<Self>) -> Option<LiveCall> {
+    pub(crate) fn take_ready(self: &Arc<Self>) -> Option<Box<LiveCall>> {
         if !self.keeps {
             return None;
         }
@@ -704,7 +704,7 @@ impl PolicyHandle {
     /// wrong in it, and no request is waiting in line for a pool slot);
     /// otherwise it is dropped and its slot returns to the pool. Returns
     /// the request's state.
-    pub(crate) fn give_back(self: &Arc<Self>, mut live: LiveCall) -> StoreState {
+    pub(crate) fn give_back(self: &Arc<Self>, mut live: Box<LiveCall>) -> StoreState {
         if !self.keeps_instance(&live) {
             return live.into_state();
         }

@@ -157,7 +157,7 @@ impl Replay {
             return false;
         };
         let handle = Arc::clone(live.state().handle());
-        let mut state = handle.give_back(*live);
+        let mut state = handle.give_back(live);
         self.replies = state.journal.take();
         // A new store counts its memory from nothing again.
         state.limiter = MemoryLimiter::new(state.policy().limits.memory);
@@ -171,9 +171,9 @@ impl Replay {
     }
 
     /// The request's instance, if it has one, to give back as it ends.
-    pub(crate) fn take_live(&mut self) -> Option<LiveCall> {
+    pub(crate) fn take_live(&mut self) -> Option<Box<LiveCall>> {
         match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Live(live) => Some(*live),
+            Run::Live(live) => Some(live),
             other => {
                 self.run = other;
                 None
@@ -270,7 +270,7 @@ impl Replay {
             }
         }
         let broken = live.state().tape.broken;
-        self.run = Run::Live(Box::new(live));
+        self.run = Run::Live(live);
         // Kept for a later release, which needs every hook that returned.
         self.entries = entries;
         caught_up.map_err(|e| {

@@ -127,14 +127,22 @@ impl StoreState {
             recorder: None,
             tape: Tape::default(),
             journal: Journal::default(),
-            wait_deadline: wait_deadline(limits.host_wait()),
+            // Set when guest code starts (`begin_guest_call`).
+            wait_deadline: tokio::time::Instant::from_std(crate::limits::clock_origin()),
             handle,
         }
     }
 
-    /// Gives the hook about to run its whole `host_wait` for I/O.
-    pub(crate) fn restart_waits(&mut self) {
-        self.wait_deadline = wait_deadline(self.policy().limits.host_wait());
+    /// Guest code is about to run (a hook, or instantiation): it gets a
+    /// whole CPU budget and its whole `host_wait` for I/O, from one reading
+    /// of the clock. Returns the first epoch deadline, in ticks.
+    pub(crate) fn begin_guest_call(&mut self) -> u64 {
+        let now = std::time::Instant::now();
+        self.wait_deadline = wait_deadline(
+            tokio::time::Instant::from_std(now),
+            self.policy().limits.host_wait(),
+        );
+        self.clock.restart(now)
     }
 
     /// `future`, ending at the hook's I/O deadline with `None` if it is
@@ -295,9 +303,8 @@ impl StoreState {
     }
 }
 
-/// `wait` from now (a day from now if that overflows).
-fn wait_deadline(wait: std::time::Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
+/// `wait` from `now` (a day from then if that overflows).
+fn wait_deadline(now: tokio::time::Instant, wait: std::time::Duration) -> tokio::time::Instant {
     now.checked_add(wait)
         .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400))
 }
