@@ -212,7 +212,9 @@ impl LiveCall {
                 live.adopt(state);
                 Ok(live)
             }
-            None => Self::start_new(state).await.map(|mut live| {
+            // Boxed: instantiating needs a future of kilobytes, which would
+            // otherwise make every hook's future (moved on each call) as big.
+            None => Box::pin(Self::start_new(state)).await.map(|mut live| {
                 live.served = 1;
                 live
             }),

@@ -25,14 +25,16 @@
 //! `Opaque` step there and requests that reach it always run the policy.
 //! Failed hooks are never recorded.
 //!
-//! A path is recorded the second time a request takes it, not the first:
-//! most of the paths of a site with many URLs are taken once (a Zipf mix
-//! over 100,000 URLs puts 40% of its requests on URLs seen once in a run),
-//! and recording them (a closure per host call, a node per step, the trees
-//! turning over sooner) cost more than the walks of the others saved. A
-//! small table of the points where requests left the paths (their hash,
-//! one per slot, a newer one replacing an older) remembers the first
-//! sighting. Each policy generation has its own
+//! Once a shard's tree has filled up (turned over once), a path is
+//! recorded the second time a request takes it, not the first: most of the
+//! paths of a site with many URLs are taken once, and recording them (a
+//! closure per host call, a node per step, the trees turning over sooner)
+//! cost more than the walks of the others saved (on a Zipf mix over
+//! 100,000 URLs, five times fewer paths are recorded, and as many requests
+//! replayed). A small table of the points where requests left the paths
+//! (their hash, one per slot, a newer one replacing an older) remembers the
+//! first sighting. Before the tree first fills, every path is recorded:
+//! there is room, and the second request on each URL replays. Each policy generation has its own
 //! trees, bounded in bytes, and keeps the paths requests use: when the
 //! current tree is full it becomes the previous one and a new tree starts;
 //! a request that walks a path only the previous tree has copies it into
@@ -167,7 +169,7 @@ impl<S> Node<S> {
     fn new(step: Step<S>) -> Self {
         Self {
             step,
-            children: Children::new(FIRST_TABLE),
+            children: Children::new(),
         }
     }
 
@@ -198,6 +200,8 @@ fn hash(key: &Key) -> u64 {
 
 /// A node's children: an insert-only open-addressing table whose slots are
 /// set once, followed by a bigger table when a key's probes find no room.
+/// The first table is part of the node (one allocation per node, and a
+/// walk's step reads the node and its child's slot from the same place).
 ///
 /// Reading is what every replayed request does at every step, so it takes
 /// no lock and writes nothing: a set slot is read with a plain acquire
@@ -205,39 +209,47 @@ fn hash(key: &Key) -> u64 {
 /// sequence means the key is absent. (A `RwLock<HashMap>` here spent more
 /// time on its lock and reference-count atomics than the rest of a replay.)
 struct Children<S> {
+    first: [Slot<S>; FIRST_TABLE],
+    next: OnceLock<Box<Table<S>>>,
+}
+
+/// A table of children after the first, bigger than the one before.
+struct Table<S> {
     slots: Box<[Slot<S>]>,
-    next: OnceLock<Box<Children<S>>>,
+    next: OnceLock<Box<Table<S>>>,
 }
 
 /// A child: its key's hash, the key, the node.
 type Slot<S> = OnceLock<(u64, Key, Arc<Node<S>>)>;
 
+/// The slots of `slots` a key of `hash` may be in, in probing order.
+fn probes<S>(slots: &[Slot<S>], hash: u64) -> impl Iterator<Item = &Slot<S>> {
+    let mask = slots.len() - 1;
+    // The low bits pick the start; the table length is a power of two.
+    let start = usize::try_from(hash).unwrap_or(usize::MAX) & mask;
+    (0..PROBES.min(slots.len())).map(move |i| &slots[(start + i) & mask])
+}
+
 impl<S> Children<S> {
-    fn new(capacity: usize) -> Self {
+    fn new() -> Self {
         Self {
-            slots: (0..capacity).map(|_| OnceLock::new()).collect(),
+            first: std::array::from_fn(|_| OnceLock::new()),
             next: OnceLock::new(),
         }
     }
 
-    fn probes(&self, hash: u64) -> impl Iterator<Item = &Slot<S>> {
-        let mask = self.slots.len() - 1;
-        // The low bits pick the start; the table length is a power of two.
-        let start = usize::try_from(hash).unwrap_or(usize::MAX) & mask;
-        (0..PROBES.min(self.slots.len())).map(move |i| &self.slots[(start + i) & mask])
-    }
-
     fn get(&self, hash: u64, key: &Key) -> Option<&Arc<Node<S>>> {
-        let mut table = self;
+        let (mut slots, mut next) = (&self.first[..], &self.next);
         loop {
-            for slot in table.probes(hash) {
+            for slot in probes(slots, hash) {
                 match slot.get() {
                     None => return None,
                     Some((h, k, node)) if *h == hash && k == key => return Some(node),
                     Some(_) => {}
                 }
             }
-            table = table.next.get()?;
+            let table = next.get()?;
+            (slots, next) = (&table.slots, &table.next);
         }
     }
 
@@ -246,10 +258,10 @@ impl<S> Children<S> {
     /// any bigger table made for it.
     fn insert(&self, hash: u64, key: Key, node: Arc<Node<S>>) -> (&Arc<Node<S>>, bool, usize) {
         let mut entry = (hash, key, node);
-        let mut table = self;
+        let (mut slots, mut next) = (&self.first[..], &self.next);
         let mut grown = 0;
         loop {
-            for slot in table.probes(hash) {
+            for slot in probes(slots, hash) {
                 match slot.set(entry) {
                     Ok(()) => {
                         let (_, _, node) = slot.get().expect("just set");
@@ -266,11 +278,15 @@ impl<S> Children<S> {
                     }
                 }
             }
-            let bigger = table.slots.len() * 8;
-            table = table.next.get_or_init(|| {
+            let bigger = slots.len() * 8;
+            let table = next.get_or_init(|| {
                 grown += bigger * std::mem::size_of::<Slot<S>>();
-                Box::new(Children::new(bigger))
+                Box::new(Table {
+                    slots: (0..bigger).map(|_| OnceLock::new()).collect(),
+                    next: OnceLock::new(),
+                })
             });
+            (slots, next) = (&table.slots, &table.next);
         }
     }
 }
@@ -310,9 +326,9 @@ pub struct MemoStats {
     /// Times a tree reached its size: the previous tree (and the paths
     /// nobody walked since the last time) was dropped and a new one began.
     pub resets: u64,
-    /// Requests that left the recorded paths where none had before (as
-    /// far as the table of first sightings remembers): they ran without
-    /// recording; the next one there records.
+    /// Requests that left the recorded paths, after the trees had filled,
+    /// where none had before (as far as the table of first sightings
+    /// remembers): they ran without recording; the next one there records.
     pub first_sightings: u64,
     /// Approximate bytes held now.
     pub bytes: usize,
@@ -429,7 +445,7 @@ pub(crate) fn shard_index(n: usize) -> usize {
     INDEX.with(|i| *i) % n.max(1)
 }
 
-/// Rough size of a node: the node with its first table of children, and
+/// Rough size of a node: the node (with its first table of children), and
 /// its key. (What a recorded call captured, its arguments, is not counted;
 /// they are header names and values of the same order as the replies.)
 fn node_bytes<S>(key: &Key) -> usize {
@@ -440,7 +456,7 @@ fn node_bytes<S>(key: &Key) -> usize {
         }),
         Key::Reply(r) => reply_bytes(r),
     };
-    std::mem::size_of::<Node<S>>() + FIRST_TABLE * std::mem::size_of::<Slot<S>>() + 64 + key_bytes
+    std::mem::size_of::<Node<S>>() + 64 + key_bytes
 }
 
 pub(crate) fn reply_bytes(reply: &Reply) -> usize {
@@ -558,12 +574,17 @@ impl<S> Memo<S> {
     }
 
     /// Whether a request leaving the recorded paths at `sighting` (see
-    /// [`Cursor::sighting`]) should record where it goes: yes if a request
-    /// left them there before, as far as the table of first sightings
-    /// remembers; otherwise the sighting is remembered and the request
-    /// runs without recording.
+    /// [`Cursor::sighting`]) should record where it goes: yes while the
+    /// shard's tree has never filled up; after, yes if a request left them
+    /// there before, as far as the table of first sightings remembers,
+    /// otherwise the sighting is remembered and the request runs without
+    /// recording.
     pub(crate) fn admit(&self, shard: usize, sighting: u64) -> bool {
         let shard = &self.shards[shard];
+        // Until the trees fill up, every path is recorded.
+        if shard.resets.load(Ordering::Relaxed) == 0 {
+            return true;
+        }
         let mask = shard.sighted.len() - 1;
         // The high bits pick the slot: the low ones are the multiply's weakest.
         let slot = &shard.sighted[usize::try_from(sighting >> 40).unwrap_or(0) & mask];
