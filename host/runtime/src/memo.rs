@@ -176,15 +176,13 @@ impl<S> Node<S> {
     /// The child reached by `key`, if recorded (requests walk with
     /// [`Memo::child`], which also looks in the previous tree).
     #[cfg(test)]
-    fn child(&self, key: &Key) -> Option<&Arc<Node<S>>> {
+    fn child(&self, key: &Key) -> Option<Arc<Node<S>>> {
         self.children.get(hash(key), key)
     }
 }
 
-/// Slots in a node's first table of children; most nodes have one child.
+/// Slots for children in a node itself; most nodes have one child.
 const FIRST_TABLE: usize = 2;
-/// Slots tried in a table before going on to the next, bigger one.
-const PROBES: usize = 8;
 
 /// The hash of a key, seeded at random per process (replies come from
 /// requests: a fixed seed would let a client aim for collisions; and a
@@ -198,96 +196,83 @@ fn hash(key: &Key) -> u64 {
         .hash_one(key)
 }
 
-/// A node's children: an insert-only open-addressing table whose slots are
-/// set once, followed by a bigger table when a key's probes find no room.
-/// The first table is part of the node (one allocation per node, and a
-/// walk's step reads the node and its child's slot from the same place).
+/// A node's children: two slots in the node itself (most nodes have one
+/// child), then, for a node with more, a hash table beside it.
 ///
-/// Reading is what every replayed request does at every step, so it takes
-/// no lock and writes nothing: a set slot is read with a plain acquire
-/// load, and since slots are never cleared an empty slot on a key's probe
-/// sequence means the key is absent. (A `RwLock<HashMap>` here spent more
-/// time on its lock and reference-count atomics than the rest of a replay.)
+/// Reading is what every replayed request does at every step, so the
+/// slots take no lock and write nothing: a set slot is read with a plain
+/// acquire load, and since slots are never cleared an empty slot means no
+/// other child. (A `RwLock<HashMap>` for every node spent more time on its
+/// lock and reference-count atomics than the rest of a replay.) Only the
+/// few wide nodes, where requests part ways (the URLs of a site, one child
+/// each), have the table, behind a read-write lock: one lookup of a few
+/// cache lines, where a chain of ever bigger insert-only tables probed
+/// each one in turn (30 cache misses for a key in the fifth).
 struct Children<S> {
     first: [Slot<S>; FIRST_TABLE],
-    next: OnceLock<Box<Table<S>>>,
-}
-
-/// A table of children after the first, bigger than the one before.
-struct Table<S> {
-    slots: Box<[Slot<S>]>,
-    next: OnceLock<Box<Table<S>>>,
+    wide: OnceLock<Box<RwLock<Wide<S>>>>,
 }
 
 /// A child: its key's hash, the key, the node.
-type Slot<S> = OnceLock<(u64, Key, Arc<Node<S>>)>;
-
-/// The slots of `slots` a key of `hash` may be in, in probing order.
-fn probes<S>(slots: &[Slot<S>], hash: u64) -> impl Iterator<Item = &Slot<S>> {
-    let mask = slots.len() - 1;
-    // The low bits pick the start; the table length is a power of two.
-    let start = usize::try_from(hash).unwrap_or(usize::MAX) & mask;
-    (0..PROBES.min(slots.len())).map(move |i| &slots[(start + i) & mask])
-}
+type Child<S> = (u64, Key, Arc<Node<S>>);
+type Slot<S> = OnceLock<Child<S>>;
+type Wide<S> = hashbrown::HashTable<Child<S>>;
 
 impl<S> Children<S> {
     fn new() -> Self {
         Self {
             first: std::array::from_fn(|_| OnceLock::new()),
-            next: OnceLock::new(),
+            wide: OnceLock::new(),
         }
     }
 
-    fn get(&self, hash: u64, key: &Key) -> Option<&Arc<Node<S>>> {
-        let (mut slots, mut next) = (&self.first[..], &self.next);
-        loop {
-            for slot in probes(slots, hash) {
-                match slot.get() {
-                    None => return None,
-                    Some((h, k, node)) if *h == hash && k == key => return Some(node),
-                    Some(_) => {}
-                }
+    fn get(&self, hash: u64, key: &Key) -> Option<Arc<Node<S>>> {
+        for slot in &self.first {
+            match slot.get() {
+                None => return None,
+                Some((h, k, node)) if *h == hash && k == key => return Some(Arc::clone(node)),
+                Some(_) => {}
             }
-            let table = next.get()?;
-            (slots, next) = (&table.slots, &table.next);
         }
+        let wide = self.wide.get()?.read();
+        wide.find(hash, |(h, k, _)| *h == hash && k == key)
+            .map(|(_, _, node)| Arc::clone(node))
     }
 
     /// Sets `key` to `node` unless the key is there already; returns the
-    /// node the key leads to, whether it is the one given, and the bytes of
-    /// any bigger table made for it.
-    fn insert(&self, hash: u64, key: Key, node: Arc<Node<S>>) -> (&Arc<Node<S>>, bool, usize) {
+    /// node the key leads to, whether it is the one given, and the bytes
+    /// the wide table took for it.
+    fn insert(&self, hash: u64, key: Key, node: Arc<Node<S>>) -> (Arc<Node<S>>, bool, usize) {
         let mut entry = (hash, key, node);
-        let (mut slots, mut next) = (&self.first[..], &self.next);
-        let mut grown = 0;
-        loop {
-            for slot in probes(slots, hash) {
-                match slot.set(entry) {
-                    Ok(()) => {
-                        let (_, _, node) = slot.get().expect("just set");
-                        return (node, true, grown);
-                    }
-                    Err(back) => {
-                        entry = back;
-                        if let Some((h, k, existing)) = slot.get()
-                            && *h == hash
-                            && *k == entry.1
-                        {
-                            return (existing, false, grown);
-                        }
+        for slot in &self.first {
+            match slot.set(entry) {
+                Ok(()) => {
+                    let (_, _, node) = slot.get().expect("just set");
+                    return (Arc::clone(node), true, 0);
+                }
+                Err(back) => {
+                    entry = back;
+                    if let Some((h, k, existing)) = slot.get()
+                        && *h == hash
+                        && *k == entry.1
+                    {
+                        return (Arc::clone(existing), false, 0);
                     }
                 }
             }
-            let bigger = slots.len() * 8;
-            let table = next.get_or_init(|| {
-                grown += bigger * std::mem::size_of::<Slot<S>>();
-                Box::new(Table {
-                    slots: (0..bigger).map(|_| OnceLock::new()).collect(),
-                    next: OnceLock::new(),
-                })
-            });
-            (slots, next) = (&table.slots, &table.next);
         }
+        let mut wide = self
+            .wide
+            .get_or_init(|| Box::new(RwLock::new(Wide::new())))
+            .write();
+        if let Some((_, _, existing)) = wide.find(hash, |(h, k, _)| *h == hash && *k == entry.1) {
+            return (Arc::clone(existing), false, 0);
+        }
+        let node = Arc::clone(&entry.2);
+        wide.insert_unique(hash, entry, |(h, _, _)| *h);
+        // The entry and its share of the table's spare room and control
+        // bytes (hashbrown keeps it at most 7/8 full).
+        (node, true, std::mem::size_of::<Child<S>>() * 8 / 7 + 1)
     }
 }
 
@@ -502,13 +487,12 @@ impl<S> Shard<S> {
         let hash = hash(&key);
         let kind = Kind::of(&step);
         if let Some(existing) = parent.children.get(hash, &key) {
-            return (Kind::of(&existing.step) == kind).then(|| Arc::clone(existing));
+            return (Kind::of(&existing.step) == kind).then_some(existing);
         }
         let size = node_bytes::<S>(&key) + step_bytes(&step);
         // Another request may record the same path meanwhile: the first
         // one's node stays.
         let (node, added, grown) = parent.children.insert(hash, key, Arc::new(Node::new(step)));
-        let node = Arc::clone(node);
         let size = size + grown;
         if !added {
             return (Kind::of(&node.step) == kind).then_some(node);
@@ -604,17 +588,9 @@ impl<S> Memo<S> {
     pub(crate) fn child(&self, shard: usize, at: &Cursor<S>, key: &Key) -> Option<Cursor<S>> {
         let hash = hash(key);
         let path = follow(at.path, hash);
-        let old = at
-            .old
-            .as_ref()
-            .and_then(|old| old.children.get(hash, key))
-            .map(Arc::clone);
+        let old = at.old.as_ref().and_then(|old| old.children.get(hash, key));
         if let Some(node) = at.node.children.get(hash, key) {
-            return Some(Cursor {
-                node: Arc::clone(node),
-                old,
-                path,
-            });
+            return Some(Cursor { node, old, path });
         }
         let old = old?;
         if self.disabled.load(Ordering::Relaxed) {
@@ -810,14 +786,14 @@ mod tests {
         }
         assert!(node.child(&key(5000)).is_none());
         // A second insert of a key keeps the first node.
-        let first = Arc::clone(node.child(&key(7)).expect("present"));
+        let first = node.child(&key(7)).expect("present");
         let (kept, added, _) = node.children.insert(
             hash(&key(7)),
             key(7),
             Arc::new(Node::<()>::new(Step::Opaque)),
         );
         assert!(!added);
-        assert!(Arc::ptr_eq(kept, &first));
+        assert!(Arc::ptr_eq(&kept, &first));
     }
 
     #[test]

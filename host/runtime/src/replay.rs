@@ -16,8 +16,9 @@ use crate::state::{Cursor, Memo, Recording, Start, Step, StoreState, not_repeate
 /// Where a replayed request's policy runs.
 enum Run {
     /// No instance yet: hooks are answered from the recorded paths, with
-    /// this state holding what the calls changed.
-    Recorded(Box<StoreState>),
+    /// this state holding what the calls changed. (Not boxed: a `Replay`
+    /// is.)
+    Recorded(StoreState),
     /// The request left the recorded paths: its own instance.
     Live(Box<LiveCall>),
     /// Between the two while an instance is being created; a request whose
@@ -120,7 +121,7 @@ impl Replay {
             // grow them call by call (a profile had that at 2% of a hit).
             entries: Vec::with_capacity(3),
             replies: Vec::with_capacity(16),
-            run: Run::Recorded(Box::new(state)),
+            run: Run::Recorded(state),
             recording: false,
         }
     }
@@ -161,7 +162,7 @@ impl Replay {
         self.replies = state.journal.take();
         // A new store counts its memory from nothing again.
         state.limiter = MemoryLimiter::new(state.policy().limits.memory);
-        self.run = Run::Recorded(Box::new(state));
+        self.run = Run::Recorded(state);
         true
     }
 
@@ -252,12 +253,12 @@ impl Replay {
         };
         let entries = std::mem::take(&mut self.entries);
         state.tape = Tape::new(std::mem::take(&mut self.replies));
-        let mut live = match LiveCall::start(*state).await {
+        let mut live = match LiveCall::start(state).await {
             Ok(live) => live,
             Err((error, state)) => {
                 // The heads are in the state's table: keep it to give
                 // them back.
-                self.run = Run::Recorded(state);
+                self.run = Run::Recorded(*state);
                 self.cursor = None;
                 return Err(error);
             }
