@@ -16,7 +16,7 @@ use crate::engine::EPOCH_TICK;
 use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall, lend, take_back};
 use crate::limits::MemoryLimiter;
-use crate::memo::{Entry, Returned, Tape};
+use crate::memo::{Entries, Entry, Returned, Tape};
 use crate::policy::{LoadedPolicy, PolicyHandle};
 use crate::replay::Replay;
 use crate::state::{StoreState, not_repeated};
@@ -60,7 +60,7 @@ pub struct PolicyCall {
     failed: bool,
     /// The hooks that returned so far, to call again in a new instance
     /// after a release.
-    entries: Vec<Entry>,
+    entries: Entries,
     /// Whether a hook of this request ran in an instance.
     ran_guest: bool,
 }
@@ -98,7 +98,7 @@ impl PolicyCall {
             handle,
             run,
             failed: false,
-            entries: Vec::with_capacity(3),
+            entries: Entries::new(),
             ran_guest: false,
         })
     }
@@ -171,7 +171,7 @@ impl PolicyCall {
         let mut live = match LiveCall::start(*state).await {
             Ok(live) => live,
             Err((error, state)) => {
-                // The heads are in the state's table: keep it to give
+                // The heads are in the state: keep it to give
                 // them back.
                 self.run = Run::NoInstance(state);
                 return Err(error);
@@ -224,7 +224,7 @@ impl PolicyCall {
         let state = self
             .state_mut()
             .ok_or(PolicyError::AlreadyFailed { hook })?;
-        let lent = lend(state, req, resp.as_deref_mut())?;
+        let lent = lend(state, req, resp.as_deref_mut());
         let resumed = self.resume(lent).await;
         let result = match (resumed, &mut self.run) {
             (Err(e), _) => Err(e),

@@ -20,7 +20,7 @@ use crate::errors::{Hook, HostLimitTrap, PolicyError};
 use crate::imports::types::headers_from_list;
 use crate::limits::MemoryLimiter;
 use crate::memo::{Entry, Returned};
-use crate::state::StoreState;
+use crate::state::{REQUEST_REP, RESPONSE_REP, StoreState};
 
 fn secs(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
@@ -101,49 +101,28 @@ fn classify(state: &StoreState, hook: Hook, err: wasmtime::Error) -> PolicyError
     }
 }
 
-/// The heads a hook gets, as handles into the store state's table.
+/// The heads a hook gets, as the reps of the handles it is lent.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lent {
     pub(crate) req: u32,
     pub(crate) resp: Option<u32>,
 }
 
-/// Moves the heads into `state`'s table for a hook call. If the response
-/// cannot be lent, the request is taken back, so nothing stays lent on an
-/// error.
+/// Moves the heads into `state` for a hook call.
 pub(crate) fn lend(
     state: &mut StoreState,
     req: &mut RequestHead,
     resp: Option<&mut ResponseHead>,
-) -> Result<Lent, PolicyError> {
-    let table_err = |e: wasmtime::component::ResourceTableError| PolicyError::Instantiate {
-        message: format!("resource table: {e}"),
-    };
-    let owned = state.table.push(std::mem::take(req)).map_err(table_err)?;
-    let req_rep = owned.rep();
-    state.current_request = Some(Resource::new_borrow(req_rep));
-    let resp_rep = match resp {
-        None => None,
-        Some(resp) => match state.table.push(std::mem::take(resp)) {
-            Ok(owned) => Some(owned.rep()),
-            Err(e) => {
-                take_back(
-                    state,
-                    Lent {
-                        req: req_rep,
-                        resp: None,
-                    },
-                    req,
-                    None,
-                );
-                return Err(table_err(e));
-            }
-        },
-    };
-    Ok(Lent {
-        req: req_rep,
-        resp: resp_rep,
-    })
+) -> Lent {
+    state.heads.req = Some(std::mem::take(req));
+    let resp = resp.map(|resp| {
+        state.heads.resp = Some(std::mem::take(resp));
+        RESPONSE_REP
+    });
+    Lent {
+        req: REQUEST_REP,
+        resp,
+    }
 }
 
 /// Moves the heads lent for a hook back to the caller.
@@ -153,16 +132,12 @@ pub(crate) fn take_back(
     req: &mut RequestHead,
     resp: Option<&mut ResponseHead>,
 ) {
-    if let (Some(rep), Some(resp)) = (lent.resp, resp)
-        && let Ok(head) = state.table.delete(Resource::<ResponseHead>::new_own(rep))
+    if let (Some(_), Some(resp)) = (lent.resp, resp)
+        && let Some(head) = state.heads.resp.take()
     {
         *resp = head;
     }
-    state.current_request = None;
-    if let Ok(head) = state
-        .table
-        .delete(Resource::<RequestHead>::new_own(lent.req))
-    {
+    if let Some(head) = state.heads.req.take() {
         *req = head;
     }
 }

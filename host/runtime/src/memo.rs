@@ -115,6 +115,13 @@ pub(crate) struct Entry {
     pub(crate) settings: Option<Box<CacheSettings>>,
 }
 
+/// A request's hooks so far (each hook at most once in a request's life).
+pub(crate) type Entries = smallvec::SmallVec<[Entry; 3]>;
+
+/// The replies a request's guest got, in order; a typical request's fit
+/// inline.
+pub(crate) type Replies = smallvec::SmallVec<[(&'static str, Reply); 16]>;
+
 /// What a hook returned.
 #[derive(Clone, Debug)]
 pub(crate) enum Returned {
