@@ -225,7 +225,12 @@ impl PolicyCall {
             .state_mut()
             .ok_or(PolicyError::AlreadyFailed { hook })?;
         let lent = lend(state, req, resp.as_deref_mut());
-        let resumed = self.resume(lent).await;
+        // Boxed: only a released request resumes, and the instantiation in
+        // it would make every hook's future kilobytes bigger.
+        let resumed = match self.run {
+            Run::NoInstance(_) => Box::pin(self.resume(lent)).await,
+            _ => Ok(()),
+        };
         let result = match (resumed, &mut self.run) {
             (Err(e), _) => Err(e),
             (Ok(()), Run::Live(live)) => live.call_hook(&entry, lent).await,
@@ -246,6 +251,22 @@ impl PolicyCall {
         result
     }
 
+    /// [`PolicyCall::hook`] in `span`; a disabled span (debug logging off)
+    /// is not attached, which would move the hook's future once more.
+    async fn hook_in(
+        &mut self,
+        span: tracing::Span,
+        entry: Entry,
+        req: &mut RequestHead,
+        resp: Option<&mut ResponseHead>,
+    ) -> Result<Returned, PolicyError> {
+        if span.is_disabled() {
+            self.hook(entry, req, resp).await
+        } else {
+            self.hook(entry, req, resp).instrument(span).await
+        }
+    }
+
     /// recv: lets the policy inspect and rewrite `req` and decide what to
     /// do with it. `req` is moved into the instance for the call and back.
     pub async fn on_request(
@@ -257,7 +278,7 @@ impl PolicyCall {
             hook: Hook::OnRequest,
             settings: None,
         };
-        match self.hook(entry, req, None).instrument(span).await? {
+        match self.hook_in(span, entry, req, None).await? {
             Returned::Action(action) => Ok(action),
             _ => Err(wrong_result(Hook::OnRequest)),
         }
@@ -276,7 +297,7 @@ impl PolicyCall {
             hook: Hook::OnBackendResponse,
             settings: Some(Box::new(defaults)),
         };
-        match self.hook(entry, req, Some(resp)).instrument(span).await? {
+        match self.hook_in(span, entry, req, Some(resp)).await? {
             Returned::Settings(settings) => Ok(settings),
             _ => Err(wrong_result(Hook::OnBackendResponse)),
         }
@@ -294,7 +315,7 @@ impl PolicyCall {
             hook: Hook::OnDeliver,
             settings: None,
         };
-        match self.hook(entry, req, Some(resp)).instrument(span).await? {
+        match self.hook_in(span, entry, req, Some(resp)).await? {
             Returned::Unit => Ok(()),
             _ => Err(wrong_result(Hook::OnDeliver)),
         }

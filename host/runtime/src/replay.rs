@@ -207,7 +207,9 @@ impl Replay {
                         return Ok(returned);
                     }
                     Walk::Left(branch) => {
-                        self.catch_up(memo, lent).await?;
+                        // Boxed: instantiating and calling past hooks again
+                        // would make every hook's future bigger.
+                        Box::pin(self.catch_up(memo, lent)).await?;
                         branch
                     }
                 }
