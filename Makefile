@@ -83,9 +83,10 @@ package: deps
 	$(CARGO) deb -p inlay --no-build --locked -o target/debian/ \
 		--separate-debug-symbols --compress-debug-symbols=zlib
 
-# vendor/wasmtime must be its crates.io release plus the patches in
-# vendor/wasmtime-patches (README.md there); about a second, and needs
-# crates.io unless cargo's cache has the release.
+# vendor/wasmtime and vendor/hyper must be their crates.io releases plus the
+# patches in vendor/wasmtime-patches and vendor/hyper-patches (README.md
+# there); about a second each, and needs crates.io unless cargo's cache has
+# the releases.
 vendor-check:
 	@bash vendor/check.sh
 
@@ -96,8 +97,10 @@ bench-quick: deps build policies
 	bash loadtests/bench/run.sh quick
 
 # The public HTTP cache test suite (cache-tests.fyi) run through Inlay as the
-# suite runs Varnish; results and score in loadtests/reports/conformance/.
+# suite runs Varnish, and h2spec over TLS and h2c (fails when an h2spec case
+# does); results and score in loadtests/reports/conformance/.
 conformance:
+	@bash loadtests/scripts/ensure-deps.sh conformance
 	bash loadtests/conformance/run.sh
 
 # Hostile traffic on loopback beside a normal client (about 1 min 40 s;

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Build the JavaScript, Python and C policies in policies/ (folders named
-# <name>-js, <name>-py, <name>-c) to WebAssembly components at
+# Build the JavaScript, Python, C and Go policies in policies/ (folders named
+# <name>-js, <name>-py, <name>-c, <name>-go) to WebAssembly components at
 # target/policies/<folder>.wasm, next to the Rust ones from build.sh.
 #
 #   policies/build-lang.sh              build what changed, every language
-#   policies/build-lang.sh js c         only these languages (js, py, c)
+#   policies/build-lang.sh js c         only these languages (js, py, c, go)
 #   policies/build-lang.sh --test       then run the SDKs' native tests and the
 #                                       conformance tests: every language's
 #                                       headers and ab-test, and the Rust ones
@@ -19,11 +19,17 @@
 #   c   Debian clang-19, lld-19, wasi-libc, libclang-rt-19-dev-wasm32; the
 #       bindings come from `inlay-componentize c-bindings` (the wit-bindgen-c
 #       0.60 library, what `wit-bindgen c` runs)
+#   go  the standard Go toolchain, 1.25 or later (GOOS=wasip1,
+#       -buildmode=c-shared); not installed here (Debian's is too old): the
+#       Go ports are skipped, with a line saying so, where `go` is missing,
+#       unless `go` is asked for by name. The bindings are committed
+#       (guest-sdk/go/bindgen.sh; --test checks them against the WIT)
 # The components import only inlay:policy interfaces, no WASI: JS is built
 # with every ComponentizeJS feature disabled, Python with --stub-wasi, C
-# without stdio. Each output is rebuilt only when its policy, its SDK, the
-# WIT or the pinned toolchain is newer, so a run with nothing changed takes
-# about a second.
+# without stdio, Go with Inlay's WASI preview 1 adapter (inlay-componentize
+# encode, guest-sdk/go/adapter). Each output is rebuilt only when its
+# policy, its SDK, the WIT or the pinned toolchain is newer, so a run with
+# nothing changed takes about a second.
 #
 # Environment:
 #   INLAY_LANG_DIR     toolchains and generated bindings (target/lang)
@@ -47,12 +53,14 @@ langs=()
 for arg in "$@"; do
     case "$arg" in
         --test) run_tests=true ;;
-        js|py|c) langs+=("$arg") ;;
+        js|py|c|go) langs+=("$arg") ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "build-lang.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
     esac
 done
-[ "${#langs[@]}" -gt 0 ] || langs=(js py c)
+go_asked=false
+[[ " ${langs[*]} " == *" go "* ]] && go_asked=true
+[ "${#langs[@]}" -gt 0 ] || langs=(js py c go)
 
 log() { echo "policies-lang: $*" >&2; }
 die() { echo "policies-lang: error: $*" >&2; exit 1; }
@@ -210,7 +218,51 @@ build_c() {
     done
 }
 
-for lang in js py c; do
+# --- Go ----------------------------------------------------------------------------
+# The Go policies are modules of their own (go.mod: the SDK by a replace
+# directive); a reactor (c-shared) build exports _initialize, which the
+# component runs at instantiation. -checklinkname=0: the bindings' runtime
+# package reaches runtime.sbrk through go:linkname, for cabi_realloc calls
+# made before the Go runtime is initialised.
+GO_MIN=1.25
+build_go() {
+    if ! command -v go >/dev/null; then
+        $go_asked && die "go not found: install Go $GO_MIN or later"
+        log "go not found: skipping the Go policies (Go $GO_MIN or later builds them)"
+        local kept=() lang
+        for lang in "${langs[@]}"; do
+            [ "$lang" = go ] || kept+=("$lang")
+        done
+        langs=("${kept[@]}")
+        return
+    fi
+    local version
+    version=$(go env GOVERSION)
+    version=${version#go}
+    if [ "$(printf '%s\n' "$GO_MIN" "$version" | sort -V | head -1)" != "$GO_MIN" ]; then
+        die "Go $version is too old: the Go policies need Go $GO_MIN or later (go:wasmexport, runtime.AddCleanup)"
+    fi
+    local gosdk="$sdk/go" dir name t0 core
+    mkdir -p "$work/go"
+    for dir in "$policies"/*-go; do
+        [ -f "$dir/go.mod" ] || continue
+        name=$(basename "$dir")
+        if ! stale "$out/$name.wasm" "$dir" "$gosdk" "$wit" "$tool" "$(command -v go)"; then
+            fresh=$((fresh + 1))
+            continue
+        fi
+        t0=$(date +%s)
+        core="$work/go/$name.core.wasm"
+        # GOTOOLCHAIN=local: never fetch another Go; -s -w: no symbol or DWARF
+        # tables (the name section stays, for the host's trap messages).
+        (cd "$dir" && GOOS=wasip1 GOARCH=wasm GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
+            go build -buildmode=c-shared -trimpath -ldflags='-checklinkname=0 -s -w' -o "$core" .)
+        "$tool" encode --wit "$wit" "$core" -o "$out/$name.wasm" >/dev/null
+        finish "$name" $(( $(date +%s) - t0 ))
+    done
+}
+
+for lang in js py c go; do
     if wants "$lang"; then
         "build_$lang"
     fi
@@ -232,6 +284,21 @@ if $run_tests && wants py; then
     log "python unit tests"
     PYTHONPATH="$bindings:$sdk/python" "$work/python-venv/bin/python" -m unittest discover \
         -s "$sdk/python/tests"
+fi
+if $run_tests && wants go; then
+    # The committed bindings are those of the WIT; the SDK and the ports
+    # natively, on policytest's in-memory host.
+    bash "$sdk/go/bindgen.sh" --check
+    log "go unit tests"
+    unformatted=$(gofmt -l "$sdk/go" "$policies"/*-go)
+    [ -z "$unformatted" ] || die "not gofmt-formatted: $unformatted"
+    (cd "$sdk/go" && GOTOOLCHAIN=local go vet ./policy ./policytest &&
+        GOTOOLCHAIN=local GOOS=wasip1 GOARCH=wasm go vet ./policy &&
+        GOTOOLCHAIN=local go test ./...)
+    for dir in "$policies"/*-go; do
+        [ -f "$dir/go.mod" ] || continue
+        (cd "$dir" && GOTOOLCHAIN=local go vet . && GOTOOLCHAIN=local go test .)
+    done
 fi
 if $run_tests; then
     flags=()

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Checks that vendor/wasmtime is exactly the crates.io release named in
-# vendor/wasmtime-patches/UPSTREAM with vendor/wasmtime-patches/*.patch
-# applied in order; prints the difference and fails otherwise.
+# Checks that each vendored crate, vendor/CRATE (wasmtime, hyper), is
+# exactly the crates.io release named in vendor/CRATE-patches/UPSTREAM with
+# vendor/CRATE-patches/*.patch applied in order; prints the difference and
+# fails otherwise.
 #
-# Run: make vendor-check   (or: bash vendor/check.sh)
+# Run: make vendor-check   (or: bash vendor/check.sh; VENDOR_CRATE=hyper
+# bash vendor/check.sh checks one)
 #
 # The release comes from cargo's download cache when it is there, else from
 # crates.io (curl, or cargo through a throwaway project), and must have the
 # recorded sha256. Writes only to a temporary directory.
 set -euo pipefail
+if [ -z "${VENDOR_CRATE:-}" ]; then
+  for record in "$(dirname "${BASH_SOURCE[0]}")"/*-patches/UPSTREAM; do
+    name=$(basename "$(dirname "$record")")
+    VENDOR_CRATE=${name%-patches} bash "${BASH_SOURCE[0]}"
+  done
+  exit 0
+fi
 # shellcheck source=vendor/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -44,7 +53,7 @@ done
 mkdir "$tmp/vendor"
 ln -s "$vendored" "$tmp/vendor/$crate"
 if ! (cd "$tmp" && diff -ru "$crate-$version+patches" "vendor/$crate"); then
-  fail "vendor/$crate is not $crate $version with vendor/wasmtime-patches applied (diff above).
-If the change to vendor/$crate is meant, make it a patch: see vendor/wasmtime-patches/README.md."
+  fail "vendor/$crate is not $crate $version with vendor/$crate-patches applied (diff above).
+If the change to vendor/$crate is meant, make it a patch: see vendor/$crate-patches/README.md."
 fi
 echo "vendor-check: vendor/$crate is $crate $version (sha256 ${sha256:0:12}...) + ${#patches[@]} patches"

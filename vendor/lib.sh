@@ -1,10 +1,14 @@
 # shellcheck shell=bash
 # Shared by vendor/check.sh and vendor/update.sh (sourced, not run): the
-# record of the vendored release, and how to obtain a release's .crate file.
+# record of a vendored release (vendor/CRATE-patches/UPSTREAM), and how to
+# obtain a release's .crate file.
 
 vendor_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-patches_dir=$vendor_dir/wasmtime-patches
+# The vendored crate a script works on: VENDOR_CRATE (wasmtime, hyper).
+vendor_crate=${VENDOR_CRATE:-wasmtime}
+patches_dir=$vendor_dir/$vendor_crate-patches
 record=$patches_dir/UPSTREAM
+[ -f "$record" ] || { echo "${0##*/}: no vendored crate '$vendor_crate' ($record)" >&2; exit 1; }
 
 fail() {
   echo "${0##*/}: $*" >&2

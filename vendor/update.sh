@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Changes the vendored wasmtime through a git repository of its own, where
-# each patch is a commit on the release: to move to another release, or to
-# edit, add or drop a patch. vendor/wasmtime-patches/README.md has the steps.
+# Changes a vendored crate (VENDOR_CRATE: wasmtime, the default, or hyper)
+# through a git repository of its own, where each patch is a commit on the
+# release: to move to another release, or to edit, add or drop a patch.
+# vendor/CRATE-patches/README.md has the steps.
 #
 #   bash vendor/update.sh start DIR [VERSION]
 #       DIR becomes a repository: branch `upstream` holds the recorded
@@ -11,15 +12,15 @@
 #       rebase as usual (edit, git add, git rebase --continue; or git rebase
 #       --skip to drop a patch the release made unnecessary).
 #   bash vendor/update.sh finish DIR
-#       Writes branch `inlay` back: vendor/wasmtime-patches/*.patch,
-#       vendor/wasmtime, and the release's version and sha256 in
-#       vendor/wasmtime-patches/UPSTREAM; then runs vendor/check.sh.
+#       Writes branch `inlay` back: vendor/CRATE-patches/*.patch,
+#       vendor/CRATE, and the release's version and sha256 in
+#       vendor/CRATE-patches/UPSTREAM; then runs vendor/check.sh.
 set -euo pipefail
 # shellcheck source=vendor/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
-  sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 
@@ -105,7 +106,7 @@ finish() {
   done
 
   sed -i -e "s/^version=.*/version=$new_version/" -e "s/^sha256=.*/sha256=$new_sha256/" "$record"
-  bash "$vendor_dir/check.sh"
+  VENDOR_CRATE=$crate bash "$vendor_dir/check.sh"
 }
 
 [ $# -ge 2 ] || usage

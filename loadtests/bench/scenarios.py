@@ -216,8 +216,8 @@ def wrk_policy(ctx: Context) -> Section:
     sec = Section("policy", "`headers` policy vs no policy, on one cached URL and on a Zipf mix of many (wrk)")
     sec.about = (
         f"`wrk -t2 -c64 -d{m.wrk_seconds:g}s` on cached 177 B objects: Inlay without a policy vs Inlay with "
-        "`target/policies/headers.wasm` (build it with `make policies`) and its C, JavaScript and Python "
-        "ports (`headers-c|-js|-py.wasm`) where built. The policy runs on every request (on-request and "
+        "`target/policies/headers.wasm` (build it with `make policies`) and its C, Go, JavaScript and Python "
+        "ports (`headers-c|-go|-js|-py.wasm`) where built. The policy runs on every request (on-request and "
         "on-deliver, which it implements; on-backend-response it leaves to the built-in rules, which the host "
         "runs itself) and adds `x-inlay-policy: headers`. Each port runs in three configurations: the default "
         "(a worker thread's requests reuse one instance, `[policy] requests_per_instance = 1000`; a request "
@@ -260,11 +260,11 @@ def wrk_policy(ctx: Context) -> Section:
         return link
 
     targets = {"no policy": ctx.inlay("policy-none")}
-    ports = [("headers policy", "headers"), ("headers in C", "headers-c"),
+    ports = [("headers policy", "headers"), ("headers in C", "headers-c"), ("headers in Go", "headers-go"),
              ("headers in JavaScript", "headers-js"), ("headers in Python", "headers-py")]
     # What each port must keep of no policy's throughput, in the default configuration.
-    goals = {"headers policy": 0.85, "headers in C": 0.85, "headers in JavaScript": 0.6,
-             "headers in Python": 0.5}
+    goals = {"headers policy": 0.85, "headers in C": 0.85, "headers in Go": 0.7,
+             "headers in JavaScript": 0.6, "headers in Python": 0.5}
     for label, name in ports:
         path = ctx.policy_dir / f"{name}.wasm"
         if not path.exists():

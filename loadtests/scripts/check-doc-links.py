@@ -3,7 +3,7 @@
 
 Checks every inline link and image, `[text](target)` and `![alt](target)`,
 in README.md, docs/*.md and the repository's other Markdown files (not
-target/, vendor/ or node_modules/), or only in the files given as
+target/, vendor/, third_party/ or node_modules/), or only in the files given as
 arguments. CONFIG.md and the SDKs' READMEs link into docs/ too, so a
 heading renamed there is caught. A relative target must name a file or
 directory that exists, and a `#fragment` must be the anchor of a heading (GitHub's spelling: lower case, punctuation dropped,
@@ -160,7 +160,7 @@ def markdown_files(root):
     """README.md, docs/*.md, and every other Markdown file of the repository
     (CONFIG.md, the SDKs' and the load tests' READMEs link into docs/ too);
     build output, vendored code and dependencies are left out."""
-    skip = {"target", "vendor", "node_modules", "__pycache__"}
+    skip = {"target", "vendor", "third_party", "node_modules", "__pycache__"}
     found = []
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if d not in skip and not d.startswith("."))

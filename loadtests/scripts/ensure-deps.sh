@@ -2,6 +2,7 @@
 # Install what a fresh machine lacks. `build`: a Rust toolchain with cargo,
 # and nats-server for the cluster tests.
 # `bench`: also wrk, varnish, nginx, h2load (nghttp2-client) and k6. `package`: cargo-deb and dpkg-deb.
+# `conformance`: h2spec (with go install), openssl, node and python3.
 # Idempotent; quiet when all is present.
 set -euo pipefail
 what="${1:-build}"
@@ -47,6 +48,28 @@ if [ "$what" = package ]; then
   fi
 fi
 
+# Builds the Go tool $1 with `go install $2` (taking $3) unless it is on
+# PATH or in ~/go/bin; Go itself on PATH or in /usr/local/go.
+go_tool() {
+  command -v "$1" >/dev/null 2>&1 || [ -x "$HOME/go/bin/$1" ] && return 0
+  local gobin
+  gobin="$(command -v go || true)"
+  [ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
+  if [ -z "$gobin" ]; then
+    echo "ensure-deps: $1 is missing and so is Go (https://go.dev/dl)" >&2
+    exit 1
+  fi
+  echo "ensure-deps: building $2 with go install ($3)" >&2
+  "$gobin" install "$2"
+}
+
+if [ "$what" = conformance ]; then
+  command -v openssl >/dev/null 2>&1 || apt_install openssl
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  command -v node >/dev/null 2>&1 || apt_install nodejs npm
+  go_tool h2spec github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible "about a minute"
+fi
+
 if [ "$what" = bench ]; then
   command -v wrk >/dev/null 2>&1 || apt_install wrk
   command -v varnishd >/dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || apt_install varnish
@@ -56,14 +79,6 @@ if [ "$what" = bench ]; then
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || apt_install nginx
   command -v h2load >/dev/null 2>&1 || apt_install nghttp2-client
   command -v openssl >/dev/null 2>&1 || apt_install openssl
-  if ! command -v k6 >/dev/null 2>&1 && [ ! -x "$HOME/go/bin/k6" ]; then
-    gobin="$(command -v go || true)"
-    [ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
-    if [ -z "$gobin" ]; then
-      echo "ensure-deps: k6 is missing and so is Go (k6 v1.8.1 needs a recent Go: https://go.dev/dl)" >&2
-      exit 1
-    fi
-    echo "ensure-deps: building k6 v1.8.1 with go install (a few minutes)" >&2
-    GOFLAGS=-mod=mod "$gobin" install go.k6.io/k6@v1.8.1
-  fi
+  # k6 v1.8.1 needs a recent Go.
+  GOFLAGS=-mod=mod go_tool k6 go.k6.io/k6@v1.8.1 "a few minutes"
 fi

@@ -9,6 +9,11 @@
 //! policy that does not export the `handler` interface. [`c_bindings`]
 //! generates what `wit-bindgen c` does, so the C policies' build needs no
 //! separately installed `wit-bindgen-cli`.
+//!
+//! A core module that imports WASI preview 1 (Go's `GOOS=wasip1` output)
+//! is encoded with Inlay's preview 1 adapter ([`preview1_adapter`],
+//! `guest-sdk/go/adapter`), which implements those imports on the policy
+//! world's `log` and `clock`: the component imports no WASI.
 
 use std::path::Path;
 
@@ -45,6 +50,9 @@ pub enum Error {
     /// The C bindings generator refused the world.
     #[error("generating the C bindings failed: {0:#}")]
     CBindings(anyhow::Error),
+    /// The preview 1 adapter could not be built (a bug in this crate).
+    #[error("building the WASI preview 1 adapter failed: {0:#}")]
+    Adapter(anyhow::Error),
 }
 
 /// What [`check_component`] found in a valid policy component.
@@ -56,18 +64,95 @@ pub struct ComponentInfo {
     pub exports: Vec<String>,
 }
 
+/// The module name WASI preview 1 imports come from.
+pub const PREVIEW1_MODULE: &str = "wasi_snapshot_preview1";
+
 /// Encode a core module carrying `wit-bindgen`'s component-type section as a
-/// component, then check it with [`check_component`].
+/// component, then check it with [`check_component`]. A module importing
+/// [`PREVIEW1_MODULE`] gets [`preview1_adapter`] for those imports.
 pub fn componentize(core: &[u8]) -> Result<Vec<u8>, Error> {
     if wasmparser::Parser::is_component(core) {
         return Err(Error::AlreadyComponent);
     }
-    let component = ComponentEncoder::default()
+    let mut encoder = ComponentEncoder::default()
         .module(core)
-        .and_then(|encoder| encoder.validate(true).encode())
         .map_err(Error::Encode)?;
+    if imports_preview1(core)? {
+        encoder = encoder
+            .adapter(PREVIEW1_MODULE, &preview1_adapter()?)
+            .map_err(Error::Encode)?;
+    }
+    let component = encoder.validate(true).encode().map_err(Error::Encode)?;
     check_component(&component)?;
     Ok(component)
+}
+
+/// `core` with `world` of the WIT package directory `dir` embedded as a
+/// `component-type` section, for [`componentize`]: for modules whose
+/// toolchain cannot write custom sections itself (Go's bindings from
+/// `wit-bindgen go` leave the world to the componentize step).
+pub fn embed_world(core: &[u8], dir: &Path, world: &str) -> Result<Vec<u8>, Error> {
+    let mut resolve = Resolve::default();
+    let (pkg, _files) = resolve.push_dir(dir).map_err(Error::Wit)?;
+    let mut module = core.to_vec();
+    embed(&mut module, &resolve, pkg, world).map_err(Error::Wit)?;
+    Ok(module)
+}
+
+/// Embeds `world` of the package `pkg` in `module` as wit-bindgen does.
+fn embed(
+    module: &mut Vec<u8>,
+    resolve: &Resolve,
+    pkg: wit_parser::PackageId,
+    world: &str,
+) -> anyhow::Result<()> {
+    let world = resolve.select_world(&[pkg], Some(world))?;
+    wit_component::embed_component_metadata(
+        module,
+        resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+}
+
+/// Whether the core module imports anything from [`PREVIEW1_MODULE`].
+fn imports_preview1(core: &[u8]) -> Result<bool, Error> {
+    for payload in wasmparser::Parser::new(0).parse_all(core) {
+        if let wasmparser::Payload::ImportSection(imports) = payload? {
+            for import in imports.into_imports() {
+                if import?.module == PREVIEW1_MODULE {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// The policy world, which the adapter's world borrows its interfaces from.
+const POLICY_WIT: &str = include_str!("../../wit/policy.wit");
+
+/// The adapter's source: the whole of WASI preview 1 on `log` and `clock`.
+const PREVIEW1_ADAPTER_WAT: &str = include_str!("../../go/adapter/wasi_snapshot_preview1.wat");
+
+/// Inlay's WASI preview 1 adapter, in place of wasmtime's
+/// (`wasi-preview1-component-adapter`, which needs WASI 0.2 from the host):
+/// a core module exporting every preview 1 function, written on the
+/// `inlay:policy` world's `log` (stdout and stderr lines) and `clock` (the
+/// wall clock; the monotonic clock is virtual), with its world embedded
+/// for wit-component. See `guest-sdk/go/adapter/wasi_snapshot_preview1.wat`.
+pub fn preview1_adapter() -> Result<Vec<u8>, Error> {
+    let mut module = wat::parse_str(PREVIEW1_ADAPTER_WAT).map_err(|e| Error::Adapter(e.into()))?;
+    // The adapter's world, beside `policy` in the same package: what it imports.
+    let wit = format!(
+        "{POLICY_WIT}\nworld preview1-adapter {{\n    import log;\n    import clock;\n}}\n"
+    );
+    let mut resolve = Resolve::default();
+    let pkg = resolve
+        .push_str("policy.wit", &wit)
+        .map_err(Error::Adapter)?;
+    embed(&mut module, &resolve, pkg, "preview1-adapter").map_err(Error::Adapter)?;
+    Ok(module)
 }
 
 /// Validate `bytes` as a component (every wasm feature wasmtime may enable)

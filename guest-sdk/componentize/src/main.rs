@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! inlay-componentize encode policy.core.wasm -o policy.wasm
+//! inlay-componentize encode --wit guest-sdk/wit policy.core.wasm -o policy.wasm
 //! inlay-componentize check target/policies/*.wasm
 //! inlay-componentize wit guest-sdk/wit
 //! inlay-componentize c-bindings guest-sdk/wit --world policy -o target/lang/c/gen
@@ -23,13 +24,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Turn a core module (built with wit-bindgen) into a component.
+    /// Turn a core module (built with wit-bindgen) into a component; one
+    /// that imports WASI preview 1 gets Inlay's adapter for it.
     Encode {
         /// The core module.
         input: PathBuf,
         /// Where to write the component (written atomically).
         #[arg(short, long)]
         output: PathBuf,
+        /// Take the world from this WIT package directory instead of the
+        /// module's `component-type` section (Go's bindings have none).
+        #[arg(long)]
+        wit: Option<PathBuf>,
+        /// The world of `--wit`.
+        #[arg(long, default_value = "policy", requires = "wit")]
+        world: String,
     },
     /// Check that files are valid policy components; print their imports.
     Check {
@@ -68,8 +77,17 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Encode { input, output } => {
-            let core = read(&input)?;
+        Command::Encode {
+            input,
+            output,
+            wit,
+            world,
+        } => {
+            let mut core = read(&input)?;
+            if let Some(dir) = wit {
+                core = inlay_componentize::embed_world(&core, &dir, &world)
+                    .with_context(|| format!("{}", dir.display()))?;
+            }
             let component = inlay_componentize::componentize(&core)
                 .with_context(|| format!("{}", input.display()))?;
             write_atomically(&output, &component)?;

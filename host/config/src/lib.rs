@@ -1,7 +1,7 @@
 //! The typed host configuration: read from TOML, validated at start-up.
 //!
 //! One file per section (`server.rs`, `backends.rs`, `log.rs`, `cache.rs`,
-//! `esi.rs`, `policy.rs`, `admin.rs`, `cluster.rs`), each the section's
+//! `esi.rs`, `policy.rs`, `admin.rs`, `cluster.rs`, `websocket.rs`), each the section's
 //! types and the code that reads them; `read.rs` is the reader they share,
 //! `overrides.rs` the quick flags. Parsing walks the TOML tree by hand
 //! instead of using serde derive so that *every* error is reported at once,
@@ -21,6 +21,7 @@ mod overrides;
 mod policy;
 mod read;
 mod server;
+mod websocket;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -40,6 +41,7 @@ pub use overrides::Overrides;
 pub use policy::PolicyConfig;
 pub use read::{IpNet, parse_size};
 pub use server::{REQUEST_ID_RESERVED, ServerConfig, TlsCertConfig};
+pub use websocket::WebSocketConfig;
 
 pub use admin::unguarded_admin;
 use read::{Reader, Table};
@@ -78,6 +80,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `[cluster]`: the NATS cluster this node joins, if any.
     pub cluster: Option<ClusterConfig>,
+    /// `[websocket]`: upgrades tunnelled to the backend, and their bounds.
+    pub websocket: WebSocketConfig,
 }
 
 /// One thing wrong with a configuration.
@@ -204,6 +208,8 @@ impl Reader {
             .table(root, "", "cluster")
             .and_then(|t| self.cluster(t));
         self.cluster_advertised(cluster.as_ref(), &server.listen);
+        let t = section(self, "websocket");
+        let websocket = self.websocket(t);
         self.unknown_keys(root, "");
         Config {
             server,
@@ -219,6 +225,7 @@ impl Reader {
             admin_access,
             metrics,
             cluster,
+            websocket,
         }
     }
 }

@@ -38,10 +38,10 @@ impl Config {
         if !o.listen.is_empty() {
             self.server.listen.clear();
             self.server.listen_tls.clear();
+            self.server.listen_h2c.clear();
             for a in &o.listen {
                 match parse_listener(a) {
-                    Ok((addr, false)) => self.server.listen.push(addr),
-                    Ok((addr, true)) => self.server.listen_tls.push(addr),
+                    Ok((addr, scheme)) => self.server.add_listener(addr, scheme),
                     Err(m) => issues.push(issue("-a", m)),
                 }
             }

@@ -13,6 +13,10 @@ pub struct ServerConfig {
     pub listen: Vec<SocketAddr>,
     /// Addresses to listen on for TLS (`https://ADDR` in `server.listen`).
     pub listen_tls: Vec<SocketAddr>,
+    /// Addresses to listen on for HTTP/2 with prior knowledge only
+    /// (`h2c://ADDR` in `server.listen`): a connection that does not open
+    /// with the HTTP/2 preface is closed, not read as HTTP/1.1.
+    pub listen_h2c: Vec<SocketAddr>,
     /// `[[server.tls]]`: the certificates the TLS listeners serve.
     pub tls: Vec<TlsCertConfig>,
     /// A TLS client must complete its handshake within this time.
@@ -21,8 +25,9 @@ pub struct ServerConfig {
     /// naming the real client; one without is closed.
     pub proxy_protocol: bool,
     /// With `proxy_protocol`: the peers (load balancers) allowed to send
-    /// the header; a connection from elsewhere is closed unread. Empty:
-    /// any peer (the port must then be reachable by the proxies only).
+    /// the header; a connection from elsewhere is closed unread. Required
+    /// (not empty) with `proxy_protocol`: anyone else could claim any
+    /// address.
     pub proxy_protocol_from: Vec<IpNet>,
     /// Maximum concurrent client connections; more wait in the accept queue.
     pub max_connections: usize,
@@ -122,18 +127,44 @@ pub const REQUEST_ID_RESERVED: &[&str] = &[
     "server-timing",
 ];
 
-/// A `server.listen` entry: `ADDR` or `http://ADDR` (plain HTTP) or
-/// `https://ADDR` (TLS); whether it is TLS.
-pub(super) fn parse_listener(s: &str) -> Result<(SocketAddr, bool), String> {
-    if let Some(addr) = s.strip_prefix("https://") {
-        return parse_listen(addr).map(|a| (a, true));
+/// What a `server.listen` entry serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ListenScheme {
+    /// `ADDR` or `http://ADDR`: HTTP/1.1, and h2c for a client that opens
+    /// with the HTTP/2 preface.
+    Http,
+    /// `https://ADDR`: TLS.
+    Https,
+    /// `h2c://ADDR`: HTTP/2 with prior knowledge only.
+    H2c,
+}
+
+/// A `server.listen` entry: `ADDR` or `http://ADDR` (plain HTTP),
+/// `https://ADDR` (TLS) or `h2c://ADDR` (HTTP/2 only, no TLS).
+pub(super) fn parse_listener(s: &str) -> Result<(SocketAddr, ListenScheme), String> {
+    let (scheme, addr) = match s.split_once("://") {
+        None => (ListenScheme::Http, s),
+        Some(("http", addr)) => (ListenScheme::Http, addr),
+        Some(("https", addr)) => (ListenScheme::Https, addr),
+        Some(("h2c", addr)) => (ListenScheme::H2c, addr),
+        Some(_) => {
+            return Err(format!(
+                "unknown scheme in {s:?} (use ADDR, http://ADDR, https://ADDR or h2c://ADDR)"
+            ));
+        }
+    };
+    parse_listen(addr).map(|a| (a, scheme))
+}
+
+impl ServerConfig {
+    /// Put the listener at `addr` in the list of its `scheme`.
+    pub(super) fn add_listener(&mut self, addr: SocketAddr, scheme: ListenScheme) {
+        match scheme {
+            ListenScheme::Http => self.listen.push(addr),
+            ListenScheme::Https => self.listen_tls.push(addr),
+            ListenScheme::H2c => self.listen_h2c.push(addr),
+        }
     }
-    if s.contains("://") && !s.starts_with("http://") {
-        return Err(format!(
-            "unknown scheme in {s:?} (use ADDR, http://ADDR or https://ADDR)"
-        ));
-    }
-    parse_listen(s.strip_prefix("http://").unwrap_or(s)).map(|a| (a, false))
 }
 
 /// Why `server` cannot serve its TLS listeners: none of them has a certificate.
@@ -164,8 +195,7 @@ fn valid_sni_name(name: &str) -> bool {
 impl Reader {
     pub(super) fn server(&mut self, t: &Table) -> ServerConfig {
         let p = "server";
-        let mut listen = Vec::new();
-        let mut listen_tls = Vec::new();
+        let mut listeners = Vec::new();
         for (i, a) in self
             .strings(t, p, "listen")
             .unwrap_or_else(|| vec!["127.0.0.1:6081".into()])
@@ -173,8 +203,7 @@ impl Reader {
             .enumerate()
         {
             match parse_listener(a) {
-                Ok((addr, false)) => listen.push(addr),
-                Ok((addr, true)) => listen_tls.push(addr),
+                Ok(l) => listeners.push(l),
                 Err(m) => self.err(format!("server.listen[{i}]"), m),
             }
         }
@@ -205,9 +234,10 @@ impl Reader {
                 format!("must be at most 1GiB, got {tcp_notsent_lowat}"),
             );
         }
-        let server = ServerConfig {
-            listen,
-            listen_tls,
+        let mut server = ServerConfig {
+            listen: Vec::new(),
+            listen_tls: Vec::new(),
+            listen_h2c: Vec::new(),
             tls,
             tls_handshake_timeout: self.positive_duration(
                 t,
@@ -283,6 +313,9 @@ impl Reader {
             trust_request_id: self.boolean(t, p, "trust_request_id", true),
             server_timing: self.boolean(t, p, "server_timing", false),
         };
+        for (addr, scheme) in listeners {
+            server.add_listener(addr, scheme);
+        }
         if let Some(m) = tls_listeners_without_certificate(&server) {
             self.err("server.listen", m);
         }
@@ -290,6 +323,14 @@ impl Reader {
             self.err(
                 "server.proxy_protocol_from",
                 "set, but server.proxy_protocol is off: no header is read",
+            );
+        }
+        if server.proxy_protocol && server.proxy_protocol_from.is_empty() {
+            self.err(
+                "server.proxy_protocol_from",
+                "empty, but server.proxy_protocol is on: any client could send a PROXY header \
+                 claiming any address (127.0.0.1 passes cache.purge_allow); list the load \
+                 balancers' networks, e.g. [\"10.0.0.0/8\"] (\"0.0.0.0/0\" and \"::/0\" trust everyone)",
             );
         }
         self.unknown_keys(t, p);

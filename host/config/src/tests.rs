@@ -294,7 +294,7 @@ fn quick_flags_override_the_file() {
 #[test]
 fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
     let c = Config::from_toml(
-        "[server]\nlisten = [\"127.0.0.1:6081\", \"https://127.0.0.1:6443\", \"http://:80\"]\n\
+        "[server]\nlisten = [\"127.0.0.1:6081\", \"https://127.0.0.1:6443\", \"http://:80\", \"h2c://127.0.0.1:6082\"]\n\
          [[server.tls]]\ncert = \"a.pem\"\nkey = \"a.key\"\nnames = [\"a.example\", \"*.b.example\"]\n\
          [[server.tls]]\ncert = \"d.pem\"\nkey = \"d.key\"\n\
          [backends.o]\naddress = \"http://127.0.0.1:8080\"\n",
@@ -303,6 +303,7 @@ fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
     let s = &c.server;
     assert_eq!(s.listen.len(), 2);
     assert_eq!(s.listen_tls, vec!["127.0.0.1:6443".parse().unwrap()]);
+    assert_eq!(s.listen_h2c, vec!["127.0.0.1:6082".parse().unwrap()]);
     assert_eq!(s.tls.len(), 2);
     assert_eq!(s.tls[0].names, ["a.example", "*.b.example"]);
     assert!(s.tls[1].names.is_empty());
@@ -456,6 +457,29 @@ fn proxy_protocol_peers_parse_and_need_proxy_protocol() {
         panic!("accepted")
     };
     assert_eq!(issues[0].path, "server.proxy_protocol_from");
+}
+
+/// With the PROXY protocol on, the peers that may send a header must be
+/// listed: by default anyone could claim 127.0.0.1 and pass `purge_allow`.
+#[test]
+fn proxy_protocol_without_the_peers_allowed_to_send_it_is_refused() {
+    let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+    for from in ["", "proxy_protocol_from = []\n"] {
+        let Err(ConfigError::Invalid(issues)) =
+            Config::from_toml(&format!("[server]\nproxy_protocol = true\n{from}{backend}"))
+        else {
+            panic!("accepted with {from:?}")
+        };
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].path, "server.proxy_protocol_from");
+        assert!(issues[0].message.contains("any client"), "{issues:?}");
+    }
+    // Trusting every peer is possible, but only when said.
+    let c = Config::from_toml(&format!(
+        "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"0.0.0.0/0\", \"::/0\"]\n{backend}"
+    ))
+    .unwrap();
+    assert!(c.server.proxy_protocol_from[1].contains("2001:db8::1".parse().unwrap()));
 }
 
 #[test]
@@ -688,4 +712,42 @@ fn every_documented_key_is_known_to_its_section() {
             .collect();
         assert!(unknown.is_empty(), "{key}: {unknown:#?}\n{toml}");
     }
+}
+
+#[test]
+fn websocket_defaults_and_bounds() {
+    let base = "[backends.default]\naddress = \"http://127.0.0.1:1\"\n";
+    let c = Config::from_toml(base).unwrap();
+    assert_eq!(c.websocket, WebSocketConfig::default());
+    assert!(c.websocket.enabled);
+    assert_eq!(c.websocket.tunnelled("WebSocket"), Some("websocket".into()));
+    assert_eq!(c.websocket.tunnelled("h2c"), None);
+    let c = Config::from_toml(&format!(
+        "{base}[websocket]\nidle_timeout = \"30s\"\nmax_tunnels = 5\nother_protocols = [\"My-Proto/2\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(c.websocket.idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.websocket.max_tunnels, 5);
+    assert_eq!(
+        c.websocket.tunnelled("foo, my-proto/2"),
+        Some("my-proto/2".into())
+    );
+    assert_eq!(c.websocket.tunnelled("my-proto"), None);
+    let off = Config::from_toml(&format!("{base}[websocket]\nenabled = false\n")).unwrap();
+    assert_eq!(off.websocket.tunnelled("websocket"), None);
+    let e = Config::from_toml(&format!(
+        "{base}[websocket]\nidle_timeout = \"0s\"\nmax_tunnels = 0\nother_protocols = [\"h2c\", \"websocket\", \"a b\", \"ok\"]\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    for key in [
+        "websocket.idle_timeout",
+        "websocket.max_tunnels",
+        "websocket.other_protocols[0]",
+        "websocket.other_protocols[1]",
+        "websocket.other_protocols[2]",
+    ] {
+        assert!(e.contains(key), "{key}: {e}");
+    }
+    assert!(!e.contains("other_protocols[3]"), "{e}");
 }

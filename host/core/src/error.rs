@@ -11,7 +11,8 @@ use crate::body::{self, ProxyBody};
 pub enum Blame {
     /// The client sent something we cannot serve (4xx).
     Client,
-    /// The origin failed (502/503/504).
+    /// The origin failed (502/503/504), or a bound on what Inlay holds
+    /// open for it was reached (`websocket.max_tunnels`).
     Origin,
     /// The policy failed (500/503).
     Policy,
@@ -41,6 +42,12 @@ pub enum ProxyError {
     BackendBusy {
         /// Backend name.
         backend: String,
+    },
+    /// `websocket.max_tunnels` tunnels are open already.
+    #[error("{limit} tunnels are open already (websocket.max_tunnels)")]
+    TooManyTunnels {
+        /// The configured limit.
+        limit: usize,
     },
     /// The backend did not send a response head within `first_byte_timeout`.
     #[error("backend {backend} sent no response within {timeout:?} (first_byte_timeout)")]
@@ -88,7 +95,9 @@ impl ProxyError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BackendDown { .. } | Self::BackendBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BackendDown { .. } | Self::BackendBusy { .. } | Self::TooManyTunnels { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BackendProtocol { .. } | Self::Esi(_) => StatusCode::BAD_GATEWAY,
             Self::Policy { status, .. } => *status,
@@ -104,6 +113,7 @@ impl ProxyError {
             }
             Self::BackendDown { .. }
             | Self::BackendBusy { .. }
+            | Self::TooManyTunnels { .. }
             | Self::BackendTimeout { .. }
             | Self::BackendProtocol { .. }
             | Self::Esi(_) => Blame::Origin,

@@ -69,7 +69,8 @@ pub fn protected_connection_option(
 }
 
 /// Remove hop-by-hop fields, including every field named in `Connection`.
-/// `Upgrade` goes too: Inlay does not tunnel protocol upgrades.
+/// `Upgrade` goes too: a request Inlay tunnels (a WebSocket) is found
+/// before, and its tunnel sets the fields of the switch itself.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = connection_options(headers).collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {

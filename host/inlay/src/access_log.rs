@@ -66,8 +66,11 @@ pub struct AccessRecord {
     pub tls: bool,
     /// Status sent.
     pub status: u16,
-    /// Body bytes sent.
+    /// Body bytes sent (through a tunnel: the bytes sent to the client).
     pub bytes: u64,
+    /// A tunnel's bytes from the client (logged as `received`); none for
+    /// other requests.
+    pub received: Option<u64>,
     /// Referer header.
     pub referer: Option<String>,
     /// User-Agent header.
@@ -476,7 +479,7 @@ fn combined(r: &AccessRecord, out: &mut Vec<u8>) {
         if i > 0 {
             out.push(b' ');
         }
-        out.extend_from_slice(part.as_bytes());
+        escape(part, out);
     }
     out.extend_from_slice(b"\" ");
     decimal(r.status, out);
@@ -488,7 +491,7 @@ fn combined(r: &AccessRecord, out: &mut Vec<u8>) {
     }
     for field in [&r.referer, &r.user_agent] {
         out.extend_from_slice(b" \"");
-        escape_quotes(field.as_deref().unwrap_or("-"), out);
+        escape(field.as_deref().unwrap_or("-"), out);
         out.push(b'"');
     }
     // Only on a page that left includes out, so other lines stay plain NCSA.
@@ -511,14 +514,34 @@ fn decimal(n: impl itoa::Integer, out: &mut Vec<u8>) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-/// `s` with each `"` written as `\"`.
-fn escape_quotes(s: &str, out: &mut Vec<u8>) {
-    for (i, part) in s.split('"').enumerate() {
-        if i > 0 {
-            out.extend_from_slice(b"\\\"");
+/// `s` as a quoted NCSA field may hold it (Apache's and nginx's escapes):
+/// `"` and `\` after a backslash, and any other byte that is not printable
+/// ASCII (control bytes, DEL, each byte of a non-ASCII character) as
+/// `\xHH`. A field then cannot end before its closing quote nor break the
+/// line, whatever the client sent (`-A 'x\" 500 1 "-" "forged'`). Runs of
+/// plain bytes are copied whole: a line without escapes costs one scan.
+fn escape(s: &str, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    let mut plain_from = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\' {
+            continue;
         }
-        out.extend_from_slice(part.as_bytes());
+        out.extend_from_slice(&bytes[plain_from..i]);
+        if b == b'"' || b == b'\\' {
+            out.extend_from_slice(&[b'\\', b]);
+        } else {
+            out.extend_from_slice(&[
+                b'\\',
+                b'x',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 15)],
+            ]);
+        }
+        plain_from = i + 1;
     }
+    out.extend_from_slice(&bytes[plain_from..]);
 }
 
 /// Append the time now in the NCSA format; each thread formats it once a second.
@@ -553,6 +576,7 @@ fn json(r: &AccessRecord, out: &mut Vec<u8>) {
         "host": r.host,
         "status": r.status,
         "bytes": r.bytes,
+        "received": r.received,
         "referer": r.referer,
         "user_agent": r.user_agent,
         "cache": r.cache.log_name(),
@@ -646,6 +670,96 @@ mod tests {
         let date = &line[line.find('[').unwrap() + 1..line.find(']').unwrap()];
         assert!(date == before || date == after, "{date}: not {before}");
         assert!(date.ends_with(" +0000") && date.len() == 26, "{date}");
+    }
+
+    /// The fields of an NCSA line as a log parser reads them: words, and
+    /// `[...]` and `"..."` fields, a backslash taking the next byte as it
+    /// is (`\xHH` as the byte it names).
+    fn ncsa_fields(line: &str) -> Vec<String> {
+        let b = line.strip_suffix('\n').expect("one line").as_bytes();
+        let mut fields = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            let mut field = Vec::new();
+            match b[i] {
+                b'"' => {
+                    i += 1;
+                    while b[i] != b'"' {
+                        if b[i] == b'\\' && b[i + 1] == b'x' {
+                            let hex = std::str::from_utf8(&b[i + 2..i + 4]).unwrap();
+                            field.push(u8::from_str_radix(hex, 16).unwrap());
+                            i += 4;
+                        } else {
+                            i += usize::from(b[i] == b'\\');
+                            field.push(b[i]);
+                            i += 1;
+                        }
+                    }
+                    i += 1;
+                }
+                b'[' => {
+                    let end = i + b[i..].iter().position(|&c| c == b']').unwrap();
+                    field.extend_from_slice(&b[i + 1..end]);
+                    i = end + 1;
+                }
+                _ => {
+                    let end = b[i..]
+                        .iter()
+                        .position(|&c| c == b' ')
+                        .map_or(b.len(), |n| i + n);
+                    field.extend_from_slice(&b[i..end]);
+                    i = end;
+                }
+            }
+            fields.push(String::from_utf8(field).unwrap());
+            assert!(i == b.len() || b[i] == b' ', "a field ends early: {line:?}");
+            i += 1;
+        }
+        fields
+    }
+
+    /// A client's field cannot end early or break the line: a log parser
+    /// reads back exactly what was sent (issue 29's `-A 'x\" 500 1 "-" "forged'`).
+    #[test]
+    fn combined_line_fields_hold_backslashes_quotes_and_control_bytes() {
+        for hostile in [
+            r#"x\" 500 1 "-" "forged"#,
+            "ends with a backslash \\",
+            "tab\there, newline\nand CR\r, NUL\0, DEL\x7f",
+            "caf\u{e9} \u{2028}",
+        ] {
+            let r = AccessRecord {
+                client: Some("192.0.2.1".parse().unwrap()),
+                method: "GET".into(),
+                url: format!("/{hostile}"),
+                protocol: "HTTP/1.1".into(),
+                status: 200,
+                bytes: 5,
+                referer: Some(hostile.into()),
+                user_agent: Some(hostile.into()),
+                ..Default::default()
+            };
+            let line = combined_line(&r);
+            let text = line.strip_suffix('\n').unwrap();
+            assert!(
+                text.bytes().all(|b| (b' '..=b'~').contains(&b)),
+                "only printable ASCII before the newline: {line:?}"
+            );
+            let fields = ncsa_fields(&line);
+            let request = format!("GET /{hostile} HTTP/1.1");
+            let want = [
+                "192.0.2.1",
+                "-",
+                "-",
+                &fields[3],
+                &request,
+                "200",
+                "5",
+                hostile,
+                hostile,
+            ];
+            assert_eq!(fields, want, "{line:?}");
+        }
     }
 
     #[test]

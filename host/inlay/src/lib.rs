@@ -12,7 +12,8 @@
 //!   to `inlay-listener`.
 //! - `pipeline` is the request's way through the host, one phase per
 //!   file; `backend` the origins it fetches from; `policy_services` what
-//!   policies reach of the host; `access_log` its log lines.
+//!   policies reach of the host; `access_log` its log lines; `tunnels` the
+//!   WebSockets open (their count, figures and the copy both ways).
 //! - [`config`] is the typed configuration, data only; [`metrics`] a
 //!   passive registry; `diagnostics` the diagnostic log.
 //!
@@ -41,3 +42,4 @@ mod resolve;
 /// `Server-Timing`; public for the `request_id` benchmark.
 pub mod server_timing;
 pub mod startup;
+mod tunnels;

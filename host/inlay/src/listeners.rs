@@ -26,7 +26,6 @@ pub use inlay_listener::{Listener, OverTls, Tls};
 
 /// The listener's limits as `[server]` sets them.
 pub fn limits(server: &ServerConfig) -> Limits {
-    let from = server.proxy_protocol_from.clone();
     Limits {
         max_connections: server.max_connections,
         max_connections_per_client: server.max_connections_per_client,
@@ -34,9 +33,11 @@ pub fn limits(server: &ServerConfig) -> Limits {
         listen_backlog: server.listen_backlog,
         defer_accept: server.defer_accept,
         tcp_notsent_lowat: server.tcp_notsent_lowat,
-        proxy_protocol: server.proxy_protocol,
-        proxy_protocol_from: (!from.is_empty())
-            .then(|| PeerFilter::new(move |ip| from.iter().any(|n| n.contains(ip)))),
+        // The config refuses `proxy_protocol` without the peers it trusts.
+        proxy_protocol: server.proxy_protocol.then(|| {
+            let from = server.proxy_protocol_from.clone();
+            PeerFilter::new(move |ip| from.iter().any(|n| n.contains(ip)))
+        }),
         header_read_timeout: server.header_read_timeout,
         tls_handshake_timeout: server.tls_handshake_timeout,
         idle_timeout: server.idle_timeout,
@@ -47,6 +48,7 @@ pub fn limits(server: &ServerConfig) -> Limits {
         max_header_size: server.max_header_size,
         keep_alive: true,
         http2: true,
+        upgrades: true,
         h2_max_concurrent_streams: server.h2_max_concurrent_streams,
         h2_max_header_list_size: server.h2_max_header_list_size,
         h2_max_pending_accept_reset_streams: server.h2_max_pending_accept_reset_streams,
@@ -244,11 +246,11 @@ mod tests {
         );
         let l = limits(&s);
         assert_eq!((l.max_connections, l.tarpit_max), (100, 50));
-        assert!(l.proxy_protocol && l.keep_alive && l.http2);
-        let from = l.proxy_protocol_from.expect("a filter");
+        assert!(l.keep_alive && l.http2);
+        let from = l.proxy_protocol.expect("a filter");
         assert!(from.allows("10.1.2.3".parse().unwrap()));
         assert!(!from.allows("192.0.2.1".parse().unwrap()));
-        assert!(limits(&server("")).proxy_protocol_from.is_none());
+        assert!(limits(&server("")).proxy_protocol.is_none());
     }
 
     #[test]

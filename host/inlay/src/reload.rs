@@ -335,6 +335,7 @@ impl Reloader {
             **guard = next.cache().clone();
         }
         self.current.store(next);
+        old.retire(cfg.server.shutdown_timeout);
         drop(moving);
         if let Some(limits) = &self.listener_limits {
             limits.send_replace(Arc::new(listener_limits));
@@ -604,7 +605,8 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
     note(
         "server.listen",
         restore(&old.server.listen, &mut new.server.listen)
-            | restore(&old.server.listen_tls, &mut new.server.listen_tls),
+            | restore(&old.server.listen_tls, &mut new.server.listen_tls)
+            | restore(&old.server.listen_h2c, &mut new.server.listen_h2c),
     );
     note("admin.listen", restore(&old.admin, &mut new.admin));
     // The NATS connection and the node's identity in the cluster are made
@@ -635,7 +637,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
     let differs =
         |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
     let mut changed = Vec::new();
-    let sections: [(&str, bool); 7] = [
+    let sections: [(&str, bool); 8] = [
         ("server", differs(&old.server, &new.server)),
         (
             "backends",
@@ -648,6 +650,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
         ("esi", differs(&old.esi, &new.esi)),
         ("policy", differs(&old.policy, &new.policy)),
         ("admin", old.admin != new.admin),
+        ("websocket", old.websocket != new.websocket),
     ];
     for (name, differs) in sections {
         if differs {

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Harness, Origin, get, policy, request, urlencode};
+use common::{Harness, Origin, auth_token as token, get, policy, request, urlencode};
 
 async fn with_policy(origin: &Origin, name: &str) -> Harness {
     Harness::builder()
@@ -21,6 +21,9 @@ async fn with_policy(origin: &Origin, name: &str) -> Harness {
 /// The `headers` policy (any language): tracking parameters stripped before
 /// lookup, `Server`/`X-Powered-By` removed, `x-inlay-policy` added.
 async fn check_headers(name: &str) {
+    if name.ends_with("-go") && !common::go_policy_built(name) {
+        return;
+    }
     let origin = Origin::start();
     let inlay = with_policy(&origin, name).await;
     // Every language's port is snapshot after a warm-up request at load.
@@ -65,6 +68,9 @@ async fn check_headers(name: &str) {
 /// The `ab-test` policy (any language): sticky bucket, exposed to the
 /// origin, cached per bucket.
 async fn check_ab_test(name: &str) {
+    if name.ends_with("-go") && !common::go_policy_built(name) {
+        return;
+    }
     let origin = Origin::start();
     let inlay = with_policy(&origin, name).await;
     let url = inlay.url("/echo?cc=max-age%3D60");
@@ -155,7 +161,95 @@ macro_rules! per_language {
     )*};
 }
 
-per_language!(rust => "", javascript => "-js", python => "-py", c => "-c");
+per_language!(rust => "", javascript => "-js", python => "-py", c => "-c", go => "-go");
+
+/// Go's runtime in a policy instance (the `runtime-go` fixture, on
+/// Inlay's WASI preview 1 adapter): its standard library's clock, sleep,
+/// goroutines and collector work within a hook, and a panic fails its
+/// request alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_runtime_in_a_policy() {
+    if !common::go_policy_built("runtime-go") {
+        return;
+    }
+    let origin = Origin::start();
+    let inlay = with_policy(&origin, "runtime-go").await;
+    assert!(inlay.policy().prewarmed());
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let started = Instant::now();
+    let r = get(&inlay.url("/go/time")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    let field = |name: &str| -> u128 {
+        text.split(' ')
+            .find_map(|kv| kv.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    // time.Now is the host's clock; time.Sleep(2s) passed in virtual time.
+    assert!((before..before + 60_000).contains(&field("now=")), "{text}");
+    assert!(
+        (2_000_000_000..3_000_000_000).contains(&field("slept=")),
+        "{text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the sleep waited"
+    );
+    assert_eq!(get(&inlay.url("/go/goroutines")).await.text(), "5050");
+    // 8 MiB of garbage a request, 40 requests in instances reused up to
+    // 1000 times, a 64 MiB cap: the collector must keep up.
+    for i in 0..40 {
+        let r = get(&inlay.url(&format!("/go/alloc?i={i}"))).await;
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (200, "allocated"),
+            "request {i}"
+        );
+    }
+    assert!(inlay.policy().instance_stats().reused >= 30);
+    assert_eq!(get(&inlay.url("/go/print")).await.text(), "printed");
+    drop(inlay);
+    let inlay = isolated("runtime-go", "", "/go/panic", Duration::from_secs(2)).await;
+    let why = failure_of(&inlay, "/go/panic").await;
+    assert!(why.contains("policy trapped in on-request"), "{why}");
+}
+
+/// A Go policy's hooks make no host call of their own (the runtime's
+/// monotonic clock is the adapter's, not the host's), so requests it has
+/// seen are replayed like any other language's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn go_policies_are_replayed() {
+    if !common::go_policy_built("headers-go") {
+        return;
+    }
+    let origin = Origin::start();
+    let mut inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[policy]\npath = {:?}\nmemo_size = \"4MiB\"",
+            policy("headers-go").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    for _round in 0..2 {
+        for i in 0..10 {
+            let r = get(&inlay.url(&format!("/echo?n={i}&utm_source=x&cc=max-age%3D60"))).await;
+            assert_eq!(r.header("x-inlay-policy"), Some("headers"));
+        }
+    }
+    inlay.stop().await;
+    let stats = inlay
+        .policy()
+        .memo_stats()
+        .expect("memo_size > 0 records paths");
+    // The first round's 10 new URLs run live (on-request and on-deliver);
+    // the second round walks their paths.
+    assert_eq!((stats.replayed, stats.live), (20, 20), "{stats:?}");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_policy_passes_cookies_unless_configured() {
@@ -191,13 +285,6 @@ async fn default_policy_passes_cookies_unless_configured() {
         .await;
     }
     assert_eq!(origin.count("/bytes/13").await, 1);
-}
-
-fn token(key: &str, path: &str, expiry: u64) -> String {
-    use hmac::{Mac, SimpleHmac};
-    let mut mac = SimpleHmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
-    mac.update(format!("{expiry}:{path}").as_bytes());
-    format!("{expiry}.{}", hex::encode(mac.finalize().into_bytes()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -467,6 +467,32 @@ async fn every_request_gets_one_access_log_line() {
     assert_eq!(json.access.lines().len(), 1, "{}", json.access.text());
 }
 
+/// A User-Agent made to end its field early (issue 29: `curl -A 'x\" 500 1
+/// "-" "forged'`) stays one field of the NCSA line: its backslash and its
+/// quotes are escaped, so a log parser reads the line as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_user_agent_stays_one_field_of_the_access_log() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let (resp, _) = raw(
+        inlay.addr,
+        b"GET /resp?ua HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\
+          User-Agent: x\\\" 500 1 \"-\" \"forged\r\nReferer: a\tb\\\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp:?}");
+    let line = inlay
+        .access
+        .wait_for(&["/resp?ua"], Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("no line: {}", inlay.access.text()));
+    assert!(
+        line.contains(r#" "a\x09b\\" "x\\\" 500 1 \"-\" \"forged" request_id="#),
+        "{line}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_over_max_request_body_gets_413() {
     let origin = Origin::start();
@@ -503,6 +529,71 @@ async fn a_request_body_over_max_request_body_gets_413() {
     .await;
     assert_eq!(r.status, 200);
     assert!(r.text().contains("\"bytes\":1024"), "{}", r.text());
+}
+
+/// A chunk whose declared size cannot fit `max_request_body` is a 413 as
+/// soon as its size line comes, though the client sends only four of its
+/// bytes and waits: for the first chunk before the origin is asked; for a
+/// later one as soon as it comes (whether the origin got the request by
+/// then is a race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_chunk_over_max_request_body_gets_413_at_once() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("max_request_body = \"1KiB\"")
+        .start_in_process()
+        .await;
+    let head = "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (chunks, origin_asked) in [
+        ("FFFFFFFFFFFFFFED\r\nAAAA", Some(0)),
+        ("401\r\nAAAA", Some(0)),
+        ("200\r\n", Some(0)),
+        ("5\r\nAAAAA\r\n3FC\r\nAAAA", None),
+    ] {
+        // The client keeps its side open: only the 413 ends the wait.
+        let (resp, closed) = raw(
+            inlay.addr,
+            format!("{head}{chunks}").as_bytes(),
+            Duration::from_secs(3),
+        )
+        .await;
+        if chunks == "200\r\n" {
+            // 512 bytes fit: the body is awaited, nothing is answered.
+            assert_eq!((resp.as_str(), closed), ("", false), "{chunks:?}");
+            continue;
+        }
+        assert!(resp.starts_with("HTTP/1.1 413"), "{chunks:?}: {resp:?}");
+        assert!(closed, "{chunks:?}");
+        // Counted from the first case on.
+        if let Some(asked) = origin_asked {
+            assert_eq!(origin.count("/upload").await, asked, "{chunks:?}");
+        }
+    }
+}
+
+/// Chunk lines ended by a bare LF are the client's malformed framing
+/// (hyper refuses them, RFC 9112 7.1 wants CRLF): a 400 and the connection
+/// closed, never a 502 that blames the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_with_bare_lf_lines_is_the_client_s_400() {
+    let origin = Origin::start();
+    let inlay = Harness::builder().backend(&origin).start_in_process().await;
+    let (resp, closed) = raw(
+        inlay.addr,
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\nAAAAA\n0\n\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp:?}");
+    assert!(closed, "{resp:?}");
+    assert_eq!(origin.count("/upload").await, 0, "the origin was asked");
+    let line = inlay
+        .access
+        .wait_for(&["/upload"], Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|| panic!("no line: {}", inlay.access.text()));
+    assert!(line.contains(" 400 "), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

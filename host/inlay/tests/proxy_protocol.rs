@@ -101,11 +101,20 @@ fn forwarded_for(body: Bytes) -> Option<String> {
     common::echoed(&reply, "x-forwarded-for")
 }
 
+/// `server`, with the test's peer (127.0.0.1) as the load balancer unless
+/// it names its own.
+fn from(server: &str) -> String {
+    if server.contains("proxy_protocol_from") {
+        return server.to_owned();
+    }
+    format!("proxy_protocol_from = [\"127.0.0.1\"]\n{server}")
+}
+
 async fn start(origin: &Origin, server: &str, toml: &str) -> Harness {
     Harness::builder()
         .backend(origin)
         .server("proxy_protocol = true")
-        .server(server)
+        .server(&from(server))
         .toml(toml)
         .start_in_process()
         .await
@@ -256,6 +265,7 @@ async fn the_policy_sees_the_proxied_client_address() {
     let inlay = Harness::builder()
         .backend(&origin)
         .server("proxy_protocol = true")
+        .server(&from(""))
         .arg("--policy")
         .arg(common::policy("ab-test").display().to_string())
         .start_in_process()

@@ -538,7 +538,7 @@ async fn a_proxy_header_comes_before_the_tls_handshake() {
     two_names(&pki);
     let inlay = Harness::builder()
         .backend(&origin)
-        .server("proxy_protocol = true")
+        .server("proxy_protocol = true\nproxy_protocol_from = [\"127.0.0.1\"]")
         .arg("-a")
         .arg("https://127.0.0.1:0")
         .toml(&pki.entry("a", &["a.test"]))
@@ -630,4 +630,113 @@ async fn h2_over_tls_has_the_h2c_limits() {
         return;
     }
     panic!("every flood ended on the transport, never on a GOAWAY: {last:?}");
+}
+
+/// Reads what the server sends on `s` until it closes (within 5 s).
+async fn read_until_closed(s: &mut TlsStream<TcpStream>) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    match read {
+        Ok(_) => got,
+        Err(_) => panic!(
+            "not closed within 5 s; got {:?}",
+            String::from_utf8_lossy(&got)
+        ),
+    }
+}
+
+/// Once ALPN has chosen `h2`, the connection speaks HTTP/2 only: a client
+/// that does not send the connection preface gets its connection closed
+/// (RFC 9113 3.4; h2spec 3.5/2), never an HTTP/1.1 answer, while the `h2`
+/// crate's client, which sends it, is served. Without `h2` in ALPN, a
+/// TLS connection is HTTP/1 only (HTTP/2 over TLS needs ALPN, 3.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_alpn_h2_an_invalid_preface_is_closed_not_answered_in_http1() {
+    use tokio::io::AsyncWriteExt;
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let inlay = start(&origin, &pki, "").await;
+    let addr = inlay.tls_addr.unwrap();
+    let h2_client = pki.client(&[b"h2"]);
+    for preface in [
+        &b"GET /static/1 HTTP/1.1\r\nhost: a.test\r\n\r\n"[..],
+        b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n",
+    ] {
+        let mut tls = connect(addr, &h2_client, "a.test").await.unwrap();
+        assert_eq!(alpn(&tls).as_deref(), Some(&b"h2"[..]));
+        tls.write_all(preface).await.unwrap();
+        let got = read_until_closed(&mut tls).await;
+        // Nothing but HTTP/2 frames (the server's SETTINGS, a GOAWAY).
+        let mut frames = &got[..];
+        while let [a, b, c, kind, ..] = *frames {
+            let len = u32::from_be_bytes([0, a, b, c]) as usize;
+            assert!(kind <= 9 && frames.len() >= 9 + len, "not HTTP/2: {got:?}");
+            frames = &frames[9 + len..];
+        }
+        assert!(
+            frames.is_empty(),
+            "not HTTP/2 frames: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    let tls = connect(addr, &h2_client, "a.test").await.unwrap();
+    let (send, conn) = h2::client::handshake(tls).await.unwrap();
+    tokio::spawn(conn);
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::get("https://a.test/static/1")
+        .body(())
+        .unwrap();
+    let (resp, _) = send.send_request(req, true).unwrap();
+    assert_eq!(resp.await.unwrap().status(), 200);
+    // ALPN http/1.1: the HTTP/2 preface is no HTTP/1 request (hyper closes
+    // the connection at it, unanswered).
+    let mut tls = connect(addr, &pki.client(&[b"http/1.1"]), "a.test")
+        .await
+        .unwrap();
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_until_closed(&mut tls).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(
+        got.is_empty() || got.starts_with("HTTP/1.1 4"),
+        "served as HTTP/2 without ALPN h2: {got:?}"
+    );
+}
+
+/// A WebSocket over TLS: `wss://` with ALPN http/1.1 (what browsers send)
+/// upgrades the HTTP/1.1 connection; with ALPN h2 it is an extended
+/// CONNECT stream (RFC 8441). Both reach the origin's echo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_is_tunnelled_over_http11_and_h2() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let inlay = start(&origin, &pki, "").await;
+    let addr = inlay.tls_addr.unwrap();
+    let hello = Message::text("hello over tls");
+
+    let h1 = connect(addr, &pki.client(&[b"http/1.1"]), "a.test")
+        .await
+        .unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async("wss://a.test/ws", h1)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    ws.send(hello.clone()).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), hello);
+    ws.close(None).await.unwrap();
+
+    let h2 = connect(addr, &pki.client(&[b"h2"]), "a.test")
+        .await
+        .unwrap();
+    assert_eq!(alpn(&h2).as_deref(), Some(&b"h2"[..]));
+    let mut ws = common::h2_websocket(TokioIo::new(h2), "https://a.test/ws").await;
+    ws.send(hello.clone()).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), hello);
+    assert_eq!(origin.count("/ws").await, 2);
 }

@@ -28,7 +28,7 @@ use crate::admission::{Admission, ConnectionSlot};
 use crate::limits::Limits;
 use crate::per_client::ClientSlot;
 use crate::proxy_protocol::proxy_header;
-use crate::serve::serve_connection;
+use crate::serve::{Serving, Speaks};
 use crate::stats::ConnectionStats;
 use crate::tls::{Tls, handshake};
 use crate::{CLIENT_WARNINGS, SHED_WARNINGS, socket};
@@ -39,12 +39,30 @@ use crate::{CLIENT_WARNINGS, SHED_WARNINGS, socket};
 pub struct Listener {
     tcp: TcpListener,
     tls: Option<Arc<Tls>>,
+    /// Plain HTTP/2 with prior knowledge only.
+    h2c_only: bool,
 }
 
 impl Listener {
     /// A plain HTTP listener (HTTP/1.1 and h2c).
     pub fn plain(tcp: TcpListener) -> Self {
-        Self { tcp, tls: None }
+        Self {
+            tcp,
+            tls: None,
+            h2c_only: false,
+        }
+    }
+
+    /// A plain listener that speaks HTTP/2 with prior knowledge only: a
+    /// connection that does not open with the preface is closed (RFC 9113
+    /// 3.4), not answered in HTTP/1.1. For a load balancer that speaks
+    /// h2c to its targets.
+    pub fn h2c(tcp: TcpListener) -> Self {
+        Self {
+            tcp,
+            tls: None,
+            h2c_only: true,
+        }
     }
 
     /// A TLS listener serving `tls`'s certificates.
@@ -52,6 +70,7 @@ impl Listener {
         Self {
             tcp,
             tls: Some(tls),
+            h2c_only: false,
         }
     }
 
@@ -153,6 +172,8 @@ struct Shared<M> {
     stats: Arc<ConnectionStats>,
     connections: TaskTracker,
     stop: CancellationToken,
+    /// Cancelled when the drain reaches `shutdown_timeout`: tunnels close.
+    tunnels_close: CancellationToken,
 }
 
 impl<M: MakeService> Server<M> {
@@ -199,6 +220,7 @@ impl<M: MakeService> Server<M> {
             stats,
             connections: TaskTracker::new(),
             stop: CancellationToken::new(),
+            tunnels_close: CancellationToken::new(),
         });
         let accept_tasks: Vec<_> = listeners
             .into_iter()
@@ -228,13 +250,22 @@ impl<M: MakeService> Server<M> {
         let shutdown_timeout = limits.borrow().shutdown_timeout;
         match tokio::time::timeout(shutdown_timeout, connections.wait()).await {
             Ok(()) => info!("all connections drained"),
-            Err(_) => warn!(
-                connections = connections.len(),
-                "shutdown deadline reached; closing remaining connections"
-            ),
+            Err(_) => {
+                warn!(
+                    connections = connections.len(),
+                    "shutdown deadline reached; closing remaining connections"
+                );
+                // Tunnels (WebSockets) were left open until now; they close
+                // themselves, and get a moment to say so (their log lines).
+                shared.tunnels_close.cancel();
+                let _ = tokio::time::timeout(TUNNELS_CLOSE_GRACE, connections.wait()).await;
+            }
         }
     }
 }
+
+/// How long tunnels told to close at the end of a drain get to do so.
+const TUNNELS_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Connections an accept loop takes before it lets other tasks run.
 const ACCEPTS_PER_TURN: u32 = 8;
@@ -338,7 +369,7 @@ async fn accept_loop<M: MakeService>(
     limits: watch::Receiver<Arc<Limits>>,
     shared: Arc<Shared<M>>,
 ) {
-    let Listener { tcp, tls } = listener;
+    let Listener { tcp, tls, h2c_only } = listener;
     // Accepted here without tokio's `accept`, which registers every new
     // connection with the reactor: a refused one never is (it went in and
     // out again, two `epoll_ctl` calls for each connection of a flood).
@@ -422,9 +453,7 @@ async fn accept_loop<M: MakeService>(
         let limits = follow.current.clone();
         // Behind the PROXY protocol the client is known once its header
         // is read (in the connection's task); the peer is the load balancer.
-        let proxied = limits.proxy_protocol;
-        if proxied
-            && let Some(from) = &limits.proxy_protocol_from
+        if let Some(from) = &limits.proxy_protocol
             && !from.allows(peer.ip())
         {
             // Anyone else could claim any address (and pass purge_allow).
@@ -434,16 +463,14 @@ async fn accept_loop<M: MakeService>(
             }
             continue;
         }
-        let client_slot = if proxied {
-            None
-        } else {
-            let Some(slot) = admission.per_client.take(peer.ip()) else {
-                over_client_share(peer);
-                let until = Instant::now() + limits.header_read_timeout;
-                admission.tarpit.hold(stream, until);
-                continue;
-            };
-            Some(slot)
+        // The peer's share, PROXY header or not: until a header names
+        // another client, the connection is the peer's (one that sends
+        // `P` and waits holds its own share, not every slot).
+        let Some(client_slot) = admission.per_client.take(peer.ip()) else {
+            over_client_share(peer);
+            let until = Instant::now() + limits.header_read_timeout;
+            admission.tarpit.hold(stream, until);
+            continue;
         };
         let admitted = Admitted {
             stream,
@@ -451,6 +478,7 @@ async fn accept_loop<M: MakeService>(
             peer,
             local,
             tls: tls.clone(),
+            h2c_only,
             limits,
             client_slot,
             permit,
@@ -470,10 +498,13 @@ struct Admitted {
     peer: SocketAddr,
     local: SocketAddr,
     tls: Option<Arc<Tls>>,
+    /// From an h2c-only listener.
+    h2c_only: bool,
     /// The limits when it was accepted, for its whole life.
     limits: Arc<Limits>,
-    /// `None` behind the PROXY protocol: taken once the header names the client.
-    client_slot: Option<ClientSlot>,
+    /// Its peer's share; behind the PROXY protocol, exchanged for the
+    /// share of the client its header names.
+    client_slot: ClientSlot,
     permit: ConnectionSlot,
 }
 
@@ -486,8 +517,9 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         mut peer,
         local,
         tls,
+        h2c_only,
         limits,
-        client_slot,
+        mut client_slot,
         permit,
     } = admitted;
     let _open = shared.stats.opened();
@@ -511,20 +543,22 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         }
     };
     socket::admitted(&stream, limits.tcp_notsent_lowat, options_inherited);
-    if limits.proxy_protocol {
+    if limits.proxy_protocol.is_some() {
         let Some(header) = proxy_header(rest, &mut stream, peer, &limits, &stop).await else {
             return;
         };
-        peer = header.source.unwrap_or(peer);
         rest = header.rest;
+        if let Some(client) = header.source
+            && client.ip() != peer.ip()
+        {
+            // The load balancer's share goes back once the client's is taken.
+            client_slot = match shared.admission.per_client.take(client.ip()) {
+                Some(slot) => slot,
+                None => return over_client_share(client),
+            };
+        }
+        peer = header.source.unwrap_or(peer);
     }
-    let client_slot = match client_slot {
-        Some(slot) => slot,
-        None => match shared.admission.per_client.take(peer.ip()) {
-            Some(slot) => slot,
-            None => return over_client_share(peer),
-        },
-    };
     let activity = Arc::new(Activity::default());
     let tracked = TrackedIo::new(stream, activity.clone(), rest);
     let conn = Connection {
@@ -533,21 +567,36 @@ async fn connection<M: MakeService>(shared: Arc<Shared<M>>, admitted: Admitted) 
         local,
     };
     let service = shared.make.make(&conn);
-    let admission = &shared.admission;
+    let serving = |stop| Serving {
+        activity: activity.clone(),
+        peer,
+        limits: &limits,
+        admission: &shared.admission,
+        stop,
+        tunnels_close: shared.tunnels_close.clone(),
+    };
     match tls {
         None => {
-            let io = TokioIo::new(tracked);
-            serve_connection(io, service, activity, peer, &limits, admission, stop).await;
+            let speaks = if h2c_only {
+                Speaks::Http2
+            } else {
+                Speaks::Detect
+            };
+            serving(stop)
+                .serve(TokioIo::new(tracked), speaks, service)
+                .await;
         }
         Some(tls) => {
             let Some(io) = handshake(&tls, tracked, peer, &limits, &stop).await else {
                 return;
             };
-            if io.get_ref().1.alpn_protocol() == Some(b"h2") {
+            let speaks = if io.get_ref().1.alpn_protocol() == Some(b"h2") {
                 activity.set_h2();
-            }
-            let io = TokioIo::new(io);
-            serve_connection(io, service, activity, peer, &limits, admission, stop).await;
+                Speaks::Http2
+            } else {
+                Speaks::Http1
+            };
+            serving(stop).serve(TokioIo::new(io), speaks, service).await;
         }
     }
     drop(client_slot);

@@ -28,6 +28,10 @@ pub(crate) struct Activity {
     blocked_since: AtomicU64,
     /// HTTP/2: idle means no stream for `idle_timeout`, whatever else moves.
     h2: AtomicBool,
+    /// Tunnels open on it ([`TunnelGuard`](crate::TunnelGuard)s).
+    tunnels: AtomicUsize,
+    /// Told when a tunnel closes.
+    tunnel_closed: tokio::sync::Notify,
 }
 
 impl Default for Activity {
@@ -38,6 +42,8 @@ impl Default for Activity {
             in_flight: AtomicUsize::new(0),
             blocked_since: AtomicU64::new(0),
             h2: AtomicBool::new(false),
+            tunnels: AtomicUsize::new(0),
+            tunnel_closed: tokio::sync::Notify::new(),
         }
     }
 }
@@ -90,6 +96,33 @@ impl Activity {
         }
         let now = self.born.elapsed().as_millis() as u64;
         Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+impl Activity {
+    /// A tunnel opened on the connection.
+    pub(crate) fn tunnel_opened(&self) {
+        self.tunnels.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A tunnel closed.
+    pub(crate) fn tunnel_closed(&self) {
+        self.tunnels.fetch_sub(1, Ordering::AcqRel);
+        self.tunnel_closed.notify_waiters();
+    }
+
+    /// Resolves once no tunnel is open on the connection.
+    pub(crate) async fn tunnels_closed(&self) {
+        loop {
+            let closed = self.tunnel_closed.notified();
+            tokio::pin!(closed);
+            // Registered before the count is read: a close in between wakes it.
+            closed.as_mut().enable();
+            if self.tunnels.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            closed.await;
+        }
     }
 }
 

@@ -20,6 +20,9 @@
 //! - `serve`: hyper's HTTP/1.1 and HTTP/2 with the timeouts (header read,
 //!   idle, busy idle, send and idle send, in `send_clock` per response
 //!   and per HTTP/2 stream), over a socket that records its `activity`;
+//! - `tunnel`: connections the service turns into tunnels (an HTTP/1.1
+//!   upgrade, an HTTP/2 extended CONNECT), held open and counted until
+//!   the tunnel ends ([`TunnelTicket`], [`TunnelGuard`]);
 //! - [`open_files`]: the open-file limit the limits need;
 //! - [`ConnectionStats`]: what is counted, a Prometheus collector.
 //!
@@ -38,6 +41,7 @@ mod socket;
 mod stats;
 mod tarpit;
 mod tls;
+mod tunnel;
 
 use inlay_core::LogLimit;
 
@@ -47,6 +51,7 @@ pub use per_client::{ClientSlot, PerClient};
 pub use socket::bind;
 pub use stats::{ConnectionStats, OpenConnection};
 pub use tls::{CertificateSet, Tls, TlsError};
+pub use tunnel::{TunnelGuard, TunnelTicket};
 
 /// Warnings about what one client did wrong, at most 20 a second: a flood
 /// of bad connections must not turn into a flood of log lines. The next

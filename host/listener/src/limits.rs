@@ -33,12 +33,14 @@ pub struct Limits {
     /// Bytes a connection's socket may hold written but not yet sent
     /// (Linux `TCP_NOTSENT_LOWAT`); zero leaves the kernel's default.
     pub tcp_notsent_lowat: u64,
-    /// Every connection starts with a PROXY protocol header (v1 or v2)
-    /// naming the real client; one without is closed.
-    pub proxy_protocol: bool,
-    /// With `proxy_protocol`: the peers allowed to send the header; a
-    /// connection from elsewhere is closed unread. `None`: any peer.
-    pub proxy_protocol_from: Option<PeerFilter>,
+    /// `Some(peers)`: every connection starts with a PROXY protocol header
+    /// (v1 or v2) naming the real client, sent by one of `peers` (the load
+    /// balancers); a connection from another peer is closed unread, one
+    /// without a valid header is closed. Until its header is read, a
+    /// connection counts against its peer's `max_connections_per_client`,
+    /// then against the client the header names. To trust any peer, say
+    /// so: `PeerFilter::new(|_| true)`.
+    pub proxy_protocol: Option<PeerFilter>,
     /// A client must send its PROXY header, and its whole request head,
     /// within this time.
     pub header_read_timeout: Duration,
@@ -65,6 +67,11 @@ pub struct Limits {
     /// HTTP/2 is served (h2c with prior knowledge; over TLS as ALPN chose);
     /// false: HTTP/1 only.
     pub http2: bool,
+    /// Connections may be handed to the service for a tunnel: an HTTP/1.1
+    /// request with `Upgrade` answered 101, an HTTP/2 CONNECT (extended
+    /// CONNECT, RFC 8441, announced in SETTINGS) answered 2xx; the request
+    /// carries a [`TunnelTicket`](crate::TunnelTicket).
+    pub upgrades: bool,
     /// HTTP/2: streams a client may have open at once.
     pub h2_max_concurrent_streams: u32,
     /// HTTP/2: largest header list a client may send, in bytes.

@@ -26,118 +26,203 @@ use crate::activity::{Activity, GuardedBody, InFlight};
 use crate::admission::Admission;
 use crate::limits::Limits;
 use crate::send_clock::{STREAM_CLOCK, SendClock, SendLimits, StreamExecutor};
+use crate::tunnel::TunnelTicket;
 
-/// Serve `io` (an admitted connection from `peer`, perhaps TLS) with
-/// `service` until it ends, a timeout closes it, or `stop` asks for a
-/// graceful close.
-pub(crate) async fn serve_connection<I, S, B>(
-    io: I,
-    service: S,
-    activity: Arc<Activity>,
-    peer: SocketAddr,
-    limits: &Limits,
-    admission: &Admission,
-    stop: CancellationToken,
-) where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError> + Send,
-{
-    let send_limits = SendLimits::of(limits);
-    let mut builder = auto::Builder::new(StreamExecutor(send_limits));
-    if !limits.http2 {
-        builder = builder.http1_only();
-    }
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_size.max(8192))
-        .keep_alive(limits.keep_alive);
-    let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(limits.h2_max_header_list_size)
-        .max_concurrent_streams(limits.h2_max_concurrent_streams)
-        .max_pending_accept_reset_streams(limits.h2_max_pending_accept_reset_streams)
-        .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
-        .keep_alive_interval(keep_alive)
-        .keep_alive_timeout(limits.h2_keep_alive_timeout);
-    // HTTP/1 sends one response at a time: its clock is the connection's.
-    // An HTTP/2 stream gets its own from `StreamExecutor`.
-    let h1_clock = Arc::new(SendClock::new(send_limits, false));
-    let service = Tracked {
-        inner: service,
-        activity: activity.clone(),
-        h1_clock: h1_clock.clone(),
+/// Which HTTP a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Speaks {
+    /// Plain TCP: HTTP/1.1, or h2c when it starts with the HTTP/2 preface
+    /// (and `Limits::http2` is on).
+    Detect,
+    /// TLS whose ALPN chose `h2`, or an h2c-only listener: HTTP/2 only, so
+    /// that a connection that does not start with the preface is closed
+    /// (RFC 9113 3.4), not answered in HTTP/1.1.
+    Http2,
+    /// TLS without `h2` in ALPN: HTTP/1 only (HTTP/2 over TLS needs ALPN,
+    /// RFC 9113 3.3).
+    Http1,
+}
+
+/// What serving one admitted connection reads: the connection's
+/// activity and address, the limits it was accepted with, the server's
+/// admission (its free slots), and what stops it.
+pub(crate) struct Serving<'a> {
+    pub(crate) activity: Arc<Activity>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) limits: &'a Limits,
+    pub(crate) admission: &'a Admission,
+    /// Asks for a graceful close (the drain).
+    pub(crate) stop: CancellationToken,
+    /// Closes the connection's tunnels (the end of the drain).
+    pub(crate) tunnels_close: CancellationToken,
+}
+
+/// The HTTP/1 settings of `limits`, on hyper-util's builder or hyper's.
+macro_rules! http1_settings {
+    ($builder:expr, $limits:expr) => {
+        $builder
+            .timer(TokioTimer::new())
+            .header_read_timeout($limits.header_read_timeout)
+            .max_buf_size($limits.max_header_size.max(8192))
+            .keep_alive($limits.keep_alive)
     };
-    let conn = builder.serve_connection(io, service);
-    tokio::pin!(conn);
-    let idle = limits.idle_timeout;
-    let busy_idle = idle.min(limits.busy_idle_timeout);
-    // Fewer free slots than this: idle connections go after `busy_idle`.
-    let reserve = (limits.max_connections / 10).max(1);
-    let period = busy_idle
-        .min(limits.idle_send_timeout)
-        .min(Duration::from_secs(1))
-        .max(Duration::from_millis(10));
-    // Each connection checks at a phase of its own: connections accepted
-    // in one burst (a flood) ticked in the same millisecond, a few
-    // thousand wake-ups at once on the thread that also accepts and
-    // answers everyone.
-    let mut tick =
-        tokio::time::interval_at(tokio::time::Instant::now() + phase(peer, period), period);
-    let deadline = async {
-        match limits.connection_deadline {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending().await,
+}
+
+impl Serving<'_> {
+    /// Serve `io` (the admitted connection, perhaps TLS), which `speaks`
+    /// HTTP/1, HTTP/2 or either, with `service` until it ends, a timeout
+    /// closes it, or `stop` asks for a graceful close.
+    pub(crate) async fn serve<I, S, B>(self, io: I, speaks: Speaks, service: S)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError> + Send,
+    {
+        let limits = self.limits;
+        let send_limits = SendLimits::of(limits);
+        let mut builder = auto::Builder::new(StreamExecutor(send_limits));
+        let speaks = match speaks {
+            Speaks::Detect if !limits.http2 => Speaks::Http1,
+            speaks => speaks,
+        };
+        builder = match speaks {
+            Speaks::Http2 => builder.http2_only(),
+            Speaks::Http1 => builder.http1_only(),
+            Speaks::Detect => builder,
+        };
+        http1_settings!(builder.http1(), limits);
+        let keep_alive = Some(limits.h2_keep_alive_interval).filter(|d| !d.is_zero());
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(limits.h2_max_header_list_size)
+            .max_concurrent_streams(limits.h2_max_concurrent_streams)
+            .max_pending_accept_reset_streams(limits.h2_max_pending_accept_reset_streams)
+            .max_local_error_reset_streams(limits.h2_max_local_error_reset_streams)
+            .keep_alive_interval(keep_alive)
+            .keep_alive_timeout(limits.h2_keep_alive_timeout);
+        let upgrades = limits.upgrades;
+        if upgrades {
+            // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSockets over HTTP/2 (RFC 8441).
+            builder.http2().enable_connect_protocol();
         }
-    };
-    tokio::pin!(deadline);
-    let expired = h1_clock.expired();
-    tokio::pin!(expired);
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            // The connection first: the response it polls arms the send clock.
-            biased;
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    log_connection_error(peer, &*e);
-                }
-                return;
+        // HTTP/1 sends one response at a time: its clock is the connection's.
+        // An HTTP/2 stream gets its own from `StreamExecutor`.
+        let h1_clock = Arc::new(SendClock::new(send_limits, false));
+        let service = Tracked {
+            inner: service,
+            activity: self.activity.clone(),
+            h1_clock: h1_clock.clone(),
+            tunnels_close: upgrades.then(|| self.tunnels_close.clone()),
+        };
+        match (speaks, upgrades) {
+            // hyper-util's upgradable connection reads the version itself
+            // (it ignores http1_only and http2_only): plain TCP only.
+            (Speaks::Detect, true) => {
+                let conn = builder.serve_connection_with_upgrades(io, service);
+                self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
             }
-            _ = stop.cancelled(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+            // HTTP/1 only, upgradable: hyper's own HTTP/1 connection.
+            (Speaks::Http1, true) => {
+                let mut http1 = hyper::server::conn::http1::Builder::new();
+                http1_settings!(http1, limits);
+                let conn = http1.serve_connection(io, service).with_upgrades();
+                self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
             }
-            why = &mut expired => {
-                info!(%peer, "response not sent within {why}; connection closed");
-                return;
+            // HTTP/2 serves extended CONNECT on any of its connections.
+            _ => {
+                let conn = builder.serve_connection(io, service);
+                self.drive(conn, |c| c.graceful_shutdown(), h1_clock).await;
             }
-            () = &mut deadline => {
-                info!(%peer, "connection open longer than its deadline; closed");
-                return;
+        }
+    }
+
+    /// Drive `conn` (hyper's connection, closed gracefully by `shutdown`;
+    /// its HTTP/1 responses timed by `h1_clock`) until it ends or a
+    /// timeout closes it; a connection handed to a tunnel (an HTTP/1.1
+    /// upgrade) ends when its tunnel does.
+    async fn drive<C, E>(self, conn: C, shutdown: impl Fn(Pin<&mut C>), h1_clock: Arc<SendClock>)
+    where
+        C: Future<Output = Result<(), E>>,
+        E: Into<BoxError>,
+    {
+        let Self {
+            activity,
+            peer,
+            limits,
+            admission,
+            stop,
+            ..
+        } = self;
+        tokio::pin!(conn);
+        let idle = limits.idle_timeout;
+        let busy_idle = idle.min(limits.busy_idle_timeout);
+        // Fewer free slots than this: idle connections go after `busy_idle`.
+        let reserve = (limits.max_connections / 10).max(1);
+        let period = busy_idle
+            .min(limits.idle_send_timeout)
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(10));
+        // Each connection checks at a phase of its own: connections accepted
+        // in one burst (a flood) ticked in the same millisecond, a few
+        // thousand wake-ups at once on the thread that also accepts and
+        // answers everyone.
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + phase(peer, period), period);
+        let deadline = async {
+            match limits.connection_deadline {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
             }
-            _ = tick.tick() => {
-                // Checked while closing too: a graceful shutdown waits for
-                // writes that a client which reads nothing never lets finish.
-                if activity.write_blocked_for() >= limits.idle_send_timeout {
-                    info!(%peer, "client read nothing for idle_send_timeout; connection closed");
+        };
+        tokio::pin!(deadline);
+        let expired = h1_clock.expired();
+        tokio::pin!(expired);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                // The connection first: the response it polls arms the send clock.
+                biased;
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        log_connection_error(peer, &*e.into());
+                    }
+                    // An upgraded HTTP/1.1 connection: hyper handed its
+                    // socket to the tunnel, which it stays with.
+                    activity.tunnels_closed().await;
                     return;
                 }
-                let idle = if admission.free() < reserve {
-                    busy_idle
-                } else {
-                    idle
-                };
-                if !closing && activity.idle_for() >= idle {
-                    debug!(%peer, "closing idle connection");
+                _ = stop.cancelled(), if !closing => {
                     closing = true;
-                    conn.as_mut().graceful_shutdown();
+                    shutdown(conn.as_mut());
+                }
+                why = &mut expired => {
+                    info!(%peer, "response not sent within {why}; connection closed");
+                    return;
+                }
+                () = &mut deadline => {
+                    info!(%peer, "connection open longer than its deadline; closed");
+                    return;
+                }
+                _ = tick.tick() => {
+                    // Checked while closing too: a graceful shutdown waits for
+                    // writes that a client which reads nothing never lets finish.
+                    if activity.write_blocked_for() >= limits.idle_send_timeout {
+                        info!(%peer, "client read nothing for idle_send_timeout; connection closed");
+                        return;
+                    }
+                    let idle = if admission.free() < reserve {
+                        busy_idle
+                    } else {
+                        idle
+                    };
+                    if !closing && activity.idle_for() >= idle {
+                        debug!(%peer, "closing idle connection");
+                        closing = true;
+                        shutdown(conn.as_mut());
+                    }
                 }
             }
         }
@@ -159,6 +244,8 @@ struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
     h1_clock: Arc<SendClock>,
+    /// With upgrades served: what closes tunnels at the end of a drain.
+    tunnels_close: Option<CancellationToken>,
 }
 
 impl<S, B> Service<Request<Incoming>> for Tracked<S>
@@ -170,12 +257,28 @@ where
     type Error = Infallible;
     type Future = TrackedCall<S::Future>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        if let Some(closing) = &self.tunnels_close
+            && may_upgrade(&req)
+        {
+            let ticket = TunnelTicket::new(self.activity.clone(), closing.clone());
+            req.extensions_mut().insert(ticket);
+        }
         TrackedCall {
             inner: self.inner.call(req),
             guard: Some(InFlight::new(self.activity.clone())),
             h1_clock: Some(self.h1_clock.clone()),
         }
+    }
+}
+
+/// A request that may take its connection over: HTTP/1.1 with `Upgrade`
+/// (hyper hands the socket over only then), or an HTTP/2 CONNECT.
+fn may_upgrade<B>(req: &Request<B>) -> bool {
+    match req.version() {
+        http::Version::HTTP_11 => req.headers().contains_key(http::header::UPGRADE),
+        http::Version::HTTP_2 => req.method() == http::Method::CONNECT,
+        _ => false,
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::{Connection, ConnectionStats, Limits, Server};
+use crate::{Connection, ConnectionStats, Limits, Listener, Server};
 
 /// Limits as Inlay's defaults have them.
 pub(crate) fn limits() -> Limits {
@@ -22,8 +22,7 @@ pub(crate) fn limits() -> Limits {
         listen_backlog: 1024,
         defer_accept: Duration::from_secs(3),
         tcp_notsent_lowat: 128 << 10,
-        proxy_protocol: false,
-        proxy_protocol_from: None,
+        proxy_protocol: None,
         header_read_timeout: Duration::from_secs(10),
         tls_handshake_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
@@ -34,6 +33,7 @@ pub(crate) fn limits() -> Limits {
         max_header_size: 64 << 10,
         keep_alive: true,
         http2: true,
+        upgrades: true,
         h2_max_concurrent_streams: 100,
         h2_max_header_list_size: 64 << 10,
         h2_max_pending_accept_reset_streams: 20,
@@ -58,6 +58,11 @@ struct Running {
 /// A server whose service answers `200` with the connection's peer after
 /// waiting for the `delay` (ms) of the request's query.
 async fn start(limits: Limits) -> Running {
+    start_on(limits, Listener::plain).await
+}
+
+/// [`start`] on the listener `kind` makes.
+async fn start_on(limits: Limits, kind: fn(TcpListener) -> Listener) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = watch::channel(Arc::new(limits));
@@ -73,7 +78,7 @@ async fn start(limits: Limits) -> Running {
     })
     .with_stats(stats.clone());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(server.serve([listener], async {
+    let served = tokio::spawn(server.serve([kind(listener)], async {
         let _ = stopped.await;
     }));
     Running {
@@ -216,4 +221,151 @@ async fn one_request_per_connection_and_a_client_over_its_share_is_closed_at_onc
     let got = String::from_utf8_lossy(&got);
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     assert!(got.ends_with("done"), "{got:?}");
+}
+
+/// A connection from `from` (a loopback address) to `addr`.
+async fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Behind the PROXY protocol a connection is its peer's until the header
+/// names the client: a peer that sends `P` and waits holds its own share
+/// of the slots, not all of them; a load balancer's share is given back
+/// as each header names the client behind it.
+#[tokio::test]
+async fn a_peer_waiting_to_send_its_proxy_header_holds_its_share_not_every_slot() {
+    let running = start(Limits {
+        max_connections: 5,
+        max_connections_per_client: 2,
+        proxy_protocol: Some(crate::PeerFilter::new(|ip| ip.is_loopback())),
+        // Answered connections stay open: only their shares free slots.
+        busy_idle_timeout: Duration::from_secs(60),
+        ..limits()
+    })
+    .await;
+    let addr = running.addr;
+    let mut waiting = Vec::new();
+    for _ in 0..4 {
+        let mut c = connect_from("127.0.0.1", addr).await;
+        c.write_all(b"P").await.unwrap();
+        waiting.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The load balancer, another peer: three clients, each connection kept
+    // open once answered (more than its share of two).
+    let mut open = Vec::new();
+    for client in 7..10 {
+        let mut lb = connect_from("127.0.0.2", addr).await;
+        let request = format!(
+            "PROXY TCP4 203.0.113.{client} 192.0.2.1 40000 80\r\nGET / HTTP/1.1\r\nhost: x\r\n\r\n"
+        );
+        lb.write_all(request.as_bytes()).await.unwrap();
+        let mut got = vec![0u8; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(2), lb.read(&mut got)).await;
+        let n = read.expect("answered within 2 s").unwrap();
+        let got = String::from_utf8_lossy(&got[..n]);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        assert!(
+            got.contains(&format!("peer=203.0.113.{client} ")),
+            "{got:?}"
+        );
+        open.push(lb);
+    }
+    drop(waiting);
+}
+
+/// A header that names the peer itself (a load balancer's own request)
+/// keeps the peer's count: it is not counted twice.
+#[tokio::test]
+async fn a_proxy_header_naming_its_own_peer_counts_once() {
+    let running = start(Limits {
+        max_connections_per_client: 1,
+        proxy_protocol: Some(crate::PeerFilter::new(|ip| ip.is_loopback())),
+        ..limits()
+    })
+    .await;
+    for header in [
+        "PROXY TCP4 127.0.0.1 192.0.2.1 40000 80\r\n",
+        "PROXY UNKNOWN\r\n",
+    ] {
+        let mut c = TcpStream::connect(running.addr).await.unwrap();
+        let request = format!("{header}GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        c.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(2), c.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "{header:?}: closed after its answer");
+        let got = String::from_utf8_lossy(&got);
+        assert!(
+            got.ends_with("peer=127.0.0.1 tls=false done"),
+            "{header:?}: {got:?}"
+        );
+    }
+}
+
+/// What the server sends after `bytes` until it closes (within 5 s). A
+/// close that leaves some of `bytes` unread is a reset: that is a close too.
+async fn answer_to(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    client.write_all(bytes).await.unwrap();
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match client.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("reading the answer: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("closed within 5 s");
+    got
+}
+
+/// An `h2c://` listener speaks HTTP/2 with prior knowledge only: what
+/// does not open with the preface is closed with HTTP/2 frames at most
+/// (RFC 9113 3.4, h2spec 3.5/2), where a plain listener, which speaks
+/// HTTP/1.1 too, answers it as a malformed HTTP/1 request (RFC 9112 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_listener_closes_what_does_not_open_with_the_preface() {
+    const INVALID: &[u8] = b"INVALID CONNECTION PREFACE\r\n\r\n";
+    let plain = start(limits()).await;
+    let got = answer_to(plain.addr, INVALID).await;
+    assert!(
+        got.starts_with(b"HTTP/1.1 4"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+
+    let h2c = start_on(limits(), Listener::h2c).await;
+    for bytes in [INVALID, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"] {
+        let got = answer_to(h2c.addr, bytes).await;
+        let mut frames = &got[..];
+        while let [a, b, c, kind, ..] = *frames {
+            let len = u32::from_be_bytes([0, a, b, c]) as usize;
+            assert!(kind <= 9 && frames.len() >= 9 + len, "not HTTP/2: {got:?}");
+            frames = &frames[9 + len..];
+        }
+        assert!(frames.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    }
+    // A client with prior knowledge is served.
+    let tcp = TcpStream::connect(h2c.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("http://x/")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), hyper::Version::HTTP_2);
 }

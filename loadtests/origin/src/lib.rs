@@ -27,5 +27,6 @@ mod knobs;
 mod query;
 mod routes;
 mod server;
+mod ws;
 
 pub use server::{SHUTDOWN_GRACE, serve};

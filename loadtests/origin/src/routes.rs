@@ -95,6 +95,10 @@ pub async fn handle(
         }
         _ => state.counters.hit(path),
     }
+    if path == "/ws" {
+        let resp = crate::ws::accept(&parts, &params);
+        return Ok(resp.unwrap_or_else(|e| text(StatusCode::BAD_REQUEST, format!("{}\n", e.0))));
+    }
     let (path, force_gzip) = match path.strip_prefix("/gzip") {
         Some("" | "/") => ("/resp", true),
         Some(rest) if rest.starts_with('/') => (rest, true),
@@ -146,7 +150,7 @@ async fn respond(
     }
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<OriginBody> {
+pub(crate) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<OriginBody> {
     let mut resp = Response::new(OriginBody::full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(

@@ -9,8 +9,9 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::routes::{self, State};
 
@@ -28,7 +29,10 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
     // Benchmarks multiplex many streams on few h2c connections.
     builder.http2().max_concurrent_streams(1024);
     let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
+    // Connections may be upgraded (`/ws`), so hyper-util's graceful
+    // watcher, which takes no upgradable connection, is done by hand.
+    let connections = TaskTracker::new();
+    let stop = CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -50,16 +54,25 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
         let state = state.clone();
         let service = service_fn(move |req| routes::handle(state.clone(), req));
         let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
             // A client resetting its connection is routine in load tests.
-            let _ = conn.await;
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
         });
     }
     drop(listener);
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
+    stop.cancel();
+    connections.close();
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, connections.wait()).await;
 }
 
 fn is_transient(e: &io::Error) -> bool {

@@ -3,8 +3,7 @@
 //! outcome the cache or the backend gives the phases after them.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Response};
@@ -28,13 +27,16 @@ pub struct RequestCtx {
     pub(super) head: RequestHead,
     /// The client's body: a passed request sends it on, a lookup drops it.
     pub(super) body: Option<ProxyBody>,
-    /// Set when the client's body grew past `server.max_request_body`, so
-    /// that the failed fetch it causes is the client's 413, not a 502.
-    pub(super) body_over: Arc<AtomicBool>,
+    /// Set when the client's body failed (past `server.max_request_body`,
+    /// malformed, cut), so that the failed fetch it causes is the client's
+    /// 413 or 400, not a 502.
+    pub(super) body_fault: Arc<OnceLock<BodyFault>>,
     /// `server.max_request_body` when the request came.
     pub(super) body_limit: u64,
     /// This request's policy instance, when the generation runs a policy.
     pub(super) policy: Option<PolicyCall>,
+    /// The tunnel the request asks for (a WebSocket), found by recv.
+    pub(super) upgrade: Option<super::tunnel::UpgradeRequest>,
     /// A peer's fetch for its cache (`[cluster] shard`): it gets the edge
     /// fields and ESI templates unassembled.
     pub(super) for_peer: bool,
@@ -46,6 +48,18 @@ pub struct RequestCtx {
     pub(super) timing: RequestTiming,
 }
 
+/// How the client's body failed, recorded as it is read (by the backend
+/// fetch, which then fails too) so that the request's failure is the
+/// client's, not the backend's 502.
+#[derive(Debug)]
+pub(super) enum BodyFault {
+    /// More than `server.max_request_body` bytes (413).
+    TooLarge,
+    /// Malformed framing (a chunk line ended by a bare LF, say) or a client
+    /// that went away mid-body (400).
+    Broken(String),
+}
+
 impl RequestCtx {
     /// The context of a request that just arrived from `peer`.
     pub(super) fn new(parts: &http::request::Parts, peer: SocketAddr, server_timing: bool) -> Self {
@@ -55,9 +69,10 @@ impl RequestCtx {
             http1: parts.version < http::Version::HTTP_2,
             head: RequestHead::default(),
             body: None,
-            body_over: Arc::default(),
+            body_fault: Arc::default(),
             body_limit: u64::MAX,
             policy: None,
+            upgrade: None,
             for_peer: false,
             request_id: None,
             record: super::log::start(parts, peer),

@@ -4,14 +4,13 @@
 //! what is only for us, the policy's `on-deliver`; then, on every response
 //! (failures included), the request id and `Server-Timing`.
 
-use std::sync::atomic::Ordering;
-
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError, RequestHead, ResponseHead, headers};
 use inlay_runtime::{Hook, PolicyCall};
 use inlay_storage::StoredObject;
 
+use super::context::BodyFault;
 use super::{Outcome, Pipeline, RequestCtx};
 use crate::metrics::Metrics;
 use crate::server_timing;
@@ -49,12 +48,14 @@ pub(super) async fn run(
 /// ([`ProxyError::status`]), and one diagnostic line at the level of whose
 /// fault it is.
 pub(super) fn failure(ctx: &mut RequestCtx, e: ProxyError) -> Response<ProxyBody> {
-    // A backend fetch that failed because the body was cut is a 413.
-    let e = match ctx.body_over.load(Ordering::Relaxed) {
-        true => ProxyError::RequestTooLarge {
+    // A backend fetch that failed because the client's body did is the
+    // client's error.
+    let e = match ctx.body_fault.get() {
+        Some(BodyFault::TooLarge) => ProxyError::RequestTooLarge {
             limit: ctx.body_limit,
         },
-        false => e,
+        Some(BodyFault::Broken(why)) => ProxyError::BadRequest(format!("request body: {why}")),
+        None => e,
     };
     super::log::failure(&e, &ctx.record);
     ctx.record.error = Some(e.to_string());

@@ -17,6 +17,8 @@ use tracing::{error, info, warn};
 use super::{Pipeline, RequestCtx};
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::metrics::Metrics;
+use crate::tunnels::Moved;
+use tokio::sync::oneshot;
 
 /// Start the record from the request head as received.
 pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
@@ -64,13 +66,27 @@ pub(super) fn failure(e: &ProxyError, r: &AccessRecord) {
 /// log: the request's record goes with the response body; its line is
 /// written when the body ends (or is dropped), with the bytes sent and the
 /// time taken.
-pub(super) fn run(p: &Pipeline, ctx: RequestCtx, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+pub(super) fn run(
+    p: &Pipeline,
+    ctx: RequestCtx,
+    mut resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
     let (log, metrics) = (p.access_log.clone(), &p.metrics);
     let (mut record, started) = (ctx.record, ctx.started);
     record.status = resp.status().as_u16();
     metrics.served(&record.cache);
     // Only when counting: an Arc clone per request otherwise saved.
     let metrics = metrics.enabled().then(|| Arc::clone(metrics));
+    if let Some(tunnel) = resp.extensions_mut().remove::<TunnelLog>() {
+        // A tunnel's line is written when the tunnel ends.
+        tunnel.hand_over(PendingLine {
+            record,
+            started,
+            log,
+            metrics,
+        });
+        return resp;
+    }
     resp.map(|b| {
         body::boxed(LoggedBody {
             inner: b,
@@ -79,6 +95,56 @@ pub(super) fn run(p: &Pipeline, ctx: RequestCtx, resp: Response<ProxyBody>) -> R
             metrics,
         })
     })
+}
+
+/// Put on a response that opens a tunnel: the request's access-log line
+/// goes to the tunnel, which writes it when it ends.
+#[derive(Clone)]
+pub(super) struct TunnelLog(Arc<parking_lot::Mutex<Option<oneshot::Sender<PendingLine>>>>);
+
+impl TunnelLog {
+    /// The mark, and where the tunnel receives the line.
+    pub(super) fn new() -> (Self, oneshot::Receiver<PendingLine>) {
+        let (tx, rx) = oneshot::channel();
+        (Self(Arc::new(parking_lot::Mutex::new(Some(tx)))), rx)
+    }
+
+    fn hand_over(self, line: PendingLine) {
+        if let Some(tx) = self.0.lock().take() {
+            let _ = tx.send(line);
+        }
+    }
+}
+
+/// An access-log line waiting for the end of its tunnel.
+pub(super) struct PendingLine {
+    record: AccessRecord,
+    started: Instant,
+    log: AccessLog,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl PendingLine {
+    /// Write the line of a tunnel that carried `moved` and ended with
+    /// `error` (none: both sides closed): its bytes are those sent to the
+    /// client, and `received` those it sent; its time, the tunnel's life.
+    pub(super) fn tunnel_done(self, moved: Moved, error: Option<String>) {
+        let Self {
+            mut record,
+            started,
+            log,
+            metrics,
+        } = self;
+        record.bytes = moved.to_client;
+        record.received = Some(moved.to_backend);
+        record.duration = started.elapsed();
+        record.error = error;
+        if let Some(m) = metrics {
+            m.response_body_bytes(moved.to_client);
+            m.request_body_bytes(moved.to_backend);
+        }
+        log.write(&record);
+    }
 }
 
 pin_project_lite::pin_project! {

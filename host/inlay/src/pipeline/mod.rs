@@ -15,8 +15,9 @@
 //!
 //! [`purge`] answers the PURGE and BAN methods (and holds the purge path the
 //! admin API shares); [`invalidate`] drops what a passed unsafe request
-//! (POST, PUT, DELETE...) changed. This file holds the generation and
-//! sequences the phases, nothing else.
+//! (POST, PUT, DELETE...) changed; [`tunnel`] opens a WebSocket (or another
+//! upgrade) to the backend instead of [`lookup`] or [`pass`]. This file
+//! holds the generation and sequences the phases, nothing else.
 
 mod backend_response;
 mod context;
@@ -30,6 +31,7 @@ mod lookup;
 mod pass;
 pub mod purge;
 pub mod recv;
+mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +52,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy_services::HostServices;
 use crate::request_id::RequestIds;
+use crate::tunnels::Tunnels;
 pub use context::{Outcome, RequestCtx};
 pub use figures::GenerationFigures;
 use inlay_cluster::kv::SharedKv;
@@ -119,6 +122,11 @@ pub struct Pipeline {
     shared_kv: Option<SharedKv>,
     /// `[cluster] shard = true`: misses go to their key's owner.
     shard: Option<Arc<inlay_cluster::shard::Shard>>,
+    /// The tunnels open (WebSockets), shared by every generation.
+    tunnels: Arc<Tunnels>,
+    /// Cancelled `server.shutdown_timeout` after a reload replaced this
+    /// generation: the tunnels it opened close then.
+    retired: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -144,6 +152,8 @@ impl Pipeline {
     ) -> Self {
         let backends = Backends::new(&config, backend_tls, &metrics);
         let invalidator = Arc::new(Invalidator::new(cache.clone(), Arc::clone(&metrics)));
+        let tunnels = Arc::new(Tunnels::default());
+        metrics.register_collector(tunnels.figures(&metrics));
         Self::build(
             config,
             cache,
@@ -151,7 +161,7 @@ impl Pipeline {
             access_log,
             backends,
             metrics,
-            invalidator,
+            (invalidator, tunnels),
         )
     }
 
@@ -190,7 +200,7 @@ impl Pipeline {
             access_log,
             backends,
             self.metrics.clone(),
-            Arc::clone(&self.invalidator),
+            (Arc::clone(&self.invalidator), Arc::clone(&self.tunnels)),
         )
         .with_shared_kv(self.shared_kv.clone())
         .with_shard(self.shard.clone())
@@ -225,7 +235,7 @@ impl Pipeline {
         access_log: AccessLog,
         backends: Backends,
         metrics: Arc<Metrics>,
-        invalidator: Arc<Invalidator>,
+        (invalidator, tunnels): (Arc<Invalidator>, Arc<Tunnels>),
     ) -> Self {
         let request_ids = RequestIds::new(&config.server);
         let services = host_services(&cache, &backends, &request_ids, None);
@@ -245,7 +255,20 @@ impl Pipeline {
             request_ids,
             shared_kv: None,
             shard: None,
+            tunnels,
+            retired: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// This generation was replaced by a reload: the tunnels it opened
+    /// close `after` (`server.shutdown_timeout`) from now, as requests in
+    /// flight on it have that long to finish.
+    pub fn retire(&self, after: std::time::Duration) {
+        let retired = self.retired.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            retired.cancel();
+        });
     }
 
     /// The process's counters.
@@ -325,6 +348,16 @@ impl Pipeline {
             Route::Synthetic(resp) => Outcome::new(resp, inlay_core::CacheStatus::Synthetic),
             Route::Pass => pass::run(self, ctx).await?,
             Route::Lookup => lookup::run(self, ctx).await?,
+            Route::Tunnel => {
+                let up = ctx
+                    .upgrade
+                    .take()
+                    .expect("recv routes only upgrades to a tunnel");
+                match tunnel::run(self, ctx, up).await? {
+                    tunnel::Tunnelled::Open(resp) => return Ok(resp),
+                    tunnel::Tunnelled::NotSwitched(out) => out,
+                }
+            }
         };
         let out = esi::run(self, ctx, out).await?;
         deliver::run(self, ctx, out).await

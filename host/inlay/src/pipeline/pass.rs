@@ -19,9 +19,26 @@ pub(super) async fn run(p: &Pipeline, ctx: &mut RequestCtx) -> Result<Outcome, P
     ctx.release_policy();
     let routed = ctx.timing.now();
     let backend = p.through.upstreams().for_pass(&ctx.head)?;
-    let body = counted_body(ctx.body.take().unwrap_or_else(body::empty), &p.metrics);
-    let mut resp = fetch::pass(&backend, &ctx.head, body).await?;
+    let mut body = ctx.body.take().unwrap_or_else(body::empty);
+    if ctx.http1 {
+        // Chunk sizes are HTTP/1's: the first is read, and checked, before
+        // the backend is asked.
+        let wait = p.config.server.header_read_timeout;
+        body = super::recv::body_started(body, wait).await?;
+    }
+    let body = counted_body(body, &p.metrics);
+    let resp = fetch::pass(&backend, &ctx.head, body).await?;
     ctx.timing.phase("fetch", routed);
+    answered(p, ctx, resp).await
+}
+
+/// What follows the backend's answer to a passed request: the cache
+/// invalidated after an unsafe method, the policy's `on-backend-response`.
+pub(super) async fn answered(
+    p: &Pipeline,
+    ctx: &mut RequestCtx,
+    mut resp: http::Response<ProxyBody>,
+) -> Result<Outcome, ProxyError> {
     if p.config.cache.invalidate_on_unsafe {
         invalidate::after_unsafe(&p.cache, &ctx.head, resp.status(), resp.headers()).await;
     }

@@ -2,23 +2,27 @@
 //! id, bounded (its declared and streamed body), normalised (Host, URI
 //! form, hop-by-hop fields) and checked for the cluster's hop; then the
 //! route is decided: PURGE and BAN go to their handlers, the policy's
-//! `on-request` (or the built-in rules) chooses lookup, pass or an answer.
+//! `on-request` (or the built-in rules) chooses lookup, pass or an answer;
+//! an upgrade Inlay tunnels (a WebSocket, found here) goes to the tunnel
+//! unless the policy answered it.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use inlay_core::body::{BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestAction, RequestHead, body, headers};
 use inlay_runtime::{Hook, PolicyCall};
 
+use super::context::BodyFault;
 use super::{Pipeline, RequestCtx};
 use crate::metrics::Metrics;
 use crate::server_timing;
@@ -38,6 +42,8 @@ pub enum Route {
     Purge,
     /// The BAN method.
     Ban,
+    /// Open a tunnel (a WebSocket) to the backend: never cached.
+    Tunnel,
 }
 
 /// recv: from the request as it came to the route, with `ctx` holding the
@@ -47,7 +53,7 @@ pub(super) async fn run(
     ctx: &mut RequestCtx,
     req: Request<Incoming>,
 ) -> Result<Route, ProxyError> {
-    let (mut parts, body) = req.into_parts();
+    let (mut parts, mut body) = req.into_parts();
     p.metrics.client_request(parts.version);
     // The request id and the cluster's hop are read before the hop-by-hop
     // fields go: a Connection option may not name them either.
@@ -68,8 +74,23 @@ pub(super) async fn run(
     let limit = p.config.server.max_request_body;
     ctx.body_limit = limit;
     check_declared_length(&parts.headers, limit)?;
-    ctx.body = Some(capped_body(body::boxed(body), limit, ctx.body_over.clone()));
+    // A chunk whose declared size cannot fit fails the body before its
+    // data (a patched hyper: vendor/hyper/PATCHES.md).
+    body.limit_declared_length(limit);
+    ctx.body = Some(capped_body(
+        body::boxed(body),
+        limit,
+        ctx.body_fault.clone(),
+    ));
+    let upgrade = super::tunnel::requested(&mut parts, &p.config.websocket)?;
     ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
+    if let Some(up) = &upgrade {
+        // The policy sees the upgrade as its client asked for it.
+        ctx.head
+            .headers
+            .insert(header::UPGRADE, up.protocol().clone());
+    }
+    ctx.upgrade = upgrade;
     ctx.for_peer = p.shard.is_some() && ctx.head.headers.contains_key(hop);
     if p.shard
         .as_ref()
@@ -84,7 +105,11 @@ pub(super) async fn run(
         _ => {}
     }
     ctx.policy = p.start_policy().await?;
-    let route = route(&mut ctx.head, ctx.policy.as_mut(), &p.metrics).await?;
+    let route = match route(&mut ctx.head, ctx.policy.as_mut(), &p.metrics).await? {
+        // Whether the policy said lookup or pass: a tunnel is never cached.
+        Route::Lookup | Route::Pass if ctx.upgrade.is_some() => Route::Tunnel,
+        route => route,
+    };
     // Whatever the policy set, the flag goes no further.
     ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
     ctx.timing.phase("recv", Some(ctx.started));
@@ -107,19 +132,18 @@ fn check_declared_length(headers: &HeaderMap, limit: u64) -> Result<(), ProxyErr
 
 /// The request body, failing once more than `limit` bytes have come (a
 /// chunked body can claim any chunk size, so the stream itself is
-/// counted); `over` is set when it did, so the failure is the client's 413
-/// and not the backend's 502.
-fn capped_body(body: ProxyBody, limit: u64, over: Arc<AtomicBool>) -> ProxyBody {
+/// counted); `fault` records why it failed.
+fn capped_body(body: ProxyBody, limit: u64, fault: Arc<OnceLock<BodyFault>>) -> ProxyBody {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     inlay_core::body::boxed(CappedBody {
         inner: Limited::new(body, limit),
-        over,
+        fault,
     })
 }
 
 struct CappedBody {
     inner: Limited<ProxyBody>,
-    over: Arc<AtomicBool>,
+    fault: Arc<OnceLock<BodyFault>>,
 }
 
 impl Body for CappedBody {
@@ -131,10 +155,8 @@ impl Body for CappedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Err(e))) = &polled
-            && e.downcast_ref::<LengthLimitError>().is_some()
-        {
-            self.over.store(true, Ordering::Relaxed);
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            let _ = self.fault.set(body_fault(&**e));
         }
         polled
     }
@@ -145,6 +167,55 @@ impl Body for CappedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// Why the client's body failed: past the limit (counted by [`Limited`],
+/// or a chunk size hyper refused as it read it: an `io::Error` of kind
+/// `FileTooLarge`), or anything else the client did.
+fn body_fault(e: &(dyn std::error::Error + 'static)) -> BodyFault {
+    let causes: Vec<&(dyn std::error::Error + 'static)> =
+        std::iter::successors(Some(e), |e| e.source()).collect();
+    let too_large = causes.iter().any(|c| {
+        c.is::<LengthLimitError>()
+            || c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::FileTooLarge)
+    });
+    if too_large {
+        return BodyFault::TooLarge;
+    }
+    // hyper's message ("error reading a body from connection") and its
+    // cause ("Invalid chunk size line: Invalid Size").
+    let causes: Vec<String> = causes.iter().map(|c| c.to_string()).collect();
+    BodyFault::Broken(causes.join(": "))
+}
+
+/// The body of a request on its way to a backend, once its first frame
+/// has come (at most `wait`): HTTP/1 chunked framing that is malformed, or
+/// a chunk that cannot fit `server.max_request_body`, fails it here (the
+/// request's failure is then the client's 400 or 413, [`BodyFault`]),
+/// before the backend is asked, not after the origin has a request whose
+/// body never comes. A body whose length the head gave, or that has not
+/// started within `wait`, goes on as it is.
+pub(super) async fn body_started(
+    mut body: ProxyBody,
+    wait: Duration,
+) -> Result<ProxyBody, ProxyError> {
+    if body.is_end_stream() || body.size_hint().exact().is_some() {
+        return Ok(body);
+    }
+    match tokio::time::timeout(wait, body.frame()).await {
+        Err(_) => Ok(body),
+        Ok(None) => Ok(body::empty()),
+        Ok(Some(Ok(first))) => {
+            let rest = http_body_util::BodyStream::new(body);
+            let first = futures_util::stream::iter([Ok(first)]);
+            Ok(body::boxed(http_body_util::StreamBody::new(
+                first.chain(rest),
+            )))
+        }
+        // The fault was recorded as it was read.
+        Ok(Some(Err(e))) => Err(ProxyError::BadRequest(format!("request body: {e}"))),
     }
 }
 

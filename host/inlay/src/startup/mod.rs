@@ -130,6 +130,12 @@ async fn serve(cfg: Config, source: ConfigSource) -> anyhow::Result<()> {
         info!("listening on https://{}", l.local_addr()?);
         listeners.push(Listener::tls(l, proxy.tls().clone()));
     }
+    for addr in &proxy.config().server.listen_h2c {
+        let l = inlay_listener::bind(*addr, backlog)
+            .with_context(|| format!("cannot listen on h2c://{addr}"))?;
+        info!("listening on h2c://{}", l.local_addr()?);
+        listeners.push(Listener::h2c(l));
+    }
     let admin = match proxy.config().admin {
         Some(addr) => Some(AdminServer::bind(addr, proxy.admin().clone()).await?),
         None => None,

@@ -158,3 +158,37 @@ pub async fn get_resp_from(
         .unwrap();
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// A WebSocket over HTTP/2 extended CONNECT (RFC 8441) to `uri` on `io`
+/// (TCP with prior knowledge, or TLS whose ALPN chose h2); the response
+/// must be a 200 without the HTTP/1.1 handshake's `Sec-WebSocket-Accept`.
+pub async fn h2_websocket<I>(
+    io: I,
+    uri: &str,
+) -> tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(uri)
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200, "{resp:?}");
+    assert!(!resp.headers().contains_key("sec-websocket-accept"));
+    let upgraded = hyper::upgrade::on(&mut resp).await.unwrap();
+    tokio_tungstenite::WebSocketStream::from_raw_socket(
+        hyper_util::rt::TokioIo::new(upgraded),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await
+}

@@ -18,13 +18,31 @@ mod tls_origin;
 use std::path::{Path, PathBuf};
 
 pub use client::{
-    Reply, echo_headers, echoed, esi_page, get, get_resp_from, get_site, raw, request, urlencode,
+    Reply, echo_headers, echoed, esi_page, get, get_resp_from, get_site, h2_websocket, raw,
+    request, urlencode,
 };
 pub use harness::{AccessLog, Harness};
 pub use nats::{NatsServer, nats_server_binary};
 pub use origin::Origin;
 pub use process::{Inlay, Lines};
 pub use tls_origin::{Issued, TestCa, TlsOrigin, self_signed_ca};
+
+/// Whether the Go policy `name` can be tested: `policies/build-lang.sh`
+/// builds the Go ports only where a Go toolchain is installed, and says
+/// so where it is not; their tests then say so too, and pass.
+pub fn go_policy_built(name: &str) -> bool {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let built = root
+        .join("target/policies")
+        .join(format!("{name}.wasm"))
+        .exists();
+    let go = std::process::Command::new("go").arg("version").output();
+    if !built && !go.is_ok_and(|o| o.status.success()) {
+        eprintln!("{name}: not built, and no Go toolchain to build it: not tested");
+        return false;
+    }
+    true
+}
 
 /// Path of a built policy component (`make policies` builds them).
 pub fn policy(name: &str) -> PathBuf {
@@ -36,6 +54,15 @@ pub fn policy(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// A token the `auth` policy accepts for `path` until `expiry` (Unix
+/// seconds), signed with `key`: `<expiry>.<hex HMAC-SHA256 of "expiry:path">`.
+pub fn auth_token(key: &str, path: &str, expiry: u64) -> String {
+    use hmac::{Mac, SimpleHmac};
+    let mut mac = SimpleHmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(format!("{expiry}:{path}").as_bytes());
+    format!("{expiry}.{}", hex::encode(mac.finalize().into_bytes()))
 }
 
 /// A loopback port nobody listens on: bound, noted, closed.
@@ -131,8 +158,10 @@ impl InlayBuilder {
     /// Write the config file into `dir`; its path.
     fn write_config(&self, dir: &Path) -> PathBuf {
         let path = dir.join("inlay.toml");
-        let mut text =
-            String::from("[server]\nlisten = [\"127.0.0.1:0\"]\nshutdown_timeout = \"10s\"\n");
+        let mut text = String::from("[server]\nlisten = [\"127.0.0.1:0\"]\n");
+        if !self.server.contains("shutdown_timeout") {
+            text.push_str("shutdown_timeout = \"10s\"\n");
+        }
         text.push_str(&self.server);
         if let Some(b) = &self.backend {
             text.push_str(&format!(

@@ -122,13 +122,29 @@ async fn failing_policies_are_explained_on_stderr() {
     for (fixture, path, said) in [
         ("loop", "/loop", "CPU time"),
         ("trap", "/trap", "trap fixture"),
+        // A Go panic: the SDK logs it (and the stack) as one line.
+        (
+            "runtime-go",
+            "/go/panic",
+            "policy on-request panicked: go fixture: refusing /go/panic",
+        ),
+        // Go's standard output is the policy's log too.
+        (
+            "runtime-go",
+            "/go/print",
+            "go fixture says hello to /go/print",
+        ),
     ] {
+        if fixture.ends_with("-go") && !crate::common::go_policy_built(fixture) {
+            continue;
+        }
         let inlay = Inlay::builder()
             .backend(&origin)
             .arg("--policy")
             .arg(policy(fixture).display().to_string())
             .spawn_process();
-        assert!(get(&inlay.url(path)).await.status >= 500);
+        let status = get(&inlay.url(path)).await.status;
+        assert_eq!(status >= 500, path != "/go/print", "{path}: {status}");
         inlay.expect_log(said, Duration::from_secs(5));
     }
 }

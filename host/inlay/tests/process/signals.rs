@@ -90,3 +90,106 @@ async fn sighup_reloads_the_policy_under_load_without_failing_a_request() {
         Some("headers")
     );
 }
+
+/// A WebSocket to `path` through the HTTP/1.1 upgrade.
+async fn websocket(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    let (ws, resp) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    ws
+}
+
+/// The echo answers `text` on `ws` within 2 s.
+async fn echoes<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>, text: &str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    ws.send(Message::text(text)).await.unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(2), ws.next()).await;
+    assert!(
+        matches!(&back, Ok(Some(Ok(Message::Text(t)))) if t.as_str() == text),
+        "{text}: {back:?}"
+    );
+}
+
+/// How long until `ws` is closed by the other side (at most `within`).
+async fn closed_after<S>(
+    ws: &mut tokio_tungstenite::WebSocketStream<S>,
+    within: Duration,
+) -> Duration
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::StreamExt;
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(within, ws.next()).await {
+        Ok(None | Some(Err(_))) => started.elapsed(),
+        Ok(Some(Ok(m))) => panic!("unexpected message {m:?}"),
+        Err(_) => panic!("still open after {within:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_keeps_websockets_open_until_shutdown_timeout_then_closes_them() {
+    let origin = Origin::start();
+    let mut inlay = Inlay::builder()
+        .backend(&origin)
+        .server("shutdown_timeout = \"2s\"")
+        .toml("[log]\naccess_log_format = \"json\"")
+        .spawn_process();
+    let mut ws = websocket(inlay.addr, "/ws?drain").await;
+    echoes(&mut ws, "before").await;
+    let signalled = std::time::Instant::now();
+    inlay.signal("TERM");
+    // Draining: the tunnel still carries messages ...
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    echoes(&mut ws, "while draining").await;
+    // ... until shutdown_timeout, when it is closed and the process exits.
+    closed_after(&mut ws, Duration::from_secs(5)).await;
+    let open_for = signalled.elapsed();
+    assert!(
+        (Duration::from_millis(1900)..Duration::from_secs(4)).contains(&open_for),
+        "closed {open_for:?} after SIGTERM"
+    );
+    let st =
+        tokio::task::block_in_place(|| inlay.wait(Duration::from_secs(10))).expect("inlay exited");
+    assert!(st.success(), "exit status {st:?}\n{}", inlay.log.text());
+    assert!(
+        inlay
+            .access
+            .wait_for("end of the drain", Duration::from_secs(5)),
+        "{}",
+        inlay.access.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_closes_the_websockets_it_replaced_after_shutdown_timeout() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .server("shutdown_timeout = \"2s\"")
+        .spawn_process();
+    let mut old = websocket(inlay.addr, "/ws?old").await;
+    let text = std::fs::read_to_string(&inlay.config).unwrap();
+    let reloaded = std::time::Instant::now();
+    tokio::task::block_in_place(|| inlay.reload_to(&text, 2));
+    // The new generation's tunnels and the old one's work side by side ...
+    let mut new = websocket(inlay.addr, "/ws?new").await;
+    echoes(&mut old, "old, after the reload").await;
+    echoes(&mut new, "new").await;
+    // ... until shutdown_timeout after the reload closes the old one.
+    closed_after(&mut old, Duration::from_secs(5)).await;
+    let open_for = reloaded.elapsed();
+    assert!(
+        (Duration::from_millis(1900)..Duration::from_secs(5)).contains(&open_for),
+        "closed {open_for:?} after the reload"
+    );
+    echoes(&mut new, "new, after the old one closed").await;
+}

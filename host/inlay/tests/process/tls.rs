@@ -1,6 +1,7 @@
 //! TLS from the command line: `-a https://ADDR --tls-cert FILE --tls-key
 //! FILE`, SIGHUP reading the certificate again, and a key that does not load
-//! stopping the start; the PROXY protocol turned on by SIGHUP.
+//! stopping the start; the PROXY protocol turned on by SIGHUP; `-a
+//! h2c://ADDR`, HTTP/2 without TLS and without HTTP/1.1.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,10 +41,14 @@ impl Files {
 
 /// The port of the process's `listening on https://` line.
 fn https_port(inlay: &Inlay) -> u16 {
+    listener_port(inlay, "https")
+}
+
+/// The port of the process's `listening on SCHEME://` line.
+fn listener_port(inlay: &Inlay, scheme: &str) -> u16 {
+    let said = format!("listening on {scheme}://");
     assert!(
-        inlay
-            .log
-            .wait_for("listening on https://", Duration::from_secs(30)),
+        inlay.log.wait_for(&said, Duration::from_secs(30)),
         "{}",
         inlay.log.text()
     );
@@ -51,9 +56,9 @@ fn https_port(inlay: &Inlay) -> u16 {
         .log
         .all()
         .into_iter()
-        .find(|l| l.contains("listening on https://"))
+        .find(|l| l.contains(&said))
         .unwrap();
-    let rest = line.split("listening on https://").nth(1).unwrap();
+    let rest = line.split(&said).nth(1).unwrap();
     let addr: std::net::SocketAddr = rest.split_whitespace().next().unwrap().parse().unwrap();
     addr.port()
 }
@@ -224,9 +229,10 @@ async fn sighup_turns_the_proxy_protocol_on_for_new_connections() {
         Some("127.0.0.1")
     );
 
-    let text = std::fs::read_to_string(&inlay.config)
-        .unwrap()
-        .replace("[server]\n", "[server]\nproxy_protocol = true\n");
+    let text = std::fs::read_to_string(&inlay.config).unwrap().replace(
+        "[server]\n",
+        "[server]\nproxy_protocol = true\nproxy_protocol_from = [\"127.0.0.1\"]\n",
+    );
     std::fs::write(&inlay.config, text).unwrap();
     inlay.signal("HUP");
     tokio::task::block_in_place(|| {
@@ -253,4 +259,48 @@ async fn sighup_turns_the_proxy_protocol_on_for_new_connections() {
         forwarded_for(&mut before).await.as_deref(),
         Some("127.0.0.1")
     );
+}
+
+/// `curl ARGS http://127.0.0.1:PORT/static/8`: `-w` status and version,
+/// and curl's exit code.
+fn curl_h2c(port: u16, args: &[&str]) -> (String, Option<i32>) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-o", "/dev/null"])
+        .args(["-w", "%{http_code} %{http_version}"])
+        .args(args)
+        .arg(format!("http://127.0.0.1:{port}/static/8"))
+        .output()
+        .expect("curl runs");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status.code(),
+    )
+}
+
+/// An `h2c://` listener serves HTTP/2 with prior knowledge and closes an
+/// HTTP/1.1 request unanswered; the plain listener beside it serves both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_listener_serves_prior_knowledge_and_no_http11() {
+    let origin = Origin::start();
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("-a")
+        .arg("127.0.0.1:0")
+        .arg("-a")
+        .arg("h2c://127.0.0.1:0")
+        .spawn_process();
+    let h2c = tokio::task::block_in_place(|| listener_port(&inlay, "h2c"));
+    let plain = inlay.addr.port();
+    tokio::task::spawn_blocking(move || {
+        let prior = ["--http2-prior-knowledge"];
+        assert_eq!(curl_h2c(h2c, &prior), ("200 2".to_owned(), Some(0)));
+        assert_eq!(curl_h2c(plain, &prior), ("200 2".to_owned(), Some(0)));
+        assert_eq!(curl_h2c(plain, &[]), ("200 1.1".to_owned(), Some(0)));
+        // HTTP/2 frames (SETTINGS, GOAWAY) and no HTTP/1 reply: curl
+        // says "Received HTTP/0.9 when not allowed" (exit 1).
+        let (status, code) = curl_h2c(h2c, &["--http1.1"]);
+        assert_eq!((status.as_str(), code), ("000 0", Some(1)));
+    })
+    .await
+    .unwrap();
 }
