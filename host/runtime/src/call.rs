@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use http::{Method, header};
 use inlay_core::{CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead};
@@ -16,7 +17,7 @@ use crate::engine::EPOCH_TICK;
 use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall, lend, take_back};
 use crate::limits::MemoryLimiter;
-use crate::memo::{Entries, Entry, Returned, Tape};
+use crate::memo::{Chosen, Entries, Entry, Returned, Tape, Way};
 use crate::policy::{LoadedPolicy, PolicyHandle};
 use crate::replay::Replay;
 use crate::state::{StoreState, not_repeated};
@@ -63,6 +64,11 @@ pub struct PolicyCall {
     entries: Entries,
     /// Whether a hook of this request ran in an instance.
     ran_guest: bool,
+    /// The way the memo chose for this request (see `Memo::start`).
+    chosen: Option<Chosen>,
+    /// When the request is measured for that choice: the time spent so far
+    /// in starting it and in its hooks.
+    spent: Duration,
 }
 
 impl std::fmt::Debug for PolicyCall {
@@ -82,12 +88,14 @@ impl PolicyCall {
         handle: Arc<PolicyHandle>,
         replay: bool,
     ) -> Result<Self, PolicyError> {
-        let state = StoreState::new(Arc::clone(&handle), EPOCH_TICK);
         let policy = handle.policy();
+        let (recorded, chosen) = match policy.memo() {
+            Some(memo) if replay => memo.start(),
+            _ => (None, None),
+        };
+        let clock = chosen.is_some_and(|c| c.measured).then(Instant::now);
+        let state = StoreState::new(Arc::clone(&handle), EPOCH_TICK);
         policy.counts().requests.fetch_add(1, Ordering::Relaxed);
-        let recorded = replay
-            .then(|| policy.memo().and_then(|memo| memo.start()))
-            .flatten();
         let run = match recorded {
             Some(start) => Run::Replayed(Box::new(Replay::new(state, start))),
             // The first hook the policy implements gets the instance.
@@ -100,6 +108,8 @@ impl PolicyCall {
             failed: false,
             entries: Entries::new(),
             ran_guest: false,
+            chosen,
+            spent: clock.map_or(Duration::ZERO, |c| c.elapsed()),
         })
     }
 
@@ -233,7 +243,16 @@ impl PolicyCall {
         };
         let result = match (resumed, &mut self.run) {
             (Err(e), _) => Err(e),
-            (Ok(()), Run::Live(live)) => live.call_hook(&entry, lent).await,
+            (Ok(()), Run::Live(live)) => {
+                // A request that runs live by choice counts its hooks as
+                // the memo's live ones, as a replayed request's are.
+                if let (Some(c), Some(memo)) = (&self.chosen, self.handle.policy().memo())
+                    && c.way == Way::Live
+                {
+                    memo.count_live(c.shard);
+                }
+                live.call_hook(&entry, lent).await
+            }
             (Ok(()), Run::Replayed(replay)) => match self.handle.policy().memo() {
                 Some(memo) => replay.hook(memo, &entry, lent).await,
                 None => Err(PolicyError::AlreadyFailed { hook }),
@@ -260,11 +279,16 @@ impl PolicyCall {
         req: &mut RequestHead,
         resp: Option<&mut ResponseHead>,
     ) -> Result<Returned, PolicyError> {
-        if span.is_disabled() {
+        let clock = self.chosen.is_some_and(|c| c.measured).then(Instant::now);
+        let result = if span.is_disabled() {
             self.hook(entry, req, resp).await
         } else {
             self.hook(entry, req, resp).instrument(span).await
+        };
+        if let Some(clock) = clock {
+            self.spent += clock.elapsed();
         }
+        result
     }
 
     /// recv: lets the policy inspect and rewrite `req` and decide what to
@@ -369,6 +393,14 @@ impl Drop for PolicyCall {
         // After a failed or cancelled hook the instance goes with `run`.
         if self.failed {
             return;
+        }
+        if let (Some(chosen), Some(memo)) = (self.chosen, self.handle.policy().memo())
+            && chosen.measured
+        {
+            memo.spent(
+                chosen,
+                u64::try_from(self.spent.as_nanos()).unwrap_or(u64::MAX),
+            );
         }
         let live = match std::mem::replace(&mut self.run, Run::Gone) {
             Run::Live(live) => Some(live),

@@ -324,6 +324,10 @@ pub struct MemoStats {
     pub first_sightings: u64,
     /// Approximate bytes held now.
     pub bytes: usize,
+    /// Requests that ran live from their first hook without walking the
+    /// trees, because on their thread that cost less lately (see
+    /// [`Memo::start`]); their hooks count as `live`.
+    pub unreplayed: u64,
 }
 
 /// The recorded paths of one policy generation, two trees per shard (the
@@ -341,6 +345,9 @@ pub(crate) struct Memo<S> {
     /// Set after a recording contradicted the tree (a guest that does not
     /// repeat itself); nothing more is recorded or replayed.
     disabled: AtomicBool,
+    /// Whether a request may run live without walking the trees when that
+    /// costs less (see [`Memo::start`]); otherwise every request walks.
+    measured: bool,
 }
 
 /// One thread's tree and counters. Aligned to two cache lines (what x86
@@ -363,7 +370,46 @@ struct Shard<S> {
     sighted: Box<[AtomicU64]>,
     /// Paths not recorded because they were seen for the first time.
     first_sightings: AtomicU64,
+    /// What a request's policy cost lately on this thread, by the way it
+    /// started (see [`Way`]): moving averages in nanoseconds, 0 until
+    /// measured.
+    cost: [AtomicU64; 2],
+    /// Requests started on this shard: picks the ones measured and the
+    /// ones that try the way not chosen.
+    started: AtomicU64,
+    /// Requests that ran live by choice.
+    unreplayed: AtomicU64,
 }
+
+/// How a request starts: on the recorded paths, or live in an instance
+/// without walking them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Way {
+    Replay = 0,
+    Live = 1,
+}
+
+/// The way a request started when the memo chose it (see
+/// [`Memo::start`]): its shard, the way, and whether its policy time is
+/// measured.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Chosen {
+    pub(crate) shard: usize,
+    pub(crate) way: Way,
+    pub(crate) measured: bool,
+}
+
+/// One request in this many tries the way its thread does not prefer now,
+/// so that both costs stay measured (a site's traffic changes).
+const TRY_OTHER_WAY: u64 = 32;
+/// One request in this many of the preferred way is measured (two clock
+/// reads per hook: not worth paying on every request).
+const MEASURE_ONE_IN: u64 = 4;
+/// The weight of a new measurement in a moving average: 1/2^this.
+const COST_SHIFT: u32 = 4;
+/// A measurement counts for at most this many times the average: a
+/// request preempted on a busy machine is not what the policy costs.
+const COST_OUTLIER: u64 = 8;
 
 /// The roots of a shard's two trees.
 struct Roots<S> {
@@ -484,6 +530,9 @@ impl<S> Shard<S> {
             resets: AtomicU64::new(0),
             sighted: (0..sightings).map(|_| AtomicU64::new(0)).collect(),
             first_sightings: AtomicU64::new(0),
+            cost: [AtomicU64::new(0), AtomicU64::new(0)],
+            started: AtomicU64::new(0),
+            unreplayed: AtomicU64::new(0),
         }
     }
 
@@ -534,13 +583,16 @@ impl<S> Shard<S> {
 
 impl<S> Memo<S> {
     /// Empty trees that hold about `max_bytes` together (each shard's
-    /// current and previous trees half of its share each).
-    pub(crate) fn new(max_bytes: usize) -> Self {
+    /// current and previous trees half of its share each); with
+    /// `measured`, requests walk them only while that costs less than
+    /// running live (see [`Memo::start`]).
+    pub(crate) fn new(max_bytes: usize, measured: bool) -> Self {
         let n = shard_count();
         Self {
             shards: (0..n).map(|_| Shard::new(max_bytes / n / 2)).collect(),
             max_bytes,
             disabled: AtomicBool::new(false),
+            measured,
         }
     }
 
@@ -548,20 +600,83 @@ impl<S> Memo<S> {
         self.max_bytes
     }
 
-    /// Where a request on this thread starts; `None` when replaying was
-    /// switched off.
-    pub(crate) fn start(&self) -> Option<Start<S>> {
+    pub(crate) fn measured(&self) -> bool {
+        self.measured
+    }
+
+    /// Where a request on this thread starts: on the recorded paths, or
+    /// (`None`) live, when replaying was switched off or when live
+    /// requests cost less than replayed ones on this thread lately; and
+    /// whether to measure what its policy costs (see [`Memo::spent`]).
+    ///
+    /// Replay pays where a live hook costs much more than a walk (an
+    /// interpreted guest) or where most requests find their path; for a
+    /// compiled guest whose live hooks cost a few microseconds, on a site
+    /// with a long tail of URLs, the walks that find no path, the
+    /// instances brought up to where they left the paths and the
+    /// recording cost more than the walks that replay save. Which way is
+    /// cheaper is measured, not guessed: every thread keeps a moving
+    /// average of each way's cost per request (the time in the policy's
+    /// hooks and in starting the request), prefers the cheaper way, and
+    /// sends one request in [`TRY_OTHER_WAY`] the other way so both stay
+    /// measured.
+    pub(crate) fn start(&self) -> (Option<Start<S>>, Option<Chosen>) {
         if self.disabled.load(Ordering::Relaxed) {
-            return None;
+            return (None, None);
         }
-        let shard = shard_index(self.shards.len());
-        let roots = self.shards[shard].roots.read();
+        let index = shard_index(self.shards.len());
+        let shard = &self.shards[index];
+        if !self.measured {
+            return (Some(self.root(index)), None);
+        }
+        let n = shard.started.fetch_add(1, Ordering::Relaxed);
+        let replay = shard.cost[Way::Replay as usize].load(Ordering::Relaxed);
+        let live = shard.cost[Way::Live as usize].load(Ordering::Relaxed);
+        let preferred = if live != 0 && live < replay {
+            Way::Live
+        } else {
+            Way::Replay
+        };
+        let other = n % TRY_OTHER_WAY == TRY_OTHER_WAY - 1;
+        let way = match (preferred, other) {
+            (Way::Replay, true) => Way::Live,
+            (Way::Live, true) => Way::Replay,
+            (way, false) => way,
+        };
+        let chosen = Chosen {
+            shard: index,
+            way,
+            measured: other || n.is_multiple_of(MEASURE_ONE_IN),
+        };
+        if way == Way::Live {
+            shard.unreplayed.fetch_add(1, Ordering::Relaxed);
+            return (None, Some(chosen));
+        }
+        (Some(self.root(index)), Some(chosen))
+    }
+
+    /// The start of shard `index`'s trees.
+    fn root(&self, index: usize) -> Start<S> {
+        let roots = self.shards[index].roots.read();
         let root = Cursor {
             node: Arc::clone(&roots.current),
             old: roots.previous.clone(),
             path: 0,
         };
-        Some(Start { shard, root })
+        Start { shard: index, root }
+    }
+
+    /// A measured request's policy took `nanos` (see [`Memo::start`]).
+    pub(crate) fn spent(&self, chosen: Chosen, nanos: u64) {
+        let cost = &self.shards[chosen.shard].cost[chosen.way as usize];
+        let average = cost.load(Ordering::Relaxed);
+        let next = if average == 0 {
+            nanos.max(1)
+        } else {
+            let nanos = nanos.min(average.saturating_mul(COST_OUTLIER));
+            (average - (average >> COST_SHIFT) + (nanos >> COST_SHIFT)).max(1)
+        };
+        cost.store(next, Ordering::Relaxed);
     }
 
     /// Whether a request leaving the recorded paths at `sighting` (see
@@ -637,6 +752,7 @@ impl<S> Memo<S> {
             live: sum(|s| s.live.load(Ordering::Relaxed)),
             resets: sum(|s| s.resets.load(Ordering::Relaxed)),
             first_sightings: sum(|s| s.first_sightings.load(Ordering::Relaxed)),
+            unreplayed: sum(|s| s.unreplayed.load(Ordering::Relaxed)),
             bytes: self
                 .shards
                 .iter()
@@ -801,6 +917,87 @@ mod tests {
         );
         assert!(!added);
         assert!(Arc::ptr_eq(&kept, &first));
+    }
+
+    /// Starts `n` requests on this thread's shard, each costing what
+    /// `cost` says for its way; returns how many started live.
+    fn run_requests(memo: &Memo<()>, n: usize, cost: impl Fn(Way) -> u64) -> usize {
+        let mut live = 0;
+        for _ in 0..n {
+            let (start, chosen) = memo.start();
+            let chosen = chosen.expect("measured memo chooses");
+            assert_eq!(start.is_none(), chosen.way == Way::Live);
+            live += usize::from(chosen.way == Way::Live);
+            if chosen.measured {
+                memo.spent(chosen, cost(chosen.way));
+            }
+        }
+        live
+    }
+
+    #[test]
+    fn requests_take_the_way_that_costs_less_and_keep_trying_the_other() {
+        let memo = Memo::<()>::new(1 << 20, true);
+        // Live costs less (a compiled policy on a long tail): nearly every
+        // request runs live, one in TRY_OTHER_WAY still walks the trees.
+        let first = run_requests(
+            &memo,
+            1000,
+            |way| if way == Way::Live { 2_000 } else { 5_000 },
+        );
+        assert!(first > 900, "{first}");
+        let live = run_requests(
+            &memo,
+            3200,
+            |way| if way == Way::Live { 2_000 } else { 5_000 },
+        );
+        assert_eq!(live, 3200 - 3200 / TRY_OTHER_WAY as usize);
+        assert_eq!(memo.stats().unreplayed as usize, first + live);
+        // The traffic changes (one popular URL): walking becomes cheaper,
+        // which the requests that still walk measure, and the thread
+        // turns back.
+        run_requests(
+            &memo,
+            4000,
+            |way| if way == Way::Live { 2_000 } else { 500 },
+        );
+        let live = run_requests(
+            &memo,
+            3200,
+            |way| if way == Way::Live { 2_000 } else { 500 },
+        );
+        assert_eq!(live, 3200 / TRY_OTHER_WAY as usize);
+        // A preempted request does not swing the average far.
+        let before = memo.shards[shard_index(memo.shards.len())].cost[Way::Replay as usize]
+            .load(Ordering::Relaxed);
+        memo.spent(
+            Chosen {
+                shard: shard_index(memo.shards.len()),
+                way: Way::Replay,
+                measured: true,
+            },
+            50_000_000,
+        );
+        let after = memo.shards[shard_index(memo.shards.len())].cost[Way::Replay as usize]
+            .load(Ordering::Relaxed);
+        assert!(
+            after <= before + before * COST_OUTLIER / (1 << COST_SHIFT),
+            "{before} -> {after}"
+        );
+    }
+
+    #[test]
+    fn without_measuring_every_request_walks() {
+        let memo = Memo::<()>::new(1 << 20, false);
+        for _ in 0..100 {
+            let (start, chosen) = memo.start();
+            assert!(start.is_some() && chosen.is_none());
+        }
+        memo.disable();
+        let memo_on = Memo::<()>::new(1 << 20, true);
+        memo_on.disable();
+        assert!(matches!(memo.start(), (None, None)));
+        assert!(matches!(memo_on.start(), (None, None)));
     }
 
     #[test]

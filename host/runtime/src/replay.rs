@@ -14,6 +14,9 @@ use crate::memo::{Entries, Entry, Key, Replies, Returned, Tape};
 use crate::state::{Cursor, Memo, Recording, Start, Step, StoreState, not_repeated};
 
 /// Where a replayed request's policy runs.
+// The state is inline on purpose: a `Replay` is boxed, and a replayed
+// request should not allocate the state a second time.
+#[allow(clippy::large_enum_variant)]
 enum Run {
     /// No instance yet: hooks are answered from the recorded paths, with
     /// this state holding what the calls changed. (Not boxed: a `Replay`
