@@ -562,9 +562,9 @@ async fn repeated_requests_replay_the_policy_and_clients_see_the_same_responses(
     //
     // `replaying` walks the trees for every request (`replay_always`), so
     // that which hooks replay is known; `measured` is the default, where
-    // the thread sends some requests live without walking (one in 32
-    // at least, to measure that way's cost): its clients must see the
-    // same too.
+    // the thread sends some requests live without walking (the 32nd at
+    // least, to measure that way's cost): its clients must see the same
+    // too.
     let origin = Origin::start();
     let start = |memo: &str, always: bool| {
         Harness::builder()
@@ -621,7 +621,7 @@ async fn repeated_requests_replay_the_policy_and_clients_see_the_same_responses(
     }
     measured.stop().await;
     let stats = measured.policy().memo_stats().expect("memo_size > 0");
-    assert!(stats.unreplayed >= 2, "{stats:?}");
+    assert!(stats.unreplayed >= 1, "{stats:?}");
     assert_eq!(stats.replayed + stats.live, 160, "{stats:?}");
     replaying.stop().await;
     let stats = replaying

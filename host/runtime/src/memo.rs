@@ -402,6 +402,11 @@ pub(crate) struct Chosen {
 /// One request in this many tries the way its thread does not prefer now,
 /// so that both costs stay measured (a site's traffic changes).
 const TRY_OTHER_WAY: u64 = 32;
+/// The same when the other way costs more than [`FAR_APART`] times the
+/// preferred one (an interpreted policy's live requests on a popular URL:
+/// trying them one in 32 cost more than the walks took).
+const TRY_OTHER_WAY_FAR: u64 = 256;
+const FAR_APART: u64 = 4;
 /// One request in this many of the preferred way is measured (two clock
 /// reads per hook: not worth paying on every request).
 const MEASURE_ONE_IN: u64 = 4;
@@ -619,7 +624,8 @@ impl<S> Memo<S> {
     /// average of each way's cost per request (the time in the policy's
     /// hooks and in starting the request), prefers the cheaper way, and
     /// sends one request in [`TRY_OTHER_WAY`] the other way so both stay
-    /// measured.
+    /// measured (one in [`TRY_OTHER_WAY_FAR`] while that way costs more
+    /// than [`FAR_APART`] times as much).
     pub(crate) fn start(&self) -> (Option<Start<S>>, Option<Chosen>) {
         if self.disabled.load(Ordering::Relaxed) {
             return (None, None);
@@ -637,7 +643,14 @@ impl<S> Memo<S> {
         } else {
             Way::Replay
         };
-        let other = n % TRY_OTHER_WAY == TRY_OTHER_WAY - 1;
+        let measured_both = live != 0 && replay != 0;
+        let every =
+            if measured_both && live.min(replay).saturating_mul(FAR_APART) < live.max(replay) {
+                TRY_OTHER_WAY_FAR
+            } else {
+                TRY_OTHER_WAY
+            };
+        let other = n % every == every - 1;
         let way = match (preferred, other) {
             (Way::Replay, true) => Way::Live,
             (Way::Live, true) => Way::Replay,
@@ -984,6 +997,15 @@ mod tests {
             after <= before + before * COST_OUTLIER / (1 << COST_SHIFT),
             "{before} -> {after}"
         );
+    }
+
+    #[test]
+    fn a_way_that_costs_far_more_is_tried_less_often() {
+        let memo = Memo::<()>::new(1 << 20, true);
+        let cost = |way| if way == Way::Live { 80_000 } else { 2_000 };
+        run_requests(&memo, 4096, cost);
+        let live = run_requests(&memo, 2560, cost);
+        assert_eq!(live, 2560 / TRY_OTHER_WAY_FAR as usize);
     }
 
     #[test]
