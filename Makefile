@@ -21,7 +21,7 @@ DEMO_PROFILE := --profile demo --config 'profile.demo.inherits="release"' \
 	--config 'profile.demo.lto="off"' --config profile.demo.opt-level=1 \
 	--config profile.demo.codegen-units=16 --config profile.demo.debug=false
 
-.PHONY: demo test build deps bench bench-quick vendor-check conformance hostile scale package cluster-demo
+.PHONY: demo test build deps bench bench-quick vendor-check conformance hostile scale package cluster-demo components
 
 include Makefile.policies
 
@@ -36,6 +36,7 @@ build:
 bench bench-quick: export INLAY_COMPONENTIZE := $(CURDIR)/target/release/inlay-componentize
 demo: export INLAY_COMPONENTIZE := $(CURDIR)/target/demo/inlay-componentize
 test: export INLAY_COMPONENTIZE := $(CURDIR)/target/debug/inlay-componentize
+components: export INLAY_COMPONENTIZE := $(CURDIR)/target/debug/inlay-componentize
 
 # The main job: the demo origin, and inlay in front of it on the embedded
 # default config with a Wasm policy; ESI pages assembled in parallel. It
@@ -65,6 +66,7 @@ test: deps vendor-check
 	$(CARGO) test --workspace --no-run
 	bash policies/build.sh --test
 	bash policies/build-lang.sh --test
+	bash policies/components/build.sh
 	$(CARGO) test --workspace
 	bash loadtests/scripts/package-test.sh
 
@@ -82,6 +84,13 @@ package: deps
 	# backtraces read): /usr/bin/inlay is 26 MB instead of 140.
 	$(CARGO) deb -p inlay --no-build --locked -o target/debian/ \
 		--separate-debug-symbols --compress-debug-symbols=zlib
+
+# The example wasi:http components (Rust, JavaScript, Python) that Inlay
+# serves as backends (`inlay serve --component`), at
+# target/components/<name>.wasm (docs/components.md).
+components:
+	$(CARGO) build -p inlay-componentize
+	bash policies/components/build.sh
 
 # vendor/wasmtime and vendor/hyper must be their crates.io releases plus the
 # patches in vendor/wasmtime-patches and vendor/hyper-patches (README.md

@@ -146,11 +146,12 @@ class Context:
         self._servers.append(inst)
         return inst
 
-    def nginx(self, tls: TlsFiles, name: str = "tls") -> Nginx:
-        """Start nginx (TLS, `proxy_cache`) in front of the origin; stopped by release()."""
+    def nginx(self, tls: TlsFiles | None, name: str = "tls", compress: bool = False) -> Nginx:
+        """Start nginx (TLS unless `tls` is None, `proxy_cache`; gzip and brotli with
+        `compress`) in front of the origin; stopped by release()."""
         if self.nginx_bin is None:
             raise BenchError("nginx is not installed (`bash loadtests/scripts/ensure-deps.sh bench`)")
-        inst = Nginx(self.reg, self.nginx_bin, self.origin, tls, name)
+        inst = Nginx(self.reg, self.nginx_bin, self.origin, tls, name, compress=compress)
         self._servers.append(inst)
         return inst
 

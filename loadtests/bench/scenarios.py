@@ -8,6 +8,7 @@ targets (A B A B), and returns a Section.
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import shutil
@@ -19,7 +20,10 @@ from context import (
     Context, Section, Table, gbps, med, ms, num, pair_ratios, ratio_detail, trend_median, xr, zipf_draws,
     zipf_head_share,
 )
-from procs import BenchError, RssSampler, http_get, https_raw_get, is_hit, make_certificates
+from procs import (
+    NGINX_BROTLI_MODULE, BenchError, RssSampler, http_get, https_raw_get, is_hit, make_certificates,
+)
+from components import components
 
 MiB = 1 << 20
 
@@ -158,6 +162,85 @@ def wrk_tiers(ctx: Context) -> Section:
           ms(med([r["latency_ms"]["p50"] for r in runs])), ms(med([r["latency_ms"]["p99"] for r in runs])),
           num(med([r["cpu_us_per_req"] for r in runs])), str(sum(r["origin_requests"] for r in runs))]
          for name, runs in by.items()]))
+    return sec
+
+
+# -- compression ---------------------------------------------------------------
+
+COMPRESS_PAGE = "/html/65536"
+
+
+def warm_coded(url: str, ae: str, timeout: float = 30) -> tuple[dict, bytes]:
+    """GET with `Accept-Encoding: ae` until the answer is a hit in the client's first coding
+    (Inlay: from the store, with its length; a request in the moment between a miss and the
+    store joins the fill and is compressed as it streams): its headers and body."""
+    want = ae.split(",")[0].strip()
+    deadline = time.monotonic() + timeout
+    while True:
+        status, headers, body = http_get(url, timeout=30, headers={"Accept-Encoding": ae})
+        stored = "cache-status" not in headers or "content-length" in headers
+        if status == 200 and is_hit(headers) and headers.get("content-encoding") == want and stored:
+            return headers, body
+        if time.monotonic() > deadline:
+            raise BenchError(f"{url} with Accept-Encoding {ae}: no {want} hit within {timeout:g}s ({status}, {headers})")
+        time.sleep(0.05)
+
+
+def wrk_compression(ctx: Context) -> Section:
+    sec = Section("compression", "Compressed hits: Inlay (stored once) vs nginx (gzip and brotli on every hit)")
+    sec.about = (
+        f"`wrk -t2 -c64 -d{ctx.mode.wrk_seconds:g}s -H 'Accept-Encoding: ...' {COMPRESS_PAGE}`: 64 KiB of HTML "
+        "that compresses as real pages do (the origin's `/html/N`, gzip about 5:1), which the origin sends "
+        "uncompressed and cacheable for an hour. Inlay runs its defaults: the object is stored once with br "
+        "(level 9) and gzip (level 6) beside identity, so a hit sends stored bytes. nginx (Debian's) has "
+        "`proxy_cache` on, `gzip on` and the brotli filter (Debian's `libnginx-mod-http-brotli-filter`, "
+        "`brotli on`) at their default levels (gzip 1, br 6), for the same types: it compresses the cached "
+        "response again on every hit. Both are warmed until a hit in the asked coding; `worker_processes 2` "
+        "as Inlay's two worker threads; access log off in both; plain HTTP/1.1. *bytes/response* is what wrk "
+        "read over the requests (head and body); the body sizes are one response's. CPU is the server's "
+        "user+system time over the run divided by its requests (nginx: master and workers). The origin counts "
+        "requests during each run (0: every request was a hit)."
+    )
+    if ctx.nginx_bin is None or not NGINX_BROTLI_MODULE.exists():
+        sec.skipped = ("nginx or its brotli filter is not installed "
+                       "(`bash loadtests/scripts/ensure-deps.sh bench`).")
+        return sec
+    targets = {"inlay": ctx.inlay("compression"), "nginx": ctx.nginx(None, name="compression", compress=True)}
+    cases = {"br, gzip": "br, gzip", "gzip": "gzip"}
+    _, _, page = http_get(ctx.origin.url + COMPRESS_PAGE, timeout=30)
+    bodies: dict = {}
+    for tname, t in targets.items():
+        for case, ae in cases.items():
+            headers, body = warm_coded(t.url + COMPRESS_PAGE, ae)
+            bodies[(case, tname)] = len(body)
+            if ae == "gzip":
+                if gzip.decompress(body) != page:
+                    raise BenchError(f"{tname}: the gzip hit does not decode to the origin's page")
+    res = ctx.alternate(list(cases), list(targets), lambda c, t: ctx.wrk(
+        targets[t], COMPRESS_PAGE, headers=[f"Accept-Encoding: {cases[c]}"]))
+    sec.raw = res
+    rows = []
+    for case, by in res.items():
+        rs = pair_ratios(by["inlay"], by["nginx"], lambda r: r["rps"])
+        sec.ratio(f"Compressed hits 64 KiB HTML, Accept-Encoding: {case}: Inlay / nginx req/s", med(rs), 3.0,
+                  detail=ratio_detail(rs))
+        cpu = pair_ratios(by["nginx"], by["inlay"], lambda r: r["cpu_us_per_req"])
+        sec.ratio(f"Compressed hits, {case}: nginx / Inlay CPU per request", med(cpu), 3.0, detail=ratio_detail(cpu))
+        wire = {t: med([r["bytes_per_s"] / r["rps"] for r in by[t] if r["rps"]]) for t in targets}
+        rows.append([
+            case,
+            num(med([r["rps"] for r in by["inlay"]])), num(med([r["rps"] for r in by["nginx"]])), xr(med(rs)),
+            num(med([r["cpu_us_per_req"] for r in by["inlay"]])), num(med([r["cpu_us_per_req"] for r in by["nginx"]])),
+            num(wire["inlay"]), num(wire["nginx"]),
+            num(bodies[(case, "inlay")]), num(bodies[(case, "nginx")]),
+            ms(med([r["latency_ms"]["p99"] for r in by["inlay"]])), ms(med([r["latency_ms"]["p99"] for r in by["nginx"]])),
+            str(sum(r["origin_requests"] for r in by["inlay"] + by["nginx"])),
+        ])
+    sec.tables.append(Table("Medians over the pairs", [
+        "Accept-Encoding", "Inlay req/s", "nginx req/s", "Inlay/nginx", "Inlay CPU µs/req", "nginx CPU µs/req",
+        "Inlay bytes/response", "nginx bytes/response", "Inlay body B", "nginx body B",
+        "Inlay p99 ms", "nginx p99 ms", "origin requests",
+    ], rows))
     return sec
 
 
@@ -989,4 +1072,6 @@ SECTIONS = {
     "dynamic": k6_dynamic,
     "tls": tls,
     "vod": k6_vod,
+    "compression": wrk_compression,
+    "components": components,
 }

@@ -26,7 +26,7 @@ from context import Ratio, Section, Table, med, pair_ratios, trend_median, zipf_
 from loadgen import WRK_LUA, LoadGen, flatten_k6, parse_h2load, parse_s_time  # noqa: E402
 from procs import (  # noqa: E402
     BenchError, CpuMeter, Registry, RssSampler, descendants, http_get, https_raw_get, instance_counts, is_hit,
-    log_section, make_certificates, nginx_config, replay_counts,
+    NGINX_BROTLI_MODULE, log_section, make_certificates, nginx_config, replay_counts,
 )
 from scenarios import fragment_delays, swap_link  # noqa: E402
 
@@ -287,6 +287,27 @@ class TlsTools(unittest.TestCase):
         self.assertEqual([p for p in paths if not p.startswith(("/w/nginx", "/w/tls"))], [])
         self.assertEqual(conf.count("{"), conf.count("}"))
         self.assertIn("worker_processes 4;", nginx_config(prefix=Path("/p"), port=1, origin_port=2, tls=tls, workers=4))
+
+    def test_the_compressing_nginx_is_plain_http_with_gzip_and_brotli(self):
+        conf = nginx_config(prefix=Path("/w/nginx"), port=8080, origin_port=8081, tls=None, compress=True)
+        self.assertTrue(conf.splitlines()[1].startswith("load_module /usr/lib/nginx/modules/ngx_http_brotli"))
+        for line in ("listen 127.0.0.1:8080;", "gzip on;", "brotli on;", "proxy_cache bench;"):
+            self.assertIn(line, conf)
+        self.assertNotIn("ssl_certificate ", conf)
+        self.assertIn("text/html", conf.split("brotli_types")[1].splitlines()[0])
+        self.assertNotIn("brotli", nginx_config(prefix=Path("/w"), port=1, origin_port=2, tls=None))
+
+    @unittest.skipUnless((shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK))
+                         and NGINX_BROTLI_MODULE.exists(), "nginx or its brotli filter is not installed")
+    def test_nginx_accepts_the_compressing_config(self):
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        with tempfile.TemporaryDirectory() as d:
+            prefix = Path(d)
+            conf = prefix / "nginx.conf"
+            conf.write_text(nginx_config(prefix=prefix, port=1, origin_port=2, tls=None, compress=True))
+            p = subprocess.run([nginx, "-t", "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 0, p.stderr)
 
     def test_nginx_hits_marked_as_hits(self):
         self.assertTrue(is_hit({"x-cache-status": "HIT"}))

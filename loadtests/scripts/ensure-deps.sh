@@ -77,6 +77,8 @@ if [ "$what" = bench ]; then
   # The tls section: nginx (its package's service is not used: the harness runs its own),
   # h2load and the openssl CLI (certificates, s_time).
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || apt_install nginx
+  # The compression section: nginx's brotli filter beside its gzip.
+  [ -f /usr/lib/nginx/modules/ngx_http_brotli_filter_module.so ] || apt_install libnginx-mod-http-brotli-filter
   command -v h2load >/dev/null 2>&1 || apt_install nghttp2-client
   command -v openssl >/dev/null 2>&1 || apt_install openssl
   # k6 v1.8.1 needs a recent Go.

@@ -274,6 +274,8 @@ impl MemTier {
         let mut meta = f(&old.obj.meta);
         meta.body_len = old.obj.meta.body_len;
         meta.checksum = old.obj.meta.checksum;
+        // The codings describe the body, which stays.
+        meta.codings.clone_from(&old.obj.meta.codings);
         let meta = Arc::new(meta);
         let obj = StoredObject {
             meta: meta.clone(),
@@ -758,9 +760,9 @@ mod tests {
     #[test]
     fn update_meta_keeps_body_and_checksum() {
         let s = MemoryStore::new(4 << 20, 1 << 20);
-        let first = s
-            .put("k", meta(1000, &["old"]), Bytes::from_static(b"body"))
-            .unwrap();
+        let mut coded = meta(1000, &["old"]);
+        coded.codings = vec![("identity".into(), 3), ("br".into(), 1)];
+        let first = s.put("k", coded, Bytes::from_static(b"body")).unwrap();
         let mut m = meta(99_000, &["new"]);
         m.status = 203;
         m.checksum = 1;
@@ -769,6 +771,8 @@ mod tests {
         assert_eq!(got.meta.status, 203);
         assert_eq!(got.meta.checksum, first.checksum);
         assert_eq!(got.body, Bytes::from_static(b"body"));
+        // The codings describe the body, which stayed.
+        assert_eq!(got.coding("br").unwrap(), Bytes::from_static(b"y"));
         assert!(s.keys_for_surrogate("old").unwrap().is_empty());
         assert_eq!(s.keys_for_surrogate("new").unwrap(), vec!["k".to_string()]);
         assert!(!s.update_meta("absent", meta(1, &[])).unwrap());

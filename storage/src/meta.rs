@@ -9,10 +9,15 @@ use crate::StoreError;
 use crate::codec::{Reader, Writer};
 
 /// Version byte of the [`ObjectMeta`] encoding. Version 2 added
-/// `created_ms` and `full_key`; version 1 records still decode.
-const META_VERSION: u8 = 2;
+/// `created_ms` and `full_key`, version 3 `codings`; records of versions 1
+/// and 2 still decode. A binary that knows only version 2 reads a version 3
+/// record as corrupt, hence a miss: it never serves a body of several
+/// codings as one.
+const META_VERSION: u8 = 3;
 /// The first version, still read.
 const META_VERSION_1: u8 = 1;
+/// The second version, still read.
+const META_VERSION_2: u8 = 2;
 
 /// What the store keeps about a cached response besides its body.
 ///
@@ -57,6 +62,12 @@ pub struct ObjectMeta {
     /// store see what an object stands for. `None` when the storage key
     /// says it all.
     pub full_key: Option<String>,
+    /// The content codings the body holds side by side, as `(name,
+    /// length)` in the order they are concatenated (for example
+    /// `identity`, `br`, `gzip`: a response the cache compressed once, each
+    /// coding ready for its clients); their lengths add up to `body_len`.
+    /// Empty: the body is the one representation the headers describe.
+    pub codings: Vec<(String, u64)>,
 }
 
 impl ObjectMeta {
@@ -137,6 +148,25 @@ impl ObjectMeta {
             + self.etag.as_ref().map_or(0, String::len)
             + self.last_modified.as_ref().map_or(0, String::len)
             + self.full_key.as_ref().map_or(0, String::len)
+            + self
+                .codings
+                .iter()
+                .map(|(c, _)| c.len() + 32)
+                .sum::<usize>()
+    }
+
+    /// Where coding `name` lies in the body ([`codings`](Self::codings)),
+    /// as a byte range; `None` when the body holds no such coding.
+    pub fn coding_range(&self, name: &str) -> Option<std::ops::Range<usize>> {
+        let mut start = 0usize;
+        for (c, len) in &self.codings {
+            let end = start.checked_add(usize::try_from(*len).ok()?)?;
+            if c == name {
+                return Some(start..end);
+            }
+            start = end;
+        }
+        None
     }
 
     /// Encodes the metadata; the encoding ends with a CRC-32 of itself so a
@@ -148,6 +178,12 @@ impl ObjectMeta {
         // Version 2 appends these.
         w.u64(self.created_ms);
         w.opt_str(self.full_key.as_deref());
+        // Version 3 appends these.
+        w.u32(len_u32(self.codings.len()));
+        for (name, len) in &self.codings {
+            w.str(name);
+            w.u64(*len);
+        }
         let crc = crc32fast::hash(&w.buf);
         w.u32(crc);
         w.buf
@@ -194,7 +230,7 @@ impl ObjectMeta {
         }
         let mut r = Reader::new(body);
         let version = r.u8("version")?;
-        if version != META_VERSION && version != META_VERSION_1 {
+        if !(META_VERSION_1..=META_VERSION).contains(&version) {
             return Err(StoreError::Corrupt(format!(
                 "unknown metadata version {version}"
             )));
@@ -222,6 +258,22 @@ impl ObjectMeta {
         } else {
             (r.u64("created")?, r.opt_string("full key")?)
         };
+        let mut codings = Vec::new();
+        if version > META_VERSION_2 {
+            let n = r.count(12, "codings")?;
+            codings.reserve(n);
+            for _ in 0..n {
+                codings.push((r.string("coding")?, r.u64("coding length")?));
+            }
+            let sum = codings
+                .iter()
+                .try_fold(0u64, |sum: u64, (_, len)| sum.checked_add(*len));
+            if !codings.is_empty() && sum != Some(body_len) {
+                return Err(StoreError::Corrupt(
+                    "the codings' lengths do not add up to the body's".into(),
+                ));
+            }
+        }
         r.finish("metadata")?;
         Ok(ObjectMeta {
             status,
@@ -238,6 +290,7 @@ impl ObjectMeta {
             checksum,
             created_ms,
             full_key,
+            codings,
         })
     }
 }
@@ -261,8 +314,18 @@ fn len_u32(n: usize) -> u32 {
 pub struct StoredObject {
     /// The object's metadata (with `body_len` and `checksum` filled).
     pub meta: Arc<ObjectMeta>,
-    /// The whole body.
+    /// The whole body (every coding of [`ObjectMeta::codings`], when it
+    /// holds several).
     pub body: Bytes,
+}
+
+impl StoredObject {
+    /// The body in coding `name` (no copy), when it holds that coding
+    /// side by side with others ([`ObjectMeta::codings`]).
+    pub fn coding(&self, name: &str) -> Option<Bytes> {
+        let range = self.meta.coding_range(name)?;
+        (range.end <= self.body.len()).then(|| self.body.slice(range))
+    }
 }
 
 #[cfg(test)]
@@ -289,7 +352,54 @@ mod tests {
             checksum: 7,
             created_ms: 1_000,
             full_key: Some("example.com/long".into()),
+            codings: Vec::new(),
         }
+    }
+
+    /// What version 2 wrote: no codings.
+    fn encode_v2(m: &ObjectMeta) -> Vec<u8> {
+        let mut w = Writer::with_capacity(256);
+        w.u8(META_VERSION_2);
+        m.write_v1_fields(&mut w);
+        w.u64(m.created_ms);
+        w.opt_str(m.full_key.as_deref());
+        let crc = crc32fast::hash(&w.buf);
+        w.u32(crc);
+        w.buf
+    }
+
+    #[test]
+    fn version_2_records_still_decode_as_one_representation() {
+        let m = sample();
+        let old = ObjectMeta::decode(&encode_v2(&m)).expect("a v2 record decodes");
+        assert_eq!(old, m);
+        assert!(old.codings.is_empty());
+    }
+
+    #[test]
+    fn codings_are_slices_of_the_body_and_must_add_up() {
+        let mut m = sample();
+        m.codings = vec![("identity".into(), 5), ("br".into(), 2), ("gzip".into(), 3)];
+        m.body_len = 10;
+        let back = ObjectMeta::decode(&m.encode()).unwrap();
+        assert_eq!(back.codings, m.codings);
+        let obj = StoredObject {
+            meta: Arc::new(back),
+            body: Bytes::from_static(b"hellobrgzz"),
+        };
+        assert_eq!(obj.coding("identity").unwrap(), "hello");
+        assert_eq!(obj.coding("br").unwrap(), "br");
+        assert_eq!(obj.coding("gzip").unwrap(), "gzz");
+        assert_eq!(obj.coding("zstd"), None);
+        // Lengths that do not add up to the body are a corrupt record.
+        m.body_len = 11;
+        assert!(ObjectMeta::decode(&m.encode()).is_err());
+        // A body shorter than its codings says (a bug elsewhere) gives none.
+        let short = StoredObject {
+            meta: obj.meta.clone(),
+            body: Bytes::from_static(b"hello"),
+        };
+        assert_eq!(short.coding("gzip"), None);
     }
 
     /// What version 1 wrote: no creation time, no full key.
@@ -388,13 +498,17 @@ mod tests {
                 any::<u64>(),
                 any::<u32>(),
             ),
-            (any::<u64>(), proptest::option::of(".{0,10}")),
+            (
+                any::<u64>(),
+                proptest::option::of(".{0,10}"),
+                proptest::collection::vec((".{0,8}", 0u64..1 << 40), 0..4),
+            ),
         )
             .prop_map(
                 |(
                     (status, headers, stored_at_ms, ttl_ms, grace_ms, keep_ms),
                     (surrogate_keys, vary, etag, last_modified, body_len, checksum),
-                    (created_ms, full_key),
+                    (created_ms, full_key, codings),
                 )| ObjectMeta {
                     status,
                     headers,
@@ -406,10 +520,16 @@ mod tests {
                     vary,
                     etag,
                     last_modified,
-                    body_len,
+                    // A body of several codings is as long as they are.
+                    body_len: if codings.is_empty() {
+                        body_len
+                    } else {
+                        codings.iter().map(|(_, n)| n).sum()
+                    },
                     checksum,
                     created_ms,
                     full_key,
+                    codings,
                 },
             )
     }

@@ -382,7 +382,10 @@ fn update_and_soft_purge_persist() {
         let s = TieredStore::open(config(dir.path())).unwrap();
         let mut m = meta(600_000, &["t"]);
         m.grace_ms = 600_000;
-        s.put("a", m.clone(), body(1, 70_000)).unwrap();
+        // "a" holds two codings side by side; a refresh keeps them.
+        let mut coded = m.clone();
+        coded.codings = vec![("identity".into(), 60_000), ("br".into(), 10_000)];
+        s.put("a", coded, body(1, 70_000)).unwrap();
         s.put("b", m, body(2, 10)).unwrap();
         let mut refreshed = meta(900_000, &["t", "u"]);
         refreshed.grace_ms = 600_000;
@@ -398,6 +401,7 @@ fn update_and_soft_purge_persist() {
     let a = s.get("a").unwrap().unwrap();
     assert_eq!(a.meta.status, 203);
     assert_eq!(a.meta.etag.as_deref(), Some("\"v2\""));
+    assert_eq!(a.coding("br").unwrap(), a.body.slice(60_000..));
     assert_eq!(a.body, body(1, 70_000));
     assert!(!a.meta.is_fresh(now_ms()), "soft purge lost on restart");
     assert!(a.meta.in_grace(now_ms()));

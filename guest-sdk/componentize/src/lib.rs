@@ -41,9 +41,10 @@ pub enum Error {
     /// The component's WIT could not be decoded.
     #[error("decoding the component's WIT failed: {0:#}")]
     Decode(anyhow::Error),
-    /// The component does not export the policy handler interface.
-    #[error("the component does not export `{HANDLER_INTERFACE}` (exports: {0:?})")]
-    MissingHandler(Vec<String>),
+    /// The component does not export the interface it must (the policy
+    /// handler, unless told otherwise).
+    #[error("the component does not export `{0}` (exports: {1:?})")]
+    MissingHandler(String, Vec<String>),
     /// A WIT package could not be parsed or resolved.
     #[error("the WIT package is invalid: {0:#}")]
     Wit(anyhow::Error),
@@ -71,6 +72,13 @@ pub const PREVIEW1_MODULE: &str = "wasi_snapshot_preview1";
 /// component, then check it with [`check_component`]. A module importing
 /// [`PREVIEW1_MODULE`] gets [`preview1_adapter`] for those imports.
 pub fn componentize(core: &[u8]) -> Result<Vec<u8>, Error> {
+    componentize_exporting(core, HANDLER_INTERFACE)
+}
+
+/// [`componentize`] for a component that must export `export` (an
+/// interface, with or without its version: `wasi:http/incoming-handler`
+/// for a `wasi:http` component).
+pub fn componentize_exporting(core: &[u8], export: &str) -> Result<Vec<u8>, Error> {
     if wasmparser::Parser::is_component(core) {
         return Err(Error::AlreadyComponent);
     }
@@ -83,7 +91,7 @@ pub fn componentize(core: &[u8]) -> Result<Vec<u8>, Error> {
             .map_err(Error::Encode)?;
     }
     let component = encoder.validate(true).encode().map_err(Error::Encode)?;
-    check_component(&component)?;
+    check_component_exporting(&component, export)?;
     Ok(component)
 }
 
@@ -158,6 +166,12 @@ pub fn preview1_adapter() -> Result<Vec<u8>, Error> {
 /// Validate `bytes` as a component (every wasm feature wasmtime may enable)
 /// and check that it exports [`HANDLER_INTERFACE`].
 pub fn check_component(bytes: &[u8]) -> Result<ComponentInfo, Error> {
+    check_component_exporting(bytes, HANDLER_INTERFACE)
+}
+
+/// [`check_component`] for a component that must export `export` (with
+/// its version, or without: any version).
+pub fn check_component_exporting(bytes: &[u8], export: &str) -> Result<ComponentInfo, Error> {
     if !wasmparser::Parser::is_component(bytes) {
         return Err(Error::NotComponent);
     }
@@ -181,8 +195,10 @@ pub fn check_component(bytes: &[u8]) -> Result<ComponentInfo, Error> {
         imports: names(&world.imports),
         exports: names(&world.exports),
     };
-    if !info.exports.iter().any(|e| e == HANDLER_INTERFACE) {
-        return Err(Error::MissingHandler(info.exports));
+    let exported =
+        |e: &String| e == export || e.strip_prefix(export).is_some_and(|v| v.starts_with('@'));
+    if !info.exports.iter().any(exported) {
+        return Err(Error::MissingHandler(export.to_owned(), info.exports));
     }
     Ok(info)
 }

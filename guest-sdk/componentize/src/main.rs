@@ -32,6 +32,11 @@ enum Command {
         /// Where to write the component (written atomically).
         #[arg(short, long)]
         output: PathBuf,
+        /// The interface the component must export (a policy's handler
+        /// unless given; `wasi:http/incoming-handler` for a component
+        /// backend).
+        #[arg(long, default_value = inlay_componentize::HANDLER_INTERFACE)]
+        export: String,
         /// Take the world from this WIT package directory instead of the
         /// module's `component-type` section (Go's bindings have none).
         #[arg(long)]
@@ -45,6 +50,9 @@ enum Command {
         /// Component files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// The interface each must export (a policy's handler unless given).
+        #[arg(long, default_value = inlay_componentize::HANDLER_INTERFACE)]
+        export: String,
     },
     /// Check that a WIT package directory parses; print its worlds.
     Wit {
@@ -80,6 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Encode {
             input,
             output,
+            export,
             wit,
             world,
         } => {
@@ -88,7 +97,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 core = inlay_componentize::embed_world(&core, &dir, &world)
                     .with_context(|| format!("{}", dir.display()))?;
             }
-            let component = inlay_componentize::componentize(&core)
+            let component = inlay_componentize::componentize_exporting(&core, &export)
                 .with_context(|| format!("{}", input.display()))?;
             write_atomically(&output, &component)?;
             println!(
@@ -98,10 +107,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 component.len()
             );
         }
-        Command::Check { files } => {
+        Command::Check { files, export } => {
             for file in files {
                 let bytes = read(&file)?;
-                let info = inlay_componentize::check_component(&bytes)
+                let info = inlay_componentize::check_component_exporting(&bytes, &export)
                     .with_context(|| format!("{}", file.display()))?;
                 println!(
                     "{}: ok, {} bytes, imports [{}]",

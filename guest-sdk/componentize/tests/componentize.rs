@@ -59,7 +59,7 @@ fn core_module_without_metadata_is_refused() {
     let empty = b"\0asm\x01\0\0\0".to_vec();
     assert!(matches!(
         componentize(&empty),
-        Err(Error::MissingHandler(_))
+        Err(Error::MissingHandler(..))
     ));
     assert!(matches!(check_component(&empty), Err(Error::NotComponent)));
 }

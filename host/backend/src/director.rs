@@ -163,6 +163,7 @@ mod tests {
         Backends::new(
             &Config::from_toml(&toml).expect("valid"),
             &Default::default(),
+            &Default::default(),
             &Metrics::new(true),
         )
     }

@@ -3,6 +3,7 @@
 //! timeouts and the connection cap of its config; directors over them
 //! ([`director`]), picked by name as a backend is ([`Backends::pick`]).
 
+pub mod component;
 pub mod director;
 pub mod probe;
 mod timeout_body;
@@ -21,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use inlay_config::{BackendConfig, Config};
 use inlay_metrics::{BackendMetrics, Metrics};
+use inlay_runtime::http_component::HttpComponent;
 pub use timeout_body::TimeoutBody;
 
 /// One configured origin.
@@ -35,6 +37,9 @@ pub struct Backend {
     health: Arc<probe::Health>,
     /// Stops the health probe when the backend goes.
     _probe: Option<probe::ProbeTask>,
+    /// The `wasi:http` component that serves it in-process, for a
+    /// component backend (`client` is then unused).
+    component: Option<HttpComponent>,
 }
 
 /// Every configured backend and director, by name.
@@ -43,6 +48,9 @@ pub struct Backends {
     by_name: Arc<HashMap<String, Arc<Backend>>>,
     directors: Arc<HashMap<String, Arc<director::Director>>>,
     default: String,
+    /// The component backends' components, which the next generation
+    /// keeps where their files did not change.
+    components: component::ComponentSet,
 }
 
 /// Where a request goes: the backend picked for it, and when it was
@@ -51,41 +59,63 @@ pub struct Backends {
 pub struct Picked {
     backend: Arc<Backend>,
     director: Option<(Arc<director::Director>, u64)>,
+    /// The backends a component backend's outgoing requests may go to.
+    outbound: Option<Backends>,
 }
 
 impl Backends {
     /// Build a client per configured backend, over TLS for those in
-    /// `tls` (the resolve step's), counting in `metrics`.
-    pub fn new(config: &Config, tls: &tls::BackendTlsSet, metrics: &Metrics) -> Self {
+    /// `tls` (the resolve step's), and the component backends over their
+    /// `components` (loaded by [`component::ComponentSet::load`]),
+    /// counting in `metrics`.
+    pub fn new(
+        config: &Config,
+        tls: &tls::BackendTlsSet,
+        components: &component::ComponentSet,
+        metrics: &Metrics,
+    ) -> Self {
         let by_name = config
             .backends
             .iter()
             .map(|(name, b)| {
                 let counted = metrics.backend(name);
                 let tls = tls.get(name).cloned();
+                let component = components.get(name).cloned();
                 (
                     name.clone(),
-                    Arc::new(Backend::new(b.clone(), tls, counted, None)),
+                    Arc::new(Backend::new(b.clone(), tls, component, counted, None)),
                 )
             })
             .collect();
-        Self::with_directors(by_name, config)
+        Self::with_directors(by_name, config, components)
     }
 
     /// The backends of `config`, keeping the clients (connection pools and
     /// connection caps) and probes of those whose settings are the same as
     /// here; a changed backend at the same address starts with the health
     /// its probe had seen.
-    pub fn renewed(&self, config: &Config, tls: &tls::BackendTlsSet, metrics: &Metrics) -> Self {
+    pub fn renewed(
+        &self,
+        config: &Config,
+        tls: &tls::BackendTlsSet,
+        components: &component::ComponentSet,
+        metrics: &Metrics,
+    ) -> Self {
         let by_name = config
             .backends
             .iter()
             .map(|(name, b)| {
                 let tls = tls.get(name).cloned();
+                let component = components.get(name).cloned();
                 // The TLS files' digest is in its `Debug` text: a changed
-                // file renews the backend.
+                // file renews the backend; so does a component loaded anew.
                 let kept = self.by_name.get(name).filter(|old| {
                     format!("{:?}{:?}", old.config, old.tls) == format!("{b:?}{tls:?}")
+                        && match (&old.component, &component) {
+                            (Some(a), Some(b)) => a.same(b),
+                            (None, None) => true,
+                            _ => false,
+                        }
                 });
                 let backend = match kept {
                     Some(old) => Arc::clone(old),
@@ -95,17 +125,27 @@ impl Backends {
                             .get(name)
                             .filter(|old| old.config.address == b.address)
                             .map(|old| old.health.as_ref());
-                        Arc::new(Backend::new(b.clone(), tls, metrics.backend(name), seen))
+                        Arc::new(Backend::new(
+                            b.clone(),
+                            tls,
+                            component,
+                            metrics.backend(name),
+                            seen,
+                        ))
                     }
                 };
                 (name.clone(), backend)
             })
             .collect();
-        Self::with_directors(by_name, config)
+        Self::with_directors(by_name, config, components)
     }
 
     /// `by_name` and `config`'s directors over them.
-    fn with_directors(by_name: HashMap<String, Arc<Backend>>, config: &Config) -> Self {
+    fn with_directors(
+        by_name: HashMap<String, Arc<Backend>>,
+        config: &Config,
+        components: &component::ComponentSet,
+    ) -> Self {
         let directors = config
             .directors
             .iter()
@@ -126,7 +166,14 @@ impl Backends {
             by_name: Arc::new(by_name),
             directors: Arc::new(directors),
             default: config.default_backend.clone(),
+            components: components.clone(),
         }
+    }
+
+    /// The component backends' components, for the next generation's
+    /// [`component::ComponentSet::load`].
+    pub fn components(&self) -> &component::ComponentSet {
+        &self.components
     }
 
     /// Whether `name` is a backend or a director (what a policy's
@@ -143,6 +190,7 @@ impl Backends {
             return Some(Picked {
                 backend: Arc::clone(backend),
                 director: None,
+                outbound: self.outbound_of(backend),
             });
         }
         let director = self.directors.get(name)?;
@@ -150,10 +198,21 @@ impl Backends {
             inlay_config::DirectorKind::Shard => key(),
             _ => 0,
         };
+        let backend = director.pick(key, None)?;
         Some(Picked {
-            backend: director.pick(key, None)?,
+            outbound: self.outbound_of(&backend).or_else(|| {
+                // A retry may go to another member, which may be a component.
+                (!self.components.is_empty()).then(|| self.clone())
+            }),
+            backend,
             director: Some((Arc::clone(director), key)),
         })
+    }
+
+    /// The backends a request to `backend` may send requests to: all of
+    /// them, for a component backend.
+    fn outbound_of(&self, backend: &Backend) -> Option<Backends> {
+        backend.component.is_some().then(|| self.clone())
     }
 
     /// A backend by name.
@@ -195,6 +254,7 @@ impl Backend {
     fn new(
         config: BackendConfig,
         tls: Option<tls::BackendTls>,
+        component: Option<HttpComponent>,
         metrics: BackendMetrics,
         seen: Option<&probe::Health>,
     ) -> Self {
@@ -239,7 +299,13 @@ impl Backend {
             metrics: Arc::new(metrics),
             health,
             _probe: probe,
+            component,
         }
+    }
+
+    /// The component serving it, for a component backend.
+    pub fn component(&self) -> Option<&HttpComponent> {
+        self.component.as_ref()
     }
 
     /// Whether the backend may get requests: always, without a probe;
@@ -281,13 +347,14 @@ impl Backend {
     async fn send_once(
         &self,
         req: Request<ProxyBody>,
+        outbound: Option<&Backends>,
     ) -> Result<Response<ProxyBody>, (ProxyError, bool)> {
         if !self.is_healthy() {
             self.metrics.not_sent_sick();
             return Err((self.sick(), true));
         }
         let started = self.metrics.start();
-        let result = self.send_counted(req).await;
+        let result = self.send_counted(req, outbound).await;
         let retryable = matches!(&result, Err(e) if e.retryable);
         let result = result.map_err(|e| e.error);
         self.metrics.finished(started, &result);
@@ -306,13 +373,16 @@ impl Backend {
     /// to the backend's address when absent. The response body fails if it
     /// stalls longer than `between_bytes_timeout`. A sick backend gets
     /// nothing: the request fails as one to a down backend does (503).
+    /// A component backend sent a request this way has no way out: its
+    /// outgoing requests fail ([`Picked::send`] gives it the backends).
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
-        self.send_once(req).await.map_err(|(e, _)| e)
+        self.send_once(req, None).await.map_err(|(e, _)| e)
     }
 
     async fn send_counted(
         &self,
         mut req: Request<ProxyBody>,
+        outbound: Option<&Backends>,
     ) -> Result<Response<ProxyBody>, Failed> {
         let permit: Option<OwnedSemaphorePermit> = match &self.slots {
             Some(s) => Some(s.clone().try_acquire_owned().map_err(|_| Failed {
@@ -323,6 +393,9 @@ impl Backend {
             })?),
             None => None,
         };
+        if let Some(c) = &self.component {
+            return self.serve_component(c, req, permit, outbound).await;
+        }
         let pq = req
             .uri()
             .path_and_query()
@@ -350,19 +423,65 @@ impl Backend {
         }
         let timeout = self.config.first_byte_timeout;
         let resp = match tokio::time::timeout(timeout, self.client.request(req)).await {
-            Err(_) => {
-                // The origin may be working on it: not sent again.
-                return Err(Failed {
-                    error: ProxyError::BackendTimeout {
-                        backend: self.config.name.clone(),
-                        timeout,
-                    },
-                    retryable: false,
-                });
-            }
+            // The origin may be working on it: not sent again.
+            Err(_) => return Err(self.timed_out()),
             Ok(Err(e)) => return Err(self.classify(e)),
             Ok(Ok(resp)) => resp,
         };
+        Ok(self.between_bytes(resp, permit))
+    }
+
+    /// A component backend's request, served in-process: within
+    /// `first_byte_timeout` for the head, `between_bytes_timeout` between
+    /// body chunks, as an origin's.
+    async fn serve_component(
+        &self,
+        c: &HttpComponent,
+        mut req: Request<ProxyBody>,
+        permit: Option<OwnedSemaphorePermit>,
+        outbound: Option<&Backends>,
+    ) -> Result<Response<ProxyBody>, Failed> {
+        component::prepare(
+            &mut req,
+            &self.config.name,
+            self.config.host_header.as_deref(),
+        );
+        let timeout = self.config.first_byte_timeout;
+        let served = tokio::time::timeout(timeout, component::serve(c, req, outbound.cloned()));
+        let resp = match served.await {
+            Err(_) => return Err(self.timed_out()),
+            Ok(Err(error)) => {
+                // A full instance pool never ran the request.
+                let retryable = matches!(error, ProxyError::BackendBusy { .. });
+                return Err(Failed { error, retryable });
+            }
+            Ok(Ok(resp)) => resp,
+        };
+        Ok(self.between_bytes(resp, permit))
+    }
+
+    /// No response head within `first_byte_timeout`.
+    fn timed_out(&self) -> Failed {
+        Failed {
+            error: ProxyError::BackendTimeout {
+                backend: self.config.name.clone(),
+                timeout: self.config.first_byte_timeout,
+            },
+            retryable: false,
+        }
+    }
+
+    /// `resp` with its body bounded by `between_bytes_timeout` (and its
+    /// stalls counted), holding `permit` until the body is done.
+    fn between_bytes<B>(
+        &self,
+        resp: Response<B>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Response<ProxyBody>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<inlay_core::BoxError>,
+    {
         let (parts, incoming) = resp.into_parts();
         let body = TimeoutBody::new(
             incoming,
@@ -371,7 +490,7 @@ impl Backend {
             permit,
         )
         .counting_stalls(self.metrics.enabled().then(|| Arc::clone(&self.metrics)));
-        Ok(Response::from_parts(parts, body::boxed(body)))
+        Response::from_parts(parts, body::boxed(body))
     }
 
     fn classify(&self, e: hyper_util::client::legacy::Error) -> Failed {
@@ -464,7 +583,7 @@ impl Picked {
             }
             _ => None,
         };
-        match self.backend.send_once(req).await {
+        match self.backend.send_once(req, self.outbound.as_ref()).await {
             Err((error, true)) => {
                 let (Some(again), Some((director, key))) = (again, &self.director) else {
                     return Err(error);
@@ -482,7 +601,10 @@ impl Picked {
                         "{error}; sending the request once more, to another backend ({retries} retries since the last such line)"
                     );
                 }
-                other.send(again).await
+                other
+                    .send_once(again, self.outbound.as_ref())
+                    .await
+                    .map_err(|(e, _)| e)
             }
             result => result.map_err(|(e, _)| e),
         }
@@ -501,6 +623,10 @@ mod tests {
 
     fn no_tls() -> tls::BackendTlsSet {
         tls::BackendTlsSet::new()
+    }
+
+    fn none() -> component::ComponentSet {
+        component::ComponentSet::new()
     }
 
     fn ca_pem(name: &str) -> String {
@@ -522,7 +648,7 @@ mod tests {
              [directors.pool]\ntype = \"fallback\"\nbackends = [\"b\", \"a\"]\n",
         )
         .expect("valid");
-        let backends = Backends::new(&config, &no_tls(), &Metrics::new(true));
+        let backends = Backends::new(&config, &no_tls(), &none(), &Metrics::new(true));
         // What the policy's set-backend checks, and what the pipeline picks.
         assert!(backends.exists("pool") && backends.exists("a"));
         assert!(!backends.exists("nope"));
@@ -547,10 +673,15 @@ mod tests {
         // Each generation resolves its files anew, as a reload does.
         let renewed = |old: &Backends, t: &str| {
             let c = config(t);
-            old.renewed(&c, &tls::load_all(&c).expect("files load"), &metrics)
+            old.renewed(
+                &c,
+                &tls::load_all(&c).expect("files load"),
+                &none(),
+                &metrics,
+            )
         };
         let first = config(&text);
-        let old = Backends::new(&first, &tls::load_all(&first).unwrap(), &metrics);
+        let old = Backends::new(&first, &tls::load_all(&first).unwrap(), &none(), &metrics);
         let same =
             |new: &Backends| Arc::ptr_eq(old.get("default").unwrap(), new.get("default").unwrap());
         assert!(same(&renewed(&old, &text)), "nothing changed: pool kept");
@@ -570,6 +701,10 @@ mod probe_tests {
         tls::BackendTlsSet::new()
     }
 
+    fn none() -> component::ComponentSet {
+        component::ComponentSet::new()
+    }
+
     /// A config whose backend `default` is probed at `/health` on a port
     /// nobody listens on (`port` varies it, so each is a changed backend).
     fn probed(port: u16) -> Config {
@@ -583,16 +718,16 @@ mod probe_tests {
     #[tokio::test]
     async fn a_probe_stops_when_its_backend_is_dropped_after_twenty_reloads() {
         let metrics = Metrics::new(true);
-        let mut current = Backends::new(&probed(1), &no_tls(), &metrics);
+        let mut current = Backends::new(&probed(1), &no_tls(), &none(), &metrics);
         let mut gone = Vec::new();
         for i in 0..20 {
-            let next = current.renewed(&probed(2 + i), &no_tls(), &metrics);
+            let next = current.renewed(&probed(2 + i), &no_tls(), &none(), &metrics);
             // The probe task holds the health; nothing else does once the
             // generation's backends are dropped.
             gone.push(Arc::downgrade(current.get("default").unwrap().health()));
             current = next;
         }
-        let kept = current.renewed(&probed(21), &no_tls(), &metrics);
+        let kept = current.renewed(&probed(21), &no_tls(), &none(), &metrics);
         assert!(
             Arc::ptr_eq(
                 kept.get("default").unwrap(),

@@ -33,6 +33,7 @@ fn cache() -> HttpCache {
         max_object_size: 1 << 20,
         accept_encoding: Default::default(),
         ban_memory: inlay_cache::DEFAULT_BAN_MEMORY,
+        compression: None,
     };
     let cache = HttpCache::new(CacheStore::from_store(store), rules);
     cache.set_ban_lurker(BanLurker {

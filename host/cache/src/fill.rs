@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use crate::HttpCache;
 use crate::ban::FillTicket;
+use crate::coding::{self, Coding};
 use crate::flight::Flight;
 use crate::key::{ContentCodings, PrimaryKey};
 use crate::object::object_meta;
@@ -191,8 +192,17 @@ pub(crate) fn fill(
     // Bans compare against the time the response arrived: a ban added
     // while the body streams still covers it.
     let ticket = target.cache.fill_ticket();
+    let codings = codings_to_store(&target.cache, &resp, settings);
     let mut meta = object_meta(resp.status().as_u16(), resp.headers(), settings);
     meta.created_ms = ticket.since_ms;
+    if !codings.is_empty() {
+        // It came uncoded and will hold every coding: whatever coding a
+        // request negotiates, this object serves it, so Accept-Encoding
+        // selects no variant of its own (an origin that says `Vary:
+        // Accept-Encoding` and sends identity is fetched once, not once
+        // per coding).
+        meta.vary.retain(|name| name != "accept-encoding");
+    }
     let (parts, body) = resp.into_parts();
     let (progress, progress_rx) = watch::channel(Progress::default());
     let overflow = Arc::new(parking_lot::Mutex::new(Overflow::default()));
@@ -217,7 +227,7 @@ pub(crate) fn fill(
         body,
         progress,
         overflow,
-        (meta, ticket),
+        (meta, ticket, codings),
         max_object_size,
         target,
     ));
@@ -227,12 +237,31 @@ pub(crate) fn fill(
     )
 }
 
-/// The fill's task: reads the backend body into `progress` and stores it.
+/// The codings a fill of `resp` stores beside its identity body: those
+/// Inlay makes of `cache.accept_encoding`, when `[compression]` applies
+/// to the response. Not for an ESI template: its page is what is sent,
+/// assembled (and compressed) per request.
+fn codings_to_store(
+    cache: &HttpCache,
+    resp: &Response<ProxyBody>,
+    settings: &CacheSettings,
+) -> Vec<Coding> {
+    let rules = cache.rules();
+    match &rules.compression {
+        Some(c) if !settings.esi && c.applies(resp.status(), resp.headers()) => {
+            coding::made_codings(&rules.accept_encoding)
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The fill's task: reads the backend body into `progress` and stores it
+/// (with `codings` made beside it).
 async fn drive(
     mut body: ProxyBody,
     progress: watch::Sender<Progress>,
     overflow: Arc<parking_lot::Mutex<Overflow>>,
-    (meta, ticket): (ObjectMeta, FillTicket),
+    (mut meta, ticket, codings): (ObjectMeta, FillTicket, Vec<Coding>),
     max_object_size: u64,
     target: FillTarget,
 ) {
@@ -302,7 +331,27 @@ async fn drive(
         return;
     }
     progress.send_modify(|p| p.end = Some(End::Complete));
-    let whole = concat(&progress.borrow().chunks, size);
+    let mut whole = concat(&progress.borrow().chunks, size);
+    if let Some(rules) = cache.rules().compression.clone()
+        && !codings.is_empty()
+        && size >= rules.min_size
+    {
+        // Once, here, for every hit to come: CPU-bound, so on the blocking
+        // pool, and no more at once than there are cores.
+        let _permit = cache.compressing().acquire().await;
+        let identity = whole.clone();
+        let made = tokio::task::spawn_blocking(move || {
+            coding::store_codings(&identity, &codings, &rules.store_levels, max_object_size)
+        })
+        .await;
+        match made {
+            Ok((body, index)) => {
+                whole = body;
+                meta.codings = index;
+            }
+            Err(e) => warn!(key = primary.as_str(), error = %e, "compressing for the store failed"),
+        }
+    }
     match cache
         .insert_filled(&primary, &req_headers, meta, whole, &ticket)
         .await

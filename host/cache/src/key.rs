@@ -132,6 +132,15 @@ impl ContentCodings {
     /// Field lines are combined; names are compared without case; an
     /// element whose q-value does not parse accepts nothing.
     pub fn negotiate(&self, headers: &HeaderMap) -> &str {
+        self.negotiate_among(headers, |_| true)
+    }
+
+    /// [`negotiate`](Self::negotiate) among the codings `offered` says a
+    /// response has: the first preferred coding the request accepts and
+    /// that is offered, else `identity` (also when the request refuses
+    /// identity: RFC 9110 section 12.5.3 says to send it uncoded then).
+    /// What a client is served is chosen here, and what the key selects.
+    pub fn negotiate_among(&self, headers: &HeaderMap, offered: impl Fn(&str) -> bool) -> &str {
         // (coding, accepted) of each element, in order; `*` included.
         let mut elements: Vec<(String, bool)> = Vec::new();
         for line in headers.get_all(http::header::ACCEPT_ENCODING) {
@@ -169,7 +178,7 @@ impl ContentCodings {
             .is_some_and(|(_, ok)| *ok);
         for pref in &self.0 {
             let named = elements.iter().find(|(c, _)| c == pref);
-            if named.map_or(star, |(_, ok)| *ok) {
+            if named.map_or(star, |(_, ok)| *ok) && offered(pref) {
                 return pref;
             }
         }
@@ -382,6 +391,12 @@ mod tests {
         // `identity` and `*` are not codings to prefer.
         let odd = ContentCodings::new(&["Identity", "*", "ZSTD", "zstd", " "]);
         assert_eq!(odd.preferred(), ["zstd"]);
+        // Among what a response has: the next preferred one it accepts.
+        let h = headers(&[("accept-encoding", "zstd, br, gzip")]);
+        let zbg = ContentCodings::new(&["zstd", "br", "gzip"]);
+        assert_eq!(zbg.negotiate_among(&h, |c| c != "zstd"), "br");
+        assert_eq!(zbg.negotiate_among(&h, |c| c == "gzip"), "gzip");
+        assert_eq!(zbg.negotiate_among(&h, |_| false), "identity");
         // An absurdly long field costs nothing but the scan.
         let long = format!("{}gzip", "x-coding, ".repeat(10_000));
         assert_eq!(negotiated(&c, &[&long]), "gzip");

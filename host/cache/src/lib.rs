@@ -17,6 +17,7 @@
 //! caller fetches, and tells the cache what came back.
 
 pub mod ban;
+pub mod coding;
 mod fill;
 mod flight;
 mod hit_for_miss;
@@ -102,6 +103,9 @@ pub struct CacheRules {
     /// refused ([`BanError::OverBudget`]), whether made here or applied
     /// from another node, until the lurker drops older ones.
     pub ban_memory: usize,
+    /// What a fill compresses and stores in several codings
+    /// (`[compression]`); `None`: nothing.
+    pub compression: Option<coding::CompressionRules>,
 }
 
 /// Where the Vary names of a URL live, and why.
@@ -224,6 +228,8 @@ struct Inner {
     sink: parking_lot::RwLock<Option<Arc<dyn InvalidationSink>>>,
     /// Reads answer nothing (see [`HttpCache::set_reads_suspended`]).
     reads_suspended: AtomicBool,
+    /// Fills compressing for the store at once: no more than the cores.
+    compressing: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for Inner {
@@ -311,6 +317,9 @@ impl HttpCache {
                 lurker_running: AtomicBool::new(false),
                 sink: parking_lot::RwLock::new(None),
                 reads_suspended: AtomicBool::new(false),
+                compressing: tokio::sync::Semaphore::new(
+                    std::thread::available_parallelism().map_or(2, |n| n.get()),
+                ),
             }),
             rules: Arc::new(rules),
         };
@@ -489,6 +498,11 @@ impl HttpCache {
     /// What the cache is configured with.
     pub fn rules(&self) -> &CacheRules {
         &self.rules
+    }
+
+    /// The permits of fills compressing for the store.
+    pub(crate) fn compressing(&self) -> &tokio::sync::Semaphore {
+        &self.inner.compressing
     }
 
     pub(crate) fn max_object_size(&self) -> u64 {

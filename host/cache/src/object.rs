@@ -74,6 +74,7 @@ pub fn object_meta(status: u16, h: &HeaderMap, s: &CacheSettings) -> ObjectMeta 
         checksum: 0,
         created_ms: now,
         full_key: None,
+        codings: Vec::new(),
     }
 }
 

@@ -32,6 +32,7 @@ fn rules() -> CacheRules {
         max_object_size: 1 << 20,
         accept_encoding: Default::default(),
         ban_memory: inlay_cache::DEFAULT_BAN_MEMORY,
+        compression: None,
     }
 }
 

@@ -139,6 +139,7 @@ fn fixture_with_kv(kv_bytes: u64) -> Fixture {
         max_object_size: 1 << 20,
         accept_encoding: Default::default(),
         ban_memory: inlay_cache::DEFAULT_BAN_MEMORY,
+        compression: None,
     };
     let cache = HttpCache::new(CacheStore::from_store(store.clone()), rules);
     Fixture { cache, store }

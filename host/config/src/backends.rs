@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use http::Uri;
 
+use super::component::ComponentConfig;
 use super::read::{Reader, Table, Value, join};
 
 /// `[backends.NAME]`.
@@ -37,6 +38,10 @@ pub struct BackendConfig {
     pub keepalive_timeout: Duration,
     /// Idle connections kept for reuse (0: a connection per request).
     pub max_idle_connections: usize,
+    /// `component = "app.wasm"`: the backend is a `wasi:http` component
+    /// served in-process (its `address` is then `http://NAME`, which is
+    /// what an absolute ESI include or an outgoing request names it by).
+    pub component: Option<ComponentConfig>,
 }
 
 /// What `[backends.NAME]` says about TLS, as written in the file (the
@@ -133,6 +138,16 @@ impl BackendConfig {
             probe: None,
             keepalive_timeout: Duration::from_secs(30),
             max_idle_connections: 1024,
+            component: None,
+        }
+    }
+
+    /// Backend `name` served by `component`.
+    pub fn component(name: String, component: ComponentConfig) -> Self {
+        Self {
+            address: component_address(&name),
+            component: Some(component),
+            ..Self::with_defaults(name, Uri::from_static("http://x"))
         }
     }
 
@@ -156,6 +171,13 @@ impl BackendConfig {
             .map(|a| a.to_string())
             .unwrap_or_default()
     }
+}
+
+/// The address of component backend `name`: `http://NAME`.
+fn component_address(name: &str) -> Uri {
+    format!("http://{name}")
+        .parse()
+        .unwrap_or_else(|_| Uri::from_static("http://component"))
 }
 
 pub(super) fn parse_backend_uri(s: &str) -> Result<Uri, String> {
@@ -250,6 +272,9 @@ impl Reader {
     }
 
     fn backend(&mut self, t: &Table, p: &str, name: &str) -> Option<BackendConfig> {
+        if let Some(component) = self.component(t, p) {
+            return Some(self.component_backend(t, p, name, component));
+        }
         let address = match self.string(t, p, "address") {
             Some(a) => match parse_backend_uri(&a) {
                 Ok(u) => Some(u),
@@ -261,7 +286,7 @@ impl Reader {
             None => {
                 self.err(
                     join(p, "address"),
-                    "missing (e.g. address = \"http://127.0.0.1:8080\")",
+                    "missing (e.g. address = \"http://127.0.0.1:8080\", or component = \"app.wasm\")",
                 );
                 None
             }
@@ -292,6 +317,7 @@ impl Reader {
                 d.keepalive_timeout,
             ),
             max_idle_connections: 0,
+            component: None,
         };
         let max_connections = b.max_connections as u64;
         let default_idle = if max_connections > 0 {
@@ -311,8 +337,35 @@ impl Reader {
             ..b
         };
         let tls = self.backend_tls(t, p, &b);
+        self.no_component_keys(t, p);
         self.unknown_keys(t, p);
         address.map(|_| BackendConfig { tls, ..b })
+    }
+
+    /// A component backend: the settings an origin shares with it
+    /// (`host_header`, the response timeouts, `max_connections`).
+    fn component_backend(
+        &mut self,
+        t: &Table,
+        p: &str,
+        name: &str,
+        component: ComponentConfig,
+    ) -> BackendConfig {
+        let d = BackendConfig::component(name.to_owned(), component);
+        let b = BackendConfig {
+            host_header: self.string(t, p, "host_header"),
+            first_byte_timeout: self.duration(t, p, "first_byte_timeout", d.first_byte_timeout),
+            between_bytes_timeout: self.duration(
+                t,
+                p,
+                "between_bytes_timeout",
+                d.between_bytes_timeout,
+            ),
+            max_connections: self.uint(t, p, "max_connections", 0, 0, 1_000_000) as usize,
+            ..d
+        };
+        self.unknown_keys(t, p);
+        b
     }
 
     /// `[directors.NAME]`: each names existing backends (not directors),

@@ -79,7 +79,8 @@ impl CacheConfig {
         sc
     }
 
-    /// What the cache needs of this section.
+    /// What the cache needs of this section (no compression:
+    /// `Config::cache_rules` adds `[compression]`).
     pub fn rules(&self) -> inlay_cache::CacheRules {
         inlay_cache::CacheRules {
             defaults: inlay_cache::Defaults {
@@ -90,6 +91,7 @@ impl CacheConfig {
             max_object_size: self.max_object_size,
             accept_encoding: inlay_cache::ContentCodings::new(&self.accept_encoding),
             ban_memory: usize::try_from(self.ban_memory).unwrap_or(usize::MAX),
+            compression: None,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The typed host configuration: read from TOML, validated at start-up.
 //!
 //! One file per section (`server.rs`, `backends.rs`, `log.rs`, `cache.rs`,
-//! `esi.rs`, `policy.rs`, `admin.rs`, `cluster.rs`, `websocket.rs`), each the section's
+//! `compression.rs`, `esi.rs`, `policy.rs`, `admin.rs`, `cluster.rs`, `websocket.rs`), each the section's
 //! types and the code that reads them; `read.rs` is the reader they share,
 //! `overrides.rs` the quick flags. Parsing walks the TOML tree by hand
 //! instead of using serde derive so that *every* error is reported at once,
@@ -15,6 +15,8 @@ mod admin;
 mod backends;
 mod cache;
 mod cluster;
+mod component;
+mod compression;
 mod esi;
 mod log;
 mod overrides;
@@ -35,6 +37,8 @@ pub use cache::{CacheConfig, STRIP_REQUEST_HEADERS};
 pub use cluster::{
     ClusterAuth, ClusterConfig, ClusterKv, ClusterTls, InvalidationConfig, ShardConfig,
 };
+pub use component::ComponentConfig;
+pub use compression::CompressionConfig;
 pub use esi::EsiConfig;
 pub use log::{AccessLogFormat, AccessLogTarget, LogConfig};
 pub use overrides::Overrides;
@@ -64,6 +68,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `[cache]`: the object store and caching defaults.
     pub cache: CacheConfig,
+    /// `[compression]`: compression at the edge.
+    pub compression: CompressionConfig,
     /// `[esi]`: Edge Side Includes limits.
     pub esi: EsiConfig,
     /// `[policy]`: the WebAssembly policy, if any.
@@ -173,6 +179,15 @@ impl Config {
         }
     }
 
+    /// What the cache is configured with: `[cache]`, and `[compression]`
+    /// for the codings a fill stores.
+    pub fn cache_rules(&self) -> inlay_cache::CacheRules {
+        inlay_cache::CacheRules {
+            compression: self.compression.rules(),
+            ..self.cache.rules()
+        }
+    }
+
     /// The backend a request goes to when the policy chose none (when
     /// `default_backend` names a director, its first backend).
     pub fn default_backend(&self) -> &BackendConfig {
@@ -198,6 +213,8 @@ impl Reader {
         let log = self.log(t);
         let t = section(self, "cache");
         let cache = self.cache(t);
+        let t = section(self, "compression");
+        let compression = self.compression(t);
         let t = section(self, "esi");
         let esi = self.esi(t);
         let policy = self.table(root, "", "policy").and_then(|t| self.policy(t));
@@ -218,6 +235,7 @@ impl Reader {
             directors,
             log,
             cache,
+            compression,
             esi,
             policy,
             admin,

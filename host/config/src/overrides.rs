@@ -7,7 +7,7 @@ use super::admin::unguarded_admin;
 use super::backends::parse_backend_uri;
 use super::read::{issue, parse_listen};
 use super::server::{parse_listener, tls_listeners_without_certificate};
-use super::{BackendConfig, Config, ConfigError, PolicyConfig, TlsCertConfig};
+use super::{BackendConfig, ComponentConfig, Config, ConfigError, PolicyConfig, TlsCertConfig};
 
 /// Command-line settings that override the file (varnishd-style quick flags).
 #[derive(Debug, Clone, Default)]
@@ -16,6 +16,9 @@ pub struct Overrides {
     pub listen: Vec<String>,
     /// `-b URL`: the default backend's address.
     pub backend: Option<String>,
+    /// `--component APP.wasm`: the default backend is this `wasi:http`
+    /// component, served in-process.
+    pub component: Option<PathBuf>,
     /// `--policy FILE.wasm`.
     pub policy: Option<PathBuf>,
     /// `--no-policy`: run without a policy even if the config names one.
@@ -81,6 +84,33 @@ impl Config {
                     entry.tls_for_scheme();
                 }
                 Err(m) => issues.push(issue("-b", m)),
+            }
+        }
+        if let Some(path) = &o.component {
+            if o.backend.is_some() {
+                issues.push(issue(
+                    "--component",
+                    "the default backend is either -b URL or --component FILE, not both",
+                ));
+            } else if self.directors.contains_key(&self.default_backend) {
+                issues.push(issue(
+                    "--component",
+                    format!(
+                        "default_backend {:?} is a director: name the component in the file",
+                        self.default_backend
+                    ),
+                ));
+            } else {
+                let name = self.default_backend.clone();
+                let component = match self.backends.get(&name).and_then(|b| b.component.clone()) {
+                    Some(c) => ComponentConfig {
+                        path: path.clone(),
+                        ..c
+                    },
+                    None => ComponentConfig::with_defaults(path.clone()),
+                };
+                self.backends
+                    .insert(name.clone(), BackendConfig::component(name, component));
             }
         }
         if let Some(p) = &o.policy {

@@ -757,3 +757,46 @@ fn websocket_defaults_and_bounds() {
     }
     assert!(!e.contains("other_protocols[3]"), "{e}");
 }
+
+#[test]
+fn compression_is_on_by_default_and_bad_types_and_levels_are_named() {
+    let backend = "[backends.default]\naddress = \"http://127.0.0.1:8080\"\n";
+    let c = Config::from_toml(backend).unwrap();
+    let rules = c.cache_rules().compression.expect("on by default");
+    assert_eq!(rules.min_size, 1024);
+    assert_eq!((rules.store_levels.br, rules.store_levels.gzip), (9, 6));
+    assert_eq!(rules.stream_levels.br, 4);
+    assert_eq!(rules.types.len(), inlay_cache::coding::DEFAULT_TYPES.len());
+    assert_eq!(c.compression.max_streams, 1024);
+    // `[cache]` alone says nothing of compression.
+    assert!(c.cache.rules().compression.is_none());
+    let off = Config::from_toml(&format!("{backend}[compression]\nenabled = false")).unwrap();
+    assert!(off.cache_rules().compression.is_none());
+    let set = Config::from_toml(&format!(
+        "{backend}[compression]\ntypes = [\"text/html\", \"+json\"]\nmin_size = \"4KiB\"\nbr_level = 11"
+    ))
+    .unwrap();
+    let rules = set.cache_rules().compression.unwrap();
+    assert_eq!(rules.types.len(), 2);
+    assert_eq!((rules.min_size, rules.store_levels.br), (4096, 11));
+    let err = Config::from_toml(&format!(
+        "{backend}[compression]\ntypes = [\"text/html\", \"html\", \"TEXT/HTML\"]\nbr_level = 12\ngzip_level = 0\nmax_streams = -1"
+    ))
+    .unwrap_err();
+    let ConfigError::Invalid(issues) = err else {
+        panic!("expected Invalid, got {err:?}")
+    };
+    let mut paths: Vec<_> = issues.iter().map(|i| i.path.as_str()).collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        [
+            "compression.br_level",
+            "compression.gzip_level",
+            "compression.max_streams",
+            "compression.types[1]",
+            "compression.types[2]",
+        ],
+        "{issues:#?}"
+    );
+}

@@ -26,7 +26,6 @@ mod access_log;
 pub mod admin;
 use inlay_backend as backend;
 pub mod cli;
-mod codec;
 /// The typed configuration (crate `inlay-config`).
 pub use inlay_config as config;
 mod diagnostics;

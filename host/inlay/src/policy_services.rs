@@ -98,7 +98,7 @@ impl PolicyServices for HostServices {
             Ok(Some(CachedObject {
                 status: StatusCode::from_u16(obj.meta.status).unwrap_or(StatusCode::OK),
                 headers,
-                body: obj.body.clone(),
+                body: inlay_cache::coding::identity_body(&obj),
                 age: Duration::from_millis(obj.meta.age_ms(now)),
                 ttl_left: Duration::from_millis(obj.meta.expires_at_ms().saturating_sub(now)),
             }))

@@ -29,6 +29,7 @@ use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, WeakAdmin};
+use crate::backend::component::ComponentSet;
 use crate::config::{AccessLogTarget, Config, ConfigError, ConfigSource, PolicyConfig};
 use crate::pipeline::Pipeline;
 use crate::pipeline::{GenerationFigures, Generations};
@@ -225,6 +226,10 @@ impl Reloader {
         // slot: after that, nothing may refuse the generation.
         let mut settings = resolve(cfg).map_err(|e| config_errors(&e))?;
         let cfg = &*settings.config;
+        // Component backends: a file that changed is loaded anew.
+        let components = ComponentSet::load(cfg, old.backends().components())
+            .await
+            .map_err(|issues| config_errors(&ConfigError::Invalid(issues)))?;
         let token = settings.admin_token.clone();
         let certificates = match &self.tls {
             Some(_) => Some(tls_certificates(cfg, &mut settings.certificates)?),
@@ -319,6 +324,7 @@ impl Reloader {
             Some(cache) => old.next_generation_on(
                 Arc::clone(&settings.config),
                 &settings.backend_tls,
+                &components,
                 slot,
                 access_log.clone(),
                 cache.clone(),
@@ -326,6 +332,7 @@ impl Reloader {
             None => old.next_generation(
                 Arc::clone(&settings.config),
                 &settings.backend_tls,
+                &components,
                 slot,
                 access_log.clone(),
             ),
@@ -465,7 +472,7 @@ async fn prepare_cache(
         Some(dir) => format!("cannot open {}", dir.display()),
         None => "cannot open a memory-only cache".to_owned(),
     };
-    let (current, rules) = (current.clone(), n.rules());
+    let (current, rules) = (current.clone(), new.cache_rules());
     let opened = tokio::task::spawn_blocking(move || {
         let store = TieredStore::open(sc).map_err(|e| format!("{where_}: {e}"))?;
         let store = CacheStore::from_tiered(Arc::new(store));
@@ -639,7 +646,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
     let differs =
         |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
     let mut changed = Vec::new();
-    let sections: [(&str, bool); 8] = [
+    let sections: [(&str, bool); 9] = [
         ("server", differs(&old.server, &new.server)),
         (
             "backends",
@@ -649,6 +656,7 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<String> {
         ),
         ("log", differs(&old.log, &new.log)),
         ("cache", differs(&old.cache, &new.cache)),
+        ("compression", differs(&old.compression, &new.compression)),
         ("esi", differs(&old.esi, &new.esi)),
         ("policy", differs(&old.policy, &new.policy)),
         ("admin", old.admin != new.admin),
@@ -762,6 +770,8 @@ mod tests {
             BASE.replace("8080", "8081")
         ));
         assert_eq!(changed_sections(&old, &new), ["backends", "esi"]);
+        let new = config(&format!("{BASE}\n[compression]\nbr_level = 5\n"));
+        assert_eq!(changed_sections(&old, &new), ["compression"]);
     }
 
     #[test]
@@ -771,10 +781,13 @@ mod tests {
             BASE.replace("backends.origin", "backends.default")
         );
         let metrics = crate::metrics::Metrics::new(true);
-        let old = crate::backend::Backends::new(&config(&two), &Default::default(), &metrics);
+        let none = Default::default();
+        let old =
+            crate::backend::Backends::new(&config(&two), &Default::default(), &none, &metrics);
         let new = old.renewed(
             &config(&two.replace("9000", "9001")),
             &Default::default(),
+            &none,
             &metrics,
         );
         let same = |name: &str| Arc::ptr_eq(old.get(name).unwrap(), new.get(name).unwrap());

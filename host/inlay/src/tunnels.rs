@@ -1,7 +1,8 @@
 //! Tunnels (WebSockets, and the other upgrades `[websocket]` allows): how
 //! many are open against `websocket.max_tunnels`, what they moved (a
 //! collector for `GET /metrics`), and the copy of bytes both ways with its
-//! idle timeout (`copy.rs`: no buffer held while nothing moves). The
+//! idle timeout (the copy is `inlay_listener::copy_both_ways`: no buffer
+//! held while nothing moves). The
 //! pipeline's `tunnel` phase opens them; this module knows nothing of HTTP.
 
 use std::pin::Pin;
@@ -16,8 +17,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use crate::metrics::{Figures, Metrics};
-
-mod copy;
 
 /// The process's tunnels, shared by every pipeline generation.
 #[derive(Debug, Default)]
@@ -125,7 +124,7 @@ where
         total: &tunnels.to_client,
     };
     let end = tokio::select! {
-        copied = copy::both_ways(&mut client, &mut backend) => {
+        copied = inlay_listener::copy_both_ways(&mut client, &mut backend) => {
             TunnelEnd::Ended(copied.err())
         }
         () = idle_for(idle, started, &last) => TunnelEnd::Idle(idle),

@@ -22,7 +22,9 @@
 //!   and per HTTP/2 stream), over a socket that records its `activity`;
 //! - `tunnel`: connections the service turns into tunnels (an HTTP/1.1
 //!   upgrade, an HTTP/2 extended CONNECT), held open and counted until
-//!   the tunnel ends ([`TunnelTicket`], [`TunnelGuard`]);
+//!   the tunnel ends ([`TunnelTicket`], [`TunnelGuard`]), and the bytes
+//!   of a tunnel copied both ways with no buffer held while nothing moves
+//!   ([`copy_both_ways`]);
 //! - [`open_files`]: the open-file limit the limits need;
 //! - [`ConnectionStats`]: what is counted, a Prometheus collector.
 //!
@@ -31,6 +33,7 @@
 mod accept;
 mod activity;
 mod admission;
+mod copy;
 mod limits;
 pub mod open_files;
 mod per_client;
@@ -46,6 +49,7 @@ mod tunnel;
 use inlay_core::LogLimit;
 
 pub use accept::{Connection, Listener, MakeService, OverTls, Server};
+pub use copy::both_ways as copy_both_ways;
 pub use limits::{Limits, PeerFilter};
 pub use per_client::{ClientSlot, PerClient};
 pub use socket::bind;

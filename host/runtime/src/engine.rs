@@ -142,6 +142,9 @@ impl PolicyEngine {
             .memory_init_cow(true)
             .epoch_interruption(true)
             .wasm_component_model(true);
+        // 0.3 component backends: async exports, streams and futures.
+        #[cfg(feature = "p3")]
+        config.wasm_component_model_async(true);
         // `INLAY_PERF_MAP=1` writes /tmp/perf-PID.map so `perf report` names
         // the policy's functions.
         if std::env::var_os("INLAY_PERF_MAP").is_some_and(|v| v == "1") {

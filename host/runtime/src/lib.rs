@@ -48,6 +48,7 @@ mod call;
 mod compact;
 mod engine;
 mod errors;
+pub mod http_component;
 mod imports;
 mod instance;
 mod limits;

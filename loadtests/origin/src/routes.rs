@@ -15,7 +15,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::body::{OriginBody, PATTERN_SPAN, PatternStream, pattern_bytes};
+use crate::body::{OriginBody, PATTERN_SPAN, PatternStream, html_page, pattern_bytes};
 use crate::counters::Counters;
 use crate::esi;
 use crate::knobs;
@@ -45,6 +45,7 @@ enum Route<'a> {
     Bytes(&'a str),
     Resp,
     Static(&'a str),
+    Html(&'a str),
     EsiPage,
     EsiFragment(&'a str),
     Echo,
@@ -61,6 +62,9 @@ fn route(path: &str) -> Route<'_> {
     }
     if let Some(n) = path.strip_prefix("/bytes/") {
         return Route::Bytes(n);
+    }
+    if let Some(n) = path.strip_prefix("/html/") {
+        return Route::Html(n);
     }
     if let Some(id) = path.strip_prefix("/esi/fragment/") {
         return Route::EsiFragment(id);
@@ -134,6 +138,7 @@ async fn respond(
     }
     match route {
         Route::Static(n) => static_object(n),
+        Route::Html(n) => html(n),
         Route::Bytes(n) => bytes(n, p),
         Route::Resp => Ok(resp(p)),
         Route::EsiPage => esi::page(p),
@@ -208,6 +213,26 @@ fn static_object(n: &str) -> Result<Response<OriginBody>, BadRequest> {
     );
     // Digits and quotes only: always a valid header value.
     if let Ok(etag) = HeaderValue::try_from(format!("\"static-{n}\"")) {
+        headers.insert(header::ETAG, etag);
+    }
+    Ok(resp)
+}
+
+/// `GET /html/{n}`: an HTML page of `n` bytes that compresses as real ones
+/// do, cacheable for an hour, never encoded by the origin (unless `gzip=1`).
+fn html(n: &str) -> Result<Response<OriginBody>, BadRequest> {
+    let n = size(n, MAX_STATIC)?;
+    let mut resp = Response::new(OriginBody::full(html_page(n as usize)));
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=3600"),
+    );
+    if let Ok(etag) = HeaderValue::try_from(format!("\"html-{n}\"")) {
         headers.insert(header::ETAG, etag);
     }
     Ok(resp)

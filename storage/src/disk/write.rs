@@ -318,6 +318,8 @@ impl DiskTier {
         let mut meta = f(&old.meta);
         meta.body_len = old.meta.body_len;
         meta.checksum = old.meta.checksum;
+        // The codings describe the body, which stays.
+        meta.codings.clone_from(&old.meta.codings);
         let rec = Record {
             id: old.id,
             seq: 0,

@@ -54,6 +54,11 @@ pub struct ServeArgs {
     /// The default backend, e.g. `-b http://127.0.0.1:8080` (or `https://` for TLS, verified against the system roots).
     #[arg(short = 'b', long = "backend", value_name = "URL")]
     pub backend: Option<String>,
+    /// A `wasi:http/proxy` component (`.wasm`) served in-process as the
+    /// default backend, behind the cache (instead of `-b URL`), as
+    /// `wasmtime serve` runs one.
+    #[arg(long, value_name = "APP.wasm", conflicts_with = "backend")]
+    pub component: Option<PathBuf>,
     /// TOML configuration file; the embedded default is used without it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -95,6 +100,7 @@ impl ServeArgs {
         Overrides {
             listen: self.listen.clone(),
             backend: self.backend.clone(),
+            component: self.component.clone(),
             policy: self.policy.clone(),
             no_policy: false,
             cache_dir: self.cache_dir.clone(),

@@ -1,15 +1,18 @@
 //! deliver: the last edits before the response goes to the client:
-//! conditional requests and Range answered from a cached object (or cut
-//! from a body still being stored), `Cache-Status`, `Via`, the removal of
+//! the representation it is sent in (`compress.rs`: the coding a stored
+//! object holds, or one made as it streams), conditional requests and
+//! Range answered from a cached object (or cut from a body still being
+//! stored), `Cache-Status`, `Via`, the removal of
 //! what is only for us, the policy's `on-deliver`; then, on every response
 //! (failures included), the request id and `Server-Timing`.
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError, RequestHead, ResponseHead, headers};
 use inlay_runtime::{Hook, PolicyCall};
-use inlay_storage::StoredObject;
 
+use super::compress::{self, Compressor};
 use super::context::BodyFault;
 use super::{Outcome, Pipeline, RequestCtx};
 use crate::metrics::Metrics;
@@ -24,12 +27,20 @@ pub(super) async fn run(
     let delivering = ctx.timing.now();
     ctx.record.cache = out.status;
     let head = &ctx.head;
+    // A peer stores the identity response and compresses for itself.
+    let compressor = (!ctx.for_peer).then_some(&p.compressor);
     // An ESI page's validators and bytes are not its template's.
-    let resp = match (out.esi, &out.object) {
-        (true, _) => out.resp,
-        (false, Some(obj)) => conditional_and_range(head, out.resp, obj),
-        (false, None) if out.joined => conditional_and_range_of_stream(head, out.resp),
-        (false, None) => out.resp,
+    let resp = match (out.esi, &out.object, compressor) {
+        (false, Some(obj), Some(c)) => {
+            let (resp, whole) = c.stored(head, out.resp, obj);
+            conditional_and_range(head, resp, whole)
+        }
+        (false, Some(obj), None) => {
+            conditional_and_range(head, out.resp, inlay_cache::coding::identity_body(obj))
+        }
+        (_, _, Some(c)) => streaming(c, head, out.resp, out.joined && !out.esi),
+        (false, None, None) if out.joined => conditional_and_range_of_stream(head, out.resp),
+        (_, _, None) => out.resp,
     };
     let edge_fields = ctx
         .for_peer
@@ -95,6 +106,28 @@ pub(super) fn stamp(
     resp
 }
 
+/// A response whose body streams (a pass, a miss, a joined fill, an ESI
+/// page) in the representation the client is to get: compressed as it
+/// streams when it may be; a joined fill (`stored`) also answers
+/// conditional requests, and Range when it goes uncompressed.
+fn streaming(
+    c: &Compressor,
+    head: &RequestHead,
+    mut resp: Response<ProxyBody>,
+    stored: bool,
+) -> Response<ProxyBody> {
+    let chosen = c.choose(head, &mut resp);
+    if !stored {
+        return compress::encoded(head, resp, chosen);
+    }
+    match chosen {
+        Some(chosen) => compress::encoded(head, conditional(head, resp), Some(chosen)),
+        // Ranges of a body made as it streams are not answered (RFC 9110
+        // lets a server ignore Range): only of the body as it is stored.
+        None => conditional_and_range_of_stream(head, resp),
+    }
+}
+
 /// Answer a client's conditional request (If-None-Match, If-Modified-Since)
 /// from the headers alone (for a response whose body is still coming, one
 /// joined while another request stores it).
@@ -105,6 +138,7 @@ fn conditional(head: &RequestHead, resp: Response<ProxyBody>) -> Response<ProxyB
     let (mut parts, _) = resp.into_parts();
     parts.status = StatusCode::NOT_MODIFIED;
     parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::CONTENT_ENCODING);
     Response::from_parts(parts, body::empty())
 }
 
@@ -130,15 +164,15 @@ fn conditional_and_range_of_stream(
 }
 
 /// Answer a client's conditional request (If-None-Match, If-Modified-Since)
-/// and single-range request from a complete object. Multi-range requests get
-/// the whole object, which RFC 9110 allows.
+/// and single-range request from a complete object, `whole` being the
+/// representation sent (ranges are of its bytes, coded or not). Multi-range
+/// requests get the whole object, which RFC 9110 allows.
 fn conditional_and_range(
     head: &RequestHead,
     resp: Response<ProxyBody>,
-    obj: &StoredObject,
+    whole: Bytes,
 ) -> Response<ProxyBody> {
     let resp = conditional(head, resp);
-    let whole = obj.body.clone();
     with_range(head, resp, whole.len() as u64, move |_, start, end| {
         body::full(whole.slice(start as usize..=end as usize))
     })
@@ -164,6 +198,8 @@ fn with_range(
         return resp;
     };
     // If-Range with a validator that does not match means: send it all.
+    // An entity tag matches only strongly (RFC 9110 section 13.1.5): a
+    // weak one, as a compressed representation has, never does.
     if let Some(if_range) = head
         .headers
         .get(header::IF_RANGE)
@@ -172,7 +208,8 @@ fn with_range(
         let etag = resp
             .headers()
             .get(header::ETAG)
-            .and_then(|v| v.to_str().ok());
+            .and_then(|v| v.to_str().ok())
+            .filter(|e| !e.starts_with("W/"));
         let lm = resp
             .headers()
             .get(header::LAST_MODIFIED)

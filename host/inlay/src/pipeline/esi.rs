@@ -10,6 +10,9 @@
 //! client headers listed in `esi.forward_headers` (no Cookie or
 //! Authorization by default). Includes do not run the policy.
 //!
+//! A template in gzip, br or zstd is decoded as it streams; the page goes
+//! out uncoded from here, and deliver compresses it as it streams.
+//!
 //! A failed include that nothing in the page handles is left out
 //! (`esi.on_include_error = "omit"`, the default), counted for the page's
 //! access-log line (`esi_omitted`). With `"fail"` the page ends there: a
@@ -25,6 +28,7 @@ use futures_util::stream::{BoxStream, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Response, Uri, header};
 use http_body_util::{BodyExt, StreamBody};
 use inlay_cache::ESI_MARK;
+use inlay_cache::coding::{self, Coding};
 use inlay_core::body::{self, BoxError, ProxyBody};
 use inlay_core::{ProxyError, RequestHead};
 use inlay_esi::{
@@ -35,7 +39,6 @@ use tracing::{debug, warn};
 
 use super::lookup::ThroughCache;
 use super::{Outcome, Pipeline, RequestCtx};
-use crate::codec;
 use crate::config::EsiConfig;
 use crate::server_timing::IncludeTimings;
 
@@ -71,8 +74,17 @@ pub(super) async fn run(
     }
     let includes = ctx.timing.includes.clone();
     let resp = std::mem::replace(&mut out.resp, Response::new(body::empty()));
-    let template = object.as_ref().map(|o| &o.body);
-    out.resp = process(p, &ctx.head, resp, template, &vars, omitted, includes).await?;
+    let template = object.as_ref().map(inlay_cache::coding::identity_body);
+    out.resp = process(
+        p,
+        &ctx.head,
+        resp,
+        template.as_ref(),
+        &vars,
+        omitted,
+        includes,
+    )
+    .await?;
     out.joined = false;
     Ok(out)
 }
@@ -108,36 +120,23 @@ fn is_text(headers: &HeaderMap) -> bool {
     ct.starts_with("text/") || ct.ends_with("+xml") || ct.ends_with("/xml") || ct.ends_with("/json")
 }
 
-/// The body as a stream of decoded bytes, or `None` when it cannot be
-/// decoded (an encoding other than gzip).
+/// The body as a stream of decoded bytes (gzip, br and zstd are decoded in
+/// bounded pieces), or `None` when it cannot be decoded (another coding).
 fn decoded(
     headers: &HeaderMap,
     body: ProxyBody,
 ) -> Option<BoxStream<'static, Result<Bytes, BoxError>>> {
     let stream = body.into_data_stream().boxed();
-    match headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()) {
-        None | Some(b"identity") => Some(stream),
-        Some(b"gzip") | Some(b"x-gzip") => Some(codec::gunzip(stream)),
-        Some(_) => None,
+    match Coding::of_response(headers).ok()? {
+        None => Some(stream),
+        Some(c) => Some(coding::decode_stream(stream, c)),
     }
 }
 
-fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|e| {
-            let mut parts = e.split(';');
-            let coding = parts.next().unwrap_or("").trim();
-            let q_zero = parts.any(|p| p.trim().replace(' ', "") == "q=0");
-            coding.eq_ignore_ascii_case("gzip") && !q_zero
-        })
-}
-
-/// Assemble `resp` as an ESI page for the client request `head`. A body that
-/// is not text, or in an encoding other than gzip, is passed through untouched.
+/// Assemble `resp` as an ESI page for the client request `head`: the page
+/// goes out uncoded, and deliver compresses it as it streams for the
+/// clients that take a coding. A body that is not text, or in a coding
+/// Inlay cannot read, is passed through untouched.
 /// `template` is the whole body when it came from the cache: it is then
 /// parsed once for every request that assembles it. `omitted` counts the
 /// includes left out of this page; `timings`, when given, gets each
@@ -158,12 +157,9 @@ async fn process(
     }
     pipeline.metrics.esi_page();
     let (mut parts, body) = resp.into_parts();
-    let was_gzip = parts
-        .headers
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v.as_bytes() == b"gzip" || v.as_bytes() == b"x-gzip");
-    // A gzip template is decoded as it streams; a plain one is parsed once.
-    let input = match template.filter(|_| !was_gzip) {
+    let coded = !matches!(Coding::of_response(&parts.headers), Ok(None));
+    // A coded template is decoded as it streams; a plain one is parsed once.
+    let input = match template.filter(|_| !coded) {
         Some(t) => PageInput::Parsed(pipeline.templates.nodes(t)),
         None => match decoded(&parts.headers, body) {
             Some(input) => PageInput::Stream(input),
@@ -220,17 +216,8 @@ async fn process(
     // The assembled page is not the stored template: its validators do not apply.
     h.remove(header::ETAG);
     h.remove(header::LAST_MODIFIED);
-    let out = if was_gzip && accepts_gzip(&head.headers) {
-        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        codec::gzip(assembled)
-    } else {
-        h.remove(header::CONTENT_ENCODING);
-        assembled
-    };
-    if was_gzip {
-        h.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    }
-    let body = StreamBody::new(out.map(|r| r.map(http_body::Frame::data)));
+    h.remove(header::CONTENT_ENCODING);
+    let body = StreamBody::new(assembled.map(|r| r.map(http_body::Frame::data)));
     Ok(Response::from_parts(parts, body::boxed(body)))
 }
 
@@ -242,12 +229,9 @@ enum PageInput {
     Parsed(Arc<[inlay_esi::Node]>),
 }
 
-/// Whether a body in this encoding can be assembled.
+/// Whether a body in this coding (none, gzip, br or zstd) can be assembled.
 pub fn decodable(headers: &HeaderMap) -> bool {
-    matches!(
-        headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()),
-        None | Some(b"identity") | Some(b"gzip") | Some(b"x-gzip")
-    ) && is_text(headers)
+    Coding::of_response(headers).is_ok() && is_text(headers)
 }
 
 /// The request head every include of a page starts from; it carries the
@@ -367,7 +351,8 @@ impl IncludeFetcher {
         let plain = obj.meta.headers.iter().all(|(name, _)| {
             name != ESI_MARK && !name.eq_ignore_ascii_case(header::CONTENT_ENCODING.as_str())
         });
-        ((200..300).contains(&obj.meta.status) && plain).then_some(obj.body)
+        ((200..300).contains(&obj.meta.status) && plain)
+            .then(|| inlay_cache::coding::identity_body(&obj))
     }
 }
 

@@ -206,15 +206,18 @@ fn hit(object: StoredObject, status: CacheStatus) -> Outcome {
     out
 }
 
-/// The response for a cached object, and whether its body is an ESI
-/// template.
+/// The response for a cached object (its identity body), and whether its
+/// body is an ESI template.
 fn from_object(obj: &StoredObject, now_ms: u64) -> (Response<ProxyBody>, bool) {
-    let mut resp = Response::new(body::full(obj.body.clone()));
+    // Identity: deliver picks the coding the client is sent.
+    let identity = inlay_cache::coding::identity_body(obj);
+    let len = identity.len();
+    let mut resp = Response::new(body::full(identity));
     *resp.status_mut() = StatusCode::from_u16(obj.meta.status).unwrap_or(StatusCode::OK);
     let (stored, esi) = stored_headers(&obj.meta);
     *resp.headers_mut() = stored;
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(obj.body.len()));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     h.insert(
         header::AGE,
         HeaderValue::from(obj.meta.age_ms(now_ms) / 1000),

@@ -20,6 +20,7 @@
 //! holds the generation and sequences the phases, nothing else.
 
 mod backend_response;
+mod compress;
 mod context;
 mod deliver;
 mod esi;
@@ -47,6 +48,7 @@ use tracing::{Instrument, debug_span};
 
 use crate::access_log::AccessLog;
 use crate::backend::Backends;
+use crate::backend::component::ComponentSet;
 use crate::backend::tls::BackendTlsSet;
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -127,6 +129,8 @@ pub struct Pipeline {
     /// Cancelled `server.shutdown_timeout` after a reload replaced this
     /// generation: the tunnels it opened close then.
     retired: tokio_util::sync::CancellationToken,
+    /// The representation each client is sent (`[compression]`).
+    compressor: compress::Compressor,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -145,12 +149,13 @@ impl Pipeline {
     pub fn first(
         config: Arc<Config>,
         backend_tls: &BackendTlsSet,
+        components: &ComponentSet,
         cache: HttpCache,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let backends = Backends::new(&config, backend_tls, &metrics);
+        let backends = Backends::new(&config, backend_tls, components, &metrics);
         let invalidator = Arc::new(Invalidator::new(cache.clone(), Arc::clone(&metrics)));
         let tunnels = Arc::new(Tunnels::default());
         metrics.register_collector(tunnels.figures(&metrics));
@@ -175,11 +180,12 @@ impl Pipeline {
         &self,
         config: Arc<Config>,
         backend_tls: &BackendTlsSet,
+        components: &ComponentSet,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
     ) -> Self {
-        let cache = self.cache.with_rules(config.cache.rules());
-        self.next_generation_on(config, backend_tls, policy, access_log, cache)
+        let cache = self.cache.with_rules(config.cache_rules());
+        self.next_generation_on(config, backend_tls, components, policy, access_log, cache)
     }
 
     /// [`next_generation`](Self::next_generation) on another cache (a
@@ -188,11 +194,14 @@ impl Pipeline {
         &self,
         config: Arc<Config>,
         backend_tls: &BackendTlsSet,
+        components: &ComponentSet,
         policy: Option<Arc<PolicySlot>>,
         access_log: AccessLog,
         cache: HttpCache,
     ) -> Self {
-        let backends = self.backends.renewed(&config, backend_tls, &self.metrics);
+        let backends = self
+            .backends
+            .renewed(&config, backend_tls, components, &self.metrics);
         Self::build(
             config,
             cache,
@@ -240,6 +249,7 @@ impl Pipeline {
         let request_ids = RequestIds::new(&config.server);
         let services = host_services(&cache, &backends, &request_ids, None);
         let through = through_cache(&config, &cache, &backends, None, &metrics);
+        let compressor = compress::Compressor::new(cache.rules(), config.compression.max_streams);
         Self {
             config,
             backends,
@@ -257,6 +267,7 @@ impl Pipeline {
             shard: None,
             tunnels,
             retired: tokio_util::sync::CancellationToken::new(),
+            compressor,
         }
     }
 

@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 
 use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, PolicyHook};
+use crate::backend::component::ComponentSet;
 use crate::config::{Config, ConfigError, ConfigSource};
 use crate::listeners::{Listener, Tls};
 use crate::metrics::Metrics;
@@ -73,7 +74,12 @@ pub fn check(path: &Path) -> std::process::ExitCode {
         std::process::ExitCode::from(2)
     };
     match Config::from_file(path).and_then(resolve) {
-        Ok(_) => {}
+        Ok(settings) => {
+            // Component backends compile and instantiate as at a start.
+            if let Err(errors) = check_components(&settings.config) {
+                return fail(errors);
+            }
+        }
         Err(ConfigError::Invalid(issues)) => {
             return fail(
                 issues
@@ -86,6 +92,37 @@ pub fn check(path: &Path) -> std::process::ExitCode {
     }
     println!("{}: ok", path.display());
     std::process::ExitCode::SUCCESS
+}
+
+/// The components of `cfg`'s component backends, loaded: a file that
+/// does not load stops start-up here, with its key path.
+async fn load_components(cfg: &Config) -> anyhow::Result<ComponentSet> {
+    ComponentSet::load(cfg, &ComponentSet::new())
+        .await
+        .map_err(|issues| ConfigError::Invalid(issues).into())
+}
+
+/// `inlay check`'s load of the component backends; every error.
+fn check_components(cfg: &Config) -> Result<(), Vec<String>> {
+    if cfg.backends.values().all(|b| b.component.is_none()) {
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            vec![format!(
+                "cannot start a runtime to load the components: {e}"
+            )]
+        })?;
+    rt.block_on(ComponentSet::load(cfg, &ComponentSet::new()))
+        .map(|_| ())
+        .map_err(|issues| {
+            issues
+                .iter()
+                .map(|i| format!("{}: {}", i.path, i.message))
+                .collect()
+        })
 }
 
 /// Serves buffers of 256 KiB and more (origin bodies on their way to the
@@ -164,6 +201,8 @@ pub struct Proxy {
     tls: Arc<Tls>,
     /// The NATS connection of `[cluster]`, made before anything listens.
     cluster: Option<Cluster>,
+    /// The component backends' components, loaded before anything listens.
+    components: ComponentSet,
 }
 
 impl Proxy {
@@ -175,6 +214,7 @@ impl Proxy {
         let cfg = Arc::clone(&settings.config);
         let access_log = AccessLog::open(&cfg.log).context("opening the access log")?;
         let policy = load_policy(&cfg).await?;
+        let components = load_components(&cfg).await?;
         let admin = admin_of(&settings, policy.as_ref());
         let metrics = Metrics::new(cfg.metrics.enabled);
         let cluster_metrics = cluster::metrics(&metrics);
@@ -199,6 +239,7 @@ impl Proxy {
             metrics,
             tls: Arc::new(tls),
             cluster,
+            components,
         })
     }
 
@@ -258,6 +299,7 @@ impl Proxy {
             metrics,
             tls,
             cluster,
+            components,
         } = self;
         let cfg = Arc::clone(&settings.config);
         let store = open_store(&cfg)?;
@@ -270,7 +312,8 @@ impl Proxy {
         let pipeline = Pipeline::first(
             Arc::clone(&settings.config),
             &settings.backend_tls,
-            HttpCache::new(store, cfg.cache.rules()),
+            &components,
+            HttpCache::new(store, cfg.cache_rules()),
             policy.clone(),
             access_log,
             metrics,

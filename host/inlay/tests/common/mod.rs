@@ -24,7 +24,7 @@ pub use client::{
 pub use harness::{AccessLog, Harness};
 pub use nats::{NatsServer, nats_server_binary};
 pub use origin::Origin;
-pub use process::{Inlay, Lines};
+pub use process::{Inlay, Lines, spawn_without_config};
 pub use tls_origin::{Issued, TestCa, TlsOrigin, self_signed_ca};
 
 /// Whether the Go policy `name` can be tested: `policies/build-lang.sh`
@@ -46,11 +46,22 @@ pub fn go_policy_built(name: &str) -> bool {
 
 /// Path of a built policy component (`make policies` builds them).
 pub fn policy(name: &str) -> PathBuf {
+    built("policies", name)
+}
+
+/// Path of a built example `wasi:http` component (`make components`
+/// builds them).
+pub fn component(name: &str) -> PathBuf {
+    built("components", name)
+}
+
+/// `target/<dir>/<name>.wasm`, which `make <dir>` builds.
+fn built(dir: &str, name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = root.join("target/policies").join(format!("{name}.wasm"));
+    let p = root.join("target").join(dir).join(format!("{name}.wasm"));
     assert!(
         p.exists(),
-        "{} is missing: run `make policies` first (make test does)",
+        "{} is missing: run `make {dir}` first (make test does)",
         p.display()
     );
     p

@@ -85,16 +85,18 @@ impl InlayBuilder {
             .args(&self.args);
         cmd.env("INLAY_LOG", "info");
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        let (child, addr, out, err) = spawn_and_wait_listening(cmd);
-        Inlay {
-            child: Some(child),
-            addr,
-            access: out,
-            log: err,
-            config,
-            _dir: dir,
-        }
+        Inlay::running(cmd, config, dir)
     }
+}
+
+/// Start `inlay serve ARGS` with no config file (the embedded default)
+/// and wait for its "listening on" line.
+pub fn spawn_without_config(args: &[&str]) -> Inlay {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inlay"));
+    cmd.arg("serve").args(args).env("INLAY_LOG", "info");
+    let config = dir.path().join("none.toml");
+    Inlay::running(cmd, config, dir)
 }
 
 #[allow(clippy::zombie_processes)] // the caller owns the child and waits for it in Drop
@@ -148,6 +150,19 @@ pub struct Inlay {
 }
 
 impl Inlay {
+    /// Start `cmd` and wait until it listens; `dir` holds its files.
+    fn running(cmd: Command, config: std::path::PathBuf, dir: tempfile::TempDir) -> Inlay {
+        let (child, addr, out, err) = spawn_and_wait_listening(cmd);
+        Inlay {
+            child: Some(child),
+            addr,
+            access: out,
+            log: err,
+            config,
+            _dir: dir,
+        }
+    }
+
     pub fn builder() -> InlayBuilder {
         InlayBuilder::default()
     }

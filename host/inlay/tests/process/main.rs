@@ -12,6 +12,7 @@ mod cli;
 mod cluster_fanout;
 mod cluster_rollout;
 mod cluster_shard;
+mod components;
 mod diagnostics;
 mod disk;
 mod memory;

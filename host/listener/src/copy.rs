@@ -19,7 +19,7 @@ const READ: usize = 16 << 10;
 
 /// Copy between `a` and `b` until both directions have ended; the bytes
 /// copied from `a` to `b` and from `b` to `a`.
-pub(super) async fn both_ways<A, B>(a: &mut A, b: &mut B) -> io::Result<(u64, u64)>
+pub async fn both_ways<A, B>(a: &mut A, b: &mut B) -> io::Result<(u64, u64)>
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,

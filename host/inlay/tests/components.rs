@@ -1,0 +1,471 @@
+//! Component backends: standard `wasi:http` components served in-process
+//! (`[backends.NAME] component = "app.wasm"`, `inlay serve --component`),
+//! behind the cache and ESI as an origin is, bounded as a policy is. The
+//! example components of `policies/components/` (built by `make
+//! components`), in the test process.
+//!
+//! Run: `cargo test -p inlay --test components`
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Harness, Origin, component, esi_page, get, request, urlencode};
+
+/// Inlay with `name` as the default backend, as `inlay serve --component`
+/// (which replaces the file's default backend, as it does the embedded
+/// default config's).
+async fn serving(name: &str) -> Harness {
+    Harness::builder()
+        .toml("[backends.default]\naddress = \"http://127.0.0.1:9\"")
+        .arg("--component")
+        .arg(component(name).display().to_string())
+        .toml("[log]\naccess_log_format = \"json\"")
+        .start_in_process()
+        .await
+}
+
+/// Inlay with a `[backends.default]` component of `name` and these extra
+/// lines in its table, then `rest`.
+async fn with_settings(name: &str, settings: &str, rest: &str) -> Harness {
+    Harness::builder()
+        .toml(&format!(
+            "[backends.default]\ncomponent = {:?}\n{settings}\n{rest}\n\
+             [log]\naccess_log_format = \"json\"",
+            component(name).display().to_string()
+        ))
+        .start_in_process()
+        .await
+}
+
+/// How many requests the backend `name` was sent (its metric).
+async fn backend_requests(inlay: &Harness, name: &str) -> u64 {
+    let text = inlay.metrics.render().await;
+    let key = format!("inlay_backend_requests_total{{backend=\"{name}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_components_answers_are_cached_and_concurrent_misses_run_it_once() {
+    let inlay = serving("hello-rs").await;
+    let url = inlay.url("/hello");
+    let replies = futures_util::future::join_all((0..20).map(|_| get(&url))).await;
+    for r in &replies {
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.text(), "hello from a Rust component\n");
+    }
+    assert_eq!(
+        backend_requests(&inlay, "default").await,
+        1,
+        "twenty concurrent misses are one request to the component"
+    );
+    let hit = get(&url).await;
+    assert!(
+        hit.header("cache-status").unwrap().contains("hit"),
+        "{:?}",
+        hit.headers
+    );
+    assert_eq!(backend_requests(&inlay, "default").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_components_page_includes_its_fragment_through_the_cache() {
+    let inlay = serving("hello-rs").await;
+    for _ in 0..3 {
+        let r = get(&inlay.url("/")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let text = r.text();
+        assert!(
+            text.contains("<p>fragment from a Rust component</p>") && !text.contains("esi:"),
+            "{text}"
+        );
+    }
+    // The page and its fragment, each once; later pages from the cache.
+    assert_eq!(backend_requests(&inlay, "default").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origins_page_includes_a_fragment_from_a_component_backend() {
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .toml(&format!(
+            "[backends.app]\ncomponent = {:?}",
+            component("hello-rs").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    let page = esi_page(
+        "<main><esi:include src=\"http://app/fragment\"/></main>",
+        true,
+    );
+    let r = get(&inlay.url(&page)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.text(),
+        "<main><p>fragment from a Rust component</p></main>"
+    );
+    assert_eq!(backend_requests(&inlay, "app").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_fails_its_request_alone_with_a_502() {
+    let inlay = serving("hello-rs").await;
+    let (trap, hello) = (inlay.url("/trap"), inlay.url("/hello"));
+    let (trapped, fine) = tokio::join!(get(&trap), get(&hello));
+    assert_eq!(trapped.status, 502, "{}", trapped.text());
+    assert_eq!(fine.status, 200, "{}", fine.text());
+    let line = inlay.access.json_for("/trap", Duration::from_secs(5)).await;
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(error.contains("component trapped"), "{line}");
+    // The next request gets a fresh instance.
+    assert_eq!(get(&inlay.url("/hello?again")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_over_its_cpu_time_or_memory_fails_with_a_502() {
+    let inlay = with_settings("hello-rs", "cpu_time = \"100ms\"\nmemory = \"16MiB\"", "").await;
+    let started = Instant::now();
+    let spin = get(&inlay.url("/spin")).await;
+    assert_eq!(spin.status, 502, "{}", spin.text());
+    // 100 ms of CPU, on a machine that may be busy: far below the
+    // request's 60 s cap all the same.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let grow = get(&inlay.url("/grow")).await;
+    assert_eq!(grow.status, 502, "{}", grow.text());
+    let spin = inlay.access.json_for("/spin", Duration::from_secs(5)).await;
+    assert!(
+        spin["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("CPU time"),
+        "{spin}"
+    );
+    let grow = inlay.access.json_for("/grow", Duration::from_secs(5)).await;
+    assert!(
+        grow["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("out of memory (16777216 bytes)"),
+        "{grow}"
+    );
+    assert_eq!(get(&inlay.url("/hello")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_instance_pool_answers_503_once_instance_wait_is_over() {
+    let inlay = with_settings(
+        "hello-rs",
+        "cpu_time = \"2s\"\nmax_instances = 1\ninstance_wait = \"0s\"",
+        "",
+    )
+    .await;
+    let spin = inlay.url("/spin");
+    let spinning = tokio::spawn(async move { get(&spin).await });
+    // The one instance is busy spinning until its CPU time is up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    let busy = loop {
+        n += 1;
+        let r = get(&inlay.url(&format!("/hello?n={n}"))).await;
+        if r.status == 503 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(busy.status, 503, "{}", busy.text());
+    assert_eq!(spinning.await.unwrap().status, 502);
+    assert_eq!(get(&inlay.url("/hello")).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outgoing_requests_reach_only_configured_backends() {
+    let origin = Origin::start();
+    let authority = origin.url().trim_start_matches("http://").to_owned();
+    let inlay = with_settings(
+        "hello-rs",
+        "",
+        &format!("[backends.api]\naddress = {:?}", origin.url()),
+    )
+    .await;
+    let fetch = |url: String| {
+        let inlay_url = inlay.url(&format!("/fetch?url={}", urlencode(&url)));
+        async move { get(&inlay_url).await.text() }
+    };
+    // By the backend's name, and by its address.
+    let by_name = fetch("http://api/resp?body=from-origin".into()).await;
+    assert_eq!(by_name, "200 from-origin");
+    let by_address = fetch(format!("http://{authority}/resp?body=again")).await;
+    assert_eq!(by_address, "200 again");
+    assert_eq!(origin.count("/resp").await, 2);
+    // Anything else is refused before it leaves: no open SSRF.
+    let other = common::unused_port();
+    for url in [
+        "http://example.com/".to_owned(),
+        format!("http://127.0.0.1:{other}/"),
+        "http://localhost/".to_owned(),
+    ] {
+        let answer = fetch(url.clone()).await;
+        assert!(answer.contains("HttpRequestDenied"), "{url}: {answer}");
+    }
+    assert_eq!(origin.count("/resp").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outgoing_requests_stop_at_max_subrequests() {
+    let origin = Origin::start();
+    let inlay = with_settings(
+        "hello-rs",
+        "max_subrequests = 0",
+        &format!("[backends.api]\naddress = {:?}", origin.url()),
+    )
+    .await;
+    let url = inlay.url(&format!("/fetch?url={}", urlencode("http://api/resp")));
+    let answer = get(&url).await.text();
+    assert!(answer.contains("HttpRequestDenied"), "{answer}");
+    assert_eq!(origin.count("/resp").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_sees_its_environment_and_only_its_read_only_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("note.txt"), "read from the directory").unwrap();
+    let inlay = with_settings(
+        "hello-rs",
+        &format!(
+            "read_only_dir = {:?}\nenv = {{ GREETING = \"hello\" }}",
+            dir.path().display().to_string()
+        ),
+        "",
+    )
+    .await;
+    assert_eq!(get(&inlay.url("/env?name=GREETING")).await.text(), "hello");
+    assert_eq!(get(&inlay.url("/env?name=HOME")).await.status, 404);
+    assert_eq!(
+        get(&inlay.url("/file?path=note.txt")).await.text(),
+        "read from the directory"
+    );
+    // Nothing above it.
+    let up = get(&inlay.url("/file?path=../etc%2Fpasswd")).await.text();
+    assert!(up.starts_with("error:"), "{up}");
+
+    let bare = serving("hello-rs").await;
+    assert_eq!(
+        get(&bare.url("/file?path=note.txt")).await.text(),
+        "error: no directory"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_serves_a_changed_component_file_without_dropping_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = dir.path().join("app.wasm");
+    std::fs::copy(component("hello-rs"), &app).unwrap();
+    let inlay = Harness::builder()
+        .toml(&format!(
+            "[backends.default]\ncomponent = {:?}\n[admin]\nlisten = \"127.0.0.1:0\"",
+            app.display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    assert_eq!(
+        get(&inlay.url("/hello?before")).await.text(),
+        "hello from a Rust component\n"
+    );
+    // Requests run all through the reload.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = std::sync::Arc::clone(&stop);
+        let url = inlay.url("/big?kb=4");
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Not cached: every one runs the component of its generation.
+                statuses.push(get(&format!("{url}&n={}", statuses.len())).await.status);
+            }
+            statuses
+        })
+    };
+    // A cold compile of the 13 MB JavaScript component in a debug build
+    // can take longer than the admin call may: compiled once here, the
+    // reload finds it in wasmtime's code cache.
+    let js = component("hello-js");
+    tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(&js).unwrap();
+        let settings = inlay_runtime::http_component::ComponentSettings::default();
+        inlay_runtime::http_component::HttpComponent::load("warm", &js, &bytes, settings)
+            .expect("the JavaScript example loads");
+    })
+    .await
+    .unwrap();
+    // Written aside and renamed, as a deploy does.
+    let next = dir.path().join("app.wasm.new");
+    std::fs::copy(component("hello-js"), &next).unwrap();
+    std::fs::rename(&next, &app).unwrap();
+    let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        get(&inlay.url("/hello?after")).await.text(),
+        "hello from a JavaScript component\n"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let statuses = load.await.unwrap();
+    assert!(!statuses.is_empty());
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+
+    // A file that is not a component is refused; the running one stays.
+    std::fs::write(&app, b"not wasm").unwrap();
+    let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_ne!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains("backends.default.component"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        get(&inlay.url("/hello?still")).await.text(),
+        "hello from a JavaScript component\n"
+    );
+}
+
+/// Each language's example: its page with the fragment included, cached.
+async fn check_page(name: &str, language: &str) {
+    let inlay = serving(name).await;
+    let r = get(&inlay.url("/")).await;
+    assert_eq!(r.status, 200, "{name}: {}", r.text());
+    let fragment = format!("<p>fragment from a {language} component</p>");
+    assert!(r.text().contains(&fragment), "{name}: {}", r.text());
+    let hello = get(&inlay.url("/hello")).await;
+    assert_eq!(hello.text(), format!("hello from a {language} component\n"));
+    let again = get(&inlay.url("/hello")).await;
+    assert!(again.header("cache-status").unwrap().contains("hit"));
+    // Its outgoing requests are refused too.
+    let url = inlay.url(&format!("/fetch?url={}", urlencode("http://example.com/")));
+    let answer = get(&url).await.text();
+    assert!(answer.starts_with("error"), "{name}: {answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_javascript_example_answers_its_page_and_fragment() {
+    check_page("hello-js", "JavaScript").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_answers_its_page_and_fragment() {
+    check_page("hello-py", "Python").await;
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_component_stops_the_start_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, b"\0asm not really").unwrap();
+    let text = format!(
+        "[backends.default]\ncomponent = {:?}\n",
+        bad.display().to_string()
+    );
+    let cfg = inlay::config::Config::from_toml(&text).unwrap();
+    let err = inlay::startup::Proxy::load(cfg).await.unwrap_err();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("backends.default.component") && err.contains("cannot compile"),
+        "{err}"
+    );
+    let missing = text.replace("bad.wasm", "missing.wasm");
+    let err = inlay::startup::Proxy::load(inlay::config::Config::from_toml(&missing).unwrap())
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("cannot read"), "{err:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_calling_itself_stops_at_the_depth_limit() {
+    let inlay = serving("hello-rs").await;
+    // /fetch of /fetch of /fetch ... of /hello, through its own backend.
+    let mut url = "http://default/hello".to_owned();
+    for _ in 0..6 {
+        url = format!("http://default/fetch?url={}", urlencode(&url));
+    }
+    let answer = get(&inlay.url(&format!("/fetch?url={}", urlencode(&url)))).await;
+    let text = answer.text();
+    assert!(
+        text.starts_with("200 200 200 200 error") && text.contains("LoopDetected"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outgoing_response_bodies_stop_at_max_subrequest_bytes() {
+    let origin = Origin::start();
+    let inlay = with_settings(
+        "hello-rs",
+        "max_subrequest_bytes = \"1KiB\"",
+        &format!("[backends.api]\naddress = {:?}", origin.url()),
+    )
+    .await;
+    let fetch = |path: &str| {
+        let url = inlay.url(&format!(
+            "/fetch?url={}",
+            urlencode(&format!("http://api{path}"))
+        ));
+        async move { get(&url).await.text() }
+    };
+    // Under the budget: the whole body; over it: the body fails at the
+    // chunk that crosses it (the example answers what it read before).
+    assert_eq!(fetch("/resp?body=small").await, "200 small");
+    let cut = fetch("/static/4096").await;
+    assert!(
+        cut.starts_with("200 ") && cut.len() < 1024 + 4,
+        "{} bytes",
+        cut.len()
+    );
+}
+
+/// wasi:http/service 0.3 (`--features wasi-http-p3`): the page, its
+/// fragment, caching.
+#[cfg(feature = "wasi-http-p3")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_3_component_answers_its_page_and_fragment() {
+    let inlay = serving("hello-p3-rs").await;
+    let r = get(&inlay.url("/")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("<p>fragment from a Rust 0.3 component</p>"),
+        "{}",
+        r.text()
+    );
+    let hello = get(&inlay.url("/hello")).await;
+    assert_eq!(hello.text(), "hello from a Rust 0.3 component\n");
+    let again = get(&inlay.url("/hello")).await;
+    assert!(again.header("cache-status").unwrap().contains("hit"));
+    // Concurrent requests, each its own instance and event loop.
+    let urls: Vec<String> = (0..20).map(|i| inlay.url(&format!("/hello?{i}"))).collect();
+    let replies = futures_util::future::join_all(urls.iter().map(|u| get(u))).await;
+    assert!(replies.iter().all(|r| r.status == 200));
+}
+
+/// Without the feature a 0.3 component is refused at load, with its key.
+#[cfg(not(feature = "wasi-http-p3"))]
+#[tokio::test]
+async fn a_0_3_component_is_refused_without_the_feature() {
+    let text = format!(
+        "[backends.default]\ncomponent = {:?}\n",
+        component("hello-p3-rs").display().to_string()
+    );
+    let cfg = inlay::config::Config::from_toml(&text).unwrap();
+    let err = inlay::startup::Proxy::load(cfg).await.unwrap_err();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("backends.default.component") && err.contains("--features wasi-http-p3"),
+        "{err}"
+    );
+}

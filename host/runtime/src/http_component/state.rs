@@ -1,0 +1,184 @@
+//! One request's store data for a component backend: the WASI context
+//! (environment, an optional read-only directory; no sockets, no
+//! stdin), the `wasi:http` context with the outgoing hooks, the memory
+//! cap and the CPU clock.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use super::outbound::OutboundHooks;
+use super::settings::ComponentSettings;
+use crate::limits::{CpuClock, MemoryLimiter};
+
+/// The `T` of `Store<T>` for one request to a component backend.
+pub(crate) struct AppState {
+    table: ResourceTable,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    hooks: OutboundHooks,
+    pub(crate) limiter: MemoryLimiter,
+    pub(crate) clock: CpuClock,
+    /// When the guest's current call into the host began.
+    host_since: Option<Instant>,
+    /// What it wrote to stdout and stderr.
+    pub(crate) output: GuestOutput,
+}
+
+impl AppState {
+    pub(crate) fn new(
+        settings: &ComponentSettings,
+        hooks: OutboundHooks,
+        tick: std::time::Duration,
+    ) -> Result<Self, String> {
+        let mut wasi = WasiCtx::builder();
+        for (k, v) in &settings.env {
+            wasi.env(k, v);
+        }
+        let output = GuestOutput::default();
+        wasi.stdout(output.clone()).stderr(output.clone());
+        if let Some(dir) = &settings.read_only_dir {
+            wasi.preopened_dir(dir, "/", FsPerms::ReadOnly)
+                .map_err(|e| format!("cannot open read_only_dir {}: {e:#}", dir.display()))?;
+        }
+        Ok(Self {
+            table: ResourceTable::new(),
+            wasi: wasi.build(),
+            http: WasiHttpCtx::new(),
+            hooks,
+            limiter: MemoryLimiter::new(settings.memory),
+            clock: CpuClock::new(settings.cpu_time, tick),
+            host_since: None,
+            output,
+        })
+    }
+
+    /// The guest calls into the host: its CPU time stops.
+    pub(crate) fn host_call_starts(&mut self) {
+        self.clock.host_call_starts();
+        self.host_since = Some(Instant::now());
+    }
+
+    /// The host returns to the guest: the time in between was not the
+    /// guest's (an outgoing request, a body write waiting on the client,
+    /// a timer).
+    pub(crate) fn host_call_ends(&mut self) {
+        if let Some(since) = self.host_since.take() {
+            self.clock.exclude(since.elapsed());
+        }
+    }
+}
+
+impl WasiView for AppState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for AppState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// The most of a request's stdout and stderr kept for the log.
+const OUTPUT_KEPT: usize = 8 << 10;
+
+/// What a request's guest writes to stdout and stderr, together: the
+/// first [`OUTPUT_KEPT`] bytes are kept for the log (a Python traceback, a
+/// panic message), the rest dropped. Writes never fail nor wait.
+#[derive(Clone, Default)]
+pub(crate) struct GuestOutput(Arc<Mutex<Vec<u8>>>);
+
+impl GuestOutput {
+    /// What was kept, as text; empty when the guest wrote nothing.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock())
+            .trim_end()
+            .to_owned()
+    }
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl GuestOutput {
+    fn keep(&self, bytes: &[u8]) {
+        let mut kept = self.0.lock();
+        let room = OUTPUT_KEPT.saturating_sub(kept.len());
+        kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.keep(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 << 10)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for GuestOutput {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for GuestOutput {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.keep(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
