@@ -210,7 +210,11 @@ async fn go_runtime_in_a_policy() {
             "request {i}"
         );
     }
-    assert!(inlay.policy().instance_stats().reused >= 30);
+    // (With INLAY_TEST_REQUESTS_PER_INSTANCE=1 every request has a fresh
+    // instance: nothing is reused, and the collector is not exercised.)
+    if inlay.policy().requests_per_instance() > 1 {
+        assert!(inlay.policy().instance_stats().reused >= 30);
+    }
     assert_eq!(get(&inlay.url("/go/print")).await.text(), "printed");
     drop(inlay);
     let inlay = isolated("runtime-go", "", "/go/panic", Duration::from_secs(2)).await;
