@@ -802,12 +802,14 @@ impl Reader {
     }
 
     /// Remove every object: this node may have missed purges.
+    /// Counted once the cache is empty (or emptying it failed), so that a
+    /// reader of the count never finds an object the clear removes.
     async fn clear(&self, cache: &HttpCache, why: &str) {
-        self.metrics.invalidation(kind::CACHE_CLEARED, 1);
         match cache.purge_all().await {
             Ok(n) => warn!(why, removed = n, "cluster: emptied the cache"),
             Err(e) => error!(why, error = %e, "cluster: emptying the cache failed"),
         }
+        self.metrics.invalidation(kind::CACHE_CLEARED, 1);
     }
 
     async fn record(&self, cache: &HttpCache) -> Option<Record> {
