@@ -394,6 +394,7 @@ pub(crate) fn policy_source(pc: &PolicyConfig) -> PolicySource {
         prewarm: pc.prewarm,
         pre_instantiate: pc.pre_instantiate,
         memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
+        replay_measured: !pc.replay_always,
         requests_per_instance: pc.requests_per_instance,
         instance_lifetime: pc.instance_lifetime,
         name: pc
@@ -595,6 +596,7 @@ pub(crate) fn log_replay_stats(policy: &LoadedPolicy) {
             live = stats.live,
             resets = stats.resets,
             bytes = stats.bytes,
+            unreplayed = stats.unreplayed,
             "policy hooks replayed from recorded paths"
         );
     }
