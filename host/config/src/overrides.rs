@@ -42,6 +42,7 @@ impl Config {
             self.server.listen.clear();
             self.server.listen_tls.clear();
             self.server.listen_h2c.clear();
+            self.server.listen_quic.clear();
             for a in &o.listen {
                 match parse_listener(a) {
                     Ok((addr, scheme)) => self.server.add_listener(addr, scheme),
@@ -55,6 +56,7 @@ impl Config {
                     cert: cert.clone(),
                     key: key.clone(),
                     names: Vec::new(),
+                    ocsp: None,
                 }];
             }
             (Some(_), None) => issues.push(issue("--tls-cert", "needs --tls-key too")),

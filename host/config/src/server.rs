@@ -17,6 +17,9 @@ pub struct ServerConfig {
     /// (`h2c://ADDR` in `server.listen`): a connection that does not open
     /// with the HTTP/2 preface is closed, not read as HTTP/1.1.
     pub listen_h2c: Vec<SocketAddr>,
+    /// Addresses to listen on for HTTP/3 (`quic://ADDR` in
+    /// `server.listen`: UDP, the `[[server.tls]]` certificates).
+    pub listen_quic: Vec<SocketAddr>,
     /// `[[server.tls]]`: the certificates the TLS listeners serve.
     pub tls: Vec<TlsCertConfig>,
     /// A TLS client must complete its handshake within this time.
@@ -105,6 +108,10 @@ pub struct TlsCertConfig {
     pub key: PathBuf,
     /// Lower-case host names (`*.example.com` covers one label).
     pub names: Vec<String>,
+    /// `ocsp_file`: a DER OCSP response for the certificate, stapled on
+    /// handshakes of clients that ask for the status; read again by a
+    /// reload (a renewed response is the operator's cron job).
+    pub ocsp: Option<PathBuf>,
 }
 
 /// Fields `server.request_id_header` may not name: they frame, route or
@@ -137,6 +144,8 @@ pub(super) enum ListenScheme {
     Https,
     /// `h2c://ADDR`: HTTP/2 with prior knowledge only.
     H2c,
+    /// `quic://ADDR`: HTTP/3 over QUIC (UDP).
+    Quic,
 }
 
 /// A `server.listen` entry: `ADDR` or `http://ADDR` (plain HTTP),
@@ -147,9 +156,10 @@ pub(super) fn parse_listener(s: &str) -> Result<(SocketAddr, ListenScheme), Stri
         Some(("http", addr)) => (ListenScheme::Http, addr),
         Some(("https", addr)) => (ListenScheme::Https, addr),
         Some(("h2c", addr)) => (ListenScheme::H2c, addr),
+        Some(("quic", addr)) => (ListenScheme::Quic, addr),
         Some(_) => {
             return Err(format!(
-                "unknown scheme in {s:?} (use ADDR, http://ADDR, https://ADDR or h2c://ADDR)"
+                "unknown scheme in {s:?} (use ADDR, http://ADDR, https://ADDR, h2c://ADDR or quic://ADDR)"
             ));
         }
     };
@@ -163,16 +173,18 @@ impl ServerConfig {
             ListenScheme::Http => self.listen.push(addr),
             ListenScheme::Https => self.listen_tls.push(addr),
             ListenScheme::H2c => self.listen_h2c.push(addr),
+            ListenScheme::Quic => self.listen_quic.push(addr),
         }
     }
 }
 
 /// Why `server` cannot serve its TLS listeners: none of them has a certificate.
 pub(super) fn tls_listeners_without_certificate(server: &ServerConfig) -> Option<String> {
-    let first = server.listen_tls.first()?;
+    let first = (server.listen_tls.first().map(|a| format!("https://{a}")))
+        .or_else(|| server.listen_quic.first().map(|a| format!("quic://{a}")))?;
     server.tls.is_empty().then(|| {
         format!(
-            "https://{first} needs a certificate: add a [[server.tls]] entry (or pass --tls-cert and --tls-key)"
+            "{first} needs a certificate: add a [[server.tls]] entry (or pass --tls-cert and --tls-key)"
         )
     })
 }
@@ -238,6 +250,7 @@ impl Reader {
             listen: Vec::new(),
             listen_tls: Vec::new(),
             listen_h2c: Vec::new(),
+            listen_quic: Vec::new(),
             tls,
             tls_handshake_timeout: self.positive_duration(
                 t,
@@ -374,6 +387,13 @@ impl Reader {
             };
             let cert = file(self, "cert");
             let key = file(self, "key");
+            let ocsp = match self.string(e, &p, "ocsp_file") {
+                Some(f) if f.is_empty() => {
+                    self.err(join(&p, "ocsp_file"), "must name a DER OCSP response file");
+                    None
+                }
+                f => f.map(PathBuf::from),
+            };
             let names = self.strings(e, &p, "names").unwrap_or_default();
             for (j, n) in names.iter().enumerate() {
                 if !valid_sni_name(n) {
@@ -408,7 +428,12 @@ impl Reader {
                 }
             }
             if let (Some(cert), Some(key)) = (cert, key) {
-                out.push(TlsCertConfig { cert, key, names });
+                out.push(TlsCertConfig {
+                    cert,
+                    key,
+                    names,
+                    ocsp,
+                });
             }
             self.unknown_keys(e, &p);
         }

@@ -174,6 +174,12 @@ fn policy_replay_size_parses_and_bad_ones_are_named() {
     assert_eq!(c.policy.unwrap().memo_size, 0);
     let err = Config::from_toml(&format!("{base}memo_size = \"lots\"")).unwrap_err();
     assert!(err.to_string().contains("policy.memo_size"), "{err}");
+    let c = Config::from_toml(base).unwrap();
+    assert!(!c.policy.unwrap().replay_always);
+    let c = Config::from_toml(&format!("{base}replay_always = true")).unwrap();
+    assert!(c.policy.unwrap().replay_always);
+    let err = Config::from_toml(&format!("{base}replay_always = \"yes\"")).unwrap_err();
+    assert!(err.to_string().contains("policy.replay_always"), "{err}");
 }
 
 #[test]
@@ -338,6 +344,37 @@ fn tls_listeners_and_certificates_parse_and_bad_ones_are_named() {
         panic!("an https listener without a certificate was accepted")
     };
     assert_eq!(issues[0].path, "server.listen");
+}
+
+#[test]
+fn quic_listeners_parse_need_a_certificate_and_ocsp_files_are_read_per_entry() {
+    let backend = "[backends.o]\naddress = \"http://127.0.0.1:8080\"\n";
+    let c = Config::from_toml(&format!(
+        "[server]\nlisten = [\"https://:6443\", \"quic://:6443\"]\n\
+         [[server.tls]]\ncert = \"a.pem\"\nkey = \"a.key\"\nocsp_file = \"a.ocsp\"\n{backend}"
+    ))
+    .unwrap();
+    assert_eq!(c.server.listen_quic, vec!["0.0.0.0:6443".parse().unwrap()]);
+    assert_eq!(c.server.listen_tls, c.server.listen_quic);
+    assert_eq!(c.server.tls[0].ocsp, Some("a.ocsp".into()));
+    let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+        "[server]\nlisten = [\"quic://127.0.0.1:6443\"]\n{backend}"
+    )) else {
+        panic!("a quic listener without a certificate was accepted")
+    };
+    assert_eq!(issues[0].path, "server.listen");
+    assert!(
+        issues[0]
+            .message
+            .starts_with("quic://127.0.0.1:6443 needs a certificate")
+    );
+    let Err(ConfigError::Invalid(issues)) = Config::from_toml(&format!(
+        "[server]\nlisten = [\"https://:6443\"]\n\
+         [[server.tls]]\ncert = \"a.pem\"\nkey = \"a.key\"\nocsp_file = \"\"\n{backend}"
+    )) else {
+        panic!("an empty ocsp_file was accepted")
+    };
+    assert_eq!(issues[0].path, "server.tls[0].ocsp_file");
 }
 
 #[test]

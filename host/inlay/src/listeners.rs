@@ -1,7 +1,8 @@
 //! The client listeners' glue to `inlay-listener`: `[server]` as the
 //! listener's [`Limits`], the `[[server.tls]]` files read into the
 //! certificates it serves, the open-file limit `[server]` needs, and the
-//! service that hands each request to the current pipeline generation.
+//! service that hands each request to the current pipeline generation, from
+//! the TCP listeners and the QUIC (HTTP/3) ones alike.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,17 +13,25 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use inlay_core::ProxyBody;
 use inlay_listener::open_files::{self, Shortfall};
-use inlay_listener::{CertificateSet, Connection, ConnectionStats, Limits, PeerFilter, Server};
+use inlay_listener::{
+    CertificateSet, Connection, ConnectionStats, Limits, PeerFilter, QuicBody, QuicServer,
+    QuicStats, Server,
+};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::{ConfigIssue, ServerConfig, TlsCertConfig};
-use crate::pipeline::Generations;
+use crate::pipeline::{ClientBody, Generations};
 
-pub use inlay_listener::{Listener, OverTls, Tls};
+pub use inlay_listener::{Listener, OverTls, QuicListener, Tls};
+
+/// How long a client may remember that HTTP/3 is served (`Alt-Svc`'s
+/// `ma`, in seconds): a day, as Caddy and Cloudflare advertise.
+const ALT_SVC_MAX_AGE: u32 = 86_400;
 
 /// The listener's limits as `[server]` sets them.
 pub fn limits(server: &ServerConfig) -> Limits {
@@ -60,24 +69,58 @@ pub fn limits(server: &ServerConfig) -> Limits {
     }
 }
 
-/// Serve `listeners` until `shutdown` resolves, then drain (see
-/// [`Server::serve`]): each request runs on the pipeline generation
-/// current when it starts, to its end; the limits follow `limits`, which a
-/// reload sends.
+/// What the listeners count: the TCP connections and the QUIC ones.
+#[derive(Debug, Clone)]
+pub struct ListenerStats {
+    /// The TCP listeners'.
+    pub tcp: Arc<ConnectionStats>,
+    /// The QUIC listeners'.
+    pub quic: Arc<QuicStats>,
+}
+
+/// Serve `listeners` (TCP) and `quic` (HTTP/3) until `shutdown` resolves,
+/// then drain both at once (see [`Server::serve`], [`QuicServer::serve`]):
+/// each request runs on the pipeline generation current when it starts,
+/// to its end; the limits follow `limits`, which a reload sends. With a
+/// QUIC listener, responses on the TLS listeners advertise it (`Alt-Svc`).
 pub async fn serve(
     listeners: impl IntoIterator<Item = impl Into<Listener>>,
+    quic: Vec<QuicListener>,
     current: Arc<Generations>,
     limits: watch::Receiver<Arc<Limits>>,
-    stats: Arc<ConnectionStats>,
+    stats: ListenerStats,
     shutdown: impl Future<Output = ()>,
 ) {
-    Server::new(limits, move |conn: &Connection| PipelineService {
+    let alt_svc = quic.first().and_then(|l| alt_svc(l.local_addr().port()));
+    let stop = CancellationToken::new();
+    let tcp = Server::new(limits.clone(), {
+        let current = Arc::clone(&current);
+        move |conn: &Connection| PipelineService {
+            current: Arc::clone(&current),
+            conn: *conn,
+            alt_svc: alt_svc.clone().filter(|_| conn.tls),
+        }
+    })
+    .with_stats(stats.tcp)
+    .serve(listeners, stop.clone().cancelled_owned());
+    let h3 = QuicServer::new(limits, move |conn: &Connection| PipelineService {
         current: Arc::clone(&current),
         conn: *conn,
+        alt_svc: None,
     })
-    .with_stats(stats)
-    .serve(listeners, shutdown)
-    .await;
+    .with_stats(stats.quic)
+    .serve(quic, stop.clone().cancelled_owned());
+    let signal = async {
+        shutdown.await;
+        stop.cancel();
+    };
+    tokio::join!(tcp, h3, signal);
+}
+
+/// The `Alt-Svc` field that points clients to HTTP/3 on `port` of the
+/// same host (RFC 7838, RFC 9114 3.1.1).
+fn alt_svc(port: u16) -> Option<http::HeaderValue> {
+    http::HeaderValue::try_from(format!("h3=\":{port}\"; ma={ALT_SVC_MAX_AGE}")).ok()
 }
 
 /// A connection's requests, each handed to the generation current when
@@ -85,17 +128,37 @@ pub async fn serve(
 struct PipelineService {
     current: Arc<Generations>,
     conn: Connection,
+    /// Set on every response (a TLS listener's, when HTTP/3 is served).
+    alt_svc: Option<http::HeaderValue>,
 }
+
+/// A request being answered. Boxed: the request's future is about 10 KB,
+/// and hyper moves the service's future (into a task of its own per
+/// HTTP/2 stream); a box moves as a pointer.
+type Answer = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
 impl hyper::service::Service<Request<Incoming>> for PipelineService {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
-    // Boxed: the request's future is about 10 KB, and hyper moves the
-    // service's future (into a task of its own per HTTP/2 stream); a box
-    // moves as a pointer.
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+    type Future = Answer;
 
-    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+    fn call(&self, req: Request<Incoming>) -> Answer {
+        self.answer(req)
+    }
+}
+
+impl hyper::service::Service<Request<QuicBody>> for PipelineService {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, req: Request<QuicBody>) -> Answer {
+        self.answer(req)
+    }
+}
+
+impl PipelineService {
+    fn answer(&self, mut req: Request<impl ClientBody + Send + 'static>) -> Answer {
         // Read once: the request finishes on this generation.
         let pipeline = self.current.load_full();
         if self.conn.tls {
@@ -107,7 +170,14 @@ impl hyper::service::Service<Request<Incoming>> for PipelineService {
             );
         }
         let peer = self.conn.peer;
-        Box::pin(async move { Ok(pipeline.handle(req, peer).await) })
+        let alt_svc = self.alt_svc.clone();
+        Box::pin(async move {
+            let mut resp = pipeline.handle(req, peer).await;
+            if let Some(v) = alt_svc {
+                resp.headers_mut().insert(http::header::ALT_SVC, v);
+            }
+            Ok(resp)
+        })
     }
 }
 
@@ -170,7 +240,7 @@ fn load_entry(entry: &TlsCertConfig) -> Result<CertifiedKey, (&'static str, Stri
             entry.key.display()
         ))
     })?;
-    let certified = CertifiedKey::new(chain, signer);
+    let mut certified = CertifiedKey::new(chain, signer);
     certified.keys_match().map_err(|e| {
         key_err(format!(
             "{} does not belong to the certificate in {}: {e}",
@@ -178,6 +248,12 @@ fn load_entry(entry: &TlsCertConfig) -> Result<CertifiedKey, (&'static str, Stri
             entry.cert.display()
         ))
     })?;
+    if let Some(path) = &entry.ocsp {
+        let ocsp_err = |m: String| ("ocsp_file", format!("{}: {m}", path.display()));
+        let der = std::fs::read(path).map_err(|e| ocsp_err(format!("cannot read it: {e}")))?;
+        inlay_listener::ocsp_response_problem(&der).map_or(Ok(()), |m| Err(ocsp_err(m)))?;
+        certified.ocsp = Some(der);
+    }
     Ok(certified)
 }
 
@@ -280,6 +356,7 @@ mod tests {
             cert,
             key,
             names: vec![name.to_owned()],
+            ocsp: None,
         }
     }
 

@@ -450,6 +450,7 @@ pub(crate) fn policy_source(pc: &PolicyConfig) -> PolicySource {
         prewarm: pc.prewarm,
         pre_instantiate: pc.pre_instantiate,
         memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
+        replay_measured: !pc.replay_always,
         requests_per_instance: pc.requests_per_instance,
         instance_lifetime: pc.instance_lifetime,
         name: pc
@@ -609,11 +610,22 @@ fn tls_certificates(
     cfg: &Config,
     resolved: &mut inlay_listener::CertificateSet,
 ) -> Result<inlay_listener::CertificateSet, Vec<String>> {
-    if let Some(first) = cfg.server.listen_tls.first()
+    let first = (cfg
+        .server
+        .listen_tls
+        .first()
+        .map(|a| format!("https://{a}")))
+    .or_else(|| {
+        cfg.server
+            .listen_quic
+            .first()
+            .map(|a| format!("quic://{a}"))
+    });
+    if let Some(first) = first
         && cfg.server.tls.is_empty()
     {
         return Err(vec![format!(
-            "server.tls: the running listener https://{first} needs a certificate, and a reload does not close it"
+            "server.tls: the running listener {first} needs a certificate, and a reload does not close it"
         )]);
     }
     Ok(std::mem::take(resolved))
@@ -640,6 +652,7 @@ pub(crate) fn log_replay_stats(policy: &LoadedPolicy) {
             live = stats.live,
             resets = stats.resets,
             bytes = stats.bytes,
+            unreplayed = stats.unreplayed,
             "policy hooks replayed from recorded paths"
         );
     }
@@ -669,7 +682,8 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
         "server.listen",
         restore(&old.server.listen, &mut new.server.listen)
             | restore(&old.server.listen_tls, &mut new.server.listen_tls)
-            | restore(&old.server.listen_h2c, &mut new.server.listen_h2c),
+            | restore(&old.server.listen_h2c, &mut new.server.listen_h2c)
+            | restore(&old.server.listen_quic, &mut new.server.listen_quic),
     );
     note("admin.listen", restore(&old.admin, &mut new.admin));
     // The NATS connection and the node's identity in the cluster are made

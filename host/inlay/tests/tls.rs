@@ -36,8 +36,11 @@ impl Pki {
             .push(rcgen::DnType::CommonName, "Inlay test CA");
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let ca = params.self_signed(&ca_key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // For `openssl ocsp`, which signs the responses as the CA.
+        std::fs::write(dir.path().join("ca.key"), ca_key.serialize_pem()).unwrap();
         Self {
-            dir: tempfile::tempdir().unwrap(),
+            dir,
             ca,
             issuer: rcgen::Issuer::new(params, ca_key),
         }
@@ -75,6 +78,38 @@ impl Pki {
             self.path(&format!("{file}.pem")),
             self.path(&format!("{file}.key")),
         )
+    }
+
+    /// An OCSP response for `FILE.pem`, signed by the CA (`openssl ocsp`,
+    /// valid for `days`), written to `FILE.ocsp`; its bytes.
+    fn ocsp(&self, file: &str, days: u32) -> Vec<u8> {
+        let index = self.path("index.txt");
+        // Not in the CA's index: the status is `unknown`, in a response
+        // that is `successful` all the same (what a client gets stapled).
+        std::fs::write(&index, "").unwrap();
+        let out = self.path(&format!("{file}.ocsp"));
+        let status = std::process::Command::new("openssl")
+            .arg("ocsp")
+            .arg("-index")
+            .arg(&index)
+            .arg("-rsigner")
+            .arg(self.ca_file())
+            .arg("-rkey")
+            .arg(self.path("ca.key"))
+            .arg("-CA")
+            .arg(self.ca_file())
+            .arg("-issuer")
+            .arg(self.ca_file())
+            .arg("-cert")
+            .arg(self.path(&format!("{file}.pem")))
+            .arg("-respout")
+            .arg(&out)
+            .args(["-ndays", &days.to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(status.success(), "openssl ocsp failed");
+        std::fs::read(out).unwrap()
     }
 
     /// A client trusting this CA only, offering `alpn`.
@@ -739,4 +774,155 @@ async fn wss_is_tunnelled_over_http11_and_h2() {
     ws.send(hello.clone()).await.unwrap();
     assert_eq!(ws.next().await.unwrap().unwrap(), hello);
     assert_eq!(origin.count("/ws").await, 2);
+}
+
+/// A server certificate verifier that checks as a client trusting the
+/// test CA does, and keeps the OCSP response the server stapled.
+#[derive(Debug)]
+struct StapleSeen {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    stapled: std::sync::Mutex<Option<Vec<u8>>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for StapleSeen {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        *self.stapled.lock().unwrap() = Some(ocsp_response.to_vec());
+        self.inner
+            .verify_server_cert(end_entity, intermediates, server_name, &[], now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The OCSP response stapled on a fresh handshake for `name` (rustls
+/// clients ask for the status on every handshake), over TLS `version`;
+/// empty: none.
+async fn stapled(
+    pki: &Pki,
+    addr: SocketAddr,
+    name: &str,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> Vec<u8> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(StapleSeen {
+        inner: rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .unwrap(),
+        stapled: Default::default(),
+    });
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(verifier.clone())
+        .with_no_client_auth();
+    let stream = connect(addr, &Arc::new(client), name).await.unwrap();
+    drop(stream);
+    let seen = verifier.stapled.lock().unwrap().take();
+    seen.expect("the certificate was verified")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ocsp_response_is_stapled_and_a_reload_reads_the_renewed_one() {
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let first = pki.ocsp("a", 1);
+    let a_ocsp = pki.path("a.ocsp");
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .arg("-a")
+        .arg("https://127.0.0.1:0")
+        .toml(&pki.entry("a", &["a.test"]))
+        .toml(&format!("ocsp_file = {a_ocsp:?}\n"))
+        .toml(&pki.entry("default", &[]))
+        .toml("[admin]\nlisten = \"127.0.0.1:0\"")
+        .start_in_process()
+        .await;
+    let addr = inlay.tls_addr.unwrap();
+    let tls13 = &rustls::version::TLS13;
+    let tls12 = &rustls::version::TLS12;
+    assert_eq!(stapled(&pki, addr, "a.test", tls13).await, first);
+    assert_eq!(stapled(&pki, addr, "a.test", tls12).await, first);
+    assert!(stapled(&pki, addr, "default.test", tls13).await.is_empty());
+
+    // openssl's client shows the response it asked for with -status.
+    let ca = pki.ca_file();
+    let s_client = tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("timeout")
+            .args(["10", "openssl", "s_client", "-status", "-connect"])
+            .arg(addr.to_string())
+            .args(["-servername", "a.test", "-CAfile"])
+            .arg(&ca)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("openssl runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(
+        s_client.contains("OCSP Response Status: successful (0x0)"),
+        "{s_client}"
+    );
+    assert!(s_client.contains("Cert Status: unknown"), "{s_client}");
+
+    // The operator's job writes a renewed response; a reload staples it.
+    let renewed = pki.ocsp("a", 2);
+    assert_ne!(renewed, first);
+    let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(stapled(&pki, addr, "a.test", tls13).await, renewed);
+
+    // A file that is not a DER response refuses the reload, naming the
+    // key, and the last good one is stapled still.
+    let pem = format!(
+        "-----BEGIN OCSP RESPONSE-----\n{}\n-----END OCSP RESPONSE-----\n",
+        renewed.len()
+    );
+    std::fs::write(&a_ocsp, pem).unwrap();
+    let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(
+        r.text().contains("server.tls[0].ocsp_file: ") && r.text().contains("not a DER OCSP"),
+        "{}",
+        r.text()
+    );
+    std::fs::remove_file(&a_ocsp).unwrap();
+    let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains("cannot read it"), "{}", r.text());
+    assert_eq!(stapled(&pki, addr, "a.test", tls13).await, renewed);
 }

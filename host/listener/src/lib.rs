@@ -25,6 +25,9 @@
 //!   the tunnel ends ([`TunnelTicket`], [`TunnelGuard`]), and the bytes
 //!   of a tunnel copied both ways with no buffer held while nothing moves
 //!   ([`copy_both_ways`]);
+//! - [`quic`]: HTTP/3 on the QUIC listeners (quinn and h3), with the same
+//!   certificates and limits, handing requests to a service as `serve` does
+//!   ([`QuicServer`]);
 //! - [`open_files`]: the open-file limit the limits need;
 //! - [`ConnectionStats`]: what is counted, a Prometheus collector.
 //!
@@ -38,6 +41,7 @@ mod limits;
 pub mod open_files;
 mod per_client;
 pub mod proxy_protocol;
+pub mod quic;
 mod send_clock;
 mod serve;
 mod socket;
@@ -52,9 +56,10 @@ pub use accept::{Connection, Listener, MakeService, OverTls, Server};
 pub use copy::both_ways as copy_both_ways;
 pub use limits::{Limits, PeerFilter};
 pub use per_client::{ClientSlot, PerClient};
+pub use quic::{MakeQuicService, QuicBody, QuicListener, QuicServer, QuicStats};
 pub use socket::bind;
 pub use stats::{ConnectionStats, OpenConnection};
-pub use tls::{CertificateSet, Tls, TlsError};
+pub use tls::{CertificateSet, Tls, TlsError, ocsp_response_problem};
 pub use tunnel::{TunnelGuard, TunnelTicket};
 
 /// Warnings about what one client did wrong, at most 20 a second: a flood

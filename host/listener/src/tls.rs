@@ -31,6 +31,9 @@ const SESSION_CACHE_ENTRIES: usize = 16 * 1024;
 /// The protocols offered by ALPN, preferred first.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
+/// What ALPN offers on the QUIC listeners (RFC 9114 3.1).
+const ALPN_QUIC: [&[u8]; 1] = [b"h3"];
+
 /// Why the TLS side could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -47,6 +50,9 @@ pub enum TlsError {
 pub struct Tls {
     certificates: Arc<SniResolver>,
     config: Arc<rustls::ServerConfig>,
+    /// The same certificates, sessions and ticket key, with ALPN `h3`
+    /// and TLS 1.3 only (QUIC), for the QUIC listeners.
+    quic: Arc<rustls::ServerConfig>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -73,10 +79,26 @@ impl Tls {
         config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
         config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE_ENTRIES);
         config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(TlsError::Ticketer)?;
+        let mut quic = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(TlsError::Versions)?
+        .with_no_client_auth()
+        .with_cert_resolver(certificates.clone());
+        quic.alpn_protocols = ALPN_QUIC.iter().map(|p| p.to_vec()).collect();
+        quic.session_storage = config.session_storage.clone();
+        quic.ticketer = config.ticketer.clone();
         Ok(Self {
             certificates,
             config: Arc::new(config),
+            quic: Arc::new(quic),
         })
+    }
+
+    /// The rustls config of the QUIC listeners' handshakes.
+    pub(crate) fn quic_config(&self) -> Arc<rustls::ServerConfig> {
+        Arc::clone(&self.quic)
     }
 
     /// Serve `set` to the handshakes that start from now on.
@@ -149,6 +171,72 @@ impl CertificateSet {
             })
         });
         found.or(self.default.as_ref()).cloned()
+    }
+}
+
+/// What is wrong with `der` as an OCSP response to staple, if anything.
+///
+/// The frame only (RFC 6960 4.2.1): one DER `OCSPResponse` SEQUENCE
+/// filling the file, whose `responseStatus` is `successful` and which
+/// carries `responseBytes`. It catches the usual mistakes (a PEM or
+/// base64 file, a truncated download, a responder's `tryLater`); whether
+/// the response is signed by the issuer and current is the client's check,
+/// as with nginx's `ssl_stapling_file`. Written here: no crate in the
+/// tree parses OCSP, and this is twenty lines of DER framing. The caller
+/// reads the file; `CertifiedKey::ocsp` then staples it.
+pub fn ocsp_response_problem(der: &[u8]) -> Option<String> {
+    /// A DER tag-length header at the start of `b`: the tag, the content's
+    /// length, and the header's own length.
+    fn header(b: &[u8]) -> Option<(u8, usize, usize)> {
+        let (&tag, rest) = b.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        if first < 0x80 {
+            return Some((tag, usize::from(first), 2));
+        }
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, &d| (acc << 8) | usize::from(d));
+        Some((tag, len, 2 + n))
+    }
+    let not_der = || {
+        Some(
+            "not a DER OCSP response (an OCSPResponse SEQUENCE; PEM or base64 text must be \
+             decoded first, e.g. `openssl ocsp ... -respout FILE`)"
+                .to_owned(),
+        )
+    };
+    let Some((0x30, len, at)) = header(der) else {
+        return not_der();
+    };
+    if at.checked_add(len) != Some(der.len()) {
+        return not_der();
+    }
+    let body = &der[at..];
+    // responseStatus ENUMERATED, then [0] EXPLICIT responseBytes.
+    let [0x0a, 0x01, status, rest @ ..] = body else {
+        return not_der();
+    };
+    let name = match status {
+        0 => None,
+        1 => Some("malformedRequest"),
+        2 => Some("internalError"),
+        3 => Some("tryLater"),
+        5 => Some("sigRequired"),
+        6 => Some("unauthorized"),
+        _ => return not_der(),
+    };
+    if let Some(name) = name {
+        return Some(format!(
+            "the responder answered {name} ({status}), not a status to staple"
+        ));
+    }
+    match header(rest) {
+        Some((0xa0, len, at)) if at.checked_add(len) == Some(rest.len()) => None,
+        _ => not_der(),
     }
 }
 
@@ -246,6 +334,30 @@ mod tests {
             set.pick(None).unwrap().cert[0],
             set.pick(Some("a.example")).unwrap().cert[0]
         );
+    }
+
+    #[test]
+    fn an_ocsp_file_must_be_a_successful_der_response() {
+        // SEQUENCE { ENUMERATED 0, [0] { SEQUENCE { OID, OCTET STRING } } }
+        let good = [
+            0x30, 0x0d, 0x0a, 0x01, 0x00, 0xa0, 0x08, 0x30, 0x06, 0x06, 0x01, 0x2a, 0x04, 0x01,
+            0x00,
+        ];
+        assert_eq!(ocsp_response_problem(&good), None);
+        let try_later = [0x30, 0x03, 0x0a, 0x01, 0x03];
+        let m = ocsp_response_problem(&try_later).unwrap();
+        assert!(m.contains("tryLater (3)"), "{m}");
+        for bad in [
+            &b"-----BEGIN OCSP RESPONSE-----\n"[..],
+            &good[..good.len() - 1],
+            &[good.as_slice(), &[0]].concat(),
+            &[0x30, 0x03, 0x0a, 0x01, 0x00],
+            &[],
+            &[0x30, 0x84, 0xff, 0xff, 0xff, 0xff],
+        ] {
+            let m = ocsp_response_problem(bad).expect("refused");
+            assert!(m.contains("not a DER OCSP response"), "{m}");
+        }
     }
 
     #[test]

@@ -348,10 +348,12 @@ pub struct Metrics {
     /// Locked to add a collector and to write the text.
     registry: Mutex<Registry>,
 
-    requests: [Counter; 3],
+    requests: [Counter; 4],
     /// The client listeners' connections, counted by `inlay-listener`
     /// and read at scrape time (a collector in the registry).
     connections: Arc<inlay_listener::ConnectionStats>,
+    /// The QUIC listeners' connections, Retries and refusals (a collector).
+    quic: Arc<inlay_listener::QuicStats>,
     request_bytes: Counter,
     response_bytes: Counter,
 
@@ -395,7 +397,7 @@ struct KindLabel {
 }
 
 /// The protocols of `inlay_client_requests_total`, in label order.
-const PROTOCOLS: [&str; 3] = ["http/1.0", "http/1.1", "http/2"];
+const PROTOCOLS: [&str; 4] = ["http/1.0", "http/1.1", "http/2", "http/3"];
 
 /// The hooks of `inlay_policy_hook_time_seconds`, in label order.
 const HOOKS: [&str; 3] = ["on_request", "on_backend_response", "on_deliver"];
@@ -414,6 +416,7 @@ impl Metrics {
             requests: PROTOCOLS
                 .map(|protocol| requests.get_or_create(&ProtocolLabel { protocol }).clone()),
             connections: Arc::new(inlay_listener::ConnectionStats::new(enabled)),
+            quic: Arc::new(inlay_listener::QuicStats::new(enabled)),
             request_bytes: c(),
             response_bytes: c(),
             hits: c(),
@@ -466,6 +469,8 @@ impl Metrics {
     fn register_all(&self, r: &mut Registry) {
         // `inlay_connections_open`, `inlay_connections_accepted_total`.
         r.register_collector(Box::new(Arc::clone(&self.connections)));
+        // `inlay_quic_connections_open`, `inlay_quic_retries_total`, ...
+        r.register_collector(Box::new(Arc::clone(&self.quic)));
         r.register_with_unit(
             "client_request_body",
             "Request body bytes read from clients (MAIN.s_req_bodybytes)",
@@ -625,6 +630,7 @@ impl Metrics {
     pub fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Relaxed);
         self.connections.set_counting(on);
+        self.quic.set_counting(on);
     }
 
     /// The flag [`Metrics::enabled`] reads, for counters kept elsewhere
@@ -666,6 +672,7 @@ impl Metrics {
         let i = match version {
             http::Version::HTTP_09 | http::Version::HTTP_10 => 0,
             http::Version::HTTP_11 => 1,
+            http::Version::HTTP_3 => 3,
             _ => 2,
         };
         self.requests[i].inc();
@@ -675,6 +682,11 @@ impl Metrics {
     /// only while counting is on).
     pub fn connections(&self) -> &Arc<inlay_listener::ConnectionStats> {
         &self.connections
+    }
+
+    /// What the QUIC listeners count (only while counting is on).
+    pub fn quic(&self) -> &Arc<inlay_listener::QuicStats> {
+        &self.quic
     }
 
     /// Request body bytes read from a client.

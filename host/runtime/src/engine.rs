@@ -3,7 +3,7 @@
 //! the thread that ticks the epoch. A reload to another `max_instances`
 //! makes a new engine; the old one goes with its last policy.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -52,6 +52,10 @@ struct EngineInner {
     idle: Mutex<Vec<Weak<dyn IdleInstances>>>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
+    /// Milliseconds since the engine started, as the ticker last read its
+    /// clock: a clock for instance ages that costs a load, not a clock
+    /// read, per request.
+    now_ms: Arc<AtomicU64>,
     /// The compiled-code cache, kept to read its hit count in tests.
     #[cfg_attr(not(test), allow(dead_code))]
     cache: Option<wasmtime::Cache>,
@@ -174,7 +178,8 @@ impl PolicyEngine {
         let engine = Engine::new(&config)
             .map_err(|e| engine_err(format!("cannot create the wasm engine: {e:#}")))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let ticker = spawn_ticker(engine.weak(), Arc::clone(&stop))
+        let now_ms = Arc::new(AtomicU64::new(0));
+        let ticker = spawn_ticker(engine.weak(), Arc::clone(&stop), Arc::clone(&now_ms))
             .map_err(|e| engine_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
             inner: Arc::new(EngineInner {
@@ -185,6 +190,7 @@ impl PolicyEngine {
                 idle: Mutex::new(Vec::new()),
                 stop,
                 ticker: Some(ticker),
+                now_ms,
                 cache,
             }),
         })
@@ -193,6 +199,12 @@ impl PolicyEngine {
     /// The wasmtime engine.
     pub(crate) fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// Time since the engine started, to the last epoch tick (a little
+    /// behind when the ticker thread waits for a CPU).
+    pub(crate) fn coarse_now(&self) -> Duration {
+        Duration::from_millis(self.inner.now_ms.load(Ordering::Relaxed))
     }
 
     /// The size of the instance pool.
@@ -322,16 +334,21 @@ impl WeakEngine {
     }
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until told to stop.
+/// Advances the engine's epoch every [`EPOCH_TICK`] until told to stop,
+/// and keeps `now_ms` (see [`PolicyEngine::coarse_now`]).
 fn spawn_ticker(
     engine: wasmtime::EngineWeak,
     stop: Arc<AtomicBool>,
+    now_ms: Arc<AtomicU64>,
 ) -> std::io::Result<JoinHandle<()>> {
+    let started = std::time::Instant::now();
     std::thread::Builder::new()
         .name("inlay-epoch".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(EPOCH_TICK);
+                let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                now_ms.store(ms, Ordering::Relaxed);
                 match engine.upgrade() {
                     Some(engine) => engine.increment_epoch(),
                     None => break,

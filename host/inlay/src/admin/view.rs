@@ -30,6 +30,7 @@ pub fn config_json(cfg: &Config) -> Value {
         "listen": s.listen.iter().map(|a| a.to_string())
             .chain(s.listen_tls.iter().map(|a| format!("https://{a}")))
             .chain(s.listen_h2c.iter().map(|a| format!("h2c://{a}")))
+            .chain(s.listen_quic.iter().map(|a| format!("quic://{a}")))
             .collect::<Vec<_>>(),
         "tls": s.tls.iter().map(|t| json!({
             "cert": t.cert.display().to_string(),
@@ -146,6 +147,7 @@ pub fn config_json(cfg: &Config) -> Value {
             "prewarm": p.prewarm,
             "pre_instantiate": p.pre_instantiate,
             "memo_size": p.memo_size,
+            "replay_always": p.replay_always,
         })
     });
     let admin = json!({

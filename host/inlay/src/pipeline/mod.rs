@@ -38,7 +38,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use inlay_cache::HttpCache;
 use inlay_core::ProxyError;
 use inlay_core::body::ProxyBody;
@@ -60,6 +59,7 @@ pub use figures::GenerationFigures;
 use inlay_cluster::kv::SharedKv;
 use lookup::ThroughCache;
 pub use purge::{Invalidator, PurgeTarget};
+pub use recv::ClientBody;
 use recv::Route;
 
 /// What a generation's policies reach the host through: its cache and
@@ -333,8 +333,13 @@ impl Pipeline {
     }
 
     /// Serve one request. Never fails: errors become responses here.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    pub async fn handle(
+        &self,
+        req: Request<impl ClientBody>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
         let (parts, body) = req.into_parts();
+        let body = body.bounded(self.config.server.max_request_body);
         let mut ctx = RequestCtx::new(&parts, peer, self.config.server.server_timing);
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
         let req = Request::from_parts(parts, body);
@@ -350,7 +355,7 @@ impl Pipeline {
     async fn phases(
         &self,
         ctx: &mut RequestCtx,
-        req: Request<Incoming>,
+        req: Request<ProxyBody>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let out = match recv::run(self, ctx, req).await? {
             Route::Answer(resp) => return Ok(resp),

@@ -51,9 +51,9 @@ pub enum Route {
 pub(super) async fn run(
     p: &Pipeline,
     ctx: &mut RequestCtx,
-    req: Request<Incoming>,
+    req: Request<ProxyBody>,
 ) -> Result<Route, ProxyError> {
-    let (mut parts, mut body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     p.metrics.client_request(parts.version);
     // The request id and the cluster's hop are read before the hop-by-hop
     // fields go: a Connection option may not name them either.
@@ -74,14 +74,7 @@ pub(super) async fn run(
     let limit = p.config.server.max_request_body;
     ctx.body_limit = limit;
     check_declared_length(&parts.headers, limit)?;
-    // A chunk whose declared size cannot fit fails the body before its
-    // data (a patched hyper: vendor/hyper/PATCHES.md).
-    body.limit_declared_length(limit);
-    ctx.body = Some(capped_body(
-        body::boxed(body),
-        limit,
-        ctx.body_fault.clone(),
-    ));
+    ctx.body = Some(capped_body(body, limit, ctx.body_fault.clone()));
     let upgrade = super::tunnel::requested(&mut parts, &p.config.websocket)?;
     ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
     if let Some(up) = &upgrade {
@@ -115,6 +108,30 @@ pub(super) async fn run(
     ctx.timing.phase("recv", Some(ctx.started));
     ctx.record.backend = Some(ctx.head.backend.clone());
     Ok(route)
+}
+
+/// A request body as a listener hands it over: hyper's (HTTP/1.1, h2) or
+/// an HTTP/3 request stream's.
+pub trait ClientBody {
+    /// The body boxed, failing past `limit` bytes as early as its framing
+    /// tells (recv counts the bytes too).
+    fn bounded(self, limit: u64) -> ProxyBody;
+}
+
+impl ClientBody for Incoming {
+    fn bounded(mut self, limit: u64) -> ProxyBody {
+        // A chunk whose declared size cannot fit fails the body before its
+        // data (a patched hyper: vendor/hyper/PATCHES.md).
+        self.limit_declared_length(limit);
+        body::boxed(self)
+    }
+}
+
+impl ClientBody for inlay_listener::QuicBody {
+    fn bounded(self, _limit: u64) -> ProxyBody {
+        // Its DATA frames come whole from h3: recv's count bounds them.
+        body::boxed(self)
+    }
 }
 
 /// Refuses a request whose declared `Content-Length` is over `limit`

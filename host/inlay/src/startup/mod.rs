@@ -24,7 +24,7 @@ use crate::access_log::AccessLog;
 use crate::admin::{Admin, AdminHooks, AdminServer, PolicyHook};
 use crate::backend::component::ComponentSet;
 use crate::config::{Config, ConfigError, ConfigSource};
-use crate::listeners::{Listener, Tls};
+use crate::listeners::{Listener, QuicListener, Tls};
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::reload::{Reloader, load_policy, log_replay_stats};
@@ -173,6 +173,14 @@ async fn serve(cfg: Config, source: ConfigSource) -> anyhow::Result<()> {
         info!("listening on h2c://{}", l.local_addr()?);
         listeners.push(Listener::h2c(l));
     }
+    let mut quic = Vec::new();
+    for addr in &proxy.config().server.listen_quic {
+        let l = QuicListener::bind(*addr, proxy.tls())
+            .with_context(|| format!("cannot listen on quic://{addr}"))?;
+        info!("listening on quic://{}", l.local_addr());
+        quic.push(l);
+    }
+    let proxy = proxy.with_quic(quic);
     let admin = match proxy.config().admin {
         Some(addr) => Some(AdminServer::bind(addr, proxy.admin().clone()).await?),
         None => None,
@@ -203,6 +211,8 @@ pub struct Proxy {
     cluster: Option<Cluster>,
     /// The component backends' components, loaded before anything listens.
     components: ComponentSet,
+    /// The QUIC (HTTP/3) listeners, bound ([`with_quic`](Self::with_quic)).
+    quic: Vec<QuicListener>,
 }
 
 impl Proxy {
@@ -240,7 +250,16 @@ impl Proxy {
             tls: Arc::new(tls),
             cluster,
             components,
+            quic: Vec::new(),
         })
+    }
+
+    /// Serve HTTP/3 on `quic` too (bound with [`tls`](Self::tls)'s
+    /// certificates), beside the listeners [`run`](Self::run) takes.
+    #[must_use]
+    pub fn with_quic(mut self, quic: Vec<QuicListener>) -> Self {
+        self.quic = quic;
+        self
     }
 
     /// What the admin API serves: its readiness turns ready once [`run`](Self::run)
@@ -300,6 +319,7 @@ impl Proxy {
             tls,
             cluster,
             components,
+            quic,
         } = self;
         let cfg = Arc::clone(&settings.config);
         let store = open_store(&cfg)?;
@@ -308,7 +328,10 @@ impl Proxy {
         let listening = listeners.iter().find(|l| !l.is_tls());
         let listening = listening.and_then(|l| l.local_addr().ok());
         let shard = inlay_cluster::shard::start(cluster.as_ref(), listening).await?;
-        let connections = metrics.connections().clone();
+        let connections = crate::listeners::ListenerStats {
+            tcp: metrics.connections().clone(),
+            quic: metrics.quic().clone(),
+        };
         let pipeline = Pipeline::first(
             Arc::clone(&settings.config),
             &settings.backend_tls,
@@ -350,7 +373,7 @@ impl Proxy {
             }
         };
         let generations = reloader.generations();
-        crate::listeners::serve(listeners, generations, limits, connections, shutdown).await;
+        crate::listeners::serve(listeners, quic, generations, limits, connections, shutdown).await;
         if let Some(task) = on_hup {
             task.abort();
         }

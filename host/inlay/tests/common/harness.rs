@@ -17,7 +17,7 @@ use clap::Parser as _;
 use inlay::admin::AdminServer;
 use inlay::cli::{Cli, Command};
 use inlay::config::AccessLogTarget;
-use inlay::listeners::Listener;
+use inlay::listeners::{Listener, QuicListener};
 use inlay::metrics::Metrics;
 use inlay::startup::Proxy;
 use inlay_runtime::{LoadedPolicy, PolicySlot};
@@ -79,6 +79,15 @@ impl InlayBuilder {
             tls_addr = Some(l.local_addr().unwrap());
             listeners.push(Listener::tls(l, proxy.tls().clone()));
         }
+        // With `quic://` listeners, one QUIC listener on a UDP port of its own.
+        let mut quic_addr = None;
+        let proxy = if proxy.config().server.listen_quic.is_empty() {
+            proxy
+        } else {
+            let l = QuicListener::bind("127.0.0.1:0".parse().unwrap(), proxy.tls()).unwrap();
+            quic_addr = Some(l.local_addr());
+            proxy.with_quic(vec![l])
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let readiness = proxy.admin().readiness().clone();
         let served = tokio::spawn(async move {
@@ -107,6 +116,7 @@ impl InlayBuilder {
         Harness {
             addr,
             tls_addr,
+            quic_addr,
             admin_addr: admin.as_ref().map(AdminServer::local_addr),
             admin,
             access: AccessLog(access),
@@ -138,6 +148,9 @@ pub struct Harness {
     pub addr: SocketAddr,
     /// The TLS listener's address, when the config has `https://` listeners.
     pub tls_addr: Option<SocketAddr>,
+    /// The QUIC (HTTP/3) listener's UDP address, when the config has
+    /// `quic://` listeners.
+    pub quic_addr: Option<SocketAddr>,
     /// The admin API's address, when the config has `[admin] listen`.
     pub admin_addr: Option<SocketAddr>,
     admin: Option<AdminServer>,

@@ -1,7 +1,8 @@
 //! TLS from the command line: `-a https://ADDR --tls-cert FILE --tls-key
 //! FILE`, SIGHUP reading the certificate again, and a key that does not load
 //! stopping the start; the PROXY protocol turned on by SIGHUP; `-a
-//! h2c://ADDR`, HTTP/2 without TLS and without HTTP/1.1.
+//! h2c://ADDR`, HTTP/2 without TLS and without HTTP/1.1; `-a quic://ADDR`,
+//! HTTP/3 with the same certificate, swapped by SIGHUP too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -303,4 +304,91 @@ async fn an_h2c_listener_serves_prior_knowledge_and_no_http11() {
     })
     .await
     .unwrap();
+}
+
+/// An HTTP/3 GET of `/static/8` from `site.test` on `port` (UDP),
+/// trusting `ca.pem`: the status and the certificate the server showed.
+async fn h3_get(dir: &Path, port: u16) -> (u16, Vec<u8>) {
+    use rustls::pki_types::pem::PemObject as _;
+    let ca = rustls::pki_types::CertificateDer::from_pem_file(dir.join("ca.pem")).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(quic)));
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let exchange = async {
+        let conn = endpoint.connect(to, "site.test").unwrap().await.unwrap();
+        let shown = conn
+            .peer_identity()
+            .unwrap()
+            .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .unwrap()[0]
+            .to_vec();
+        let (mut driver, mut send) = h3::client::new(h3_quinn::Connection::new(conn))
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        });
+        let req = http::Request::get(format!("https://site.test:{port}/static/8"))
+            .body(())
+            .unwrap();
+        let mut stream = send.send_request(req).await.unwrap();
+        stream.finish().await.unwrap();
+        let status = stream.recv_response().await.unwrap().status().as_u16();
+        (status, shown)
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("an HTTP/3 answer within 10 s")
+}
+
+/// The DER of the certificate in `site.pem`.
+fn site_der(dir: &Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject as _;
+    rustls::pki_types::CertificateDer::from_pem_file(dir.join("site.pem"))
+        .unwrap()
+        .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quic_flag_serves_http3_and_sighup_swaps_its_certificate() {
+    let origin = Origin::start();
+    let dir = tempfile::tempdir().unwrap();
+    let files = Files::new(dir.path());
+    files.issue(dir.path(), "first");
+    let path = |f: &str| -> PathBuf { dir.path().join(f) };
+    let inlay = Inlay::builder()
+        .backend(&origin)
+        .arg("-a")
+        .arg("127.0.0.1:0")
+        .arg("-a")
+        .arg("quic://127.0.0.1:0")
+        .arg("--tls-cert")
+        .arg(path("site.pem").display().to_string())
+        .arg("--tls-key")
+        .arg(path("site.key").display().to_string())
+        .spawn_process();
+    let port = tokio::task::block_in_place(|| listener_port(&inlay, "quic"));
+    let (status, shown) = h3_get(dir.path(), port).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown, site_der(dir.path()));
+
+    files.issue(dir.path(), "second");
+    inlay.signal("HUP");
+    tokio::task::block_in_place(|| {
+        inlay.expect_log("config reloaded: generation 2", Duration::from_secs(60));
+    });
+    let (status, shown) = h3_get(dir.path(), port).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown, site_der(dir.path()), "the renewed certificate");
 }

@@ -395,7 +395,7 @@ impl HttpComponent {
         let mut store = Store::new(self.loaded.engine.engine(), state);
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
-        let ticks = store.data_mut().clock.restart();
+        let ticks = store.data_mut().clock.restart(std::time::Instant::now());
         store.set_epoch_deadline(ticks);
         // The CPU clock runs only while guest code does: not in a call
         // into the host, nor while no guest code runs at all (a 0.3
