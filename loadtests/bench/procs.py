@@ -412,6 +412,9 @@ class Inlay:
             "[backends.default]",
             # A wasi:http component served in-process instead of the origin.
             f'component = "{component}"' if component is not None else f'address = "{origin.url}"',
+            # A 0.3 component's instance reuse (`requests_per_instance`).
+            *([f"requests_per_instance = {requests_per_instance}"]
+              if component is not None and requests_per_instance is not None else []),
             *log_section(access_log),
             "[cache]",
             f'memory_size = "{memory_size}"',

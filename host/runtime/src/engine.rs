@@ -108,6 +108,17 @@ impl PolicyEngine {
     /// (concurrent requests running a policy); the other limits are read
     /// per policy, so reloads may change them.
     pub fn new(limits: &PolicyLimits) -> Result<Self, PolicyError> {
+        Self::with_async(limits, false)
+    }
+
+    /// An engine whose components may use component-model async
+    /// (`async` exports, streams and futures: a `wasi:http/service` 0.3
+    /// component) when `async_components` is true. Policies never do: their
+    /// stores then carry none of the state concurrent execution needs.
+    pub(crate) fn with_async(
+        limits: &PolicyLimits,
+        async_components: bool,
+    ) -> Result<Self, PolicyError> {
         limits.validate().map_err(PolicyError::InvalidLimits)?;
         let n = limits.max_instances;
         let engine_err = |message: String| PolicyError::Engine {
@@ -143,8 +154,10 @@ impl PolicyEngine {
             .epoch_interruption(true)
             .wasm_component_model(true);
         // 0.3 component backends: async exports, streams and futures.
-        #[cfg(feature = "p3")]
-        config.wasm_component_model_async(true);
+        config.concurrency_support(async_components);
+        if async_components {
+            config.wasm_component_model_async(true);
+        }
         // `INLAY_PERF_MAP=1` writes /tmp/perf-PID.map so `perf report` names
         // the policy's functions.
         if std::env::var_os("INLAY_PERF_MAP").is_some_and(|v| v == "1") {

@@ -318,6 +318,24 @@ impl CpuClock {
         self.next_deadline(self.budget).min(YIELD_EVERY_TICKS)
     }
 
+    /// A new budget: `more` beyond what the guest was charged so far,
+    /// `pending` (time in the host not yet excluded) not counted as
+    /// charged. An instance that serves several requests gets its budget
+    /// this way at each one.
+    pub(crate) fn extend(&mut self, more: Duration, pending: Duration) {
+        let measured = self
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.segments.on.load(Ordering::Relaxed));
+        let charged = if measured {
+            self.charged()
+        } else {
+            self.used().saturating_sub(pending)
+        };
+        self.budget = charged.saturating_add(more);
+        self.expired = false;
+    }
+
     /// The guest calls the host: the running CPU segment ends.
     pub(crate) fn host_call_starts(&self) {
         if let Some(shared) = &self.shared {
