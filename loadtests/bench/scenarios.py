@@ -348,6 +348,19 @@ def wrk_policy(ctx: Context) -> Section:
     # What each port must keep of no policy's throughput, in the default configuration.
     goals = {"headers policy": 0.85, "headers in C": 0.85, "headers in Go": 0.7,
              "headers in JavaScript": 0.6, "headers in Python": 0.5}
+    # To measure a subset while working on one language or one configuration:
+    # `INLAY_BENCH_POLICY_PORTS=headers,headers-c` and
+    # `INLAY_BENCH_POLICY_CONFIGS=default,fresh,replay-off,replay-always` (all but the last by
+    # default; *replay always*: `replay_always = true`, every request walks the replay trees);
+    # `INLAY_BENCH_POLICY_ZIPF_REPLAY_OFF=1` runs the replay-off targets on the Zipf mix in
+    # quick mode too; `INLAY_BENCH_POLICY_MEMO_SIZES=64MiB,...` adds, for each port, the default
+    # configuration with another `memo_size`.
+    only_ports = [p for p in os.environ.get("INLAY_BENCH_POLICY_PORTS", "").split(",") if p]
+    configs = [c for c in os.environ.get("INLAY_BENCH_POLICY_CONFIGS", "").split(",") if c] or [
+        "default", "fresh", "replay-off"]
+    zipf_replay_off = m.policy_zipf_replay_off or os.environ.get("INLAY_BENCH_POLICY_ZIPF_REPLAY_OFF") == "1"
+    if only_ports:
+        ports = [(label, name) for label, name in ports if name in only_ports]
     for label, name in ports:
         path = ctx.policy_dir / f"{name}.wasm"
         if not path.exists():
@@ -364,20 +377,35 @@ def wrk_policy(ctx: Context) -> Section:
             sec.skipped = f"`--policy {path.name}`: responses carry no `x-inlay-policy: headers`."
             return sec
         targets[label] = pol
+    labels = [label for label, _ in ports if label in targets]
+    if "default" not in configs:
+        for label in labels:
+            del targets[label]
     # Every port again with a fresh instance per request, and with replay off (every request
     # runs the policy, in reused instances): what a request the policy has not seen costs in
     # each language, end to end.
     for label, name in ports:
-        if label in targets:
+        if label in labels and "fresh" in configs:
             targets[f"{label}, fresh"] = ctx.inlay(
                 f"policy-{name}-fresh", policy=linked(f"policy-{name}-fresh", ctx.policy_dir / f"{name}.wasm"),
                 requests_per_instance=1)
+    for size in [s for s in os.environ.get("INLAY_BENCH_POLICY_MEMO_SIZES", "").split(",") if s]:
+        for label, name in ports:
+            if label in labels:
+                targets[f"{label}, memo_size {size}"] = ctx.inlay(
+                    f"policy-{name}-memo{size}",
+                    policy=linked(f"policy-{name}-memo{size}", ctx.policy_dir / f"{name}.wasm"), memo_size=size)
     for label, name in ports:
-        if label in targets:
+        if label in labels and "replay-always" in configs:
+            targets[f"{label}, replay always"] = ctx.inlay(
+                f"policy-{name}-always", policy=linked(f"policy-{name}-always", ctx.policy_dir / f"{name}.wasm"),
+                replay_always=True)
+    for label, name in ports:
+        if label in labels and "replay-off" in configs:
             targets[f"{label}, replay off"] = ctx.inlay(
                 f"policy-{name}-live", policy=linked(f"policy-{name}-live", ctx.policy_dir / f"{name}.wasm"),
                 memo_size="0")
-    zipf_targets = [t for t in targets if m.policy_zipf_replay_off or not t.endswith(", replay off")]
+    zipf_targets = [t for t in targets if zipf_replay_off or not t.endswith(", replay off")]
     # The fill requests every URL once: each is new to the policy, which then runs live
     # (the Python port at about 2k requests/s here). The built-in policy (`default.wasm`)
     # caches the same objects (neither adds to the cache key nor changes the response

@@ -13,8 +13,7 @@
 #       (rustup's target, or Debian's rustc-web with -Zbuild-std), made a
 #       component by `inlay-componentize encode --export
 #       wasi:http/incoming-handler`; hello-p3-rs: a wasi:http/service 0.3
-#       component (wit-bindgen's async bindings against wit-p3/), served
-#       by an inlay built with --features wasi-http-p3
+#       component (wit-bindgen's async bindings against wit-p3/)
 #   js  hello-js: ComponentizeJS 0.23 (guest-sdk/js's node_modules) against
 #       wit/ (the fetch event of its StarlingMonkey engine)
 #   py  hello-py: componentize-py 0.25.1 (target/lang/python-venv) against

@@ -97,6 +97,9 @@ pub fn settings(c: &ComponentConfig) -> ComponentSettings {
         max_subrequest_bytes: c.max_subrequest_bytes,
         env: c.env.clone(),
         read_only_dir: c.read_only_dir.clone(),
+        requests_per_instance: c.requests_per_instance,
+        concurrent_requests_per_instance: c.concurrent_requests_per_instance,
+        instance_lifetime: c.instance_lifetime,
     }
 }
 
@@ -114,7 +117,10 @@ async fn load_one(
     if let Some(old) = previous.filter(|old| {
         old.digest == digest && old.path == path && old.component.max_instances() == c.max_instances
     }) {
-        let component = old.component.with_settings(name, settings);
+        let component = old
+            .component
+            .with_settings(name, settings)
+            .map_err(|e| e.to_string())?;
         if component.settings().read_only_dir != old.component.settings().read_only_dir {
             component.check().await.map_err(|e| e.to_string())?;
         }

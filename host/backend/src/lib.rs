@@ -283,13 +283,11 @@ impl Backend {
         });
         metrics.set_healthy(health.is_healthy());
         let probe = config.probe.as_ref().and_then(|p| {
-            probe::start(
-                &config,
-                p,
-                client.clone(),
-                Arc::clone(&health),
-                metrics.clone(),
-            )
+            let via = match &component {
+                Some(c) => probe::ProbeVia::Component(c.clone()),
+                None => probe::ProbeVia::Client(Box::new(client.clone())),
+            };
+            probe::start(&config, p, via, Arc::clone(&health), metrics.clone())
         });
         Self {
             config,

@@ -5,6 +5,10 @@
 //! ([`super::Backend::send`] refuses them), so the cache serves what it
 //! may serve stale.
 //!
+//! A component backend's probe is served by its component in-process, as
+//! its other requests are (without a way out: its outgoing requests are
+//! refused), and drives its health the same way.
+//!
 //! The task ends when its backend is dropped (a reload that changed the
 //! backend, once the old generation's last request ends): the backend owns
 //! the [`ProbeTask`], whose drop cancels it.
@@ -23,6 +27,7 @@ use tracing::{debug, info, warn};
 use super::tls::Connector;
 use inlay_config::{BackendConfig, ProbeConfig};
 use inlay_metrics::BackendMetrics;
+use inlay_runtime::http_component::{HttpComponent, NoOutbound};
 
 /// Longest probe outcome kept for `GET /stats`.
 const MAX_OUTCOME: usize = 200;
@@ -143,13 +148,21 @@ pub struct ProbeTask {
     _stop: DropGuard,
 }
 
-/// Start probing `config`'s backend through `client`, recording in
+/// What a probe is sent through.
+pub(crate) enum ProbeVia {
+    /// The origin's client (boxed: it is large, and made once).
+    Client(Box<Client<Connector, ProxyBody>>),
+    /// The component backend's component, in-process.
+    Component(HttpComponent),
+}
+
+/// Start probing `config`'s backend through `via`, recording in
 /// `health` and the `healthy` gauge of `metrics`. `None` outside a tokio
 /// runtime (nothing could run the probes: the health stays as it is).
 pub(crate) fn start(
     config: &BackendConfig,
     probe: &ProbeConfig,
-    client: Client<Connector, ProxyBody>,
+    via: ProbeVia,
     health: Arc<Health>,
     metrics: BackendMetrics,
 ) -> Option<ProbeTask> {
@@ -160,9 +173,15 @@ pub(crate) fn start(
         );
         return None;
     };
-    let mut parts = config.address.clone().into_parts();
-    parts.path_and_query = Some(probe.url.clone());
-    let uri = Uri::from_parts(parts).ok()?;
+    let uri = match &via {
+        ProbeVia::Client(_) => {
+            let mut parts = config.address.clone().into_parts();
+            parts.path_and_query = Some(probe.url.clone());
+            Uri::from_parts(parts).ok()?
+        }
+        // A component gets a path and query, as its other requests.
+        ProbeVia::Component(_) => Uri::from(probe.url.clone()),
+    };
     let host = HeaderValue::from_str(
         config
             .host_header
@@ -179,9 +198,9 @@ pub(crate) fn start(
         // Over HTTP/1 each probe opens a connection of its own, as
         // Varnish's: a kept-alive one would not see a listener that stopped
         // accepting. HTTP/2 forbids the field (and multiplexes).
-        close: !config.http2,
+        close: !config.http2 && matches!(via, ProbeVia::Client(_)),
         probe: probe.clone(),
-        client,
+        via,
         health,
         metrics,
     };
@@ -203,7 +222,7 @@ struct Prober {
     host: Option<HeaderValue>,
     close: bool,
     probe: ProbeConfig,
-    client: Client<Connector, ProxyBody>,
+    via: ProbeVia,
     health: Arc<Health>,
     metrics: BackendMetrics,
 }
@@ -251,17 +270,32 @@ impl Prober {
             req.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        let answered = tokio::time::timeout(self.probe.timeout, self.client.request(req)).await;
-        // The body is not read: dropping it closes the connection.
+        let sent = async {
+            match &self.via {
+                ProbeVia::Client(client) => client
+                    .request(req)
+                    .await
+                    .map(|r| r.status())
+                    .map_err(|e| chain(&e)),
+                ProbeVia::Component(c) => c
+                    .serve(req, Arc::new(NoOutbound))
+                    .await
+                    .map(|r| r.status())
+                    .map_err(|e| e.to_string()),
+            }
+        };
+        let answered = tokio::time::timeout(self.probe.timeout, sent).await;
+        // The body is not read: dropping it closes the connection (or
+        // stops the component's writing).
         let (good, outcome) = match answered {
             Err(_) => (
                 false,
                 format!("no response within {:?}", self.probe.timeout),
             ),
-            Ok(Err(e)) => (false, chain(&e)),
-            Ok(Ok(resp)) => (
-                resp.status().as_u16() == self.probe.expected_status,
-                format!("status {}", resp.status().as_u16()),
+            Ok(Err(e)) => (false, e),
+            Ok(Ok(status)) => (
+                status.as_u16() == self.probe.expected_status,
+                format!("status {}", status.as_u16()),
             ),
         };
         (good, truncate(outcome))

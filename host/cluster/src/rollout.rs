@@ -14,6 +14,14 @@
 //! refuses rollouts. A node that starts applies the current version before
 //! it serves; one that does not compile is refused (logged, visible in
 //! `GET /policy`) and the node keeps the policy it runs.
+//!
+//! A component backend's file (`[backends.NAME] component`) rolls out the
+//! same way ([`Target::Component`]): its pointer is the key
+//! `component.NAME` of the same bucket, its versions are stored as
+//! `component.NAME.SEQ-HASH`, and every node with that component backend
+//! swaps the file in as a reload does (the backend's other settings stay
+//! the node's). Requests in flight finish on the component they started
+//! with; none is dropped.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -32,8 +40,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::{Cluster, ClusterMetrics};
 
-/// How the rollout changes the policy a node runs: the host loads the
-/// component as a reload does, and on any error changes nothing.
+/// How the rollout changes the policy or a component backend a node runs:
+/// the host loads the component as a reload does, and on any error
+/// changes nothing.
 pub trait PolicySwap: Send + Sync + 'static {
     /// Run the component at `path` instead of the node's own
     /// `policy.path` (same name, config and limits), or `policy.path`'s
@@ -43,6 +52,64 @@ pub trait PolicySwap: Send + Sync + 'static {
         &self,
         path: Option<PathBuf>,
     ) -> impl Future<Output = Result<u64, Vec<String>>> + Send;
+
+    /// Serve component backend `backend` from the component at `path`
+    /// instead of its configured file (same settings), or from that file
+    /// again with `None`.
+    fn swap_component(
+        &self,
+        backend: &str,
+        path: Option<PathBuf>,
+    ) -> impl Future<Output = Result<u64, Vec<String>>> + Send;
+}
+
+/// What a rollout replaces on the nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The policy (`policy.path`).
+    Policy,
+    /// The file of component backend NAME (`backends.NAME.component`).
+    Component(String),
+}
+
+impl Target {
+    /// Component backend `name`'s file, if `name` is a backend name a KV
+    /// key can carry (1 to 64 letters, digits, `-`, `_`).
+    pub fn component(name: &str) -> anyhow::Result<Self> {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            bail!("{name:?} is not a component backend's name");
+        }
+        Ok(Self::Component(name.to_owned()))
+    }
+
+    /// Its key in the pointer bucket.
+    fn key(&self) -> String {
+        match self {
+            Self::Policy => "current".to_owned(),
+            Self::Component(name) => format!("component.{name}"),
+        }
+    }
+
+    /// The object (and file) name of `version`.
+    fn object(&self, version: &str) -> String {
+        match self {
+            Self::Policy => version.to_owned(),
+            Self::Component(name) => format!("component.{name}.{version}"),
+        }
+    }
+
+    /// What it is, for the log.
+    fn label(&self) -> String {
+        match self {
+            Self::Policy => "policy".to_owned(),
+            Self::Component(name) => format!("component {name}"),
+        }
+    }
 }
 
 /// Versions the pointer remembers (rollback goes back this far).
@@ -83,9 +150,10 @@ impl RolloutStatus {
     }
 }
 
-/// The cluster's policy store and pointer.
+/// The cluster's store and pointer of one target.
 #[derive(Clone)]
 pub struct Rollout {
+    target: Target,
     store: object_store::ObjectStore,
     pointer: kv::Store,
     max_size: u64,
@@ -96,6 +164,7 @@ pub struct Rollout {
 impl std::fmt::Debug for Rollout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rollout")
+            .field("target", &self.target)
             .field("status", &self.status)
             .finish_non_exhaustive()
     }
@@ -149,12 +218,27 @@ impl Rollout {
             .await
             .with_context(|| format!("policy rollout: opening bucket {bucket}"))?;
         Ok(Self {
+            target: Target::Policy,
             store,
             pointer,
             max_size,
             status: Arc::default(),
             metrics: Arc::clone(cluster.metrics()),
         })
+    }
+
+    /// The same store and pointer bucket for `target`, its status its own.
+    pub fn for_target(&self, target: Target) -> Self {
+        Self {
+            target,
+            status: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// What it replaces.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     /// What this node runs.
@@ -168,7 +252,7 @@ impl Rollout {
     }
 
     async fn read_pointer(&self) -> anyhow::Result<(Option<Pointer>, u64)> {
-        match self.pointer.entry("current").await? {
+        match self.pointer.entry(self.target.key()).await? {
             Some(e) if e.operation == kv::Operation::Put => {
                 Ok((Some(parse_pointer(&e.value)?), e.revision))
             }
@@ -182,12 +266,12 @@ impl Rollout {
         let value = Bytes::from(serde_json::to_vec(p)?);
         if revision == 0 {
             self.pointer
-                .create("current", value)
+                .create(self.target.key(), value)
                 .await
                 .context("another push changed the current version meanwhile; try again")?;
         } else {
             self.pointer
-                .update("current", value, revision)
+                .update(self.target.key(), value, revision)
                 .await
                 .context("another push changed the current version meanwhile; try again")?;
         }
@@ -211,7 +295,7 @@ impl Rollout {
         p.seq += 1;
         let version = version_of(p.seq, &bytes);
         self.store
-            .put(version.as_str(), &mut bytes.as_ref())
+            .put(self.target.object(&version).as_str(), &mut bytes.as_ref())
             .await
             .with_context(|| format!("storing version {version}"))?;
         p.current.clone_from(&version);
@@ -223,11 +307,11 @@ impl Rollout {
         };
         self.write_pointer(&p, revision).await?;
         for v in gone {
-            if let Err(e) = self.store.delete(&v).await {
-                warn!(version = %v, error = %e, "policy rollout: deleting an old version failed");
+            if let Err(e) = self.store.delete(self.target.object(&v)).await {
+                warn!(version = %v, error = %e, "{} rollout: deleting an old version failed", self.target.label());
             }
         }
-        info!(%version, size = bytes.len(), "policy rollout: pushed; every node loads it");
+        info!(%version, size = bytes.len(), "{} rollout: pushed; every node loads it", self.target.label());
         Ok(version)
     }
 
@@ -236,21 +320,28 @@ impl Rollout {
     pub async fn rollback(&self) -> anyhow::Result<Option<String>> {
         let (p, revision) = self.read_pointer().await?;
         let Some(mut p) = p.filter(|p| !p.history.is_empty()) else {
-            bail!("nothing to roll back: every node runs its own policy.path");
+            match &self.target {
+                Target::Policy => {
+                    bail!("nothing to roll back: every node runs its own policy.path")
+                }
+                Target::Component(name) => {
+                    bail!("nothing to roll back: every node runs its own backends.{name}.component")
+                }
+            }
         };
         let dropped = p.history.pop().unwrap_or_default();
         p.current = p.history.last().cloned().unwrap_or_default();
         self.write_pointer(&p, revision).await?;
-        if let Err(e) = self.store.delete(&dropped).await {
-            warn!(version = %dropped, error = %e, "policy rollout: deleting the rolled-back version failed");
+        if let Err(e) = self.store.delete(self.target.object(&dropped)).await {
+            warn!(version = %dropped, error = %e, "{} rollout: deleting the rolled-back version failed", self.target.label());
         }
         let current = (!p.current.is_empty()).then_some(p.current);
         match &current {
             Some(v) => {
-                info!(version = %v, replaced = %dropped, "policy rollout: rolled back; every node loads it")
+                info!(version = %v, replaced = %dropped, "{} rollout: rolled back; every node loads it", self.target.label())
             }
             None => {
-                info!(replaced = %dropped, "policy rollout: rolled back; every node returns to its own policy.path")
+                info!(replaced = %dropped, "{} rollout: rolled back; every node returns to its own file", self.target.label())
             }
         }
         Ok(current)
@@ -271,7 +362,11 @@ impl Rollout {
     /// The component of `version`, checked against its size bound and hash.
     async fn fetch(&self, version: &str) -> anyhow::Result<Vec<u8>> {
         let hash = hash_of(version).context("malformed version")?;
-        let mut object = self.store.get(version).await.context("fetching")?;
+        let mut object = self
+            .store
+            .get(self.target.object(version))
+            .await
+            .context("fetching")?;
         if object.info().size as u64 > self.max_size {
             bail!(
                 "{} bytes, over cluster.policy_max_size ({})",
@@ -307,11 +402,16 @@ impl Rollout {
             tokio::fs::create_dir_all(dir)
                 .await
                 .with_context(|| format!("creating {}", dir.display()))?;
-            let path = dir.join(format!("{version}.wasm"));
-            tokio::fs::write(&path, &bytes)
+            let path = dir.join(format!("{}.wasm", self.target.object(version)));
+            // Written aside and renamed: a reload never reads half of it.
+            let aside = path.with_extension("wasm.part");
+            tokio::fs::write(&aside, &bytes)
+                .await
+                .with_context(|| format!("writing {}", aside.display()))?;
+            tokio::fs::rename(&aside, &path)
                 .await
                 .with_context(|| format!("writing {}", path.display()))?;
-            match swap.swap_policy(Some(path.clone())).await {
+            match self.swap(swap, Some(path.clone())).await {
                 Ok(generation) => Ok((path, generation)),
                 Err(errors) => {
                     let _ = std::fs::remove_file(&path);
@@ -323,18 +423,24 @@ impl Rollout {
         match result {
             Ok((path, generation)) => {
                 let previous = self.status.running.write().replace(version.to_owned());
-                self.metrics.set_policy_version(version);
-                info!(%version, generation, "policy rollout: this node runs policy version {version}");
+                if self.target == Target::Policy {
+                    self.metrics.set_policy_version(version);
+                }
+                let what = self.target.label();
+                info!(%version, generation, "{what} rollout: this node runs {what} version {version}");
                 // The file of the version it replaced is no longer read.
                 if let Some(old) = previous
                     && old != version
                 {
-                    let _ = std::fs::remove_file(dir.join(format!("{old}.wasm")));
+                    let _ = std::fs::remove_file(
+                        dir.join(format!("{}.wasm", self.target.object(&old))),
+                    );
                 }
-                debug!(path = %path.display(), "policy rollout: component written");
+                debug!(path = %path.display(), "{what} rollout: component written");
             }
             Err(e) => {
-                error!(%version, error = %format!("{e:#}"), "policy rollout: version {version} refused; this node keeps its policy");
+                let what = self.target.label();
+                error!(%version, error = %format!("{e:#}"), "{what} rollout: version {version} refused; this node keeps its {what}");
                 *self.status.refused.write() = Some((version.to_owned(), format!("{e:#}")));
             }
         }
@@ -346,21 +452,41 @@ impl Rollout {
         let Some(old) = self.status.running() else {
             return;
         };
-        match swap.swap_policy(None).await {
+        let own = match &self.target {
+            Target::Policy => "policy.path".to_owned(),
+            Target::Component(name) => format!("backends.{name}.component"),
+        };
+        match self.swap(swap, None).await {
             Ok(generation) => {
                 *self.status.running.write() = None;
-                self.metrics.clear_policy_version();
+                if self.target == Target::Policy {
+                    self.metrics.clear_policy_version();
+                }
                 info!(
                     generation,
-                    "policy rollout: this node runs its own policy.path again"
+                    "{} rollout: this node runs its own {own} again",
+                    self.target.label()
                 );
-                let _ = std::fs::remove_file(dir.join(format!("{old}.wasm")));
+                let _ =
+                    std::fs::remove_file(dir.join(format!("{}.wasm", self.target.object(&old))));
             }
             Err(errors) => {
                 let e = errors.join("; ");
-                error!(error = %e, "policy rollout: returning to policy.path refused; this node keeps version {old}");
-                *self.status.refused.write() = Some(("policy.path".to_owned(), e));
+                error!(error = %e, "{} rollout: returning to {own} refused; this node keeps version {old}", self.target.label());
+                *self.status.refused.write() = Some((own, e));
             }
+        }
+    }
+
+    /// Swaps `path` in for the target (its own file with `None`).
+    async fn swap<P: PolicySwap>(
+        &self,
+        swap: &P,
+        path: Option<PathBuf>,
+    ) -> Result<u64, Vec<String>> {
+        match &self.target {
+            Target::Policy => swap.swap_policy(path).await,
+            Target::Component(name) => swap.swap_component(name, path).await,
         }
     }
 
@@ -373,13 +499,14 @@ impl Rollout {
         self,
         swap: Arc<P>,
         dir: PathBuf,
-        temporary: Option<tempfile::TempDir>,
+        temporary: Option<Arc<tempfile::TempDir>>,
         wait: Duration,
     ) {
-        let mut watch = match self.pointer.watch_with_history("current").await {
+        let what = self.target.label();
+        let mut watch = match self.pointer.watch_with_history(self.target.key()).await {
             Ok(w) => w,
             Err(e) => {
-                error!(error = %e, "policy rollout: cannot watch the current version; this node will not follow pushes");
+                error!(error = %e, "{what} rollout: cannot watch the current version; this node will not follow pushes");
                 return;
             }
         };
@@ -396,22 +523,25 @@ impl Rollout {
                     Ok(e) if e.operation == kv::Operation::Put => match parse_pointer(&e.value) {
                         Ok(p) => this.apply(&p.current, swap.as_ref(), &dir).await,
                         Err(err) => {
-                            warn!(error = %format!("{err:#}"), "policy rollout: ignoring a malformed pointer");
+                            warn!(error = %format!("{err:#}"), "{} rollout: ignoring a malformed pointer", this.target.label());
                         }
                     },
                     Ok(_) => {}
-                    Err(err) => warn!(error = %err, "policy rollout: watch error"),
+                    Err(err) => warn!(error = %err, "{} rollout: watch error", this.target.label()),
                 }
                 tx.send_replace(true);
             }
-            warn!("policy rollout: the watch ended; this node no longer follows pushes");
+            warn!(
+                "{} rollout: the watch ended; this node no longer follows pushes",
+                this.target.label()
+            );
         });
         if tokio::time::timeout(wait, rx.wait_for(|applied| *applied))
             .await
             .is_err()
         {
             warn!(
-                "policy rollout: the current version is not applied after {wait:?}; serving, it applies when it arrives"
+                "{what} rollout: the current version is not applied after {wait:?}; serving, it applies when it arrives"
             );
         }
     }
@@ -429,16 +559,43 @@ fn parse_pointer(value: &[u8]) -> anyhow::Result<Pointer> {
     Ok(p)
 }
 
-/// With `[cluster]`, open the rollout; on a node with a `[policy]` (whose
-/// policy `swap` changes), apply the current version before the node
-/// serves and follow it. Pushed components are kept in `cache_dir`'s
-/// `rollout` folder when the cache is on disk, else in a temporary
-/// directory. The rollout, for the admin API.
+/// The rollouts of a node: the policy's, and those of the component
+/// backends it follows.
+#[derive(Debug, Clone)]
+pub struct Rollouts {
+    /// The policy's.
+    pub policy: Rollout,
+    /// Each component backend's this node follows, by backend name.
+    pub components: Vec<Rollout>,
+}
+
+impl Rollouts {
+    /// The rollout of component backend `name` (this node's, if it has
+    /// that backend; else one that pushes and reports only).
+    pub fn component(&self, name: &str) -> anyhow::Result<Rollout> {
+        let target = Target::component(name)?;
+        Ok(self
+            .components
+            .iter()
+            .find(|r| r.target == target)
+            .cloned()
+            .unwrap_or_else(|| self.policy.for_target(target)))
+    }
+}
+
+/// With `[cluster]`, open the rollouts; on a node with a `[policy]`
+/// (`has_policy`), apply the policy's current version before the node
+/// serves and follow it, and the same for each of its `components`
+/// (component backend names), all through `swap`. Pushed components are
+/// kept in `cache_dir`'s `rollout` folder when the cache is on disk, else
+/// in a temporary directory. The rollouts, for the admin API.
 pub async fn start<P: PolicySwap>(
     cluster: Option<&Cluster>,
-    swap: Option<Arc<P>>,
+    swap: Arc<P>,
+    has_policy: bool,
+    components: &[String],
     cache_dir: Option<&Path>,
-) -> Option<Rollout> {
+) -> Option<Rollouts> {
     let cluster = cluster?;
     let rollout = match Rollout::open(cluster).await {
         Ok(r) => r,
@@ -447,27 +604,52 @@ pub async fn start<P: PolicySwap>(
             return None;
         }
     };
-    let Some(swap) = swap else {
+    let mut targets = Vec::new();
+    if has_policy {
+        targets.push(rollout.clone());
+    } else {
         info!("policy rollout: this node has no [policy]; it does not load pushed versions");
-        return Some(rollout);
+    }
+    let mut followed = Vec::new();
+    for name in components {
+        match Target::component(name) {
+            Ok(target) => {
+                let r = rollout.for_target(target);
+                followed.push(r.clone());
+                targets.push(r);
+            }
+            Err(e) => warn!(error = %e, "component rollout: not followed"),
+        }
+    }
+    let rollouts = Rollouts {
+        policy: rollout,
+        components: followed,
     };
+    if targets.is_empty() {
+        return Some(rollouts);
+    }
     // Beside the cache when it is on disk; else in a temporary directory
-    // of its own, removed with the follow task.
+    // of its own, removed with the follow tasks.
     let (dir, temporary) = match cache_dir {
         Some(d) => (d.join("rollout"), None),
         None => match tempfile::Builder::new().prefix("inlay-rollout-").tempdir() {
-            Ok(t) => (t.path().to_owned(), Some(t)),
+            Ok(t) => (t.path().to_owned(), Some(Arc::new(t))),
             Err(e) => {
                 error!(error = %e, "policy rollout: no temporary directory for pushed components; this node will not follow pushes");
-                return Some(rollout);
+                return Some(rollouts);
             }
         },
     };
-    rollout
-        .clone()
-        .follow(swap, dir, temporary, Duration::from_secs(30))
+    for r in targets {
+        r.follow(
+            Arc::clone(&swap),
+            dir.clone(),
+            temporary.clone(),
+            Duration::from_secs(30),
+        )
         .await;
-    Some(rollout)
+    }
+    Some(rollouts)
 }
 
 #[cfg(test)]
@@ -492,5 +674,23 @@ mod tests {
         }
         assert!(parse_pointer(b"{\"current\":\"../x\",\"history\":[],\"seq\":1}").is_err());
         assert!(parse_pointer(&vec![b' '; MAX_POINTER + 1]).is_err());
+    }
+
+    #[test]
+    fn a_component_target_has_its_own_key_and_object_names() {
+        let t = Target::component("app_2-x").expect("a backend name");
+        assert_eq!(t.key(), "component.app_2-x");
+        assert_eq!(
+            t.object("3-0123456789abcdef"),
+            "component.app_2-x.3-0123456789abcdef"
+        );
+        assert_eq!(Target::Policy.key(), "current");
+        assert_eq!(
+            Target::Policy.object("3-0123456789abcdef"),
+            "3-0123456789abcdef"
+        );
+        for bad in ["", "a.b", "a b", "../x", "*", &"x".repeat(65)] {
+            assert!(Target::component(bad).is_err(), "{bad:?}");
+        }
     }
 }

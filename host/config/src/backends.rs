@@ -343,7 +343,7 @@ impl Reader {
     }
 
     /// A component backend: the settings an origin shares with it
-    /// (`host_header`, the response timeouts, `max_connections`).
+    /// (`host_header`, the response timeouts, `max_connections`, `probe`).
     fn component_backend(
         &mut self,
         t: &Table,
@@ -362,6 +362,11 @@ impl Reader {
                 d.between_bytes_timeout,
             ),
             max_connections: self.uint(t, p, "max_connections", 0, 0, 1_000_000) as usize,
+            // Probed in-process: the probe's request is served by the
+            // component as any other.
+            probe: self
+                .table(t, p, "probe")
+                .and_then(|pt| self.probe(pt, &join(p, "probe"))),
             ..d
         };
         self.unknown_keys(t, p);

@@ -32,18 +32,26 @@ pub struct ComponentConfig {
     pub env: BTreeMap<String, String>,
     /// `read_only_dir`: a directory the guest may read, as `/`.
     pub read_only_dir: Option<PathBuf>,
+    /// `requests_per_instance`: requests one instance of a 0.3 component
+    /// serves (none: the runtime's default, 128).
+    pub requests_per_instance: Option<u32>,
+    /// `concurrent_requests_per_instance`: requests one instance of a 0.3
+    /// component serves at once (none: the runtime's default, 16).
+    pub concurrent_requests_per_instance: Option<u32>,
+    /// `instance_lifetime`: how long one instance of a 0.3 component
+    /// accepts requests.
+    pub instance_lifetime: Duration,
 }
 
 /// The longest a request may wait for an instance.
 const MAX_INSTANCE_WAIT: Duration = Duration::from_secs(60);
 
 /// Keys of an origin backend that mean nothing for a component.
-const ORIGIN_ONLY: [&str; 9] = [
+const ORIGIN_ONLY: [&str; 8] = [
     "connect_timeout",
     "keepalive_timeout",
     "max_idle_connections",
     "http2",
-    "probe",
     "ca_file",
     "client_cert",
     "client_key",
@@ -51,7 +59,7 @@ const ORIGIN_ONLY: [&str; 9] = [
 ];
 
 /// Keys only a component backend has.
-const COMPONENT_ONLY: [&str; 9] = [
+const COMPONENT_ONLY: [&str; 12] = [
     "cpu_time",
     "memory",
     "max_instances",
@@ -61,6 +69,9 @@ const COMPONENT_ONLY: [&str; 9] = [
     "max_subrequest_bytes",
     "env",
     "read_only_dir",
+    "requests_per_instance",
+    "concurrent_requests_per_instance",
+    "instance_lifetime",
 ];
 
 impl ComponentConfig {
@@ -77,6 +88,9 @@ impl ComponentConfig {
             max_subrequest_bytes: 16 << 20,
             env: BTreeMap::new(),
             read_only_dir: None,
+            requests_per_instance: None,
+            concurrent_requests_per_instance: None,
+            instance_lifetime: Duration::from_secs(60),
         }
     }
 }
@@ -152,6 +166,20 @@ impl Reader {
             max_subrequest_bytes: self.size(t, p, "max_subrequest_bytes", d.max_subrequest_bytes),
             env,
             read_only_dir: self.string(t, p, "read_only_dir").map(PathBuf::from),
+            requests_per_instance: self
+                .get(t, p, "requests_per_instance")
+                .is_some()
+                .then(|| self.uint(t, p, "requests_per_instance", 1, 1, 1_000_000) as u32),
+            concurrent_requests_per_instance: self
+                .get(t, p, "concurrent_requests_per_instance")
+                .is_some()
+                .then(|| self.uint(t, p, "concurrent_requests_per_instance", 1, 1, 1000) as u32),
+            instance_lifetime: self.positive_duration(
+                t,
+                p,
+                "instance_lifetime",
+                d.instance_lifetime,
+            ),
         })
     }
 }
@@ -195,15 +223,56 @@ mod tests {
             Some("static")
         );
         assert_eq!(app.max_subrequests, 32, "the policy's default");
+        let probed = Config::from_toml(
+            "[backends.app]\ncomponent = \"app.wasm\"\n[backends.app.probe]\nurl = \"/health\"\n",
+        )
+        .expect("a component backend may be probed");
+        let probe = probed.backends["app"].probe.as_ref().expect("a probe");
+        assert_eq!(probe.url, "/health");
         let named = Config::from_toml("[backends.my_app-2]\ncomponent = \"a.wasm\"\n").unwrap();
         assert_eq!(named.backends["my_app-2"].authority(), "my_app-2");
+    }
+
+    #[test]
+    fn instance_reuse_keys_are_read_and_bounded() {
+        let c = Config::from_toml(
+            "[backends.app]\ncomponent = \"app.wasm\"\nrequests_per_instance = 8\n\
+             concurrent_requests_per_instance = 2\ninstance_lifetime = \"5s\"\n",
+        )
+        .expect("valid");
+        let app = c.backends["app"].component.as_ref().expect("a component");
+        assert_eq!(app.requests_per_instance, Some(8));
+        assert_eq!(app.concurrent_requests_per_instance, Some(2));
+        assert_eq!(app.instance_lifetime, Duration::from_secs(5));
+        let d = Config::from_toml("[backends.app]\ncomponent = \"app.wasm\"\n").unwrap();
+        let app = d.backends["app"].component.as_ref().expect("a component");
+        assert_eq!(
+            (
+                app.requests_per_instance,
+                app.concurrent_requests_per_instance
+            ),
+            (None, None),
+            "the runtime's default for the component's world"
+        );
+        let paths = issue_paths(
+            "[backends.app]\ncomponent = \"app.wasm\"\nrequests_per_instance = 0\n\
+             concurrent_requests_per_instance = 1001\ninstance_lifetime = \"0s\"\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "backends.app.concurrent_requests_per_instance",
+                "backends.app.instance_lifetime",
+                "backends.app.requests_per_instance",
+            ]
+        );
     }
 
     #[test]
     fn origin_keys_on_a_component_and_component_keys_on_an_origin_are_errors() {
         let paths = issue_paths(
             "[backends.app]\ncomponent = \"app.wasm\"\naddress = \"http://127.0.0.1:1\"\n\
-             http2 = true\nmemory = \"1KiB\"\ncpu_time = \"0s\"\n[backends.app.probe]\nurl = \"/\"\n",
+             http2 = true\nmemory = \"1KiB\"\ncpu_time = \"0s\"\n",
         );
         assert_eq!(
             paths,
@@ -212,7 +281,6 @@ mod tests {
                 "backends.app.cpu_time",
                 "backends.app.http2",
                 "backends.app.memory",
-                "backends.app.probe",
             ]
         );
         let paths =

@@ -174,6 +174,12 @@ fn policy_replay_size_parses_and_bad_ones_are_named() {
     assert_eq!(c.policy.unwrap().memo_size, 0);
     let err = Config::from_toml(&format!("{base}memo_size = \"lots\"")).unwrap_err();
     assert!(err.to_string().contains("policy.memo_size"), "{err}");
+    let c = Config::from_toml(base).unwrap();
+    assert!(!c.policy.unwrap().replay_always);
+    let c = Config::from_toml(&format!("{base}replay_always = true")).unwrap();
+    assert!(c.policy.unwrap().replay_always);
+    let err = Config::from_toml(&format!("{base}replay_always = \"yes\"")).unwrap_err();
+    assert!(err.to_string().contains("policy.replay_always"), "{err}");
 }
 
 #[test]

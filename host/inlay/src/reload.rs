@@ -87,6 +87,10 @@ struct State {
     /// The component the cluster's policy rollout made current, loaded
     /// instead of `policy.path`'s (same name, config and limits).
     rollout: Option<std::path::PathBuf>,
+    /// The component files the cluster's rollout made current, by
+    /// component backend, loaded instead of their `component` (same
+    /// settings).
+    component_rollouts: std::collections::BTreeMap<String, std::path::PathBuf>,
 }
 
 impl Reloader {
@@ -115,6 +119,7 @@ impl Reloader {
                 generation: 1,
                 slot,
                 rollout: None,
+                component_rollouts: std::collections::BTreeMap::new(),
             }),
         }
     }
@@ -217,6 +222,41 @@ impl Reloader {
         result
     }
 
+    /// Serve component backend `backend` from the component at `path`
+    /// instead of its `component` file (the cluster's rollout), or from
+    /// that file again with `None`, as a reload does: on any error nothing
+    /// changes and the errors are returned. A node without that component
+    /// backend refuses.
+    pub async fn roll_out_component(
+        &self,
+        backend: &str,
+        path: Option<std::path::PathBuf>,
+    ) -> Result<ReloadReport, Vec<String>> {
+        let mut state = self.state.lock().await;
+        let is_component = self
+            .current_config()
+            .backends
+            .get(backend)
+            .is_some_and(|b| b.component.is_some());
+        if !is_component {
+            return Err(vec![format!(
+                "this node has no component backend {backend} to replace"
+            )]);
+        }
+        let previous = match path {
+            Some(p) => state.component_rollouts.insert(backend.to_owned(), p),
+            None => state.component_rollouts.remove(backend),
+        };
+        let result = self.reload_locked(&mut state).await;
+        if result.is_err() {
+            match previous {
+                Some(p) => state.component_rollouts.insert(backend.to_owned(), p),
+                None => state.component_rollouts.remove(backend),
+            };
+        }
+        result
+    }
+
     async fn reload_locked(&self, state: &mut State) -> Result<ReloadReport, Vec<String>> {
         let old = self.current.load_full();
         let mut cfg = self.read_config(old.config())?;
@@ -226,8 +266,24 @@ impl Reloader {
         // slot: after that, nothing may refuse the generation.
         let mut settings = resolve(cfg).map_err(|e| config_errors(&e))?;
         let cfg = &*settings.config;
-        // Component backends: a file that changed is loaded anew.
-        let components = ComponentSet::load(cfg, old.backends().components())
+        // Component backends: a file that changed is loaded anew; one the
+        // cluster rolled out replaces the configured one (the generation's
+        // config keeps the configured path; a backend that is no longer a
+        // component is left alone).
+        let rolled_out;
+        let component_cfg = if state.component_rollouts.is_empty() {
+            cfg
+        } else {
+            let mut c = cfg.clone();
+            for (name, path) in &state.component_rollouts {
+                if let Some(comp) = c.backends.get_mut(name).and_then(|b| b.component.as_mut()) {
+                    comp.path.clone_from(path);
+                }
+            }
+            rolled_out = c;
+            &rolled_out
+        };
+        let components = ComponentSet::load(component_cfg, old.backends().components())
             .await
             .map_err(|issues| config_errors(&ConfigError::Invalid(issues)))?;
         let token = settings.admin_token.clone();
@@ -394,6 +450,7 @@ pub(crate) fn policy_source(pc: &PolicyConfig) -> PolicySource {
         prewarm: pc.prewarm,
         pre_instantiate: pc.pre_instantiate,
         memo_bytes: usize::try_from(pc.memo_size).unwrap_or(usize::MAX),
+        replay_measured: !pc.replay_always,
         requests_per_instance: pc.requests_per_instance,
         instance_lifetime: pc.instance_lifetime,
         name: pc
@@ -595,6 +652,7 @@ pub(crate) fn log_replay_stats(policy: &LoadedPolicy) {
             live = stats.live,
             resets = stats.resets,
             bytes = stats.bytes,
+            unreplayed = stats.unreplayed,
             "policy hooks replayed from recorded paths"
         );
     }

@@ -25,6 +25,12 @@ async fn node(origin: &Origin, nats: &NatsServer, name: &str, extra: &str) -> Ha
         ))
         .start_in_process()
         .await;
+    ready(node, name).await
+}
+
+/// `node` once its admin API says it is ready (it has applied the
+/// cluster's current versions).
+async fn ready(node: Harness, name: &str) -> Harness {
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(&node.admin_url("/readyz")).await.status != 200 {
         assert!(Instant::now() < deadline, "{name} not ready within 30 s");
@@ -262,4 +268,112 @@ async fn a_node_started_after_a_push_runs_the_pushed_version() {
         .start_in_process()
         .await;
     assert!(!runs_headers(&alone).await);
+}
+
+/// A node whose default backend is the `hello-rs` component, once ready.
+async fn component_node(nats: &NatsServer, name: &str) -> Harness {
+    let node = Harness::builder()
+        .toml(&format!(
+            "[backends.default]\ncomponent = {:?}\n[admin]\nlisten = \"127.0.0.1:0\"\n[cluster]\nnats_urls = [\"{}\"]\nnode_name = \"{name}\"\n",
+            common::component("hello-rs").display().to_string(),
+            nats.url()
+        ))
+        .start_in_process()
+        .await;
+    ready(node, name).await
+}
+
+/// What `node`'s component answers to `/hello` (a fresh URL each time:
+/// not cached).
+async fn hello(node: &Harness) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let r = get(&node.url(&format!("/hello?probe={n}"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.text()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_backends_file_rolls_out_to_every_node_without_dropping_a_request() {
+    require_nats!();
+    let nats = NatsServer::start();
+    let a = component_node(&nats, "edge-a").await;
+    let b = component_node(&nats, "edge-b").await;
+    let c = component_node(&nats, "edge-c").await;
+    let nodes = [&a, &b, &c];
+    const RUST: &str = "hello from a Rust component\n";
+    const P3: &str = "hello from a Rust 0.3 component\n";
+    assert_eq!(hello(&a).await, RUST);
+    // Requests run on every node all through the rollout.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            let stop = std::sync::Arc::clone(&stop);
+            let url = n.url("/hello?load");
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let r = get(&format!("{url}={}", statuses.len())).await;
+                    statuses.push(r.status);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let media_type = [("content-type", inlay::admin::WASM_MEDIA_TYPE)];
+    let bytes = Bytes::from(std::fs::read(common::component("hello-p3-rs")).unwrap());
+    let r = request(
+        "POST",
+        &b.admin_url("/policy/push?component=default"),
+        &media_type,
+        bytes,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let pushed: Value = serde_json::from_slice(&r.body).unwrap();
+    let pushed = pushed["pushed"].as_str().unwrap().to_owned();
+    on_every_node(&nodes, "serves the pushed component", async |n| {
+        hello(n).await == P3
+    })
+    .await;
+    for n in nodes {
+        let r = get(&n.admin_url("/policy?component=default")).await;
+        let s: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(version(&s), Some(pushed.as_str()), "{s}");
+        // The policy's own rollout is apart.
+        assert_eq!(status(n).await["cluster"], Value::Null);
+    }
+    // A reload keeps the pushed file.
+    let r = request("POST", &c.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(hello(&c).await, P3);
+    // Rolling it back returns every node to its configured file.
+    let r = request(
+        "POST",
+        &a.admin_url("/policy/rollback?component=default"),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    on_every_node(&nodes, "back on its configured file", async |n| {
+        hello(n).await == RUST
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        let statuses = task.await.unwrap();
+        assert!(!statuses.is_empty());
+        assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    }
+    // A backend that is not a component is not a name a push takes.
+    let r = request(
+        "POST",
+        &a.admin_url("/policy/rollback?component=no%20such"),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
 }

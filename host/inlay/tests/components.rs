@@ -429,9 +429,7 @@ async fn outgoing_response_bodies_stop_at_max_subrequest_bytes() {
     );
 }
 
-/// wasi:http/service 0.3 (`--features wasi-http-p3`): the page, its
-/// fragment, caching.
-#[cfg(feature = "wasi-http-p3")]
+/// wasi:http/service 0.3: the page, its fragment, caching.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_0_3_component_answers_its_page_and_fragment() {
     let inlay = serving("hello-p3-rs").await;
@@ -447,25 +445,229 @@ async fn a_0_3_component_answers_its_page_and_fragment() {
     assert_eq!(hello.text(), "hello from a Rust 0.3 component\n");
     let again = get(&inlay.url("/hello")).await;
     assert!(again.header("cache-status").unwrap().contains("hit"));
-    // Concurrent requests, each its own instance and event loop.
     let urls: Vec<String> = (0..20).map(|i| inlay.url(&format!("/hello?{i}"))).collect();
     let replies = futures_util::future::join_all(urls.iter().map(|u| get(u))).await;
     assert!(replies.iter().all(|r| r.status == 200));
 }
 
-/// Without the feature a 0.3 component is refused at load, with its key.
-#[cfg(not(feature = "wasi-http-p3"))]
+/// What `/count` answers `n` times in a row: how many requests the
+/// instance that served each had served, that one included.
+async fn counts(inlay: &Harness, n: usize) -> Vec<u64> {
+    let mut seen = Vec::new();
+    for _ in 0..n {
+        let r = get(&inlay.url("/count")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        seen.push(r.text().parse().expect("a count"));
+    }
+    seen
+}
+
+/// A 0.3 instance serves request after request, as `wasmtime serve`'s
+/// do, up to `requests_per_instance`; `1` gives each request a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_3_instance_serves_many_requests_up_to_requests_per_instance() {
+    let reused = serving("hello-p3-rs").await;
+    assert_eq!(counts(&reused, 5).await, [1, 2, 3, 4, 5]);
+    let three = with_settings("hello-p3-rs", "requests_per_instance = 3", "").await;
+    assert_eq!(counts(&three, 7).await, [1, 2, 3, 1, 2, 3, 1]);
+    let fresh = with_settings("hello-p3-rs", "requests_per_instance = 1", "").await;
+    assert_eq!(counts(&fresh, 4).await, [1, 1, 1, 1]);
+}
+
+/// The bodies of requests for `paths`, sent 150 ms apart (so that each
+/// arrives while the ones before it wait, and an instance's event loop is
+/// free to take it), all running at once.
+async fn staggered(inlay: &Harness, paths: impl Iterator<Item = String>) -> Vec<String> {
+    let requests = paths.enumerate().map(|(i, path)| {
+        let url = inlay.url(&path);
+        async move {
+            tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
+            let r = get(&url).await;
+            assert_eq!(r.status, 200, "{path}: {}", r.text());
+            r.text()
+        }
+    });
+    futures_util::future::join_all(requests).await
+}
+
+/// Requests that wait (a timer) share an instance, up to
+/// `concurrent_requests_per_instance` of them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_0_3_requests_share_an_instance_up_to_the_concurrent_bound() {
+    async fn four_at_once(inlay: &Harness) -> Vec<u64> {
+        let mut seen: Vec<u64> = staggered(inlay, (0..4).map(|i| format!("/slow?ms=1200&n={i}")))
+            .await
+            .into_iter()
+            .map(|text| text.parse().expect("a count"))
+            .collect();
+        seen.sort_unstable();
+        seen
+    }
+    let shared = serving("hello-p3-rs").await;
+    assert_eq!(four_at_once(&shared).await, [1, 2, 3, 4]);
+    let alone = with_settings("hello-p3-rs", "concurrent_requests_per_instance = 1", "").await;
+    assert_eq!(four_at_once(&alone).await, [1, 1, 1, 1]);
+}
+
+/// A trap fails its request and ends its instance: the next request gets
+/// a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_discards_the_0_3_instance() {
+    let inlay = serving("hello-p3-rs").await;
+    assert_eq!(counts(&inlay, 2).await, [1, 2]);
+    let r = get(&inlay.url("/trap")).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let line = inlay.access.json_for("/trap", Duration::from_secs(5)).await;
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(error.contains("component trapped"), "{line}");
+    assert_eq!(counts(&inlay, 2).await, [1, 2]);
+}
+
+/// A 0.3 request over its CPU time fails alone, and its instance is not
+/// used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_3_request_over_its_cpu_time_fails_and_discards_its_instance() {
+    let inlay = with_settings("hello-p3-rs", "cpu_time = \"100ms\"", "").await;
+    assert_eq!(counts(&inlay, 2).await, [1, 2]);
+    let started = Instant::now();
+    let r = get(&inlay.url("/spin")).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let line = inlay.access.json_for("/spin", Duration::from_secs(5)).await;
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(error.contains("CPU time"), "{line}");
+    assert_eq!(counts(&inlay, 1).await, [1]);
+}
+
+/// A reload gives a 0.3 component new instances, even of an unchanged
+/// file: no request of the new generation is served by an old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_never_serves_from_an_old_0_3_instance() {
+    let inlay = Harness::builder()
+        .toml(&format!(
+            "[backends.default]\ncomponent = {:?}\n[admin]\nlisten = \"127.0.0.1:0\"",
+            component("hello-p3-rs").display().to_string()
+        ))
+        .start_in_process()
+        .await;
+    assert_eq!(counts(&inlay, 3).await, [1, 2, 3]);
+    let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(counts(&inlay, 2).await, [1, 2]);
+}
+
+/// Outgoing requests count to the request that made them, also when
+/// requests share an instance: each may make `max_subrequests`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outgoing_requests_of_0_3_requests_sharing_an_instance_count_to_each() {
+    let origin = Origin::start();
+    let inlay = with_settings(
+        "hello-p3-rs",
+        "max_subrequests = 1",
+        &format!("[backends.api]\naddress = {:?}", origin.url()),
+    )
+    .await;
+    let fetch = |i: u32| {
+        let url = format!("http://api/resp?body=from-origin&delay_ms=800&n={i}");
+        format!("/fetch?url={}", urlencode(&url))
+    };
+    // The first makes its request last, after the others started theirs:
+    // it is still counted to itself.
+    let first = format!("{}&after_ms=600", fetch(0));
+    let paths = std::iter::once(first).chain((1..3).map(fetch));
+    for text in staggered(&inlay, paths).await {
+        assert_eq!(text, "200 from-origin");
+    }
+    assert_eq!(origin.count("/resp").await, 3);
+    // The instance served them together: the next request is its fourth.
+    assert_eq!(counts(&inlay, 1).await, [4]);
+}
+
+/// Instance reuse is for 0.3 components: asking it of a 0.2 one is an
+/// error at its key.
 #[tokio::test]
-async fn a_0_3_component_is_refused_without_the_feature() {
+async fn requests_per_instance_on_a_0_2_component_is_refused() {
     let text = format!(
-        "[backends.default]\ncomponent = {:?}\n",
-        component("hello-p3-rs").display().to_string()
+        "[backends.default]\ncomponent = {:?}\nrequests_per_instance = 8\n",
+        component("hello-rs").display().to_string()
     );
     let cfg = inlay::config::Config::from_toml(&text).unwrap();
     let err = inlay::startup::Proxy::load(cfg).await.unwrap_err();
     let err = format!("{err:#}");
     assert!(
-        err.contains("backends.default.component") && err.contains("--features wasi-http-p3"),
+        err.contains("backends.default.component") && err.contains("fresh instance"),
         "{err}"
     );
+}
+
+/// A component backend's health probe is served by the component
+/// in-process and drives the director as an origin's does: a component
+/// whose probe fails gets no requests, its director's next member does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_backends_probe_drives_its_director() {
+    let probe = |url: &str| {
+        format!(
+            "[backends.{{}}.probe]\nurl = {url:?}\ninterval = \"50ms\"\ntimeout = \"2s\"\nwindow = 2\nthreshold = 1\ninitial = 0\n"
+        )
+    };
+    let inlay = Harness::builder()
+        .toml(&format!(
+            "[backends.broken]\ncomponent = {:?}\n{}\
+             [backends.app]\ncomponent = {:?}\n{}\
+             [directors.default]\ntype = \"fallback\"\nbackends = [\"broken\", \"app\"]\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n",
+            component("hello-rs").display().to_string(),
+            probe("/trap").replace("{}", "broken"),
+            component("hello-p3-rs").display().to_string(),
+            probe("/hello").replace("{}", "app"),
+        ))
+        .start_in_process()
+        .await;
+    // Until its first probe answers, a backend is sick (initial = 0).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stats = loop {
+        let r = get(&inlay.admin_url("/stats")).await;
+        let stats: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let backends = &stats["backends"];
+        if backends["app"]["healthy"] == true && backends["broken"]["last"].is_string() {
+            break stats;
+        }
+        assert!(Instant::now() < deadline, "no probe result: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let broken = &stats["backends"]["broken"];
+    assert_eq!(broken["healthy"], false, "{stats}");
+    assert!(
+        broken["last"]
+            .as_str()
+            .unwrap()
+            .contains("component trapped"),
+        "{stats}"
+    );
+    // The fallback director skips the sick component.
+    for i in 0..3 {
+        let r = get(&inlay.url(&format!("/hello?{i}"))).await;
+        assert_eq!(r.text(), "hello from a Rust 0.3 component\n");
+    }
+}
+
+/// A component backend whose probe fails is sick: its requests fail at
+/// once with a 503, as a sick origin's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_backend_whose_probe_fails_gets_no_requests() {
+    let inlay = with_settings(
+        "hello-rs",
+        "",
+        "[backends.default.probe]\nurl = \"/no-such-page\"\ninterval = \"50ms\"\ninitial = 0\n",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = get(&inlay.url("/hello")).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let line = inlay
+        .access
+        .json_for("/hello", Duration::from_secs(5))
+        .await;
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(error.contains("sick"), "{line}");
 }

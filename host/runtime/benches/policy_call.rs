@@ -12,6 +12,9 @@
 //!   `requests_per_instance` 1000; replay on, 16 MiB), a URL no request
 //!   had before, so the policy runs and its path is recorded: what a
 //!   request the policy has not seen costs;
+//! * `new path, replay always`: the same with `replay_always`: every
+//!   request walks the trees first (by default a thread runs its requests
+//!   live while that costs less, as on new paths);
 //! * `new path, fresh`: the same with `requests_per_instance = 1`: a fresh
 //!   instance of the snapshot per request (one made ahead between
 //!   requests, `pre_instantiate`, as a server's idle moments allow);
@@ -176,6 +179,9 @@ struct Mode {
     /// Each request on a URL of its own.
     new_paths: bool,
     release: bool,
+    /// Walk the trees for every request (`replay_always`), not only while
+    /// that costs less than running live.
+    always: bool,
 }
 
 const MODES: &[Mode] = &[
@@ -185,6 +191,15 @@ const MODES: &[Mode] = &[
         memo: 16 << 20,
         new_paths: true,
         release: false,
+        always: false,
+    },
+    Mode {
+        name: "new path, replay always",
+        reuse: 1000,
+        memo: 16 << 20,
+        new_paths: true,
+        release: false,
+        always: true,
     },
     Mode {
         name: "new path, fresh",
@@ -192,6 +207,7 @@ const MODES: &[Mode] = &[
         memo: 16 << 20,
         new_paths: true,
         release: false,
+        always: false,
     },
     Mode {
         name: "live",
@@ -199,6 +215,7 @@ const MODES: &[Mode] = &[
         memo: 0,
         new_paths: false,
         release: false,
+        always: false,
     },
     Mode {
         name: "live, fresh",
@@ -206,6 +223,7 @@ const MODES: &[Mode] = &[
         memo: 0,
         new_paths: false,
         release: false,
+        always: false,
     },
     Mode {
         name: "replayed",
@@ -213,6 +231,7 @@ const MODES: &[Mode] = &[
         memo: 16 << 20,
         new_paths: false,
         release: false,
+        always: false,
     },
     Mode {
         name: "released",
@@ -220,6 +239,7 @@ const MODES: &[Mode] = &[
         memo: 0,
         new_paths: false,
         release: true,
+        always: false,
     },
     Mode {
         name: "released, fresh",
@@ -227,6 +247,7 @@ const MODES: &[Mode] = &[
         memo: 0,
         new_paths: false,
         release: true,
+        always: false,
     },
 ];
 
@@ -273,6 +294,7 @@ fn load(engine: &PolicyEngine, name: &str, path: &Path, mode: &Mode) -> LoadedPo
         prewarm: std::env::var_os("INLAY_BENCH_COLD").is_none(),
         pre_instantiate: true,
         memo_bytes: mode.memo,
+        replay_measured: !mode.always,
         requests_per_instance: mode.reuse,
         instance_lifetime: Duration::from_secs(3600),
     };

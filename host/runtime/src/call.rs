@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use http::{Method, header};
 use inlay_core::{CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead};
@@ -16,7 +17,7 @@ use crate::engine::EPOCH_TICK;
 use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall, lend, take_back};
 use crate::limits::MemoryLimiter;
-use crate::memo::{Entry, Returned, Tape};
+use crate::memo::{Chosen, Entries, Entry, Returned, Tape, Way};
 use crate::policy::{LoadedPolicy, PolicyHandle};
 use crate::replay::Replay;
 use crate::state::{StoreState, not_repeated};
@@ -60,9 +61,14 @@ pub struct PolicyCall {
     failed: bool,
     /// The hooks that returned so far, to call again in a new instance
     /// after a release.
-    entries: Vec<Entry>,
+    entries: Entries,
     /// Whether a hook of this request ran in an instance.
     ran_guest: bool,
+    /// The way the memo chose for this request (see `Memo::start`).
+    chosen: Option<Chosen>,
+    /// When the request is measured for that choice: the time spent so far
+    /// in starting it and in its hooks.
+    spent: Duration,
 }
 
 impl std::fmt::Debug for PolicyCall {
@@ -82,24 +88,28 @@ impl PolicyCall {
         handle: Arc<PolicyHandle>,
         replay: bool,
     ) -> Result<Self, PolicyError> {
-        let state = StoreState::new(Arc::clone(&handle), EPOCH_TICK);
         let policy = handle.policy();
+        let (recorded, chosen) = match policy.memo() {
+            Some(memo) if replay => memo.start(),
+            _ => (None, None),
+        };
+        let clock = chosen.is_some_and(|c| c.measured).then(Instant::now);
+        let state = StoreState::new(Arc::clone(&handle), EPOCH_TICK);
         policy.counts().requests.fetch_add(1, Ordering::Relaxed);
-        let recorded = replay
-            .then(|| policy.memo().and_then(|memo| memo.start()))
-            .flatten();
         let run = match recorded {
             Some(start) => Run::Replayed(Box::new(Replay::new(state, start))),
             // The first hook the policy implements gets the instance.
             None if policy.runs_builtin(Hook::OnRequest) => Run::NoInstance(Box::new(state)),
-            None => Run::Live(Box::new(LiveCall::start(state).await.map_err(|(e, _)| e)?)),
+            None => Run::Live(LiveCall::start(state).await.map_err(|(e, _)| e)?),
         };
         Ok(Self {
             handle,
             run,
             failed: false,
-            entries: Vec::with_capacity(3),
+            entries: Entries::new(),
             ran_guest: false,
+            chosen,
+            spent: clock.map_or(Duration::ZERO, |c| c.elapsed()),
         })
     }
 
@@ -133,7 +143,7 @@ impl PolicyCall {
             return false;
         }
         let live = match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Live(live) if !live.state().journal.incomplete => *live,
+            Run::Live(live) if !live.state().journal.incomplete => live,
             Run::Replayed(mut replay) => {
                 let released = replay.release();
                 self.run = Run::Replayed(replay);
@@ -171,7 +181,7 @@ impl PolicyCall {
         let mut live = match LiveCall::start(*state).await {
             Ok(live) => live,
             Err((error, state)) => {
-                // The heads are in the state's table: keep it to give
+                // The heads are in the state: keep it to give
                 // them back.
                 self.run = Run::NoInstance(state);
                 return Err(error);
@@ -187,7 +197,7 @@ impl PolicyCall {
         let state = live.state();
         let repeated =
             !state.tape.broken && state.tape.is_empty() && state.journal.len() == expected;
-        self.run = Run::Live(Box::new(live));
+        self.run = Run::Live(live);
         let hook = self.entries.last().map_or(Hook::Instantiate, |e| e.hook);
         match caught_up {
             // Cut short by a limit (a busy machine): not a different policy.
@@ -224,11 +234,25 @@ impl PolicyCall {
         let state = self
             .state_mut()
             .ok_or(PolicyError::AlreadyFailed { hook })?;
-        let lent = lend(state, req, resp.as_deref_mut())?;
-        let resumed = self.resume(lent).await;
+        let lent = lend(state, req, resp.as_deref_mut());
+        // Boxed: only a released request resumes, and the instantiation in
+        // it would make every hook's future kilobytes bigger.
+        let resumed = match self.run {
+            Run::NoInstance(_) => Box::pin(self.resume(lent)).await,
+            _ => Ok(()),
+        };
         let result = match (resumed, &mut self.run) {
             (Err(e), _) => Err(e),
-            (Ok(()), Run::Live(live)) => live.call_hook(&entry, lent).await,
+            (Ok(()), Run::Live(live)) => {
+                // A request that runs live by choice counts its hooks as
+                // the memo's live ones, as a replayed request's are.
+                if let (Some(c), Some(memo)) = (&self.chosen, self.handle.policy().memo())
+                    && c.way == Way::Live
+                {
+                    memo.count_live(c.shard);
+                }
+                live.call_hook(&entry, lent).await
+            }
             (Ok(()), Run::Replayed(replay)) => match self.handle.policy().memo() {
                 Some(memo) => replay.hook(memo, &entry, lent).await,
                 None => Err(PolicyError::AlreadyFailed { hook }),
@@ -246,6 +270,27 @@ impl PolicyCall {
         result
     }
 
+    /// [`PolicyCall::hook`] in `span`; a disabled span (debug logging off)
+    /// is not attached, which would move the hook's future once more.
+    async fn hook_in(
+        &mut self,
+        span: tracing::Span,
+        entry: Entry,
+        req: &mut RequestHead,
+        resp: Option<&mut ResponseHead>,
+    ) -> Result<Returned, PolicyError> {
+        let clock = self.chosen.is_some_and(|c| c.measured).then(Instant::now);
+        let result = if span.is_disabled() {
+            self.hook(entry, req, resp).await
+        } else {
+            self.hook(entry, req, resp).instrument(span).await
+        };
+        if let Some(clock) = clock {
+            self.spent += clock.elapsed();
+        }
+        result
+    }
+
     /// recv: lets the policy inspect and rewrite `req` and decide what to
     /// do with it. `req` is moved into the instance for the call and back.
     pub async fn on_request(
@@ -257,7 +302,7 @@ impl PolicyCall {
             hook: Hook::OnRequest,
             settings: None,
         };
-        match self.hook(entry, req, None).instrument(span).await? {
+        match self.hook_in(span, entry, req, None).await? {
             Returned::Action(action) => Ok(action),
             _ => Err(wrong_result(Hook::OnRequest)),
         }
@@ -276,7 +321,7 @@ impl PolicyCall {
             hook: Hook::OnBackendResponse,
             settings: Some(Box::new(defaults)),
         };
-        match self.hook(entry, req, Some(resp)).instrument(span).await? {
+        match self.hook_in(span, entry, req, Some(resp)).await? {
             Returned::Settings(settings) => Ok(settings),
             _ => Err(wrong_result(Hook::OnBackendResponse)),
         }
@@ -294,7 +339,7 @@ impl PolicyCall {
             hook: Hook::OnDeliver,
             settings: None,
         };
-        match self.hook(entry, req, Some(resp)).instrument(span).await? {
+        match self.hook_in(span, entry, req, Some(resp)).await? {
             Returned::Unit => Ok(()),
             _ => Err(wrong_result(Hook::OnDeliver)),
         }
@@ -349,8 +394,16 @@ impl Drop for PolicyCall {
         if self.failed {
             return;
         }
+        if let (Some(chosen), Some(memo)) = (self.chosen, self.handle.policy().memo())
+            && chosen.measured
+        {
+            memo.spent(
+                chosen,
+                u64::try_from(self.spent.as_nanos()).unwrap_or(u64::MAX),
+            );
+        }
         let live = match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Live(live) => Some(*live),
+            Run::Live(live) => Some(live),
             Run::Replayed(mut replay) => replay.take_live(),
             Run::NoInstance(_) | Run::Gone => None,
         };

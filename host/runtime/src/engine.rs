@@ -3,7 +3,7 @@
 //! the thread that ticks the epoch. A reload to another `max_instances`
 //! makes a new engine; the old one goes with its last policy.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -52,6 +52,10 @@ struct EngineInner {
     idle: Mutex<Vec<Weak<dyn IdleInstances>>>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
+    /// Milliseconds since the engine started, as the ticker last read its
+    /// clock: a clock for instance ages that costs a load, not a clock
+    /// read, per request.
+    now_ms: Arc<AtomicU64>,
     /// The compiled-code cache, kept to read its hit count in tests.
     #[cfg_attr(not(test), allow(dead_code))]
     cache: Option<wasmtime::Cache>,
@@ -104,6 +108,17 @@ impl PolicyEngine {
     /// (concurrent requests running a policy); the other limits are read
     /// per policy, so reloads may change them.
     pub fn new(limits: &PolicyLimits) -> Result<Self, PolicyError> {
+        Self::with_async(limits, false)
+    }
+
+    /// An engine whose components may use component-model async
+    /// (`async` exports, streams and futures: a `wasi:http/service` 0.3
+    /// component) when `async_components` is true. Policies never do: their
+    /// stores then carry none of the state concurrent execution needs.
+    pub(crate) fn with_async(
+        limits: &PolicyLimits,
+        async_components: bool,
+    ) -> Result<Self, PolicyError> {
         limits.validate().map_err(PolicyError::InvalidLimits)?;
         let n = limits.max_instances;
         let engine_err = |message: String| PolicyError::Engine {
@@ -139,8 +154,10 @@ impl PolicyEngine {
             .epoch_interruption(true)
             .wasm_component_model(true);
         // 0.3 component backends: async exports, streams and futures.
-        #[cfg(feature = "p3")]
-        config.wasm_component_model_async(true);
+        config.concurrency_support(async_components);
+        if async_components {
+            config.wasm_component_model_async(true);
+        }
         // `INLAY_PERF_MAP=1` writes /tmp/perf-PID.map so `perf report` names
         // the policy's functions.
         if std::env::var_os("INLAY_PERF_MAP").is_some_and(|v| v == "1") {
@@ -161,7 +178,8 @@ impl PolicyEngine {
         let engine = Engine::new(&config)
             .map_err(|e| engine_err(format!("cannot create the wasm engine: {e:#}")))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let ticker = spawn_ticker(engine.weak(), Arc::clone(&stop))
+        let now_ms = Arc::new(AtomicU64::new(0));
+        let ticker = spawn_ticker(engine.weak(), Arc::clone(&stop), Arc::clone(&now_ms))
             .map_err(|e| engine_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
             inner: Arc::new(EngineInner {
@@ -172,6 +190,7 @@ impl PolicyEngine {
                 idle: Mutex::new(Vec::new()),
                 stop,
                 ticker: Some(ticker),
+                now_ms,
                 cache,
             }),
         })
@@ -180,6 +199,12 @@ impl PolicyEngine {
     /// The wasmtime engine.
     pub(crate) fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// Time since the engine started, to the last epoch tick (a little
+    /// behind when the ticker thread waits for a CPU).
+    pub(crate) fn coarse_now(&self) -> Duration {
+        Duration::from_millis(self.inner.now_ms.load(Ordering::Relaxed))
     }
 
     /// The size of the instance pool.
@@ -309,16 +334,21 @@ impl WeakEngine {
     }
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until told to stop.
+/// Advances the engine's epoch every [`EPOCH_TICK`] until told to stop,
+/// and keeps `now_ms` (see [`PolicyEngine::coarse_now`]).
 fn spawn_ticker(
     engine: wasmtime::EngineWeak,
     stop: Arc<AtomicBool>,
+    now_ms: Arc<AtomicU64>,
 ) -> std::io::Result<JoinHandle<()>> {
+    let started = std::time::Instant::now();
     std::thread::Builder::new()
         .name("inlay-epoch".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(EPOCH_TICK);
+                let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                now_ms.store(ms, Ordering::Relaxed);
                 match engine.upgrade() {
                     Some(engine) => engine.increment_epoch(),
                     None => break,

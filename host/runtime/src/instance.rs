@@ -4,7 +4,7 @@
 //! classification around each call.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -20,7 +20,7 @@ use crate::errors::{Hook, HostLimitTrap, PolicyError};
 use crate::imports::types::headers_from_list;
 use crate::limits::MemoryLimiter;
 use crate::memo::{Entry, Returned};
-use crate::state::StoreState;
+use crate::state::{REQUEST_REP, RESPONSE_REP, StoreState};
 
 fn secs(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
@@ -101,49 +101,28 @@ fn classify(state: &StoreState, hook: Hook, err: wasmtime::Error) -> PolicyError
     }
 }
 
-/// The heads a hook gets, as handles into the store state's table.
+/// The heads a hook gets, as the reps of the handles it is lent.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lent {
     pub(crate) req: u32,
     pub(crate) resp: Option<u32>,
 }
 
-/// Moves the heads into `state`'s table for a hook call. If the response
-/// cannot be lent, the request is taken back, so nothing stays lent on an
-/// error.
+/// Moves the heads into `state` for a hook call.
 pub(crate) fn lend(
     state: &mut StoreState,
     req: &mut RequestHead,
     resp: Option<&mut ResponseHead>,
-) -> Result<Lent, PolicyError> {
-    let table_err = |e: wasmtime::component::ResourceTableError| PolicyError::Instantiate {
-        message: format!("resource table: {e}"),
-    };
-    let owned = state.table.push(std::mem::take(req)).map_err(table_err)?;
-    let req_rep = owned.rep();
-    state.current_request = Some(Resource::new_borrow(req_rep));
-    let resp_rep = match resp {
-        None => None,
-        Some(resp) => match state.table.push(std::mem::take(resp)) {
-            Ok(owned) => Some(owned.rep()),
-            Err(e) => {
-                take_back(
-                    state,
-                    Lent {
-                        req: req_rep,
-                        resp: None,
-                    },
-                    req,
-                    None,
-                );
-                return Err(table_err(e));
-            }
-        },
-    };
-    Ok(Lent {
-        req: req_rep,
-        resp: resp_rep,
-    })
+) -> Lent {
+    state.heads.req = Some(std::mem::take(req));
+    let resp = resp.map(|resp| {
+        state.heads.resp = Some(std::mem::take(resp));
+        RESPONSE_REP
+    });
+    Lent {
+        req: REQUEST_REP,
+        resp,
+    }
 }
 
 /// Moves the heads lent for a hook back to the caller.
@@ -153,16 +132,12 @@ pub(crate) fn take_back(
     req: &mut RequestHead,
     resp: Option<&mut ResponseHead>,
 ) {
-    if let (Some(rep), Some(resp)) = (lent.resp, resp)
-        && let Ok(head) = state.table.delete(Resource::<ResponseHead>::new_own(rep))
+    if let (Some(_), Some(resp)) = (lent.resp, resp)
+        && let Some(head) = state.heads.resp.take()
     {
         *resp = head;
     }
-    state.current_request = None;
-    if let Ok(head) = state
-        .table
-        .delete(Resource::<RequestHead>::new_own(lent.req))
-    {
+    if let Some(head) = state.heads.req.take() {
         *req = head;
     }
 }
@@ -179,8 +154,9 @@ pub(crate) struct LiveCall {
     store: Store<StoreState>,
     instance: Instance,
     bindings: Policy,
-    /// When it was instantiated (reuse is bounded by age).
-    born: Instant,
+    /// When it was instantiated, on its engine's coarse clock (reuse is
+    /// bounded by age).
+    born: Duration,
     /// Requests that took it so far (reuse is bounded by a count); 0 for
     /// one made ahead that no request has taken yet.
     served: u32,
@@ -190,7 +166,8 @@ pub(crate) struct LiveCall {
     spoiled: bool,
     /// The state its store held while it waited for this request, kept
     /// to hold again when the request gives it back (one less to make).
-    idle: Option<Box<StoreState>>,
+    /// (Not boxed: the instance is, and moves as a box.)
+    idle: Option<StoreState>,
     /// The pool slot the store holds; declared after it, so the store is
     /// gone when the next request gets the slot.
     _slot: OwnedSemaphorePermit,
@@ -202,13 +179,17 @@ impl LiveCall {
     /// request when the policy reuses instances; its store then takes
     /// `state`, keeping what its memory holds), else a new one. On failure
     /// the state comes back (it may hold lent heads).
-    pub(crate) async fn start(state: StoreState) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    pub(crate) async fn start(
+        state: StoreState,
+    ) -> Result<Box<Self>, (PolicyError, Box<StoreState>)> {
         match state.handle().take_ready() {
             Some(mut live) => {
                 live.adopt(state);
                 Ok(live)
             }
-            None => Self::start_new(state).await.map(|mut live| {
+            // Boxed: instantiating needs a future of kilobytes, which would
+            // otherwise make every hook's future (moved on each call) as big.
+            None => Box::pin(Self::start_new(state)).await.map(|mut live| {
                 live.served = 1;
                 live
             }),
@@ -227,7 +208,7 @@ impl LiveCall {
             denied: false,
             ..limiter
         };
-        self.idle = Some(Box::new(idle));
+        self.idle = Some(idle);
         self.served = self.served.saturating_add(1);
     }
 
@@ -235,7 +216,7 @@ impl LiveCall {
     /// there instead (the one it held before this request, or `idle()`),
     /// so the instance can wait for another request.
     pub(crate) fn detach(&mut self, idle: impl FnOnce() -> StoreState) -> StoreState {
-        let idle = self.idle.take().map_or_else(idle, |state| *state);
+        let idle = self.idle.take().unwrap_or_else(idle);
         let mut state = std::mem::replace(self.store.data_mut(), idle);
         let limiter = MemoryLimiter::new(state.policy().limits.memory);
         self.store.data_mut().limiter = std::mem::replace(&mut state.limiter, limiter);
@@ -247,9 +228,10 @@ impl LiveCall {
         self.served
     }
 
-    /// How long ago it was instantiated.
+    /// How long ago it was instantiated (to the engine's last tick).
     pub(crate) fn age(&self) -> Duration {
-        self.born.elapsed()
+        let engine = self.store.data().handle().policy().engine();
+        engine.coarse_now().saturating_sub(self.born)
     }
 
     /// Whether it may serve another request: every guest call returned,
@@ -273,7 +255,7 @@ impl LiveCall {
     /// policy's `instance_wait_ms`.
     pub(crate) async fn start_new(
         state: StoreState,
-    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    ) -> Result<Box<Self>, (PolicyError, Box<StoreState>)> {
         let policy = state.handle().policy();
         let slot = policy.engine().slot(policy.limits().instance_wait()).await;
         match slot {
@@ -286,7 +268,7 @@ impl LiveCall {
     /// is free now: it never queues before requests.
     pub(crate) async fn start_ahead(
         state: StoreState,
-    ) -> Result<Option<Self>, (PolicyError, Box<StoreState>)> {
+    ) -> Result<Option<Box<Self>>, (PolicyError, Box<StoreState>)> {
         match state.handle().policy().engine().slot_now() {
             Some(slot) => Self::instantiate(state, slot).await.map(Some),
             None => Ok(None),
@@ -295,14 +277,14 @@ impl LiveCall {
 
     /// Removes the instance, returning its slot to the pool, and gives
     /// back the request's state.
-    pub(crate) fn into_state(self) -> StoreState {
+    pub(crate) fn into_state(self: Box<Self>) -> StoreState {
         self.store.into_data()
     }
 
     async fn instantiate(
         state: StoreState,
         slot: OwnedSemaphorePermit,
-    ) -> Result<Self, (PolicyError, Box<StoreState>)> {
+    ) -> Result<Box<Self>, (PolicyError, Box<StoreState>)> {
         let handle = Arc::clone(state.handle());
         let policy = handle.policy();
         let span = tracing::debug_span!("policy.instantiate", policy = %policy.name());
@@ -311,7 +293,7 @@ impl LiveCall {
             let mut store = Store::new(engine, state);
             store.limiter(|state| &mut state.limiter);
             store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
-            let ticks = store.data_mut().clock.restart();
+            let ticks = store.data_mut().begin_guest_call();
             store.set_epoch_deadline(ticks);
             let started = pre
                 .instantiate_async(&mut store)
@@ -323,16 +305,16 @@ impl LiveCall {
                 });
             policy.count_instantiation();
             match started {
-                Ok((instance, bindings)) => Ok(Self {
+                Ok((instance, bindings)) => Ok(Box::new(Self {
                     store,
                     instance,
                     bindings,
-                    born: Instant::now(),
+                    born: policy.engine().coarse_now(),
                     served: 0,
                     spoiled: false,
                     idle: None,
                     _slot: slot,
-                }),
+                })),
                 Err(e) => {
                     let error = match classify(store.data(), Hook::Instantiate, e) {
                         PolicyError::Trap { message, .. } => PolicyError::Instantiate { message },
@@ -362,7 +344,6 @@ impl LiveCall {
     ) -> Result<Returned, PolicyError> {
         let hook = entry.hook;
         self.store.data_mut().hook = hook;
-        self.store.data_mut().restart_waits();
         self.refill_budget();
         // Until the guest returns: a call cut short leaves it anywhere.
         self.spoiled = true;
@@ -419,9 +400,10 @@ impl LiveCall {
                 return Err(error);
             }
         };
-        let used = state.clock.used();
-        let cpu_us = u64::try_from(used.as_micros()).unwrap_or(u64::MAX);
-        tracing::debug!(hook = %hook, cpu_us, "policy hook done");
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let cpu_us = u64::try_from(state.clock.used().as_micros()).unwrap_or(u64::MAX);
+            tracing::debug!(hook = %hook, cpu_us, "policy hook done");
+        }
         match raw {
             Raw::Action(action) => action_from_wit(action)
                 .map(Returned::Action)
@@ -430,9 +412,10 @@ impl LiveCall {
         }
     }
 
-    /// Gives the next guest call a whole CPU budget.
+    /// Gives the next guest call a whole CPU budget and its whole
+    /// `host_wait`.
     pub(crate) fn refill_budget(&mut self) {
-        let ticks = self.store.data_mut().clock.restart();
+        let ticks = self.store.data_mut().begin_guest_call();
         self.store.set_epoch_deadline(ticks);
     }
 

@@ -199,20 +199,30 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
 /// measured with the thread's own CPU clock, segment by segment (each
 /// segment ends at a deadline, a host call or a yield, and the next starts
 /// where the guest resumes, on whatever thread that is). Hooks shorter than
-/// the first yield, nearly all, never read that clock (a system call).
+/// the first yield, nearly all, never read that clock (a system call), nor
+/// allocate what a yield shares with its future.
 /// The first segment is charged at wall time, and a hook is also stopped
 /// after [`WALL_BACKSTOP_FACTOR`] times its budget of wall time.
 pub(crate) struct CpuClock {
     started: Instant,
     budget: Duration,
     tick: Duration,
-    /// Nanoseconds not spent running guest code; shared with the yield
-    /// future, which has no access to the store.
-    excluded: Arc<AtomicU64>,
-    /// CPU time measured per segment, once past the first yield.
-    segments: Arc<Segments>,
+    /// Nanoseconds spent awaiting the host (not running guest code).
+    excluded: u64,
+    /// What the yields of a hook past its first deadline share with their
+    /// futures, which have no access to the store; made at the first one.
+    shared: Option<Arc<YieldShared>>,
     /// Set when the budget ran out (the trap that follows is a timeout).
     pub(crate) expired: bool,
+}
+
+/// The part of a [`CpuClock`] its yield futures update.
+#[derive(Default)]
+pub(crate) struct YieldShared {
+    /// Nanoseconds yielded to the executor (not running guest code).
+    yielded: AtomicU64,
+    /// CPU time measured per segment, once past the first yield.
+    segments: Segments,
 }
 
 /// The guest's CPU time once it is measured with the thread clock.
@@ -272,59 +282,98 @@ const YIELD_EVERY_TICKS: u64 = 5;
 /// for a thread that cannot run.
 pub(crate) const WALL_BACKSTOP_FACTOR: u32 = 10;
 
+/// An instant to start clocks from before their first hook: each hook
+/// call restarts its clock from its own start.
+pub(crate) fn clock_origin() -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
 impl CpuClock {
     pub(crate) fn new(budget: Duration, tick: Duration) -> Self {
         Self {
-            started: Instant::now(),
+            started: clock_origin(),
             budget,
             tick,
-            excluded: Arc::new(AtomicU64::new(0)),
-            segments: Arc::default(),
+            excluded: 0,
+            shared: None,
             expired: false,
         }
     }
 
-    /// Starts a new budget (one per hook call); returns the first deadline
-    /// in ticks: the first yield point, or the budget if that comes first.
-    pub(crate) fn restart(&mut self) -> u64 {
-        self.started = Instant::now();
-        self.excluded.store(0, Ordering::Relaxed);
-        self.segments.on.store(false, Ordering::Relaxed);
-        self.segments.used.store(0, Ordering::Relaxed);
-        self.segments.start.store(0, Ordering::Relaxed);
+    /// Starts a new budget (one per hook call) at `now`; returns the first
+    /// deadline in ticks: the first yield point, or the budget if that
+    /// comes first.
+    pub(crate) fn restart(&mut self, now: Instant) -> u64 {
+        self.started = now;
+        self.excluded = 0;
+        if let Some(shared) = &self.shared {
+            shared.yielded.store(0, Ordering::Relaxed);
+            let s = &shared.segments;
+            s.on.store(false, Ordering::Relaxed);
+            s.used.store(0, Ordering::Relaxed);
+            s.start.store(0, Ordering::Relaxed);
+        }
         self.expired = false;
         self.next_deadline(self.budget).min(YIELD_EVERY_TICKS)
     }
 
+    /// A new budget: `more` beyond what the guest was charged so far,
+    /// `pending` (time in the host not yet excluded) not counted as
+    /// charged. An instance that serves several requests gets its budget
+    /// this way at each one.
+    pub(crate) fn extend(&mut self, more: Duration, pending: Duration) {
+        let measured = self
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.segments.on.load(Ordering::Relaxed));
+        let charged = if measured {
+            self.charged()
+        } else {
+            self.used().saturating_sub(pending)
+        };
+        self.budget = charged.saturating_add(more);
+        self.expired = false;
+    }
+
     /// The guest calls the host: the running CPU segment ends.
     pub(crate) fn host_call_starts(&self) {
-        self.segments.close();
+        if let Some(shared) = &self.shared {
+            shared.segments.close();
+        }
     }
 
     /// Records time spent outside guest code (awaiting the host); the
     /// guest resumes.
-    pub(crate) fn exclude(&self, spent: Duration) {
+    pub(crate) fn exclude(&mut self, spent: Duration) {
         let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
-        self.excluded.fetch_add(nanos, Ordering::Relaxed);
-        self.segments.open();
+        self.excluded = self.excluded.saturating_add(nanos);
+        if let Some(shared) = &self.shared {
+            shared.segments.open();
+        }
     }
 
     /// Guest time used in this hook call so far, at wall time (host waits
     /// and yields excluded).
     pub(crate) fn used(&self) -> Duration {
-        let excluded = Duration::from_nanos(self.excluded.load(Ordering::Relaxed));
+        let yielded = self
+            .shared
+            .as_ref()
+            .map_or(0, |s| s.yielded.load(Ordering::Relaxed));
+        let excluded = Duration::from_nanos(self.excluded.saturating_add(yielded));
         self.started.elapsed().saturating_sub(excluded)
     }
 
     /// Guest CPU time charged so far: wall time until the first yield,
     /// the thread's CPU clock after.
     fn charged(&self) -> Duration {
-        let s = &self.segments;
-        if !s.on.load(Ordering::Relaxed) {
-            return self.used();
+        match &self.shared {
+            Some(shared) if shared.segments.on.load(Ordering::Relaxed) => {
+                shared.segments.close();
+                Duration::from_nanos(shared.segments.used.load(Ordering::Relaxed))
+            }
+            _ => self.used(),
         }
-        s.close();
-        Duration::from_nanos(s.used.load(Ordering::Relaxed))
     }
 
     fn next_deadline(&self, remaining: Duration) -> u64 {
@@ -339,7 +388,8 @@ impl CpuClock {
     /// deadline for what is left.
     pub(crate) fn on_deadline(&mut self) -> wasmtime::UpdateDeadline {
         let used = self.charged();
-        let s = &self.segments;
+        let shared = Arc::clone(self.shared.get_or_insert_with(Arc::default));
+        let s = &shared.segments;
         if !s.on.swap(true, Ordering::Relaxed) {
             // The first segment, at wall time; the thread clock from here on.
             s.used.store(
@@ -354,8 +404,6 @@ impl CpuClock {
         let next = self
             .next_deadline(self.budget - used)
             .min(YIELD_EVERY_TICKS);
-        let excluded = Arc::clone(&self.excluded);
-        let segments = Arc::clone(&self.segments);
         wasmtime::UpdateDeadline::YieldCustom(
             next,
             Box::pin(async move {
@@ -363,9 +411,9 @@ impl CpuClock {
                 let start = Instant::now();
                 tokio::task::yield_now().await;
                 let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                excluded.fetch_add(nanos, Ordering::Relaxed);
+                shared.yielded.fetch_add(nanos, Ordering::Relaxed);
                 // The guest goes on from here, on this thread.
-                segments.open();
+                shared.segments.open();
             }),
         )
     }
@@ -435,9 +483,9 @@ mod tests {
     fn clock_charges_guest_cpu_not_host_waits_nor_time_off_the_cpu() {
         let mut clock = CpuClock::new(Duration::from_millis(20), Duration::from_millis(1));
         // The first deadline is the first yield point.
-        assert_eq!(clock.restart(), YIELD_EVERY_TICKS);
+        assert_eq!(clock.restart(Instant::now()), YIELD_EVERY_TICKS);
         let mut short = CpuClock::new(Duration::from_millis(2), Duration::from_millis(1));
-        assert_eq!(short.restart(), 3);
+        assert_eq!(short.restart(Instant::now()), 3);
         let started = Instant::now();
         clock.host_call_starts();
         std::thread::sleep(Duration::from_millis(30));
@@ -464,7 +512,7 @@ mod tests {
     fn a_hook_whose_thread_cannot_run_is_stopped_at_the_wall_backstop() {
         let budget = Duration::from_millis(2);
         let mut clock = CpuClock::new(budget, Duration::from_millis(1));
-        clock.restart();
+        clock.restart(Instant::now());
         resume(clock.on_deadline());
         std::thread::sleep(budget * WALL_BACKSTOP_FACTOR + Duration::from_millis(5));
         assert!(matches!(

@@ -23,7 +23,18 @@
 //! Calls whose reply depends on the world rather than on the request
 //! (the clock, kv, cache and fetch) end a path: the tree records an
 //! `Opaque` step there and requests that reach it always run the policy.
-//! Failed hooks are never recorded. Each policy generation has its own
+//! Failed hooks are never recorded.
+//!
+//! Once a shard's tree has filled up (turned over once), a path is
+//! recorded the second time a request takes it, not the first: most of the
+//! paths of a site with many URLs are taken once, and recording them (a
+//! closure per host call, a node per step, the trees turning over sooner)
+//! cost more than the walks of the others saved (on a Zipf mix over
+//! 100,000 URLs, five times fewer paths are recorded, and as many requests
+//! replayed). A small table of the points where requests left the paths
+//! (their hash, one per slot, a newer one replacing an older) remembers the
+//! first sighting. Before the tree first fills, every path is recorded:
+//! there is room, and the second request on each URL replays. Each policy generation has its own
 //! trees, bounded in bytes, and keeps the paths requests use: when the
 //! current tree is full it becomes the previous one and a new tree starts;
 //! a request that walks a path only the previous tree has copies it into
@@ -104,6 +115,13 @@ pub(crate) struct Entry {
     pub(crate) settings: Option<Box<CacheSettings>>,
 }
 
+/// A request's hooks so far (each hook at most once in a request's life).
+pub(crate) type Entries = smallvec::SmallVec<[Entry; 3]>;
+
+/// The replies a request's guest got, in order; a typical request's fit
+/// inline.
+pub(crate) type Replies = smallvec::SmallVec<[(&'static str, Reply); 16]>;
+
 /// What a hook returned.
 #[derive(Clone, Debug)]
 pub(crate) enum Returned {
@@ -158,22 +176,20 @@ impl<S> Node<S> {
     fn new(step: Step<S>) -> Self {
         Self {
             step,
-            children: Children::new(FIRST_TABLE),
+            children: Children::new(),
         }
     }
 
     /// The child reached by `key`, if recorded (requests walk with
     /// [`Memo::child`], which also looks in the previous tree).
     #[cfg(test)]
-    fn child(&self, key: &Key) -> Option<&Arc<Node<S>>> {
+    fn child(&self, key: &Key) -> Option<Arc<Node<S>>> {
         self.children.get(hash(key), key)
     }
 }
 
-/// Slots in a node's first table of children; most nodes have one child.
+/// Slots for children in a node itself; most nodes have one child.
 const FIRST_TABLE: usize = 2;
-/// Slots tried in a table before going on to the next, bigger one.
-const PROBES: usize = 8;
 
 /// The hash of a key, seeded at random per process (replies come from
 /// requests: a fixed seed would let a client aim for collisions; and a
@@ -187,82 +203,83 @@ fn hash(key: &Key) -> u64 {
         .hash_one(key)
 }
 
-/// A node's children: an insert-only open-addressing table whose slots are
-/// set once, followed by a bigger table when a key's probes find no room.
+/// A node's children: two slots in the node itself (most nodes have one
+/// child), then, for a node with more, a hash table beside it.
 ///
-/// Reading is what every replayed request does at every step, so it takes
-/// no lock and writes nothing: a set slot is read with a plain acquire
-/// load, and since slots are never cleared an empty slot on a key's probe
-/// sequence means the key is absent. (A `RwLock<HashMap>` here spent more
-/// time on its lock and reference-count atomics than the rest of a replay.)
+/// Reading is what every replayed request does at every step, so the
+/// slots take no lock and write nothing: a set slot is read with a plain
+/// acquire load, and since slots are never cleared an empty slot means no
+/// other child. (A `RwLock<HashMap>` for every node spent more time on its
+/// lock and reference-count atomics than the rest of a replay.) Only the
+/// few wide nodes, where requests part ways (the URLs of a site, one child
+/// each), have the table, behind a read-write lock: one lookup of a few
+/// cache lines, where a chain of ever bigger insert-only tables probed
+/// each one in turn (30 cache misses for a key in the fifth).
 struct Children<S> {
-    slots: Box<[Slot<S>]>,
-    next: OnceLock<Box<Children<S>>>,
+    first: [Slot<S>; FIRST_TABLE],
+    wide: OnceLock<Box<RwLock<Wide<S>>>>,
 }
 
 /// A child: its key's hash, the key, the node.
-type Slot<S> = OnceLock<(u64, Key, Arc<Node<S>>)>;
+type Child<S> = (u64, Key, Arc<Node<S>>);
+type Slot<S> = OnceLock<Child<S>>;
+type Wide<S> = hashbrown::HashTable<Child<S>>;
 
 impl<S> Children<S> {
-    fn new(capacity: usize) -> Self {
+    fn new() -> Self {
         Self {
-            slots: (0..capacity).map(|_| OnceLock::new()).collect(),
-            next: OnceLock::new(),
+            first: std::array::from_fn(|_| OnceLock::new()),
+            wide: OnceLock::new(),
         }
     }
 
-    fn probes(&self, hash: u64) -> impl Iterator<Item = &Slot<S>> {
-        let mask = self.slots.len() - 1;
-        // The low bits pick the start; the table length is a power of two.
-        let start = usize::try_from(hash).unwrap_or(usize::MAX) & mask;
-        (0..PROBES.min(self.slots.len())).map(move |i| &self.slots[(start + i) & mask])
-    }
-
-    fn get(&self, hash: u64, key: &Key) -> Option<&Arc<Node<S>>> {
-        let mut table = self;
-        loop {
-            for slot in table.probes(hash) {
-                match slot.get() {
-                    None => return None,
-                    Some((h, k, node)) if *h == hash && k == key => return Some(node),
-                    Some(_) => {}
-                }
+    fn get(&self, hash: u64, key: &Key) -> Option<Arc<Node<S>>> {
+        for slot in &self.first {
+            match slot.get() {
+                None => return None,
+                Some((h, k, node)) if *h == hash && k == key => return Some(Arc::clone(node)),
+                Some(_) => {}
             }
-            table = table.next.get()?;
         }
+        let wide = self.wide.get()?.read();
+        wide.find(hash, |(h, k, _)| *h == hash && k == key)
+            .map(|(_, _, node)| Arc::clone(node))
     }
 
     /// Sets `key` to `node` unless the key is there already; returns the
-    /// node the key leads to, whether it is the one given, and the bytes of
-    /// any bigger table made for it.
-    fn insert(&self, hash: u64, key: Key, node: Arc<Node<S>>) -> (&Arc<Node<S>>, bool, usize) {
+    /// node the key leads to, whether it is the one given, and the bytes
+    /// the wide table took for it.
+    fn insert(&self, hash: u64, key: Key, node: Arc<Node<S>>) -> (Arc<Node<S>>, bool, usize) {
         let mut entry = (hash, key, node);
-        let mut table = self;
-        let mut grown = 0;
-        loop {
-            for slot in table.probes(hash) {
-                match slot.set(entry) {
-                    Ok(()) => {
-                        let (_, _, node) = slot.get().expect("just set");
-                        return (node, true, grown);
-                    }
-                    Err(back) => {
-                        entry = back;
-                        if let Some((h, k, existing)) = slot.get()
-                            && *h == hash
-                            && *k == entry.1
-                        {
-                            return (existing, false, grown);
-                        }
+        for slot in &self.first {
+            match slot.set(entry) {
+                Ok(()) => {
+                    let (_, _, node) = slot.get().expect("just set");
+                    return (Arc::clone(node), true, 0);
+                }
+                Err(back) => {
+                    entry = back;
+                    if let Some((h, k, existing)) = slot.get()
+                        && *h == hash
+                        && *k == entry.1
+                    {
+                        return (Arc::clone(existing), false, 0);
                     }
                 }
             }
-            let bigger = table.slots.len() * 8;
-            table = table.next.get_or_init(|| {
-                grown += bigger * std::mem::size_of::<Slot<S>>();
-                Box::new(Children::new(bigger))
-            });
         }
+        let mut wide = self
+            .wide
+            .get_or_init(|| Box::new(RwLock::new(Wide::new())))
+            .write();
+        if let Some((_, _, existing)) = wide.find(hash, |(h, k, _)| *h == hash && *k == entry.1) {
+            return (Arc::clone(existing), false, 0);
+        }
+        let node = Arc::clone(&entry.2);
+        wide.insert_unique(hash, entry, |(h, _, _)| *h);
+        // The entry and its share of the table's spare room and control
+        // bytes (hashbrown keeps it at most 7/8 full).
+        (node, true, std::mem::size_of::<Child<S>>() * 8 / 7 + 1)
     }
 }
 
@@ -301,8 +318,16 @@ pub struct MemoStats {
     /// Times a tree reached its size: the previous tree (and the paths
     /// nobody walked since the last time) was dropped and a new one began.
     pub resets: u64,
+    /// Requests that left the recorded paths, after the trees had filled,
+    /// where none had before (as far as the table of first sightings
+    /// remembers): they ran without recording; the next one there records.
+    pub first_sightings: u64,
     /// Approximate bytes held now.
     pub bytes: usize,
+    /// Requests that ran live from their first hook without walking the
+    /// trees, because on their thread that cost less lately (see
+    /// [`Memo::start`]); their hooks count as `live`.
+    pub unreplayed: u64,
 }
 
 /// The recorded paths of one policy generation, two trees per shard (the
@@ -320,6 +345,9 @@ pub(crate) struct Memo<S> {
     /// Set after a recording contradicted the tree (a guest that does not
     /// repeat itself); nothing more is recorded or replayed.
     disabled: AtomicBool,
+    /// Whether a request may run live without walking the trees when that
+    /// costs less (see [`Memo::start`]); otherwise every request walks.
+    measured: bool,
 }
 
 /// One thread's tree and counters. Aligned to two cache lines (what x86
@@ -337,7 +365,56 @@ struct Shard<S> {
     replayed: AtomicU64,
     live: AtomicU64,
     resets: AtomicU64,
+    /// Where requests left the recorded paths lately: the hash of each
+    /// point (see [`Memo::admit`]), by its low bits.
+    sighted: Box<[AtomicU64]>,
+    /// Paths not recorded because they were seen for the first time.
+    first_sightings: AtomicU64,
+    /// What a request's policy cost lately on this thread, by the way it
+    /// started (see [`Way`]): moving averages in nanoseconds, 0 until
+    /// measured.
+    cost: [AtomicU64; 2],
+    /// Requests started on this shard: picks the ones measured and the
+    /// ones that try the way not chosen.
+    started: AtomicU64,
+    /// Requests that ran live by choice.
+    unreplayed: AtomicU64,
 }
+
+/// How a request starts: on the recorded paths, or live in an instance
+/// without walking them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Way {
+    Replay = 0,
+    Live = 1,
+}
+
+/// The way a request started when the memo chose it (see
+/// [`Memo::start`]): its shard, the way, and whether its policy time is
+/// measured.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Chosen {
+    pub(crate) shard: usize,
+    pub(crate) way: Way,
+    pub(crate) measured: bool,
+}
+
+/// One request in this many tries the way its thread does not prefer now,
+/// so that both costs stay measured (a site's traffic changes).
+const TRY_OTHER_WAY: u64 = 32;
+/// The same when the other way costs more than [`FAR_APART`] times the
+/// preferred one (an interpreted policy's live requests on a popular URL:
+/// trying them one in 32 cost more than the walks took).
+const TRY_OTHER_WAY_FAR: u64 = 256;
+const FAR_APART: u64 = 4;
+/// One request in this many of the preferred way is measured (two clock
+/// reads per hook: not worth paying on every request).
+const MEASURE_ONE_IN: u64 = 4;
+/// The weight of a new measurement in a moving average: 1/2^this.
+const COST_SHIFT: u32 = 4;
+/// A measurement counts for at most this many times the average: a
+/// request preempted on a busy machine is not what the policy costs.
+const COST_OUTLIER: u64 = 8;
 
 /// The roots of a shard's two trees.
 struct Roots<S> {
@@ -351,18 +428,37 @@ pub(crate) struct Start<S> {
     pub(crate) root: Cursor<S>,
 }
 
-/// A point on the recorded paths: its node in the current tree, and the
-/// same point in the previous tree while the path is there too.
+/// A point on the recorded paths: its node in the current tree, the same
+/// point in the previous tree while the path is there too, and the hash of
+/// the keys that led there (the same in both trees).
 pub(crate) struct Cursor<S> {
     pub(crate) node: Arc<Node<S>>,
     old: Option<Arc<Node<S>>>,
+    path: u64,
 }
 
 impl<S> Cursor<S> {
-    /// A point that exists only in the current tree (a path just recorded).
-    pub(crate) fn new(node: Arc<Node<S>>) -> Self {
-        Self { node, old: None }
+    /// A point that exists only in the current tree (a path just recorded),
+    /// reached by the keys hashed as `path`.
+    pub(crate) fn new(node: Arc<Node<S>>, path: u64) -> Self {
+        Self {
+            node,
+            old: None,
+            path,
+        }
     }
+
+    /// The hash of the path to this point and on by `key`: what
+    /// [`Memo::admit`] is asked about where a request leaves the paths.
+    pub(crate) fn sighting(&self, key: &Key) -> u64 {
+        follow(self.path, hash(key))
+    }
+}
+
+/// The hash of a path that goes on by a key whose hash is `key`.
+fn follow(path: u64, key: u64) -> u64 {
+    // A multiply-rotate mix (as FxHash): cheap, and order-dependent.
+    (path.rotate_left(5) ^ key).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 
 // Not derived: a derive would ask `S: Clone` of the store state.
@@ -371,6 +467,7 @@ impl<S> Clone for Cursor<S> {
         Self {
             node: Arc::clone(&self.node),
             old: self.old.clone(),
+            path: self.path,
         }
     }
 }
@@ -391,7 +488,7 @@ pub(crate) fn shard_index(n: usize) -> usize {
     INDEX.with(|i| *i) % n.max(1)
 }
 
-/// Rough size of a node: the node with its first table of children, and
+/// Rough size of a node: the node (with its first table of children), and
 /// its key. (What a recorded call captured, its arguments, is not counted;
 /// they are header names and values of the same order as the replies.)
 fn node_bytes<S>(key: &Key) -> usize {
@@ -402,7 +499,7 @@ fn node_bytes<S>(key: &Key) -> usize {
         }),
         Key::Reply(r) => reply_bytes(r),
     };
-    std::mem::size_of::<Node<S>>() + FIRST_TABLE * std::mem::size_of::<Slot<S>>() + 64 + key_bytes
+    std::mem::size_of::<Node<S>>() + 64 + key_bytes
 }
 
 pub(crate) fn reply_bytes(reply: &Reply) -> usize {
@@ -416,8 +513,16 @@ pub(crate) fn reply_bytes(reply: &Reply) -> usize {
     }
 }
 
+/// Bytes of a tree per slot of its shard's table of first sightings: a
+/// path of `headers` takes about 2.5 KB, so the table remembers the last
+/// ten times as many first sightings as the tree holds paths.
+const TREE_BYTES_PER_SIGHTING: usize = 256;
+
 impl<S> Shard<S> {
     fn new(max_bytes: usize) -> Self {
+        let sightings = (max_bytes / TREE_BYTES_PER_SIGHTING)
+            .clamp(256, 1 << 16)
+            .next_power_of_two();
         Self {
             roots: RwLock::new(Roots {
                 current: Arc::new(Node::new(Step::Start)),
@@ -428,6 +533,11 @@ impl<S> Shard<S> {
             replayed: AtomicU64::new(0),
             live: AtomicU64::new(0),
             resets: AtomicU64::new(0),
+            sighted: (0..sightings).map(|_| AtomicU64::new(0)).collect(),
+            first_sightings: AtomicU64::new(0),
+            cost: [AtomicU64::new(0), AtomicU64::new(0)],
+            started: AtomicU64::new(0),
+            unreplayed: AtomicU64::new(0),
         }
     }
 
@@ -438,13 +548,12 @@ impl<S> Shard<S> {
         let hash = hash(&key);
         let kind = Kind::of(&step);
         if let Some(existing) = parent.children.get(hash, &key) {
-            return (Kind::of(&existing.step) == kind).then(|| Arc::clone(existing));
+            return (Kind::of(&existing.step) == kind).then_some(existing);
         }
         let size = node_bytes::<S>(&key) + step_bytes(&step);
         // Another request may record the same path meanwhile: the first
         // one's node stays.
         let (node, added, grown) = parent.children.insert(hash, key, Arc::new(Node::new(step)));
-        let node = Arc::clone(node);
         let size = size + grown;
         if !added {
             return (Kind::of(&node.step) == kind).then_some(node);
@@ -479,13 +588,16 @@ impl<S> Shard<S> {
 
 impl<S> Memo<S> {
     /// Empty trees that hold about `max_bytes` together (each shard's
-    /// current and previous trees half of its share each).
-    pub(crate) fn new(max_bytes: usize) -> Self {
+    /// current and previous trees half of its share each); with
+    /// `measured`, requests walk them only while that costs less than
+    /// running live (see [`Memo::start`]).
+    pub(crate) fn new(max_bytes: usize, measured: bool) -> Self {
         let n = shard_count();
         Self {
             shards: (0..n).map(|_| Shard::new(max_bytes / n / 2)).collect(),
             max_bytes,
             disabled: AtomicBool::new(false),
+            measured,
         }
     }
 
@@ -493,19 +605,116 @@ impl<S> Memo<S> {
         self.max_bytes
     }
 
-    /// Where a request on this thread starts; `None` when replaying was
-    /// switched off.
-    pub(crate) fn start(&self) -> Option<Start<S>> {
+    pub(crate) fn measured(&self) -> bool {
+        self.measured
+    }
+
+    /// Where a request on this thread starts: on the recorded paths, or
+    /// (`None`) live, when replaying was switched off or when live
+    /// requests cost less than replayed ones on this thread lately; and
+    /// whether to measure what its policy costs (see [`Memo::spent`]).
+    ///
+    /// Replay pays where a live hook costs much more than a walk (an
+    /// interpreted guest) or where most requests find their path; for a
+    /// compiled guest whose live hooks cost a few microseconds, on a site
+    /// with a long tail of URLs, the walks that find no path, the
+    /// instances brought up to where they left the paths and the
+    /// recording cost more than the walks that replay save. Which way is
+    /// cheaper is measured, not guessed: every thread keeps a moving
+    /// average of each way's cost per request (the time in the policy's
+    /// hooks and in starting the request), prefers the cheaper way, and
+    /// sends one request in [`TRY_OTHER_WAY`] the other way so both stay
+    /// measured (one in [`TRY_OTHER_WAY_FAR`] while that way costs more
+    /// than [`FAR_APART`] times as much).
+    pub(crate) fn start(&self) -> (Option<Start<S>>, Option<Chosen>) {
         if self.disabled.load(Ordering::Relaxed) {
-            return None;
+            return (None, None);
         }
-        let shard = shard_index(self.shards.len());
-        let roots = self.shards[shard].roots.read();
+        let index = shard_index(self.shards.len());
+        let shard = &self.shards[index];
+        if !self.measured {
+            return (Some(self.root(index)), None);
+        }
+        let n = shard.started.fetch_add(1, Ordering::Relaxed);
+        let replay = shard.cost[Way::Replay as usize].load(Ordering::Relaxed);
+        let live = shard.cost[Way::Live as usize].load(Ordering::Relaxed);
+        let preferred = if live != 0 && live < replay {
+            Way::Live
+        } else {
+            Way::Replay
+        };
+        let measured_both = live != 0 && replay != 0;
+        let every =
+            if measured_both && live.min(replay).saturating_mul(FAR_APART) < live.max(replay) {
+                TRY_OTHER_WAY_FAR
+            } else {
+                TRY_OTHER_WAY
+            };
+        let other = n % every == every - 1;
+        let way = match (preferred, other) {
+            (Way::Replay, true) => Way::Live,
+            (Way::Live, true) => Way::Replay,
+            (way, false) => way,
+        };
+        let chosen = Chosen {
+            shard: index,
+            way,
+            measured: other || n.is_multiple_of(MEASURE_ONE_IN),
+        };
+        if way == Way::Live {
+            shard.unreplayed.fetch_add(1, Ordering::Relaxed);
+            return (None, Some(chosen));
+        }
+        (Some(self.root(index)), Some(chosen))
+    }
+
+    /// The start of shard `index`'s trees.
+    fn root(&self, index: usize) -> Start<S> {
+        let roots = self.shards[index].roots.read();
         let root = Cursor {
             node: Arc::clone(&roots.current),
             old: roots.previous.clone(),
+            path: 0,
         };
-        Some(Start { shard, root })
+        Start { shard: index, root }
+    }
+
+    /// A measured request's policy took `nanos` (see [`Memo::start`]).
+    pub(crate) fn spent(&self, chosen: Chosen, nanos: u64) {
+        let cost = &self.shards[chosen.shard].cost[chosen.way as usize];
+        let average = cost.load(Ordering::Relaxed);
+        let next = if average == 0 {
+            nanos.max(1)
+        } else {
+            let nanos = nanos.min(average.saturating_mul(COST_OUTLIER));
+            (average - (average >> COST_SHIFT) + (nanos >> COST_SHIFT)).max(1)
+        };
+        cost.store(next, Ordering::Relaxed);
+    }
+
+    /// Whether a request leaving the recorded paths at `sighting` (see
+    /// [`Cursor::sighting`]) should record where it goes: yes while the
+    /// shard's tree has never filled up; after, yes if a request left them
+    /// there before, as far as the table of first sightings remembers,
+    /// otherwise the sighting is remembered and the request runs without
+    /// recording.
+    pub(crate) fn admit(&self, shard: usize, sighting: u64) -> bool {
+        let shard = &self.shards[shard];
+        // Until the trees fill up, every path is recorded.
+        if shard.resets.load(Ordering::Relaxed) == 0 {
+            return true;
+        }
+        let mask = shard.sighted.len() - 1;
+        // The high bits pick the slot: the low ones are the multiply's weakest.
+        let slot = &shard.sighted[usize::try_from(sighting >> 40).unwrap_or(0) & mask];
+        // 0 marks an empty slot: no sighting is 0 then.
+        let sighting = sighting.max(1);
+        if slot.load(Ordering::Relaxed) == sighting {
+            return true;
+        }
+        slot.store(sighting, Ordering::Relaxed);
+        shard.first_sightings.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     /// The point `key` leads to from `at`, if recorded. A point only the
@@ -513,16 +722,10 @@ impl<S> Memo<S> {
     /// it again, so it is kept.
     pub(crate) fn child(&self, shard: usize, at: &Cursor<S>, key: &Key) -> Option<Cursor<S>> {
         let hash = hash(key);
-        let old = at
-            .old
-            .as_ref()
-            .and_then(|old| old.children.get(hash, key))
-            .map(Arc::clone);
+        let path = follow(at.path, hash);
+        let old = at.old.as_ref().and_then(|old| old.children.get(hash, key));
         if let Some(node) = at.node.children.get(hash, key) {
-            return Some(Cursor {
-                node: Arc::clone(node),
-                old,
-            });
+            return Some(Cursor { node, old, path });
         }
         let old = old?;
         if self.disabled.load(Ordering::Relaxed) {
@@ -532,6 +735,7 @@ impl<S> Memo<S> {
         Some(Cursor {
             node,
             old: Some(old),
+            path,
         })
     }
 
@@ -560,6 +764,8 @@ impl<S> Memo<S> {
             replayed: sum(|s| s.replayed.load(Ordering::Relaxed)),
             live: sum(|s| s.live.load(Ordering::Relaxed)),
             resets: sum(|s| s.resets.load(Ordering::Relaxed)),
+            first_sightings: sum(|s| s.first_sightings.load(Ordering::Relaxed)),
+            unreplayed: sum(|s| s.unreplayed.load(Ordering::Relaxed)),
             bytes: self
                 .shards
                 .iter()
@@ -571,29 +777,31 @@ impl<S> Memo<S> {
     /// Adds what a live hook did under `at` in `shard`'s tree: `first`
     /// leads to its first step, each call's reply to the next, and the
     /// hook's end (`returned`, or `Opaque` if the recording is) comes last.
-    /// Returns the end node, where the request goes on from, unless the
-    /// path ended opaque.
+    /// Returns the end, where the request goes on from, unless the path
+    /// ended opaque.
     pub(crate) fn insert(
         &self,
         shard: usize,
-        at: &Node<S>,
+        at: &Cursor<S>,
         first: Key,
         recording: Recording<S>,
         returned: Returned,
-    ) -> Option<Arc<Node<S>>> {
+    ) -> Option<Cursor<S>> {
         if self.disabled.load(Ordering::Relaxed) {
             return None;
         }
         let shard = &self.shards[shard];
         let mut parent: Option<Arc<Node<S>>> = None;
+        let mut path = at.path;
         let mut key = first;
         for call in recording.calls {
             let step = Step::Call {
                 name: call.name,
                 op: call.op,
             };
+            path = follow(path, hash(&key));
             let node = {
-                let at = parent.as_deref().unwrap_or(at);
+                let at = parent.as_deref().unwrap_or(&at.node);
                 shard.child_or_insert(at, key, step)
             };
             let Some(node) = node else {
@@ -609,12 +817,13 @@ impl<S> Memo<S> {
             Step::Return(Box::new(returned))
         };
         let opaque = recording.opaque;
-        let at = parent.as_deref().unwrap_or(at);
+        path = follow(path, hash(&key));
+        let at = parent.as_deref().unwrap_or(&at.node);
         let Some(node) = shard.child_or_insert(at, key, end) else {
             self.disable();
             return None;
         };
-        (!opaque).then_some(node)
+        (!opaque).then(|| Cursor::new(node, path))
     }
 }
 
@@ -713,14 +922,104 @@ mod tests {
         }
         assert!(node.child(&key(5000)).is_none());
         // A second insert of a key keeps the first node.
-        let first = Arc::clone(node.child(&key(7)).expect("present"));
+        let first = node.child(&key(7)).expect("present");
         let (kept, added, _) = node.children.insert(
             hash(&key(7)),
             key(7),
             Arc::new(Node::<()>::new(Step::Opaque)),
         );
         assert!(!added);
-        assert!(Arc::ptr_eq(kept, &first));
+        assert!(Arc::ptr_eq(&kept, &first));
+    }
+
+    /// Starts `n` requests on this thread's shard, each costing what
+    /// `cost` says for its way; returns how many started live.
+    fn run_requests(memo: &Memo<()>, n: usize, cost: impl Fn(Way) -> u64) -> usize {
+        let mut live = 0;
+        for _ in 0..n {
+            let (start, chosen) = memo.start();
+            let chosen = chosen.expect("measured memo chooses");
+            assert_eq!(start.is_none(), chosen.way == Way::Live);
+            live += usize::from(chosen.way == Way::Live);
+            if chosen.measured {
+                memo.spent(chosen, cost(chosen.way));
+            }
+        }
+        live
+    }
+
+    #[test]
+    fn requests_take_the_way_that_costs_less_and_keep_trying_the_other() {
+        let memo = Memo::<()>::new(1 << 20, true);
+        // Live costs less (a compiled policy on a long tail): nearly every
+        // request runs live, one in TRY_OTHER_WAY still walks the trees.
+        let first = run_requests(
+            &memo,
+            1000,
+            |way| if way == Way::Live { 2_000 } else { 5_000 },
+        );
+        assert!(first > 900, "{first}");
+        let live = run_requests(
+            &memo,
+            3200,
+            |way| if way == Way::Live { 2_000 } else { 5_000 },
+        );
+        assert_eq!(live, 3200 - 3200 / TRY_OTHER_WAY as usize);
+        assert_eq!(memo.stats().unreplayed as usize, first + live);
+        // The traffic changes (one popular URL): walking becomes cheaper,
+        // which the requests that still walk measure, and the thread
+        // turns back.
+        run_requests(
+            &memo,
+            4000,
+            |way| if way == Way::Live { 2_000 } else { 500 },
+        );
+        let live = run_requests(
+            &memo,
+            3200,
+            |way| if way == Way::Live { 2_000 } else { 500 },
+        );
+        assert_eq!(live, 3200 / TRY_OTHER_WAY as usize);
+        // A preempted request does not swing the average far.
+        let before = memo.shards[shard_index(memo.shards.len())].cost[Way::Replay as usize]
+            .load(Ordering::Relaxed);
+        memo.spent(
+            Chosen {
+                shard: shard_index(memo.shards.len()),
+                way: Way::Replay,
+                measured: true,
+            },
+            50_000_000,
+        );
+        let after = memo.shards[shard_index(memo.shards.len())].cost[Way::Replay as usize]
+            .load(Ordering::Relaxed);
+        assert!(
+            after <= before + before * COST_OUTLIER / (1 << COST_SHIFT),
+            "{before} -> {after}"
+        );
+    }
+
+    #[test]
+    fn a_way_that_costs_far_more_is_tried_less_often() {
+        let memo = Memo::<()>::new(1 << 20, true);
+        let cost = |way| if way == Way::Live { 80_000 } else { 2_000 };
+        run_requests(&memo, 4096, cost);
+        let live = run_requests(&memo, 2560, cost);
+        assert_eq!(live, 2560 / TRY_OTHER_WAY_FAR as usize);
+    }
+
+    #[test]
+    fn without_measuring_every_request_walks() {
+        let memo = Memo::<()>::new(1 << 20, false);
+        for _ in 0..100 {
+            let (start, chosen) = memo.start();
+            assert!(start.is_some() && chosen.is_none());
+        }
+        memo.disable();
+        let memo_on = Memo::<()>::new(1 << 20, true);
+        memo_on.disable();
+        assert!(matches!(memo.start(), (None, None)));
+        assert!(matches!(memo_on.start(), (None, None)));
     }
 
     #[test]

@@ -42,6 +42,11 @@ pub struct PolicySource {
     /// Bytes of recorded paths kept to answer requests without an
     /// instance (see `runtime::memo`); 0 runs every request live.
     pub memo_bytes: usize,
+    /// With recorded paths: a request runs live without walking them when
+    /// on its worker thread that cost less lately, as measured (a compiled
+    /// policy on a site with a long tail of URLs); `false` walks them for
+    /// every request.
+    pub replay_measured: bool,
     /// Keep one instance per worker thread made ahead of the request that
     /// will need it, so that a request does not wait for instantiation
     /// (CPython's takes 0.4 ms). Each spare holds a slot of the pool.
@@ -169,8 +174,8 @@ impl std::fmt::Debug for LoadedPolicy {
 
 /// Numbers loads, so logs can tell an old policy from its replacement.
 /// The recorded paths of a new generation, unless `bytes` is 0.
-fn new_memo(bytes: usize) -> Option<Arc<Memo>> {
-    (bytes > 0).then(|| Arc::new(Memo::new(bytes)))
+fn new_memo(bytes: usize, measured: bool) -> Option<Arc<Memo>> {
+    (bytes > 0).then(|| Arc::new(Memo::new(bytes, measured)))
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -278,7 +283,7 @@ impl LoadedPolicy {
                 indices,
                 engine: engine.clone(),
                 prewarmed,
-                memo: new_memo(source.memo_bytes),
+                memo: new_memo(source.memo_bytes, source.replay_measured),
                 pre_instantiate: source.pre_instantiate,
                 reuse,
                 started_ahead: AtomicU64::new(0),
@@ -441,7 +446,7 @@ impl LoadedPolicy {
                     .inner
                     .memo
                     .as_ref()
-                    .and_then(|memo| new_memo(memo.max_bytes())),
+                    .and_then(|memo| new_memo(memo.max_bytes(), memo.measured())),
                 pre_instantiate: self.inner.pre_instantiate,
                 reuse: self.inner.reuse,
                 started_ahead: AtomicU64::new(0),
@@ -595,7 +600,10 @@ pub struct PolicyHandle {
     /// Instances ready for this handle's next requests, the most recent
     /// last: one made ahead (a spare, `pre_instantiate`) and, when the
     /// policy reuses instances, the ones its requests finished with.
-    ready: Mutex<Vec<LiveCall>>,
+    /// (Boxed: an instance moves between a request and this list as a
+    /// pointer, not as the store's kilobytes.)
+    #[allow(clippy::vec_box)]
+    ready: Mutex<Vec<Box<LiveCall>>>,
     /// Set while a spare is being made.
     refilling: AtomicBool,
     /// Whether this handle keeps instances ready: only the long-lived
@@ -662,7 +670,7 @@ impl PolicyHandle {
     /// still serve (reuse is bounded by age); the next spare is started in
     /// the background when the policy pre-instantiates and the request
     /// takes the last one without giving it back.
-    pub(crate) fn take_ready(self: &Arc<Self>) -> Option<LiveCall> {
+    pub(crate) fn take_ready(self: &Arc<Self>) -> Option<Box<LiveCall>> {
         if !self.keeps {
             return None;
         }
@@ -704,7 +712,7 @@ impl PolicyHandle {
     /// wrong in it, and no request is waiting in line for a pool slot);
     /// otherwise it is dropped and its slot returns to the pool. Returns
     /// the request's state.
-    pub(crate) fn give_back(self: &Arc<Self>, mut live: LiveCall) -> StoreState {
+    pub(crate) fn give_back(self: &Arc<Self>, mut live: Box<LiveCall>) -> StoreState {
         if !self.keeps_instance(&live) {
             return live.into_state();
         }

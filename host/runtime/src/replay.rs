@@ -10,14 +10,18 @@ use std::sync::Arc;
 use crate::errors::{Hook, PolicyError};
 use crate::instance::{Lent, LiveCall};
 use crate::limits::MemoryLimiter;
-use crate::memo::{Entry, Key, Reply, Returned, Tape};
-use crate::state::{Cursor, Memo, Node, Recording, Start, Step, StoreState, not_repeated};
+use crate::memo::{Entries, Entry, Key, Replies, Returned, Tape};
+use crate::state::{Cursor, Memo, Recording, Start, Step, StoreState, not_repeated};
 
 /// Where a replayed request's policy runs.
+// The state is inline on purpose: a `Replay` is boxed, and a replayed
+// request should not allocate the state a second time.
+#[allow(clippy::large_enum_variant)]
 enum Run {
     /// No instance yet: hooks are answered from the recorded paths, with
-    /// this state holding what the calls changed.
-    Recorded(Box<StoreState>),
+    /// this state holding what the calls changed. (Not boxed: a `Replay`
+    /// is.)
+    Recorded(StoreState),
     /// The request left the recorded paths: its own instance.
     Live(Box<LiveCall>),
     /// Between the two while an instance is being created; a request whose
@@ -36,9 +40,13 @@ pub(crate) struct Replay {
     /// The hooks answered from recorded paths so far, and (in one list,
     /// in order) the replies the guest got in them, to bring an instance
     /// to the same point.
-    entries: Vec<Entry>,
-    replies: Vec<(&'static str, Reply)>,
+    entries: Entries,
+    replies: Replies,
     run: Run,
+    /// Whether this request records where it goes off the paths: it left
+    /// them where another request had (see [`Memo::admit`]); its later
+    /// hooks are recorded too, so the next request there replays them all.
+    recording: bool,
 }
 
 /// How far a hook got on the recorded paths.
@@ -46,8 +54,8 @@ enum Walk {
     /// The hook's recorded result, and where the request is now.
     Returned(Returned, Cursor),
     /// Off the recorded paths: an instance takes over. What it does next
-    /// is recorded under the node and key given, if any.
-    Left(Option<(Arc<Node>, Key)>),
+    /// may be recorded under the point and key given, if any.
+    Left(Option<(Cursor, Key)>),
 }
 
 /// Answers a hook from the recorded paths below `from` (in `shard` of
@@ -59,11 +67,11 @@ fn replay(
     state: &mut StoreState,
     from: &Cursor,
     entry: &Entry,
-    replies: &mut Vec<(&'static str, Reply)>,
+    replies: &mut Replies,
 ) -> Walk {
     let first = Key::Entry(entry.clone());
     let Some(mut at) = memo.child(shard, from, &first) else {
-        return Walk::Left(Some((Arc::clone(&from.node), first)));
+        return Walk::Left(Some((from.clone(), first)));
     };
     loop {
         let (name, reply) = match &at.node.step {
@@ -99,7 +107,7 @@ fn replay(
                 if let Key::Reply(reply) = &key {
                     replies.push((name, reply.clone()));
                 }
-                return Walk::Left(Some((at.node, key)));
+                return Walk::Left(Some((at, key)));
             }
         }
     }
@@ -112,11 +120,13 @@ impl Replay {
         Self {
             cursor: Some(start.root),
             shard: start.shard,
-            // Room for a typical replayed request, so the walk does not
-            // grow them call by call (a profile had that at 2% of a hit).
-            entries: Vec::with_capacity(3),
-            replies: Vec::with_capacity(16),
-            run: Run::Recorded(Box::new(state)),
+            // Room for a typical replayed request inline: no allocation
+            // (a profile had growing them at 2% of a hit, and allocating
+            // them at 1%).
+            entries: Entries::new(),
+            replies: Replies::new(),
+            run: Run::Recorded(state),
+            recording: false,
         }
     }
 
@@ -152,11 +162,11 @@ impl Replay {
             return false;
         };
         let handle = Arc::clone(live.state().handle());
-        let mut state = handle.give_back(*live);
-        self.replies = state.journal.take();
+        let mut state = handle.give_back(live);
+        self.replies = Replies::from_vec(state.journal.take());
         // A new store counts its memory from nothing again.
         state.limiter = MemoryLimiter::new(state.policy().limits.memory);
-        self.run = Run::Recorded(Box::new(state));
+        self.run = Run::Recorded(state);
         true
     }
 
@@ -166,9 +176,9 @@ impl Replay {
     }
 
     /// The request's instance, if it has one, to give back as it ends.
-    pub(crate) fn take_live(&mut self) -> Option<LiveCall> {
+    pub(crate) fn take_live(&mut self) -> Option<Box<LiveCall>> {
         match std::mem::replace(&mut self.run, Run::Gone) {
-            Run::Live(live) => Some(*live),
+            Run::Live(live) => Some(live),
             other => {
                 self.run = other;
                 None
@@ -200,18 +210,22 @@ impl Replay {
                         return Ok(returned);
                     }
                     Walk::Left(branch) => {
-                        self.catch_up(memo, lent).await?;
+                        // Boxed: instantiating and calling past hooks again
+                        // would make every hook's future bigger.
+                        Box::pin(self.catch_up(memo, lent)).await?;
                         branch
                     }
                 }
             }
-            Run::Live(_) => self
-                .cursor
-                .take()
-                .map(|at| (at.node, Key::Entry(entry.clone()))),
+            Run::Live(_) => self.cursor.take().map(|at| (at, Key::Entry(entry.clone()))),
             Run::Gone => return Err(PolicyError::AlreadyFailed { hook: entry.hook }),
         };
         self.cursor = None;
+        // Record from here if a request left the paths here before.
+        let branch = branch.filter(|(at, key)| {
+            self.recording = self.recording || memo.admit(self.shard, at.sighting(key));
+            self.recording
+        });
         memo.count_live(self.shard);
         let Run::Live(live) = &mut self.run else {
             return Err(PolicyError::AlreadyFailed { hook: entry.hook });
@@ -225,9 +239,7 @@ impl Replay {
         }
         let returned = result?;
         if let (Some((at, key)), Some(recording)) = (branch, recording) {
-            self.cursor = memo
-                .insert(self.shard, &at, key, recording, returned.clone())
-                .map(Cursor::new);
+            self.cursor = memo.insert(self.shard, &at, key, recording, returned.clone());
         }
         self.entries.push(entry.clone());
         Ok(returned)
@@ -247,12 +259,12 @@ impl Replay {
         };
         let entries = std::mem::take(&mut self.entries);
         state.tape = Tape::new(std::mem::take(&mut self.replies));
-        let mut live = match LiveCall::start(*state).await {
+        let mut live = match LiveCall::start(state).await {
             Ok(live) => live,
             Err((error, state)) => {
-                // The heads are in the state's table: keep it to give
+                // The heads are in the state: keep it to give
                 // them back.
-                self.run = Run::Recorded(state);
+                self.run = Run::Recorded(*state);
                 self.cursor = None;
                 return Err(error);
             }
@@ -265,7 +277,7 @@ impl Replay {
             }
         }
         let broken = live.state().tape.broken;
-        self.run = Run::Live(Box::new(live));
+        self.run = Run::Live(live);
         // Kept for a later release, which needs every hook that returned.
         self.entries = entries;
         caught_up.map_err(|e| {
@@ -310,6 +322,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::memo::Reply;
 
     fn tape(replies: usize) -> Tape {
         Tape::new((0..replies).map(|_| ("request.url", Reply::Str("/a".into()))))

@@ -1,12 +1,11 @@
-//! One request's store data: the resource table, the services, the caps and
-//! their counters. Every interface's `Host` trait is implemented on it, one
+//! One request's store data: the heads lent to the guest, the services, the
+//! caps and their counters. Every interface's `Host` trait is implemented on it, one
 //! file per interface.
 
 use std::sync::Arc;
 
 use inlay_core::EsiOverrides;
 use inlay_core::{RequestHead, ResponseHead};
-use wasmtime::component::{Resource, ResourceTable};
 
 use crate::errors::{Hook, HostLimitTrap};
 use crate::imports::log::LogQuota;
@@ -18,7 +17,6 @@ use crate::services::{BodyBudget, PolicyServices};
 /// The replay tree and its parts, over this store state.
 pub(crate) type Cursor = memo::Cursor<StoreState>;
 pub(crate) type Memo = memo::Memo<StoreState>;
-pub(crate) type Node = memo::Node<StoreState>;
 pub(crate) type Recording = memo::Recording<StoreState>;
 pub(crate) type Start = memo::Start<StoreState>;
 pub(crate) type Step = memo::Step<StoreState>;
@@ -26,7 +24,7 @@ pub(crate) type Step = memo::Step<StoreState>;
 /// The `T` of `Store<T>` for one request.
 pub(crate) struct StoreState {
     /// Request and response heads lent to the guest during a hook.
-    pub(crate) table: ResourceTable,
+    pub(crate) heads: LentHeads,
     /// The policy (name, config, limits) and the host's cache, kv and
     /// fetcher.
     handle: Arc<PolicyHandle>,
@@ -36,8 +34,6 @@ pub(crate) struct StoreState {
     pub(crate) clock: CpuClock,
     /// The hook running now.
     pub(crate) hook: Hook,
-    /// The request head while a hook runs (for the fetch default backend).
-    pub(crate) current_request: Option<Resource<RequestHead>>,
     /// Host calls made so far in this request.
     host_calls: u32,
     /// Subrequests made so far in this request.
@@ -59,6 +55,27 @@ pub(crate) struct StoreState {
     pub(crate) journal: Journal,
     /// When the current hook's waits on the host's I/O must have ended.
     wait_deadline: tokio::time::Instant,
+}
+
+/// The heads a hook is lent: the guest holds borrows of them, by the reps
+/// [`REQUEST_REP`] and [`RESPONSE_REP`]. (Two slots rather than wasmtime's
+/// `ResourceTable`, which boxes each entry: three allocations and as many
+/// downcasts per request for the only two resources there are.)
+#[derive(Default)]
+pub(crate) struct LentHeads {
+    pub(crate) req: Option<RequestHead>,
+    pub(crate) resp: Option<ResponseHead>,
+}
+
+/// The rep of the request head a hook is lent.
+pub(crate) const REQUEST_REP: u32 = 1;
+/// The rep of the response head a hook is lent.
+pub(crate) const RESPONSE_REP: u32 = 2;
+
+/// The error of a guest call on a head not lent to it (a stale handle): a
+/// trap.
+fn not_lent(what: &str, rep: u32) -> wasmtime::Error {
+    wasmtime::format_err!("invalid {what} handle {rep}: not lent to this hook")
 }
 
 /// The replies an instance got, in order (from the tape or live): with
@@ -114,11 +131,10 @@ impl StoreState {
     pub(crate) fn new(handle: Arc<PolicyHandle>, tick: std::time::Duration) -> Self {
         let limits = &handle.policy().shared().limits;
         Self {
-            table: ResourceTable::new(),
+            heads: LentHeads::default(),
             limiter: MemoryLimiter::new(limits.memory),
             clock: CpuClock::new(limits.cpu_time(), tick),
             hook: Hook::Instantiate,
-            current_request: None,
             host_calls: 0,
             subrequests: 0,
             subrequest_bytes: BodyBudget::new(limits.max_subrequest_bytes),
@@ -128,14 +144,22 @@ impl StoreState {
             recorder: None,
             tape: Tape::default(),
             journal: Journal::default(),
-            wait_deadline: wait_deadline(limits.host_wait()),
+            // Set when guest code starts (`begin_guest_call`).
+            wait_deadline: tokio::time::Instant::from_std(crate::limits::clock_origin()),
             handle,
         }
     }
 
-    /// Gives the hook about to run its whole `host_wait` for I/O.
-    pub(crate) fn restart_waits(&mut self) {
-        self.wait_deadline = wait_deadline(self.policy().limits.host_wait());
+    /// Guest code is about to run (a hook, or instantiation): it gets a
+    /// whole CPU budget and its whole `host_wait` for I/O, from one reading
+    /// of the clock. Returns the first epoch deadline, in ticks.
+    pub(crate) fn begin_guest_call(&mut self) -> u64 {
+        let now = std::time::Instant::now();
+        self.wait_deadline = wait_deadline(
+            tokio::time::Instant::from_std(now),
+            self.policy().limits.host_wait(),
+        );
+        self.clock.restart(now)
     }
 
     /// `future`, ending at the hook's I/O deadline with `None` if it is
@@ -215,12 +239,18 @@ impl StoreState {
 
     /// The request head lent as `rep`.
     pub(crate) fn request(&mut self, rep: u32) -> wasmtime::Result<&mut RequestHead> {
-        Ok(self.table.get_mut(&Resource::new_borrow(rep))?)
+        match (rep, self.heads.req.as_mut()) {
+            (REQUEST_REP, Some(req)) => Ok(req),
+            _ => Err(not_lent("request", rep)),
+        }
     }
 
     /// The response head lent as `rep`.
     pub(crate) fn response(&mut self, rep: u32) -> wasmtime::Result<&mut ResponseHead> {
-        Ok(self.table.get_mut(&Resource::new_borrow(rep))?)
+        match (rep, self.heads.resp.as_mut()) {
+            (RESPONSE_REP, Some(resp)) => Ok(resp),
+            _ => Err(not_lent("response", rep)),
+        }
     }
 
     /// Counts a host call; `false` once the cap is reached. Calls made in
@@ -279,26 +309,25 @@ impl StoreState {
 
     /// The header fields of the request being handled (none between hooks).
     pub(crate) fn current_headers(&self) -> http::HeaderMap {
-        self.current_request
+        self.heads
+            .req
             .as_ref()
-            .and_then(|r| self.table.get(r).ok())
             .map(|r| r.headers.clone())
             .unwrap_or_default()
     }
 
     /// The backend of the request being handled, for subrequests without one.
     pub(crate) fn default_backend(&self) -> String {
-        self.current_request
+        self.heads
+            .req
             .as_ref()
-            .and_then(|r| self.table.get(r).ok())
             .map(|r| r.backend.clone())
             .unwrap_or_default()
     }
 }
 
-/// `wait` from now (a day from now if that overflows).
-fn wait_deadline(wait: std::time::Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
+/// `wait` from `now` (a day from then if that overflows).
+fn wait_deadline(now: tokio::time::Instant, wait: std::time::Duration) -> tokio::time::Instant {
     now.checked_add(wait)
         .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400))
 }

@@ -205,6 +205,7 @@ fn probe_source(limits: PolicyLimits) -> PolicySource {
         pre_instantiate: true,
         // Every call below runs the guest; replay has its own tests.
         memo_bytes: 0,
+        replay_measured: false,
         requests_per_instance: test_requests_per_instance(),
         instance_lifetime: Duration::from_secs(60),
     }
@@ -1049,6 +1050,7 @@ mod example_policies {
                 prewarm: true,
                 pre_instantiate: true,
                 memo_bytes: 0,
+                replay_measured: false,
                 requests_per_instance: test_requests_per_instance(),
                 instance_lifetime: Duration::from_secs(60),
             },

@@ -95,18 +95,38 @@ pub enum PolicyAction {
     Push {
         /// The `.wasm` component.
         file: PathBuf,
+        /// Roll out the file of this component backend instead of the
+        /// policy (`?component=NAME`).
+        #[arg(long, value_name = "NAME")]
+        component: Option<String>,
     },
     /// Return every node to the version pushed before the current one
     /// (`POST /policy/rollback`).
-    Rollback,
+    Rollback {
+        /// This component backend's file instead of the policy.
+        #[arg(long, value_name = "NAME")]
+        component: Option<String>,
+    },
     /// The version this node runs and the cluster's current one (`GET /policy`).
-    Status,
+    Status {
+        /// This component backend's file instead of the policy.
+        #[arg(long, value_name = "NAME")]
+        component: Option<String>,
+    },
+}
+
+/// `path`, with `?component=NAME` when a component backend is named.
+fn for_component(path: &str, component: &Option<String>) -> String {
+    match component {
+        Some(name) => format!("{path}?component={name}"),
+        None => path.to_owned(),
+    }
 }
 
 impl AdminCommand {
     /// The method, path and JSON body of the request.
-    fn request(&self) -> (Method, &'static str, Option<Value>) {
-        match self {
+    fn request(&self) -> (Method, String, Option<Value>) {
+        let (method, path, body) = match self {
             Self::Stats => (Method::GET, "/stats", None),
             Self::Health => (Method::GET, "/healthz", None),
             Self::Ready => (Method::GET, "/readyz", None),
@@ -132,16 +152,23 @@ impl AdminCommand {
             Self::Config => (Method::GET, "/config", None),
             Self::Metrics => (Method::GET, "/metrics", None),
             // The component is the body, read in `main`.
-            Self::Policy {
-                action: PolicyAction::Push { .. },
-            } => (Method::POST, "/policy/push", None),
-            Self::Policy {
-                action: PolicyAction::Rollback,
-            } => (Method::POST, "/policy/rollback", None),
-            Self::Policy {
-                action: PolicyAction::Status,
-            } => (Method::GET, "/policy", None),
-        }
+            Self::Policy { action } => {
+                return match action {
+                    PolicyAction::Push { component, .. } => {
+                        (Method::POST, for_component("/policy/push", component), None)
+                    }
+                    PolicyAction::Rollback { component } => (
+                        Method::POST,
+                        for_component("/policy/rollback", component),
+                        None,
+                    ),
+                    PolicyAction::Status { component } => {
+                        (Method::GET, for_component("/policy", component), None)
+                    }
+                };
+            }
+        };
+        (method, path.to_owned(), body)
     }
 }
 
@@ -173,7 +200,7 @@ pub fn main(args: AdminArgs) -> ExitCode {
     let body = match (&args.command, body) {
         (
             AdminCommand::Policy {
-                action: PolicyAction::Push { file },
+                action: PolicyAction::Push { file, .. },
             },
             _,
         ) => match std::fs::read(file) {
@@ -186,7 +213,7 @@ pub fn main(args: AdminArgs) -> ExitCode {
         (_, Some(v)) => Some((Bytes::from(v.to_string()), super::JSON_MEDIA_TYPE)),
         (_, None) => None,
     };
-    match rt.block_on(call(addr, token.as_ref(), method, path, body)) {
+    match rt.block_on(call(addr, token.as_ref(), method, &path, body)) {
         Err(e) => {
             eprintln!("inlay admin: {e:#}");
             ExitCode::from(2)

@@ -72,9 +72,12 @@ pub type ConfigHook = Arc<dyn Fn() -> Arc<Config> + Send + Sync>;
 /// `GET /stats`: the policy of the current generation, if any.
 pub type PolicyHook = Arc<dyn Fn() -> Option<LoadedPolicy> + Send + Sync>;
 /// `GET /policy`, `POST /policy/push` and `POST /policy/rollback`: the
-/// cluster's policy rollout (`[cluster]`); a JSON answer or why it failed.
-pub type RolloutHook =
-    Arc<dyn Fn(RolloutCall) -> BoxFuture<'static, Result<Value, String>> + Send + Sync>;
+/// cluster's policy rollout (`[cluster]`), or with `?component=NAME` that
+/// component backend's (the name is the second argument); a JSON answer
+/// or why it failed.
+pub type RolloutHook = Arc<
+    dyn Fn(RolloutCall, Option<String>) -> BoxFuture<'static, Result<Value, String>> + Send + Sync,
+>;
 
 /// What the admin API asks of the cluster's policy rollout.
 #[derive(Debug)]
@@ -340,7 +343,12 @@ impl Admin {
                 None => not_available("reload"),
             },
             Route::Policy | Route::PolicyPush | Route::PolicyRollback => {
-                self.rollout(route, body).await
+                let component = parts.uri.query().and_then(|q| {
+                    q.split('&')
+                        .find_map(|kv| kv.strip_prefix("component="))
+                        .map(str::to_owned)
+                });
+                self.rollout(route, body, component).await
             }
         };
         if parts.method == Method::HEAD {
@@ -393,7 +401,12 @@ impl Admin {
         Ok(())
     }
 
-    async fn rollout(&self, route: Route, body: Bytes) -> Response<Full<Bytes>> {
+    async fn rollout(
+        &self,
+        route: Route,
+        body: Bytes,
+        component: Option<String>,
+    ) -> Response<Full<Bytes>> {
         let Some((hook, _)) = self.hooks().rollout else {
             return error(
                 StatusCode::NOT_IMPLEMENTED,
@@ -405,7 +418,7 @@ impl Admin {
             Route::PolicyRollback => RolloutCall::Rollback,
             _ => RolloutCall::Status,
         };
-        match hook(call).await {
+        match hook(call, component).await {
             Ok(v) => ok(v),
             Err(m) => error(StatusCode::BAD_REQUEST, m),
         }

@@ -147,6 +147,7 @@ pub fn config_json(cfg: &Config) -> Value {
             "prewarm": p.prewarm,
             "pre_instantiate": p.pre_instantiate,
             "memo_size": p.memo_size,
+            "replay_always": p.replay_always,
         })
     });
     let admin = json!({

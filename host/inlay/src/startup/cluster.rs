@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use inlay_cache::HttpCache;
 use inlay_cluster::fanout::{Fanout, FanoutHost};
-use inlay_cluster::rollout::{PolicySwap, Rollout};
+use inlay_cluster::rollout::{PolicySwap, Rollout, Rollouts};
 use inlay_cluster::{Cluster, ClusterMetrics};
 
 use crate::admin::{Admin, RolloutCall, RolloutHook};
@@ -42,6 +42,16 @@ impl PolicySwap for Reloader {
             .await
             .map(|report| report.generation)
     }
+
+    async fn swap_component(
+        &self,
+        backend: &str,
+        path: Option<PathBuf>,
+    ) -> Result<u64, Vec<String>> {
+        self.roll_out_component(backend, path)
+            .await
+            .map(|report| report.generation)
+    }
 }
 
 /// Start the purge fan-out for the node `reloader` serves: the purges of
@@ -50,24 +60,46 @@ pub async fn start_fanout(cluster: &Cluster, reloader: &Arc<Reloader>) -> anyhow
     Fanout::start(cluster, Arc::clone(reloader) as Arc<dyn FanoutHost>).await
 }
 
-/// With `[cluster]`, the policy rollout: on a node with a `[policy]` the
-/// current version applies before this returns; `GET /policy`, `POST
-/// /policy/push` and `POST /policy/rollback` are served on `admin`.
+/// With `[cluster]`, the rollouts: on a node with a `[policy]` the
+/// policy's current version applies before this returns, and so does each
+/// component backend's; `GET /policy`, `POST /policy/push` and `POST
+/// /policy/rollback` are served on `admin` (with `?component=NAME`, for
+/// that component backend's file).
 pub async fn start_rollout(cluster: Option<&Cluster>, reloader: &Arc<Reloader>, admin: &Admin) {
     let cfg = reloader.current_config();
-    let swap = cfg.policy.is_some().then(|| Arc::clone(reloader));
-    let rollout = inlay_cluster::rollout::start(cluster, swap, cfg.cache.dir.as_deref()).await;
-    wire_admin(admin, rollout);
+    let components: Vec<String> = cfg
+        .backends
+        .iter()
+        .filter(|(_, b)| b.component.is_some())
+        .map(|(name, _)| name.clone())
+        .collect();
+    let rollouts = inlay_cluster::rollout::start(
+        cluster,
+        Arc::clone(reloader),
+        cfg.policy.is_some(),
+        &components,
+        cfg.cache.dir.as_deref(),
+    )
+    .await;
+    wire_admin(admin, rollouts);
 }
 
 /// The admin API's rollout calls, when this node has the rollout.
-fn wire_admin(admin: &Admin, rollout: Option<Rollout>) {
-    let Some(rollout) = rollout else { return };
-    let max = usize::try_from(rollout.max_size()).unwrap_or(usize::MAX);
+fn wire_admin(admin: &Admin, rollouts: Option<Rollouts>) {
+    let Some(rollouts) = rollouts else { return };
+    let max = usize::try_from(rollouts.policy.max_size()).unwrap_or(usize::MAX);
     admin.set_hooks(|h| {
-        let hook: RolloutHook = Arc::new(move |call| {
-            let rollout = rollout.clone();
+        let hook: RolloutHook = Arc::new(move |call, component| {
+            let rollout: Result<Rollout, String> = match component {
+                None => Ok(rollouts.policy.clone()),
+                Some(name) => rollouts.component(&name).map_err(|e| format!("{e:#}")),
+            };
             Box::pin(async move {
+                let rollout = rollout?;
+                let what = match rollout.target() {
+                    inlay_cluster::rollout::Target::Policy => "policy".to_owned(),
+                    inlay_cluster::rollout::Target::Component(name) => format!("component {name}"),
+                };
                 match call {
                     RolloutCall::Status => {
                         let status = rollout.status();
@@ -84,12 +116,12 @@ fn wire_admin(admin: &Admin, rollout: Option<Rollout>) {
                         .push(bytes)
                         .await
                         .map(|v| serde_json::json!({"pushed": v}))
-                        .map_err(|e| format!("policy push refused: {e:#}")),
+                        .map_err(|e| format!("{what} push refused: {e:#}")),
                     RolloutCall::Rollback => rollout
                         .rollback()
                         .await
                         .map(|v| serde_json::json!({"current": v}))
-                        .map_err(|e| format!("policy rollback refused: {e:#}")),
+                        .map_err(|e| format!("{what} rollback refused: {e:#}")),
                 }
             })
         });

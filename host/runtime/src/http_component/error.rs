@@ -8,7 +8,7 @@ use std::time::Duration;
 use inlay_core::ProxyError;
 
 /// Why a component could not be loaded or could not answer a request.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ComponentError {
     /// The file is not a component wasmtime can compile.
     #[error("cannot compile component {path}: {message}")]
@@ -18,14 +18,27 @@ pub enum ComponentError {
         /// What the compiler said.
         message: String,
     },
-    /// The component does not export `wasi:http/incoming-handler@0.2`, or
+    /// The component exports neither `wasi:http/incoming-handler@0.2` nor
+    /// `wasi:http/handler@0.3`, or
     /// imports something the host does not give.
-    #[error("component {path} is not a wasi:http/proxy 0.2 component the host can run: {message}")]
+    #[error(
+        "component {path} is not a wasi:http/proxy 0.2 or wasi:http/service 0.3 component the host can run: {message}"
+    )]
     WorldMismatch {
         /// The file.
         path: PathBuf,
         /// The linker's explanation.
         message: String,
+    },
+    /// Instance reuse asked of a `wasi:http/proxy` 0.2 component.
+    #[error(
+        "component {path} is a wasi:http/proxy 0.2 component, which gets a fresh instance for \
+         every request: requests_per_instance and concurrent_requests_per_instance are for \
+         wasi:http/service 0.3 components"
+    )]
+    NoReuse {
+        /// The file.
+        path: PathBuf,
     },
     /// The engine and its pool of `max_instances` could not be made.
     #[error("cannot make a pool of {max_instances} component instances: {message}")]

@@ -1,16 +1,18 @@
-//! Standard `wasi:http/proxy` 0.2 components (and, with the cargo feature
-//! `p3`, `wasi:http/service` 0.3 ones) served in-process: a backend that
+//! Standard `wasi:http/proxy` 0.2 and `wasi:http/service` 0.3 components
+//! served in-process: a backend that
 //! is an application rather than a socket. The pipeline sends it the
 //! requests it would send an origin, and what it answers goes through the
 //! cache, ESI, purge and the access log as an origin's answer does.
 //!
 //! ```text
 //! HttpComponent (one per component backend and generation: its settings)
-//!   └─ Loaded (compiled, linked, pre-instantiated; kept by a reload of
-//!        │     the same file and pool size; its own engine and pool)
-//!        └─ serve (one request: a fresh store and instance from the pool,
-//!                  `wasi:http/incoming-handler.handle` in a task of its
-//!                  own; a 0.3 `handler.handle` in the store's event loop)
+//!   ├─ Loaded (compiled, linked, pre-instantiated; kept by a reload of
+//!   │    │     the same file and pool size; its own engine and pool)
+//!   │    └─ serve (0.2: one request, a fresh store and instance from the
+//!   │              pool, `wasi:http/incoming-handler.handle` in a task of
+//!   │              its own)
+//!   └─ P3Pool (0.3, one per generation: instances reused as `wasmtime
+//!        serve` reuses them, `handler.handle` in each one's event loop)
 //! ```
 //!
 //! The guest's world is bounded as a policy's is: outgoing HTTP only to
@@ -22,12 +24,14 @@
 //! cap (`request_timeout`) and an instance from a pool of `max_instances`;
 //! a trap or a limit fails that request alone, with one log line.
 //!
-//! Every request gets a fresh instance (as `wasmtime serve` does for 0.2
-//! components): nothing a request does is seen by the next.
+//! A 0.2 request gets a fresh instance (as `wasmtime serve` gives it):
+//! nothing a request does is seen by the next. A 0.3 instance serves up
+//! to `requests_per_instance` requests, `concurrent_requests_per_instance`
+//! at once, as `wasmtime serve` does (`p3.rs`); `requests_per_instance = 1`
+//! gives each a fresh one.
 
 mod error;
 mod outbound;
-#[cfg(feature = "p3")]
 mod p3;
 mod settings;
 mod state;
@@ -50,11 +54,14 @@ use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
 pub use error::ComponentError;
 pub use outbound::{ComponentOutbound, Depth, MAX_DEPTH};
-pub use settings::ComponentSettings;
+pub use p3::IDLE_INSTANCE_TIMEOUT;
+pub use settings::{
+    ComponentSettings, P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE,
+};
 
 use crate::engine::{EPOCH_TICK, PolicyEngine};
 use crate::limits::PolicyLimits;
-use outbound::OutboundHooks;
+use outbound::{OutboundHooks, Route};
 use state::AppState;
 
 /// CPU time the load check's instantiation may take (a cold start of a
@@ -76,6 +83,9 @@ pub struct HttpComponent {
     settings: Arc<ComponentSettings>,
     /// The backend's name, for logs and errors.
     name: Arc<str>,
+    /// A 0.3 component's instances of this generation (none in the
+    /// clone the pool itself keeps).
+    p3: Option<Arc<p3::P3Pool>>,
 }
 
 /// The compiled component, its engine (pool and epoch ticker) and its
@@ -93,7 +103,6 @@ enum Pre {
     /// through an out-parameter.
     P2(ProxyPre<AppState>),
     /// `wasi:http/service` 0.3: `handler.handle` is async and returns it.
-    #[cfg(feature = "p3")]
     P3(wasmtime_wasi_http::p3::bindings::ServicePre<AppState>),
 }
 
@@ -127,23 +136,33 @@ impl HttpComponent {
             max_instances: settings.max_instances,
             ..PolicyLimits::default()
         };
-        let engine = PolicyEngine::new(&limits).map_err(|e| ComponentError::Engine {
-            max_instances: settings.max_instances,
-            message: e.to_string(),
-        })?;
-        let component = Component::new(engine.engine(), bytes).map_err(|e| {
-            let mut message = format!("{e:#}");
-            if cfg!(not(feature = "p3")) && message.contains("component model async") {
-                message.push_str(
-                    " (a wasi:http 0.3 component? this inlay serves 0.2 ones: \
-                     build it with --features wasi-http-p3)",
-                );
+        let engine = |async_components| {
+            PolicyEngine::with_async(&limits, async_components).map_err(|e| {
+                ComponentError::Engine {
+                    max_instances: settings.max_instances,
+                    message: e.to_string(),
+                }
+            })
+        };
+        let compile_error = |e: wasmtime::Error| ComponentError::Compile {
+            path: path.to_owned(),
+            message: format!("{e:#}"),
+        };
+        // A 0.2 component runs on an engine without component-model async
+        // (no state for it in its stores); a 0.3 one, which validation
+        // refuses there, gets one with it.
+        let plain = engine(false)?;
+        let (engine, component) = match Component::new(plain.engine(), bytes) {
+            Ok(component) => (plain, component),
+            Err(e) if format!("{e:#}").contains("component model async") => {
+                drop(plain);
+                let with_async = engine(true)?;
+                let component =
+                    Component::new(with_async.engine(), bytes).map_err(compile_error)?;
+                (with_async, component)
             }
-            ComponentError::Compile {
-                path: path.to_owned(),
-                message,
-            }
-        })?;
+            Err(e) => return Err(compile_error(e)),
+        };
         let mismatch = |e: wasmtime::Error| ComponentError::WorldMismatch {
             path: path.to_owned(),
             message: format!("{e:#}"),
@@ -151,18 +170,17 @@ impl HttpComponent {
         let mut linker = Linker::new(engine.engine());
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(mismatch)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(mismatch)?;
-        #[cfg(feature = "p3")]
-        {
+        let concurrent = engine.engine().get_concurrency_support();
+        if concurrent {
             wasmtime_wasi::p3::add_to_linker(&mut linker).map_err(mismatch)?;
             wasmtime_wasi_http::p3::add_to_linker(&mut linker).map_err(mismatch)?;
         }
         let pre = linker.instantiate_pre(&component).map_err(mismatch)?;
-        #[cfg(feature = "p3")]
-        if let Ok(service) = wasmtime_wasi_http::p3::bindings::ServicePre::new(pre.clone()) {
-            return Ok(Self::loaded(name, path, engine, Pre::P3(service), settings));
-        }
-        let pre = Pre::P2(ProxyPre::new(pre).map_err(mismatch)?);
-        Ok(Self::loaded(name, path, engine, pre, settings))
+        let pre = match wasmtime_wasi_http::p3::bindings::ServicePre::new(pre.clone()) {
+            Ok(service) if concurrent => Pre::P3(service),
+            _ => Pre::P2(ProxyPre::new(pre).map_err(mismatch)?),
+        };
+        Self::loaded(name, path, engine, pre, settings)
     }
 
     fn loaded(
@@ -171,27 +189,66 @@ impl HttpComponent {
         engine: PolicyEngine,
         pre: Pre,
         settings: ComponentSettings,
-    ) -> Self {
-        Self {
-            loaded: Arc::new(Loaded {
-                engine,
-                pre,
-                path: path.to_owned(),
-            }),
+    ) -> Result<Self, ComponentError> {
+        let loaded = Arc::new(Loaded {
+            engine,
+            pre,
+            path: path.to_owned(),
+        });
+        Self::generation(loaded, name, settings)
+    }
+
+    /// The component `loaded` with `settings`, for backend `name`: for a
+    /// 0.3 component, with a pool of instances of its own.
+    fn generation(
+        loaded: Arc<Loaded>,
+        name: &str,
+        settings: ComponentSettings,
+    ) -> Result<Self, ComponentError> {
+        let p3_only = settings.requests_per_instance.is_some_and(|n| n > 1)
+            || settings
+                .concurrent_requests_per_instance
+                .is_some_and(|n| n > 1);
+        if p3_only && matches!(loaded.pre, Pre::P2(_)) {
+            return Err(ComponentError::NoReuse {
+                path: loaded.path.clone(),
+            });
+        }
+        let mut this = Self {
+            loaded,
             settings: Arc::new(settings),
             name: name.into(),
+            p3: None,
+        };
+        if let Pre::P3(pre) = &this.loaded.pre {
+            let pool = p3::P3Pool::new(this.clone(), pre.clone());
+            this.p3 = Some(Arc::new(pool));
         }
+        Ok(this)
     }
 
     /// The same compiled component with other settings (a reload that
-    /// changed only limits or the environment). The pool's size stays the
-    /// loaded one's: a new `max_instances` needs [`load`](Self::load).
-    pub fn with_settings(&self, name: &str, settings: ComponentSettings) -> Self {
-        Self {
-            loaded: Arc::clone(&self.loaded),
-            settings: Arc::new(settings),
-            name: name.into(),
-        }
+    /// changed only limits or the environment), and for a 0.3 component
+    /// new instances: a new generation never serves from the old one's.
+    /// The pool's size stays the loaded one's: a new `max_instances` needs
+    /// [`load`](Self::load). A 0.2 component refuses instance reuse.
+    pub fn with_settings(
+        &self,
+        name: &str,
+        settings: ComponentSettings,
+    ) -> Result<Self, ComponentError> {
+        Self::generation(Arc::clone(&self.loaded), name, settings)
+    }
+
+    /// Instances this generation made so far: `None` for a 0.2 component,
+    /// whose every request makes one.
+    pub fn instances_made(&self) -> Option<u64> {
+        self.p3.as_ref().map(|p| p.instances_made())
+    }
+
+    /// Whether it is a `wasi:http/service` 0.3 component.
+    pub fn is_p3(&self) -> bool {
+        matches!(self.loaded.pre, Pre::P3(_))
     }
 
     /// The backend's name.
@@ -210,9 +267,18 @@ impl HttpComponent {
     }
 
     /// Whether `self` and `other` are the same compiled component and
-    /// settings (a reload kept both).
+    /// settings (a reload kept both) and, for a 0.3 component, the same
+    /// instances: never true across a reload, whose generation has its
+    /// own.
     pub fn same(&self, other: &HttpComponent) -> bool {
-        Arc::ptr_eq(&self.loaded, &other.loaded) && self.settings == other.settings
+        let same_instances = match (&self.p3, &other.p3) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        Arc::ptr_eq(&self.loaded, &other.loaded)
+            && self.settings == other.settings
+            && same_instances
     }
 
     /// Instantiates it once, as a request would, to find at load what
@@ -224,10 +290,10 @@ impl HttpComponent {
             cpu_time: LOAD_CHECK_CPU,
             ..(*self.settings).clone()
         };
-        let mut store = self.store(&settings, Arc::new(NoOutbound), 0)?;
+        let route = Route::new(Arc::new(NoOutbound), 0, &settings);
+        let mut store = self.store(&settings, route)?;
         let result = match &self.loaded.pre {
             Pre::P2(pre) => pre.instantiate_async(&mut store).await.map(drop),
-            #[cfg(feature = "p3")]
             Pre::P3(pre) => pre.instantiate_async(&mut store).await.map(drop),
         };
         drop(slot);
@@ -238,8 +304,8 @@ impl HttpComponent {
     }
 
     /// Serves `req` (its URI a path and query, its `Host` the client's)
-    /// with a fresh instance, sending the component's outgoing requests
-    /// through `outbound`. Returns once the guest has set the response
+    /// with a fresh instance (0.2) or one of the generation's (0.3),
+    /// sending the component's outgoing requests through `outbound`. Returns once the guest has set the response
     /// head; the body streams from the guest as it writes it. A failure
     /// before the head is the error; one after it cuts the body.
     pub async fn serve(
@@ -247,20 +313,26 @@ impl HttpComponent {
         req: Request<ProxyBody>,
         outbound: Arc<dyn ComponentOutbound>,
     ) -> Result<Response<ProxyBody>, ComponentError> {
-        let slot = self.slot().await?;
         let depth = req.extensions().get::<Depth>().map_or(0, |d| d.0);
-        let mut store = self.store(&self.settings, outbound, depth)?;
+        let route = Route::new(outbound, depth, &self.settings);
         let req = self.with_authority(req);
+        let pre = match (&self.loaded.pre, &self.p3) {
+            (Pre::P2(pre), _) => pre.clone(),
+            (Pre::P3(_), Some(pool)) => return pool.serve(req, route).await,
+            (Pre::P3(_), None) => {
+                return Err(ComponentError::Trap {
+                    message: "a 0.3 component without its instances".into(),
+                });
+            }
+        };
+        let slot = self.slot().await?;
+        let mut store = self.store(&self.settings, route)?;
         let (tx, rx) = oneshot::channel();
         // Set once the guest has given the head: a failure after it is
         // logged by the task (the request has its response), one before
         // it is the request's error, which the pipeline logs.
         let answered = Arc::new(AtomicBool::new(false));
-        let run = match &self.loaded.pre {
-            Pre::P2(pre) => p2_handle(pre.clone(), &mut store, req, tx, Arc::clone(&answered))?,
-            #[cfg(feature = "p3")]
-            Pre::P3(pre) => p3::handle(pre.clone(), req, tx, Arc::clone(&answered)),
-        };
+        let run = p2_handle(pre, &mut store, req, tx, Arc::clone(&answered))?;
         let this = self.clone();
         let task = tokio::spawn(async move {
             let _slot = slot;
@@ -315,32 +387,31 @@ impl HttpComponent {
     fn store(
         &self,
         settings: &ComponentSettings,
-        outbound: Arc<dyn ComponentOutbound>,
-        depth: u8,
+        route: Arc<Route>,
     ) -> Result<Store<AppState>, ComponentError> {
-        let hooks = OutboundHooks {
-            outbound,
-            component: Arc::clone(&self.name),
-            depth,
-            sent: 0,
-            max: settings.max_subrequests,
-            budget: crate::services::BodyBudget::new(settings.max_subrequest_bytes),
-        };
+        let hooks = OutboundHooks::new(Arc::clone(&self.name), route);
         let state = AppState::new(settings, hooks, EPOCH_TICK)
             .map_err(|message| ComponentError::Trap { message })?;
         let mut store = Store::new(self.loaded.engine.engine(), state);
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
-        let ticks = store.data_mut().clock.restart();
+        let ticks = store.data_mut().clock.restart(std::time::Instant::now());
         store.set_epoch_deadline(ticks);
         // The CPU clock runs only while guest code does: not in a call
         // into the host, nor while no guest code runs at all (a 0.3
         // guest's tasks waiting in the store's event loop).
         store.call_hook(|mut ctx, hook| {
             match hook {
-                CallHook::CallingHost | CallHook::ReturningFromWasm => {
+                CallHook::CallingHost => {
+                    // A 0.3 instance serving several requests: which one
+                    // calls (for its outgoing requests' route and caps).
+                    if ctx.data_mut().hooks_mut().needs_task() {
+                        let root = ctx.async_call_stack().ok().and_then(|s| s.last());
+                        ctx.data_mut().hooks_mut().entering_host(root);
+                    }
                     ctx.data_mut().host_call_starts()
                 }
+                CallHook::ReturningFromWasm => ctx.data_mut().host_call_starts(),
                 CallHook::ReturningFromHost | CallHook::CallingWasm => {
                     ctx.data_mut().host_call_ends()
                 }
@@ -399,7 +470,8 @@ impl HttpComponent {
     }
 }
 
-/// What a request's task runs in its store: instantiation and the call.
+/// What a 0.2 request's task runs in its store: instantiation and the
+/// call.
 type Run =
     Box<dyn for<'a> FnOnce(&'a mut Store<AppState>) -> BoxFuture<'a, wasmtime::Result<()>> + Send>;
 

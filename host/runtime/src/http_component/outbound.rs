@@ -4,8 +4,10 @@
 //! request's caps. There is no other way out: the `wasi:http` crate's own
 //! client is not compiled in, and sockets are denied.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -15,8 +17,10 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use inlay_core::body::{BoxError, ProxyBody};
 use inlay_core::{LogLimit, ProxyError};
+use wasmtime::component::GuestTaskId;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
+use super::settings::ComponentSettings;
 use crate::services::BodyBudget;
 
 /// How deep components may call components through outgoing requests
@@ -49,22 +53,87 @@ pub struct Depth(pub u8);
 /// number of requests of misbehaving guests.
 static REFUSED_LOG: LogLimit = LogLimit::per_second(5);
 
-/// The `wasi:http` hooks of one request's store: its outgoing requests,
-/// counted and sent through the host.
+/// Where one request's outgoing requests go, and its caps.
+pub(crate) struct Route {
+    outbound: Arc<dyn ComponentOutbound>,
+    /// How deep the request being served is.
+    depth: u8,
+    /// Outgoing requests made so far, and the cap.
+    sent: AtomicU32,
+    max: u32,
+    /// Response body bytes the request's outgoing requests may still read.
+    budget: BodyBudget,
+}
+
+impl Route {
+    /// A request `depth` components deep, sending through `outbound`
+    /// within `settings`' caps.
+    pub(crate) fn new(
+        outbound: Arc<dyn ComponentOutbound>,
+        depth: u8,
+        settings: &ComponentSettings,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            outbound,
+            depth,
+            sent: AtomicU32::new(0),
+            max: settings.max_subrequests,
+            budget: BodyBudget::new(settings.max_subrequest_bytes),
+        })
+    }
+}
+
+/// The `wasi:http` hooks of a store: its outgoing requests, counted to
+/// the request they are made for and sent through the host. A 0.2 store
+/// serves one request; a 0.3 instance may serve several, whose guest
+/// tasks are told apart by the root of the async call stack at every call
+/// into the host while more than one waits for its response
+/// ([`OutboundHooks::entering_host`]).
 pub(crate) struct OutboundHooks {
-    pub(crate) outbound: Arc<dyn ComponentOutbound>,
+    /// The request whose guest code calls the host now.
+    current: Arc<Route>,
+    /// A 0.3 instance's requests, by the guest task `handle` runs in.
+    by_task: HashMap<GuestTaskId, Arc<Route>>,
+    /// A 0.3 instance's count of the requests waiting for their response
+    /// (`None` for a 0.2 store, which serves one).
+    pub(crate) running: Option<Arc<AtomicUsize>>,
     /// The component backend's name, for the log.
     pub(crate) component: Arc<str>,
-    /// How deep the request being served is.
-    pub(crate) depth: u8,
-    /// Outgoing requests made so far, and the cap.
-    pub(crate) sent: u32,
-    pub(crate) max: u32,
-    /// Response body bytes the request's outgoing requests may still read.
-    pub(crate) budget: BodyBudget,
 }
 
 impl OutboundHooks {
+    pub(crate) fn new(component: Arc<str>, route: Arc<Route>) -> Self {
+        Self {
+            current: route,
+            by_task: HashMap::new(),
+            running: None,
+            component,
+        }
+    }
+
+    /// A 0.3 request starts in `task`.
+    pub(crate) fn start(&mut self, task: GuestTaskId, route: Arc<Route>) {
+        self.current = Arc::clone(&route);
+        self.by_task.insert(task, route);
+    }
+
+    /// Whether guest calls into the host must be told apart: several
+    /// requests are waiting for their response in this store. (With one,
+    /// its calls are its own; a guest task that goes on after its
+    /// response, while a later request runs alone, counts to that one.)
+    pub(crate) fn needs_task(&self) -> bool {
+        self.running
+            .as_ref()
+            .is_some_and(|r| r.load(Ordering::Relaxed) > 1)
+    }
+
+    /// The guest calls the host from the task whose root is `root`.
+    pub(crate) fn entering_host(&mut self, root: Option<GuestTaskId>) {
+        if let Some(route) = root.and_then(|t| self.by_task.get(&t)) {
+            self.current = Arc::clone(route);
+        }
+    }
+
     fn refuse(&self, authority: &str, why: &str) {
         if let Some(left_out) = REFUSED_LOG.admit() {
             tracing::warn!(
@@ -100,19 +169,25 @@ impl WasiHttpHooks for OutboundHooks {
         let refused = |e: HttpError| -> Box<dyn Future<Output = SendResult> + Send> {
             Box::new(async move { Err(e) })
         };
-        if self.depth >= MAX_DEPTH {
+        let route = Arc::clone(&self.current);
+        if route.depth >= MAX_DEPTH {
             self.refuse(&authority, "components call each other too deep");
             return refused(HttpError::LoopDetected);
         }
-        if self.sent >= self.max {
+        if route
+            .sent
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < route.max).then_some(n + 1)
+            })
+            .is_err()
+        {
             self.refuse(&authority, "max_subrequests reached");
             return refused(HttpError::HttpRequestDenied);
         }
-        let Some(backend) = self.outbound.backend_for(&authority) else {
+        let Some(backend) = route.outbound.backend_for(&authority) else {
             self.refuse(&authority, "not a configured backend");
             return refused(HttpError::HttpRequestDenied);
         };
-        self.sent += 1;
         let (mut parts, body) = request.into_parts();
         let pq = parts
             .uri
@@ -129,12 +204,12 @@ impl WasiHttpHooks for OutboundHooks {
         if authority.eq_ignore_ascii_case(&backend) {
             parts.headers.remove(http::header::HOST);
         }
-        parts.extensions.insert(Depth(self.depth + 1));
+        parts.extensions.insert(Depth(route.depth + 1));
         let body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
-        let sent = self
+        let sent = route
             .outbound
             .send(&backend, Request::from_parts(parts, body));
-        let budget = self.budget.clone();
+        let budget = route.budget.clone();
         Box::new(async move {
             let resp = sent.await.map_err(|e| wasi_error(&e))?;
             let resp = resp.map(|body| Budgeted { body, budget }.boxed_unsync());

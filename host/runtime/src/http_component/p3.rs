@@ -1,112 +1,342 @@
-//! `wasi:http/service` 0.3 components (cargo feature `p3`): `handle` is an
-//! async export that returns the response, whose body the guest writes to
-//! a stream afterwards. The store's event loop (`run_concurrent`) runs
-//! until the body is read or dropped, so that the guest's tasks writing it
-//! make progress. A fresh instance per request, as for 0.2.
+//! `wasi:http/service` 0.3 components: `handle` is an async export that
+//! returns the response, whose body the guest writes to a stream
+//! afterwards, and an instance may serve several requests, one after
+//! another and at once. Instances are reused as `wasmtime serve` reuses
+//! them, by the same code: wasmtime-wasi-http's [`ProxyHandler`] (workers,
+//! each an instance whose store's event loop accepts requests while its
+//! [`WorkerState`] says so), with Inlay's bounds:
+//!
+//! - at most `requests_per_instance` requests per instance, at most
+//!   `concurrent_requests_per_instance` of them at once, an instance
+//!   younger than `instance_lifetime`, and idle for at most
+//!   [`IDLE_INSTANCE_TIMEOUT`] (`wasmtime serve`'s default);
+//! - an instance that failed (a trap, its CPU time, its memory) ends
+//!   (`ProxyHandler` drops its store) and its slot returns to the pool;
+//! - instances belong to one generation's [`P3Pool`]: when the generation
+//!   goes (a reload), its instances accept nothing more and idle ones
+//!   end, so a reload never serves from an old instance.
+//!
+//! An instance is one store: its memory cap is the instance's, and its CPU
+//! clock gives the guest `cpu_time` from the start of its latest request
+//! for each request it then runs. Outgoing requests are counted to the
+//! request whose task made them ([`OutboundHooks`]).
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::Request;
-use http_body::{Body, Frame, SizeHint};
+use http::{Request, Response};
 use http_body_util::BodyExt;
 use inlay_core::body::{self, ProxyBody};
-use tokio::sync::oneshot;
+use wasmtime::component::GuestTaskId;
+use wasmtime::{Store, StoreContextMut};
+use wasmtime_wasi_http::handler::{
+    ExpirationError, HandlerState, Instance, InstantiationError, Proxy, ProxyHandler, ShouldAccept,
+    WorkerExpiration, WorkerState, WorkerStatus,
+};
 use wasmtime_wasi_http::p3::bindings::ServicePre;
+use wasmtime_wasi_http::p3::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
+use super::outbound::Route;
+use super::settings::{P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE};
 use super::state::AppState;
-use super::{ComponentError, Head, Run};
+use super::{ComponentError, HttpComponent, NoOutbound, classify};
 
-/// A 0.3 request: instantiate, call `handle`, send the head on `tx`, and
-/// drive the store until the body is done.
-pub(super) fn handle(
+/// How long an instance with no request is kept for the next one (as
+/// `wasmtime serve --idle-instance-timeout` by default).
+pub const IDLE_INSTANCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a request whose instance failed waits for the instance's
+/// store to say why (its worker ends right after the failure).
+const FAILURE_WAIT: Duration = Duration::from_secs(1);
+
+/// The 0.3 instances of one generation of a component backend.
+pub(super) struct P3Pool {
+    handler: ProxyHandler<Instances>,
+    /// Set when the generation goes: its instances accept no more.
+    retired: Arc<AtomicBool>,
+}
+
+impl Drop for P3Pool {
+    fn drop(&mut self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What makes a pool's instances: the component, its settings, and the
+/// generation's token.
+struct Instances {
+    component: HttpComponent,
     pre: ServicePre<AppState>,
-    req: Request<ProxyBody>,
-    tx: oneshot::Sender<Head>,
-    answered: Arc<AtomicBool>,
-) -> Run {
-    Box::new(move |store| {
-        Box::pin(async move {
-            let service = pre.instantiate_async(&mut *store).await?;
-            store
-                .run_concurrent(async move |accessor| -> wasmtime::Result<()> {
-                    let req =
-                        req.map(|b| b.map_err(|e| HttpError::InternalError(Some(e.to_string()))));
-                    let (request, io) = accessor.with(|mut access| {
-                        let http = access.get().http();
-                        let (request, io) =
-                            wasmtime_wasi_http::p3::Request::from_http(http.hooks, req);
-                        // `'static`: boxed, it no longer borrows the store.
-                        let io: RequestIo = Box::pin(io);
-                        (request, io)
-                    });
-                    match service.handle(accessor, request).await? {
-                        Ok(response) => {
-                            let resp =
-                                accessor.with(|mut access| response.into_http(&mut access, io))?;
-                            let (done, body_done) = oneshot::channel();
-                            let resp = resp.map(|b| {
-                                body::boxed(UntilDone {
-                                    inner: b,
-                                    done: Some(done),
-                                })
-                            });
-                            answered.store(true, Ordering::Release);
-                            let _ = tx.send(Ok(resp));
-                            // The guest's tasks write the body while this
-                            // waits: it is read to its end, or dropped.
-                            let _ = body_done.await;
-                        }
-                        Err(code) => {
-                            let _ = tx.send(Err(ComponentError::NoResponse {
-                                message: format!("it answered with the error {code:?}"),
-                            }));
-                        }
-                    }
-                    Ok(())
-                })
-                .await?
+    retired: Arc<AtomicBool>,
+    /// Instances made, for tests and the log.
+    made: AtomicU64,
+}
+
+/// One request's part in its instance: where its outgoing requests go and
+/// how its failure is told.
+struct Ticket {
+    route: Arc<Route>,
+    /// The instance's failure, once its worker has ended on one.
+    failure: Arc<FailureCell>,
+}
+
+/// The failure of the instance that served a request: its store's
+/// classification, told when the worker ends.
+#[derive(Default)]
+pub(super) struct FailureCell {
+    error: OnceLock<ComponentError>,
+    told: tokio::sync::Notify,
+}
+
+impl FailureCell {
+    fn tell(&self, error: ComponentError) {
+        let _ = self.error.set(error);
+        self.told.notify_waiters();
+        self.told.notify_one();
+    }
+
+    /// The failure, waiting up to [`FAILURE_WAIT`] for it.
+    async fn wait(&self) -> Option<ComponentError> {
+        if let Some(e) = self.error.get() {
+            return Some(e.clone());
+        }
+        let _ = tokio::time::timeout(FAILURE_WAIT, self.told.notified()).await;
+        self.error.get().cloned()
+    }
+}
+
+impl P3Pool {
+    pub(super) fn new(component: HttpComponent, pre: ServicePre<AppState>) -> Self {
+        let retired = Arc::new(AtomicBool::new(false));
+        Self {
+            handler: ProxyHandler::new(Instances {
+                component,
+                pre,
+                retired: Arc::clone(&retired),
+                made: AtomicU64::new(0),
+            }),
+            retired,
+        }
+    }
+
+    /// Instances made so far by this generation.
+    pub(super) fn instances_made(&self) -> u64 {
+        self.handler.state().made.load(Ordering::Relaxed)
+    }
+
+    /// Serves `req` with an instance that has room for it (one of this
+    /// generation's, or a new one). Returns the response head; the body
+    /// streams from the guest, which the instance's worker drives.
+    pub(super) async fn serve(
+        &self,
+        req: Request<ProxyBody>,
+        route: Arc<Route>,
+    ) -> Result<Response<ProxyBody>, ComponentError> {
+        let failure = Arc::new(FailureCell::default());
+        let ticket = Ticket {
+            route,
+            failure: Arc::clone(&failure),
+        };
+        let req = req.map(|b| {
+            b.map_err(|e| HttpError::InternalError(Some(e.to_string())))
+                .boxed_unsync()
+        });
+        match self.handler.handle(ticket, req).await {
+            Ok(resp) => Ok(resp.map(body::boxed)),
+            Err(e) => Err(self.failed(e, &failure).await),
+        }
+    }
+
+    /// What a request that got no response head failed with.
+    async fn failed(&self, e: wasmtime::Error, failure: &FailureCell) -> ComponentError {
+        if let Some(e) = e.downcast_ref::<InstantiationError<Ticket>>() {
+            return match e.error.downcast_ref::<ComponentError>() {
+                Some(e) => e.clone(),
+                None => ComponentError::Trap {
+                    message: format!("{:?}", e.error),
+                },
+            };
+        }
+        if e.downcast_ref::<ExpirationError>().is_some() {
+            return ComponentError::RequestTimeout {
+                timeout: self.handler.state().component.settings.request_timeout,
+            };
+        }
+        if let Some(code) = e.downcast_ref::<ErrorCode>() {
+            return ComponentError::NoResponse {
+                message: format!("it answered with the error {code:?}"),
+            };
+        }
+        // A trap (its own, or another request's in the same instance): the
+        // instance's worker ends and says why.
+        match failure.wait().await {
+            Some(e) => e,
+            None => ComponentError::Trap {
+                message: format!("{e:?}"),
+            },
+        }
+    }
+}
+
+impl HandlerState for Instances {
+    type StoreData = AppState;
+    type WorkerExpiration = Expiration;
+    type WorkerState = Worker;
+
+    async fn instantiate(&self) -> wasmtime::Result<Instance<AppState, Expiration, Worker>> {
+        let c = &self.component;
+        let slot = c.slot().await?;
+        let settings = &c.settings;
+        // Routes are set per request (`on_request_start`).
+        let mut store = c.store(settings, Route::new(Arc::new(NoOutbound), 0, settings))?;
+        let running = Arc::new(AtomicUsize::new(0));
+        store.data_mut().hooks_mut().running = Some(Arc::clone(&running));
+        let service = match self.pre.instantiate_async(&mut store).await {
+            Ok(service) => service,
+            Err(e) => return Err(classify(store.data(), settings, e).into()),
+        };
+        self.made.fetch_add(1, Ordering::Relaxed);
+        let born = Instant::now();
+        Ok(Instance {
+            store,
+            proxy: Proxy::P3(service),
+            view: WasiHttpView::http,
+            expiration: Expiration {
+                idle: IDLE_INSTANCE_TIMEOUT,
+                request_timeout: settings.request_timeout,
+                born,
+                lifetime: settings.instance_lifetime,
+                sleep: Box::pin(tokio::time::sleep(Duration::MAX)),
+                retired: Arc::clone(&self.retired),
+            },
+            state: Worker {
+                max_requests: settings
+                    .requests_per_instance
+                    .unwrap_or(P3_REQUESTS_PER_INSTANCE) as usize,
+                max_concurrent: settings
+                    .concurrent_requests_per_instance
+                    .unwrap_or(P3_CONCURRENT_REQUESTS_PER_INSTANCE)
+                    as usize,
+                born,
+                lifetime: settings.instance_lifetime,
+                retired: Arc::clone(&self.retired),
+                running,
+                cpu_time: settings.cpu_time,
+                request_timeout: settings.request_timeout,
+                component: c.clone(),
+                _slot: slot,
+            },
         })
-    })
+    }
 }
 
-/// What reports the request body's failure to the guest.
-type RequestIo = Pin<Box<dyn Future<Output = Result<(), HttpError>> + Send>>;
-
-/// A response body that says when it is done: read to its end, failed, or
-/// dropped.
-struct UntilDone<B> {
-    inner: B,
-    done: Option<oneshot::Sender<()>>,
+/// One instance's bounds and its slot of the pool.
+struct Worker {
+    max_requests: usize,
+    max_concurrent: usize,
+    born: Instant,
+    lifetime: Duration,
+    retired: Arc<AtomicBool>,
+    /// Requests waiting for their response now (as the worker last
+    /// counted them), shared with the store's hooks: while one runs
+    /// alone, its guest calls need not be told apart.
+    running: Arc<AtomicUsize>,
+    cpu_time: Duration,
+    request_timeout: Duration,
+    component: HttpComponent,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
-impl<B> Body for UntilDone<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
+impl WorkerState for Worker {
+    type StoreData = AppState;
+    type RequestData = Ticket;
 
-    fn poll_frame(
+    fn should_accept_request(&self, concurrent: usize, total: usize) -> ShouldAccept {
+        // Asked at every turn of the worker's loop: the count is current.
+        self.running.store(concurrent, Ordering::Relaxed);
+        if total >= self.max_requests
+            || self.retired.load(Ordering::Relaxed)
+            || self.born.elapsed() >= self.lifetime
+        {
+            ShouldAccept::Never
+        } else if concurrent >= self.max_concurrent {
+            ShouldAccept::No
+        } else {
+            ShouldAccept::Yes
+        }
+    }
+
+    fn on_request_start(
+        &self,
+        mut store: StoreContextMut<'_, AppState>,
+        ticket: Ticket,
+        task: GuestTaskId,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
+        let running = self.running.fetch_add(1, Ordering::Relaxed) + 1;
+        let state = store.data_mut();
+        // The guest may now run `cpu_time` for each request it runs.
+        state.extend_cpu(
+            self.cpu_time
+                .saturating_mul(u32::try_from(running).unwrap_or(u32::MAX)),
+        );
+        state.hooks_mut().start(task, ticket.route);
+        state.failures.push(ticket.failure);
+        Box::pin(tokio::time::sleep(self.request_timeout))
+    }
+
+    fn drop(&self, store: Store<AppState>, result: wasmtime::Result<()>) {
+        let state = store.data();
+        // A failure ends the worker (the store is not used again): its
+        // requests are told why.
+        if let Err(e) = result {
+            let error = classify(state, &self.component.settings, e);
+            self.component.log_failure(&error);
+            for cell in &state.failures {
+                cell.tell(error.clone());
+            }
+        }
+        self.component.log_output(&state.output.text());
+    }
+}
+
+/// When an instance ends: idle too long, past its lifetime while idle,
+/// its generation gone, or its requests past `request_timeout` (checked
+/// from outside the store's event loop, which a guest in a loop holds).
+struct Expiration {
+    idle: Duration,
+    request_timeout: Duration,
+    born: Instant,
+    lifetime: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// An idle instance of a generation that went ends at its next poll
+    /// (at the latest when it has been idle for `idle`).
+    retired: Arc<AtomicBool>,
+}
+
+impl WorkerExpiration for Expiration {
+    fn poll(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            self.done.take();
+        status: WorkerStatus,
+        start: Instant,
+    ) -> Poll<()> {
+        let deadline = match status {
+            WorkerStatus::Idle => {
+                if self.retired.load(Ordering::Relaxed) {
+                    return Poll::Ready(());
+                }
+                (start + self.idle).min(self.born + self.lifetime)
+            }
+            WorkerStatus::Requests | WorkerStatus::PostReturn => start + self.request_timeout,
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        if self.sleep.deadline() != deadline {
+            self.sleep.as_mut().reset(deadline);
         }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.sleep.as_mut().poll(cx)
     }
 }

@@ -33,7 +33,25 @@ pub struct ComponentSettings {
     pub env: BTreeMap<String, String>,
     /// A directory the guest may read, as `/`; none: no files at all.
     pub read_only_dir: Option<PathBuf>,
+    /// Requests one instance of a 0.3 component serves before a new one
+    /// replaces it; `None`: [`P3_REQUESTS_PER_INSTANCE`]. A 0.2
+    /// component serves one (more is refused at load).
+    pub requests_per_instance: Option<u32>,
+    /// Requests one instance of a 0.3 component serves at once; `None`:
+    /// [`P3_CONCURRENT_REQUESTS_PER_INSTANCE`].
+    pub concurrent_requests_per_instance: Option<u32>,
+    /// How long one instance of a 0.3 component accepts requests, from
+    /// its instantiation.
+    pub instance_lifetime: Duration,
 }
+
+/// Requests one 0.3 instance serves by default (`wasmtime serve`'s
+/// default for 0.3 components).
+pub const P3_REQUESTS_PER_INSTANCE: u32 = 128;
+
+/// Requests one 0.3 instance serves at once by default (`wasmtime
+/// serve`'s default).
+pub const P3_CONCURRENT_REQUESTS_PER_INSTANCE: u32 = 16;
 
 impl Default for ComponentSettings {
     fn default() -> Self {
@@ -47,6 +65,9 @@ impl Default for ComponentSettings {
             max_subrequest_bytes: 16 << 20,
             env: BTreeMap::new(),
             read_only_dir: None,
+            requests_per_instance: None,
+            concurrent_requests_per_instance: None,
+            instance_lifetime: Duration::from_secs(60),
         }
     }
 }

@@ -15,10 +15,12 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::outbound::OutboundHooks;
+use super::p3::FailureCell;
 use super::settings::ComponentSettings;
 use crate::limits::{CpuClock, MemoryLimiter};
 
-/// The `T` of `Store<T>` for one request to a component backend.
+/// The `T` of `Store<T>` for a component backend's instance: one request
+/// (0.2), or the requests a 0.3 instance serves.
 pub(crate) struct AppState {
     table: ResourceTable,
     wasi: WasiCtx,
@@ -30,6 +32,8 @@ pub(crate) struct AppState {
     host_since: Option<Instant>,
     /// What it wrote to stdout and stderr.
     pub(crate) output: GuestOutput,
+    /// Where the failure of a 0.3 instance is told to its requests.
+    pub(crate) failures: Vec<Arc<FailureCell>>,
 }
 
 impl AppState {
@@ -57,7 +61,23 @@ impl AppState {
             clock: CpuClock::new(settings.cpu_time, tick),
             host_since: None,
             output,
+            failures: Vec::new(),
         })
+    }
+
+    /// The outgoing hooks: the routes of its requests.
+    pub(crate) fn hooks_mut(&mut self) -> &mut OutboundHooks {
+        &mut self.hooks
+    }
+
+    /// The guest may run `more` from now (a 0.3 instance's new request,
+    /// `more` its share for the requests it runs): a call into the host
+    /// under way is not counted as the guest's.
+    pub(crate) fn extend_cpu(&mut self, more: std::time::Duration) {
+        let pending = self
+            .host_since
+            .map_or_else(Default::default, |s| s.elapsed());
+        self.clock.extend(more, pending);
     }
 
     /// The guest calls into the host: its CPU time stops.

@@ -1,8 +1,8 @@
 //! `inlay:policy/types`: the request and response handles.
 //!
 //! For one hook call the host moves its `RequestHead` (and
-//! `ResponseHead`, from `inlay-core`) into the store's resource table and lends the guest a
-//! borrow handle; header accessors work on the `HeaderMap` in place and the
+//! `ResponseHead`, from `inlay-core`) into the store state and lends the
+//! guest a borrow handle; header accessors work on the `HeaderMap` in place and the
 //! heads are moved back out when the hook returns. Nothing is copied per
 //! access except the strings the guest asks for.
 

@@ -245,7 +245,10 @@ async fn full_trees_keep_the_paths_requests_walk() {
     let policy = replaying_probe(path_bytes * 4 * 2 * crate::memo::shard_count());
     assert!(run(&policy, "/page/hot", "fr", false).await.1, "recorded");
     for i in 0..40 {
+        // Twice: once the trees have filled, a path is recorded the
+        // second time it is taken.
         assert!(run(&policy, &format!("/page/{i}"), "fr", false).await.1);
+        run(&policy, &format!("/page/{i}"), "fr", false).await;
         let (outcome, live) = run(&policy, "/page/hot", "fr", false).await;
         assert!(!live, "the popular path was dropped after {i} others");
         assert_eq!(outcome, run(&sizing, "/page/hot", "fr", false).await.0);
@@ -254,6 +257,37 @@ async fn full_trees_keep_the_paths_requests_walk() {
     assert!(stats.resets >= 5, "{stats:?}");
     // A path walked once, many turns ago, is gone.
     assert!(run(&policy, "/page/0", "fr", false).await.1);
+}
+
+#[tokio::test]
+async fn once_the_trees_are_full_a_path_is_recorded_the_second_time_it_is_taken() {
+    let sizing = replaying_probe(1 << 20);
+    run(&sizing, "/page/sizing", "fr", false).await;
+    let path_bytes = sizing.memo_stats().expect("on").bytes;
+    // Trees that hold about four paths each, filled.
+    let policy = replaying_probe(path_bytes * 4 * 2 * crate::memo::shard_count());
+    let mut i = 0;
+    while policy.memo_stats().expect("on").resets == 0 {
+        run(&policy, &format!("/page/{i}"), "fr", false).await;
+        i += 1;
+        assert!(i < 100, "the trees never filled");
+    }
+    assert_eq!(policy.memo_stats().expect("on").first_sightings, 0);
+    let expected = run(&sizing, "/page/new", "fr", false).await.0;
+    for n in 1..=3 {
+        let before = policy.memo_stats().expect("on");
+        let (outcome, live) = run(&policy, "/page/new", "fr", false).await;
+        assert_eq!(outcome, expected, "request {n}");
+        let after = policy.memo_stats().expect("on");
+        // The first runs live and is remembered; the second runs live and
+        // records; the third replays.
+        assert_eq!(live, n < 3, "request {n}: {after:?}");
+        assert_eq!(
+            after.first_sightings - before.first_sightings,
+            u64::from(n == 1),
+            "request {n}: {after:?}"
+        );
+    }
 }
 
 #[tokio::test]
