@@ -29,6 +29,7 @@ pub mod headers;
 pub mod log_limit;
 mod policy;
 pub mod rendezvous;
+pub mod server_timing;
 mod status;
 
 pub use body::{BoxError, ProxyBody};

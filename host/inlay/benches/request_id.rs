@@ -18,7 +18,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Version, header};
 use inlay::config::ServerConfig;
 use inlay::request_id::RequestIds;
-use inlay::server_timing;
+use inlay_core::server_timing;
 
 fn server_config() -> ServerConfig {
     let mut server = inlay::config::Config::embedded_default().server;

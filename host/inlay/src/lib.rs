@@ -38,7 +38,5 @@ mod reload;
 /// Request ids; public for the `request_id` benchmark.
 pub mod request_id;
 mod resolve;
-/// `Server-Timing`; public for the `request_id` benchmark.
-pub mod server_timing;
 pub mod startup;
 mod tunnels;

@@ -13,7 +13,7 @@ use inlay_runtime::PolicyCall;
 use inlay_storage::StoredObject;
 
 use crate::access_log::AccessRecord;
-use crate::server_timing::{self, IncludeTimings};
+use inlay_core::server_timing::{self, IncludeTimings};
 
 /// Everything one request carries from phase to phase.
 pub struct RequestCtx {

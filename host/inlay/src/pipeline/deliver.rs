@@ -16,7 +16,7 @@ use super::compress::{self, Compressor};
 use super::context::BodyFault;
 use super::{Outcome, Pipeline, RequestCtx};
 use crate::metrics::Metrics;
-use crate::server_timing;
+use inlay_core::server_timing;
 
 /// deliver: the response for `out`.
 pub(super) async fn run(

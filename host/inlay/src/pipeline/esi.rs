@@ -40,7 +40,7 @@ use tracing::{debug, warn};
 use super::lookup::ThroughCache;
 use super::{Outcome, Pipeline, RequestCtx};
 use crate::config::EsiConfig;
-use crate::server_timing::IncludeTimings;
+use inlay_core::server_timing::IncludeTimings;
 
 /// esi: a response that opted in (or that the policy turned ESI on for) is
 /// assembled; a peer's fetch gets the template as it is (the peer caches it

@@ -25,7 +25,7 @@ use inlay_runtime::{Hook, PolicyCall};
 use super::context::BodyFault;
 use super::{Pipeline, RequestCtx};
 use crate::metrics::Metrics;
-use crate::server_timing;
+use inlay_core::server_timing;
 
 /// What recv decided.
 #[derive(Debug)]

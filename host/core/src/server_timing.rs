@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::body::{self, BoxError, ProxyBody};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Version, header};
 use http_body::{Body, Frame, SizeHint};
-use inlay_core::body::{self, BoxError, ProxyBody};
 use parking_lot::Mutex;
 
 /// The response field.
