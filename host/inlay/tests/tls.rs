@@ -1,7 +1,8 @@
 //! TLS termination, in process against the test origin: certificates per
 //! SNI name from a CA the test makes, ALPN h2 and http/1.1, session
-//! resumption, certificates swapped by a reload, and clients that never
-//! finish (or never start) a handshake.
+//! resumption, certificates swapped by a reload, OCSP stapling (on the
+//! TLS and the QUIC listener), and clients that never finish (or never
+//! start) a handshake.
 //!
 //! `cargo test -p inlay --test tls`
 
@@ -830,6 +831,19 @@ async fn stapled(
     name: &str,
     version: &'static rustls::SupportedProtocolVersion,
 ) -> Vec<u8> {
+    let (verifier, client) = staple_client(pki, version);
+    let stream = connect(addr, &Arc::new(client), name).await.unwrap();
+    drop(stream);
+    let seen = verifier.stapled.lock().unwrap().take();
+    seen.expect("the certificate was verified")
+}
+
+/// A client over TLS `version` trusting the test CA, and its verifier,
+/// which keeps the OCSP response stapled on the handshake.
+fn staple_client(
+    pki: &Pki,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> (Arc<StapleSeen>, rustls::ClientConfig) {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(pki.ca.der().clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -848,10 +862,45 @@ async fn stapled(
         .dangerous()
         .with_custom_certificate_verifier(verifier.clone())
         .with_no_client_auth();
-    let stream = connect(addr, &Arc::new(client), name).await.unwrap();
-    drop(stream);
+    (verifier, client)
+}
+
+/// The OCSP response stapled on a fresh QUIC handshake (ALPN `h3`, TLS
+/// 1.3) with the `quic://` listener at `addr` for `name`; empty: none.
+async fn stapled_quic(pki: &Pki, addr: SocketAddr, name: &str) -> Vec<u8> {
+    let (verifier, mut client) = staple_client(pki, &rustls::version::TLS13);
+    client.alpn_protocols = vec![b"h3".to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(client).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    let conn = tokio::time::timeout(
+        Duration::from_secs(10),
+        endpoint.connect(addr, name).unwrap(),
+    )
+    .await
+    .expect("QUIC handshake within 10 s")
+    .expect("QUIC handshake");
+    conn.close(0u32.into(), b"");
+    endpoint.wait_idle().await;
     let seen = verifier.stapled.lock().unwrap().take();
     seen.expect("the certificate was verified")
+}
+
+/// Inlay with a TLS and a QUIC listener serving `a.test` with `ocsp`
+/// stapled, the default certificate with none, and the admin API.
+async fn start_stapling(origin: &Origin, pki: &Pki, ocsp: &std::path::Path) -> Harness {
+    Harness::builder()
+        .backend(origin)
+        .arg("-a")
+        .arg("https://127.0.0.1:0")
+        .arg("-a")
+        .arg("quic://127.0.0.1:0")
+        .toml(&pki.entry("a", &["a.test"]))
+        .toml(&format!("ocsp_file = {ocsp:?}\n"))
+        .toml(&pki.entry("default", &[]))
+        .toml("[admin]\nlisten = \"127.0.0.1:0\"")
+        .start_in_process()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -861,16 +910,7 @@ async fn an_ocsp_response_is_stapled_and_a_reload_reads_the_renewed_one() {
     two_names(&pki);
     let first = pki.ocsp("a", 1);
     let a_ocsp = pki.path("a.ocsp");
-    let inlay = Harness::builder()
-        .backend(&origin)
-        .arg("-a")
-        .arg("https://127.0.0.1:0")
-        .toml(&pki.entry("a", &["a.test"]))
-        .toml(&format!("ocsp_file = {a_ocsp:?}\n"))
-        .toml(&pki.entry("default", &[]))
-        .toml("[admin]\nlisten = \"127.0.0.1:0\"")
-        .start_in_process()
-        .await;
+    let inlay = start_stapling(&origin, &pki, &a_ocsp).await;
     let addr = inlay.tls_addr.unwrap();
     let tls13 = &rustls::version::TLS13;
     let tls12 = &rustls::version::TLS12;
@@ -925,4 +965,30 @@ async fn an_ocsp_response_is_stapled_and_a_reload_reads_the_renewed_one() {
     assert_eq!(r.status, 500, "{}", r.text());
     assert!(r.text().contains("cannot read it"), "{}", r.text());
     assert_eq!(stapled(&pki, addr, "a.test", tls13).await, renewed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ocsp_response_is_stapled_on_quic_handshakes_and_a_reload_renews_it_there() {
+    let origin = Origin::start();
+    let pki = Pki::new();
+    two_names(&pki);
+    let first = pki.ocsp("a", 1);
+    let a_ocsp = pki.path("a.ocsp");
+    let inlay = start_stapling(&origin, &pki, &a_ocsp).await;
+    let quic = inlay.quic_addr.unwrap();
+    assert_eq!(stapled_quic(&pki, quic, "a.test").await, first);
+    assert!(stapled_quic(&pki, quic, "default.test").await.is_empty());
+
+    // The QUIC handshakes read the certificates the reload installed, not
+    // a copy made at the start.
+    let renewed = pki.ocsp("a", 2);
+    assert_ne!(renewed, first);
+    let r = request("POST", &inlay.admin_url("/reload"), &[], Bytes::new()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(stapled_quic(&pki, quic, "a.test").await, renewed);
+    let tls = inlay.tls_addr.unwrap();
+    assert_eq!(
+        stapled(&pki, tls, "a.test", &rustls::version::TLS13).await,
+        renewed
+    );
 }
