@@ -3,6 +3,8 @@
 //! into the store; the client that fetched it and every coalesced waiter
 //! read that object at their own pace.
 
+pub(crate) mod flight;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,9 +21,10 @@ use tracing::{debug, warn};
 use crate::HttpCache;
 use crate::ban::FillTicket;
 use crate::coding::{self, Coding};
-use crate::flight::Flight;
 use crate::key::{ContentCodings, PrimaryKey};
 use crate::object::object_meta;
+
+use flight::Flight;
 
 /// The longest an uncacheable key stays hit-for-miss.
 const MAX_HIT_FOR_MISS: Duration = Duration::from_secs(120);

@@ -19,7 +19,6 @@
 pub mod ban;
 pub mod coding;
 mod fill;
-mod flight;
 mod hit_for_miss;
 mod key;
 pub mod lookup;
@@ -42,7 +41,7 @@ pub use ban::{
     MAX_BAN_EXPRESSION_LEN, MAX_BANS,
 };
 pub use fill::FillError;
-pub use flight::Flight;
+pub use fill::flight::Flight;
 pub use key::{ContentCodings, PrimaryKey, vary_names};
 pub use lookup::{
     CacheFetch, Fetched, JoinedFill, Lookup, NewResponse, fresh_status, stale_status,
@@ -52,7 +51,7 @@ pub use rules::Defaults;
 pub use store::CacheStore;
 
 use ban::{BanList, BanSubject, FillTicket, FillTickets};
-use flight::{Flights, Waited};
+use fill::flight::{Flights, Waited};
 use hit_for_miss::HitForMiss;
 
 /// A purge or ban made on this cache through its public methods.

@@ -32,8 +32,8 @@ use inlay_storage::StoredObject;
 use tracing::warn;
 
 use crate::HttpCache;
+use crate::fill::flight::Flight;
 use crate::fill::{FillTarget, Filling, fill};
-use crate::flight::Flight;
 use crate::key::PrimaryKey;
 use crate::object::{refreshed_meta, stored_headers, validators};
 use crate::rules;

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::fill::Filling;
+use super::Filling;
 use crate::key::PrimaryKey;
 
 /// How long a waiter waits for another request's fetch before fetching itself.
