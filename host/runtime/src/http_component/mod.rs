@@ -33,7 +33,6 @@
 mod error;
 mod outbound;
 mod p3;
-mod settings;
 mod state;
 
 use std::path::{Path, PathBuf};
@@ -53,11 +52,11 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
 pub use error::ComponentError;
-pub use outbound::{ComponentOutbound, Depth, MAX_DEPTH};
-pub use p3::IDLE_INSTANCE_TIMEOUT;
-pub use settings::{
+pub use inlay_core::component::{
     ComponentSettings, P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE,
 };
+pub use outbound::{ComponentOutbound, Depth, MAX_DEPTH};
+pub use p3::IDLE_INSTANCE_TIMEOUT;
 
 use crate::engine::{EPOCH_TICK, PolicyEngine};
 use crate::limits::PolicyLimits;

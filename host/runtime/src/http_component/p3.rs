@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use inlay_core::body::{self, ProxyBody};
+use inlay_core::component::{P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE};
 use wasmtime::component::GuestTaskId;
 use wasmtime::{Store, StoreContextMut};
 use wasmtime_wasi_http::handler::{
@@ -41,7 +42,6 @@ use wasmtime_wasi_http::p3::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
 use super::outbound::Route;
-use super::settings::{P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE};
 use super::state::AppState;
 use super::{ComponentError, HttpComponent, NoOutbound, classify};
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use inlay_core::ComponentSettings;
 use parking_lot::Mutex;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
@@ -16,7 +17,6 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::outbound::OutboundHooks;
 use super::p3::FailureCell;
-use super::settings::ComponentSettings;
 use crate::limits::{CpuClock, MemoryLimiter};
 
 /// The `T` of `Store<T>` for a component backend's instance: one request
