@@ -410,10 +410,16 @@ impl HttpComponent {
                     }
                     ctx.data_mut().host_call_starts()
                 }
-                CallHook::ReturningFromWasm => ctx.data_mut().host_call_starts(),
-                CallHook::ReturningFromHost | CallHook::CallingWasm => {
-                    ctx.data_mut().host_call_ends()
+                CallHook::ReturningFromWasm => ctx.data_mut().guest_returns(),
+                CallHook::CallingWasm => {
+                    // The deadline is re-armed at each entry of an idle
+                    // guest: it measures the guest's runs, not the time a
+                    // reused 0.3 instance waits for its next request.
+                    if let Some(ticks) = ctx.data_mut().guest_enters() {
+                        ctx.set_epoch_deadline(ticks);
+                    }
                 }
+                CallHook::ReturningFromHost => ctx.data_mut().host_call_ends(),
             }
             Ok(())
         });

@@ -30,6 +30,9 @@ pub(crate) struct AppState {
     pub(crate) clock: CpuClock,
     /// When the guest's current call into the host began.
     host_since: Option<Instant>,
+    /// Calls into the guest under way (1: the host called it; more: the
+    /// host calls it back within a call of its own, as for `realloc`).
+    guest_depth: u32,
     /// What it wrote to stdout and stderr.
     pub(crate) output: GuestOutput,
     /// Where the failure of a 0.3 instance is told to its requests.
@@ -60,6 +63,7 @@ impl AppState {
             limiter: MemoryLimiter::new(settings.memory),
             clock: CpuClock::new(settings.cpu_time, tick),
             host_since: None,
+            guest_depth: 0,
             output,
             failures: Vec::new(),
         })
@@ -84,6 +88,22 @@ impl AppState {
     pub(crate) fn host_call_starts(&mut self) {
         self.clock.host_call_starts();
         self.host_since = Some(Instant::now());
+    }
+
+    /// The host calls into the guest: `Some(ticks)`, the epoch deadline to
+    /// set, when the guest was idle (no call into it under way).
+    pub(crate) fn guest_enters(&mut self) -> Option<u64> {
+        self.host_call_ends();
+        self.guest_depth += 1;
+        (self.guest_depth == 1)
+            .then(|| self.clock.resumed())
+            .flatten()
+    }
+
+    /// A call into the guest returns.
+    pub(crate) fn guest_returns(&mut self) {
+        self.guest_depth = self.guest_depth.saturating_sub(1);
+        self.host_call_starts();
     }
 
     /// The host returns to the guest: the time in between was not the
