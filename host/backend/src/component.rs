@@ -156,18 +156,10 @@ impl ComponentOutbound for Backends {
     }
 }
 
-/// The request a component gets: its URI the path and query, HTTP/1.1,
-/// its Host the backend's `host_header`, or the client's, or the
-/// backend's name.
+/// The request a component gets: HTTP/1.1, its Host the backend's
+/// `host_header`, or the client's, or the backend's name (which
+/// [`HttpComponent::serve`] makes the URI's authority).
 pub(crate) fn prepare(req: &mut Request<ProxyBody>, name: &str, host_header: Option<&str>) {
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    if let Ok(uri) = pq.parse() {
-        *req.uri_mut() = uri;
-    }
     *req.version_mut() = http::Version::HTTP_11;
     let host = host_header.or_else(|| {
         req.headers()

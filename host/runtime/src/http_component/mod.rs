@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use http_body_util::BodyExt;
 use inlay_core::LogLimit;
@@ -48,7 +49,7 @@ use tokio::sync::oneshot;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{CallHook, Store};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
-use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme as WasiScheme;
 use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
 pub use error::ComponentError;
@@ -430,23 +431,20 @@ impl HttpComponent {
     /// its scheme, authority and path: the authority is the client's Host
     /// (or the backend's name).
     fn with_authority(&self, mut req: Request<ProxyBody>) -> Request<ProxyBody> {
-        let pq = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
-        let host = req
+        let authority = req
             .headers()
             .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .filter(|h| h.parse::<http::uri::Authority>().is_ok())
-            .map_or_else(|| self.name.to_string(), str::to_owned);
-        if let Ok(uri) = Uri::builder()
-            .scheme("http")
-            .authority(host)
-            .path_and_query(pq)
-            .build()
-        {
+            .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+            .or_else(|| Authority::try_from(&*self.name).ok());
+        let mut parts = std::mem::take(req.uri_mut()).into_parts();
+        // No authority to give (neither a Host nor a name that is one): the
+        // path alone, as it came.
+        parts.scheme = authority.is_some().then_some(Scheme::HTTP);
+        parts.authority = authority;
+        parts.path_and_query = parts
+            .path_and_query
+            .or_else(|| Some(PathAndQuery::from_static("/")));
+        if let Ok(uri) = Uri::from_parts(parts) {
             *req.uri_mut() = uri;
         }
         req
@@ -495,7 +493,9 @@ fn p2_handle(
         message: format!("{e:#}"),
     };
     let req = req.map(|b| b.map_err(|e| HttpError::InternalError(Some(e.to_string()))));
-    let incoming = http.new_incoming_request(Scheme::Http, req).map_err(bad)?;
+    let incoming = http
+        .new_incoming_request(WasiScheme::Http, req)
+        .map_err(bad)?;
     let out = http
         .new_response_outparam_from_callback(move |resp| {
             answered.store(true, Ordering::Release);

@@ -44,6 +44,7 @@ use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 use super::outbound::Route;
 use super::state::AppState;
 use super::{ComponentError, HttpComponent, NoOutbound, classify};
+use crate::engine::PolicyEngine;
 
 /// How long an instance with no request is kept for the next one (as
 /// `wasmtime serve --idle-instance-timeout` by default).
@@ -201,6 +202,8 @@ impl HandlerState for Instances {
         };
         self.made.fetch_add(1, Ordering::Relaxed);
         let born = Instant::now();
+        let engine = c.loaded.engine.clone();
+        let ends = engine.coarse_now() + settings.instance_lifetime;
         Ok(Instance {
             store,
             proxy: Proxy::P3(service),
@@ -221,8 +224,8 @@ impl HandlerState for Instances {
                     .concurrent_requests_per_instance
                     .unwrap_or(P3_CONCURRENT_REQUESTS_PER_INSTANCE)
                     as usize,
-                born,
-                lifetime: settings.instance_lifetime,
+                engine,
+                ends,
                 retired: Arc::clone(&self.retired),
                 running,
                 cpu_time: settings.cpu_time,
@@ -238,8 +241,11 @@ impl HandlerState for Instances {
 struct Worker {
     max_requests: usize,
     max_concurrent: usize,
-    born: Instant,
-    lifetime: Duration,
+    /// The engine, whose epoch ticker's clock says when the instance's
+    /// lifetime `ends` (asked at every turn of the worker's loop: a clock
+    /// read each time would cost more than the rest of the check).
+    engine: PolicyEngine,
+    ends: Duration,
     retired: Arc<AtomicBool>,
     /// Requests waiting for their response now (as the worker last
     /// counted them), shared with the store's hooks: while one runs
@@ -260,7 +266,7 @@ impl WorkerState for Worker {
         self.running.store(concurrent, Ordering::Relaxed);
         if total >= self.max_requests
             || self.retired.load(Ordering::Relaxed)
-            || self.born.elapsed() >= self.lifetime
+            || self.engine.coarse_now() >= self.ends
         {
             ShouldAccept::Never
         } else if concurrent >= self.max_concurrent {
@@ -334,9 +340,19 @@ impl WorkerExpiration for Expiration {
             WorkerStatus::Requests | WorkerStatus::PostReturn => start + self.request_timeout,
         };
         let deadline = tokio::time::Instant::from_std(deadline);
-        if self.sleep.deadline() != deadline {
+        // The timer moves only to an earlier deadline: the deadline moves
+        // with every request (its start), and a timer reset locks the timer
+        // wheel. A timer that fires before the current deadline is set to
+        // it then.
+        if deadline < self.sleep.deadline() {
             self.sleep.as_mut().reset(deadline);
         }
-        self.sleep.as_mut().poll(cx)
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if tokio::time::Instant::now() >= deadline {
+                return Poll::Ready(());
+            }
+            self.sleep.as_mut().reset(deadline);
+        }
+        Poll::Pending
     }
 }
