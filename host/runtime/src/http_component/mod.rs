@@ -62,7 +62,7 @@ pub use p3::IDLE_INSTANCE_TIMEOUT;
 use crate::engine::{EPOCH_TICK, PolicyEngine};
 use crate::limits::PolicyLimits;
 use outbound::{OutboundHooks, Route};
-use state::AppState;
+use state::{AppState, Parked};
 
 /// CPU time the load check's instantiation may take (a cold start of a
 /// large guest on a busy machine; requests get `cpu_time`).
@@ -292,9 +292,14 @@ impl HttpComponent {
         };
         let route = Route::new(Arc::new(NoOutbound), 0, &settings);
         let mut store = self.store(&settings, route)?;
+        let parks = Arc::clone(&store.data().parks);
         let result = match &self.loaded.pre {
-            Pre::P2(pre) => pre.instantiate_async(&mut store).await.map(drop),
-            Pre::P3(pre) => pre.instantiate_async(&mut store).await.map(drop),
+            Pre::P2(pre) => Parked::new(Box::pin(pre.instantiate_async(&mut store)), parks)
+                .await
+                .map(drop),
+            Pre::P3(pre) => Parked::new(Box::pin(pre.instantiate_async(&mut store)), parks)
+                .await
+                .map(drop),
         };
         drop(slot);
         match result {
@@ -337,7 +342,8 @@ impl HttpComponent {
         let task = tokio::spawn(async move {
             let _slot = slot;
             let timeout = this.settings.request_timeout;
-            let outcome = tokio::time::timeout(timeout, run(&mut store)).await;
+            let parks = Arc::clone(&store.data().parks);
+            let outcome = tokio::time::timeout(timeout, Parked::new(run(&mut store), parks)).await;
             let result = match outcome {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(classify(store.data(), &this.settings, e)),
@@ -397,9 +403,10 @@ impl HttpComponent {
         store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
         let ticks = store.data_mut().clock.restart(std::time::Instant::now());
         store.set_epoch_deadline(ticks);
-        // The CPU clock runs only while guest code does: not in a call
-        // into the host, nor while no guest code runs at all (a 0.3
-        // guest's tasks waiting in the store's event loop).
+        // The CPU clock runs while the guest does, calls into the host
+        // included: not while it waits on the host (its task parked in a
+        // call), nor while no guest code runs at all (a 0.3 guest's tasks
+        // waiting in the store's event loop). See `state.rs`.
         store.call_hook(|mut ctx, hook| {
             match hook {
                 CallHook::CallingHost => {

@@ -42,7 +42,7 @@ use wasmtime_wasi_http::p3::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
 use super::outbound::Route;
-use super::state::AppState;
+use super::state::{AppState, Parked, Parks};
 use super::{ComponentError, HttpComponent, NoOutbound, classify};
 use crate::engine::PolicyEngine;
 
@@ -196,7 +196,12 @@ impl HandlerState for Instances {
         let mut store = c.store(settings, Route::new(Arc::new(NoOutbound), 0, settings))?;
         let running = Arc::new(AtomicUsize::new(0));
         store.data_mut().hooks_mut().running = Some(Arc::clone(&running));
-        let service = match self.pre.instantiate_async(&mut store).await {
+        let parks = Arc::clone(&store.data().parks);
+        let instantiating = Parked::new(
+            Box::pin(self.pre.instantiate_async(&mut store)),
+            Arc::clone(&parks),
+        );
+        let service = match instantiating.await {
             Ok(service) => service,
             Err(e) => return Err(classify(store.data(), settings, e).into()),
         };
@@ -215,6 +220,7 @@ impl HandlerState for Instances {
                 lifetime: settings.instance_lifetime,
                 sleep: Box::pin(tokio::time::sleep(Duration::MAX)),
                 retired: Arc::clone(&self.retired),
+                parks,
             },
             state: Worker {
                 max_requests: settings
@@ -321,6 +327,9 @@ struct Expiration {
     /// An idle instance of a generation that went ends at its next poll
     /// (at the latest when it has been idle for `idle`).
     retired: Arc<AtomicBool>,
+    /// Polled each time the store's event loop is pending, before the
+    /// worker's task parks: the store's CPU clock is told.
+    parks: Arc<Parks>,
 }
 
 impl WorkerExpiration for Expiration {
@@ -330,6 +339,7 @@ impl WorkerExpiration for Expiration {
         status: WorkerStatus,
         start: Instant,
     ) -> Poll<()> {
+        self.parks.parked();
         let deadline = match status {
             WorkerStatus::Idle => {
                 if self.retired.load(Ordering::Relaxed) {
