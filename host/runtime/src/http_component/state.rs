@@ -160,6 +160,11 @@ impl Parks {
     /// The guest runs again: how long ago the task first parked since it
     /// last ran, if it did.
     fn resumed(&self) -> Option<Duration> {
+        // Read before it is cleared: a read is a plain load, a swap a
+        // locked instruction, and most calls find no park.
+        if self.since.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let since = self.since.swap(0, Ordering::Relaxed);
         (since != 0).then(|| {
             clock_origin()
