@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use http::{Method, header};
 use inlay_core::{CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead};
 use tracing::Instrument;
 
@@ -425,18 +424,13 @@ fn builtin(entry: Entry, req: &RequestHead) -> Returned {
     }
 }
 
-/// Built-in recv: pass methods other than GET and HEAD, and requests with
-/// credentials (`Authorization`, `Cookie`); look the others up. The SDKs'
-/// `builtin.recv` and the host's own rules without a policy say the same.
+/// Built-in recv (the SDKs' `builtin.recv` and the host's own rules
+/// without a policy say the same).
 fn builtin_recv(req: &RequestHead) -> RequestAction {
-    let lookup_method = req.method == Method::GET || req.method == Method::HEAD;
-    if !lookup_method
-        || req.headers.contains_key(header::AUTHORIZATION)
-        || req.headers.contains_key(header::COOKIE)
-    {
-        RequestAction::Pass
-    } else {
+    if req.builtin_lookup() {
         RequestAction::Lookup
+    } else {
+        RequestAction::Pass
     }
 }
 

@@ -59,6 +59,7 @@ pub(crate) type Op<S> = Arc<dyn Fn(&mut S) -> wasmtime::Result<Reply> + Send + S
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Reply {
     Unit,
+    Bool(bool),
     U16(u16),
     Str(String),
     OptStr(Option<String>),
@@ -89,6 +90,7 @@ macro_rules! recordable {
     };
 }
 
+recordable!(bool, Bool);
 recordable!(u16, U16);
 recordable!(String, Str);
 recordable!(Option<String>, OptStr);
@@ -504,7 +506,7 @@ fn node_bytes<S>(key: &Key) -> usize {
 
 pub(crate) fn reply_bytes(reply: &Reply) -> usize {
     match reply {
-        Reply::Unit | Reply::U16(_) => 0,
+        Reply::Unit | Reply::Bool(_) | Reply::U16(_) => 0,
         Reply::Str(s) => s.len(),
         Reply::OptStr(s) => s.as_ref().map_or(0, String::len),
         Reply::Strs(v) => v.iter().map(|s| s.len() + 24).sum(),
