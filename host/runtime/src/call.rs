@@ -14,12 +14,13 @@ use tracing::Instrument;
 
 use crate::engine::EPOCH_TICK;
 use crate::errors::{Hook, PolicyError};
-use crate::instance::{Lent, LiveCall, lend, take_back};
 use crate::limits::MemoryLimiter;
 use crate::memo::{Chosen, Entries, Entry, Returned, Tape, Way};
+use crate::policy::instance::{Lent, LiveCall, lend, take_back};
+use crate::policy::state::{StoreState, not_repeated};
 use crate::policy::{LoadedPolicy, PolicyHandle};
 use crate::replay::Replay;
-use crate::state::{StoreState, not_repeated};
+use crate::services::PolicyServices;
 
 /// How a request's hooks are answered.
 enum Run {
@@ -440,5 +441,33 @@ fn wrong_result(hook: Hook) -> PolicyError {
     PolicyError::InvalidResult {
         hook,
         message: "the recorded result is not this hook's".to_string(),
+    }
+}
+
+impl LoadedPolicy {
+    /// Creates one request's instance: a fresh store from the pool, with
+    /// its limits, instantiated from the pre-instantiated component.
+    pub async fn start(
+        &self,
+        services: Arc<dyn PolicyServices>,
+    ) -> Result<PolicyCall, PolicyError> {
+        PolicyHandle::new(self.clone(), services).start().await
+    }
+
+    /// Starts a request that runs its own instance from the first hook,
+    /// without the recorded paths (for the snapshot tool and tests).
+    pub(crate) async fn start_live(
+        &self,
+        services: Arc<dyn PolicyServices>,
+    ) -> Result<PolicyCall, PolicyError> {
+        PolicyCall::start(PolicyHandle::new(self.clone(), services), false).await
+    }
+}
+
+impl PolicyHandle {
+    /// Starts one request: hooks may be answered from the policy's
+    /// recorded paths; the instance is created when one is needed.
+    pub async fn start(self: &Arc<Self>) -> Result<PolicyCall, PolicyError> {
+        PolicyCall::start(Arc::clone(self), true).await
     }
 }

@@ -1102,9 +1102,19 @@ mod example_policies {
     /// passes, the same whether the policy ran or its path was walked.
     #[tokio::test]
     async fn the_sdks_builtin_recv_is_the_hosts_and_is_replayed() {
-        for name in ["headers", "headers-c", "headers-js", "headers-py", "headers-go"] {
+        for name in [
+            "headers",
+            "headers-c",
+            "headers-js",
+            "headers-py",
+            "headers-go",
+        ] {
             let path = policy_dir().join(format!("{name}.wasm"));
-            assert!(path.exists(), "{} is missing: make policies", path.display());
+            assert!(
+                path.exists(),
+                "{} is missing: make policies",
+                path.display()
+            );
             let policy = LoadedPolicy::load(
                 engine(),
                 PolicySource {
@@ -1136,8 +1146,7 @@ mod example_policies {
                     req.headers.remove("cookie");
                     req.method = method.clone();
                     if let Some(name) = header {
-                        req.headers
-                            .insert(name, HeaderValue::from_static("secret"));
+                        req.headers.insert(name, HeaderValue::from_static("secret"));
                     }
                     let mut call = handle.start().await.expect("start");
                     let action = call.on_request(&mut req).await.expect("on_request");

@@ -14,7 +14,7 @@ use wasmtime::component::Resource;
 
 use crate::bindings::inlay::policy::sdk::{Hook as WitHook, Host};
 use crate::errors::Hook;
-use crate::state::StoreState;
+use crate::policy::state::StoreState;
 
 impl Host for StoreState {
     fn default_hook(&mut self, hook: WitHook) -> wasmtime::Result<()> {
