@@ -15,9 +15,7 @@ use http::{Request, Response};
 use inlay_config::{ComponentConfig, Config, ConfigIssue};
 use inlay_core::ProxyError;
 use inlay_core::body::ProxyBody;
-use inlay_runtime::http_component::{
-    ComponentOutbound, ComponentSettings, HttpComponent, NoOutbound,
-};
+use inlay_runtime::http_component::{ComponentOutbound, HttpComponent, NoOutbound};
 use sha2::{Digest, Sha256};
 
 use crate::Backends;
@@ -85,24 +83,6 @@ impl ComponentSet {
     }
 }
 
-/// What a request of backend `c` runs with.
-pub fn settings(c: &ComponentConfig) -> ComponentSettings {
-    ComponentSettings {
-        cpu_time: c.cpu_time,
-        memory: c.memory,
-        max_instances: c.max_instances,
-        instance_wait: c.instance_wait,
-        request_timeout: c.request_timeout,
-        max_subrequests: c.max_subrequests,
-        max_subrequest_bytes: c.max_subrequest_bytes,
-        env: c.env.clone(),
-        read_only_dir: c.read_only_dir.clone(),
-        requests_per_instance: c.requests_per_instance,
-        concurrent_requests_per_instance: c.concurrent_requests_per_instance,
-        instance_lifetime: c.instance_lifetime,
-    }
-}
-
 async fn load_one(
     name: &str,
     c: &ComponentConfig,
@@ -113,9 +93,11 @@ async fn load_one(
         .await
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let digest: [u8; 32] = Sha256::digest(&bytes).into();
-    let settings = settings(c);
+    let settings = c.settings.clone();
     if let Some(old) = previous.filter(|old| {
-        old.digest == digest && old.path == path && old.component.max_instances() == c.max_instances
+        old.digest == digest
+            && old.path == path
+            && old.component.max_instances() == settings.max_instances
     }) {
         let component = old
             .component
@@ -174,18 +156,10 @@ impl ComponentOutbound for Backends {
     }
 }
 
-/// The request a component gets: its URI the path and query, HTTP/1.1,
-/// its Host the backend's `host_header`, or the client's, or the
-/// backend's name.
+/// The request a component gets: HTTP/1.1, its Host the backend's
+/// `host_header`, or the client's, or the backend's name (which
+/// [`HttpComponent::serve`] makes the URI's authority).
 pub(crate) fn prepare(req: &mut Request<ProxyBody>, name: &str, host_header: Option<&str>) {
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    if let Ok(uri) = pq.parse() {
-        *req.uri_mut() = uri;
-    }
     *req.version_mut() = http::Version::HTTP_11;
     let host = host_header.or_else(|| {
         req.headers()

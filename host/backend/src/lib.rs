@@ -29,6 +29,8 @@ pub use timeout_body::TimeoutBody;
 #[derive(Debug)]
 pub struct Backend {
     config: BackendConfig,
+    /// Its name, shared by the bodies it sends (for their errors).
+    name: Arc<str>,
     /// Its TLS, files read, for an `https://` address.
     tls: Option<tls::BackendTls>,
     client: Client<tls::Connector, ProxyBody>,
@@ -47,7 +49,9 @@ pub struct Backend {
 pub struct Backends {
     by_name: Arc<HashMap<String, Arc<Backend>>>,
     directors: Arc<HashMap<String, Arc<director::Director>>>,
-    default: String,
+    /// The default backend's name (cheap to clone: a component backend's
+    /// requests each hold the backends).
+    default: Arc<str>,
     /// The component backends' components, which the next generation
     /// keeps where their files did not change.
     components: component::ComponentSet,
@@ -165,7 +169,7 @@ impl Backends {
         Self {
             by_name: Arc::new(by_name),
             directors: Arc::new(directors),
-            default: config.default_backend.clone(),
+            default: config.default_backend.as_str().into(),
             components: components.clone(),
         }
     }
@@ -290,6 +294,7 @@ impl Backend {
             probe::start(&config, p, via, Arc::clone(&health), metrics.clone())
         });
         Self {
+            name: config.name.as_str().into(),
             config,
             tls,
             client,
@@ -484,7 +489,7 @@ impl Backend {
         let body = TimeoutBody::new(
             incoming,
             self.config.between_bytes_timeout,
-            self.config.name.clone(),
+            Arc::clone(&self.name),
             permit,
         )
         .counting_stalls(self.metrics.enabled().then(|| Arc::clone(&self.metrics)));

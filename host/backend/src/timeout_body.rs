@@ -22,27 +22,34 @@ pub struct BetweenBytesTimeout {
 }
 
 pin_project_lite::pin_project! {
-    /// A body that fails when no frame arrives within `timeout`, and that holds
-    /// `guard` (for example a backend connection permit) until it is dropped.
+    /// A body that fails when it waits `timeout` for a frame (from its
+    /// creation for the first, from when it began waiting for the next),
+    /// and that holds `guard` (for example a backend connection permit)
+    /// until it is dropped.
     pub struct TimeoutBody<B, G> {
         #[pin]
         inner: B,
         #[pin]
         sleep: tokio::time::Sleep,
         timeout: Duration,
-        backend: String,
+        // A frame came since the timer was set: it is set again when the
+        // body next waits, not at every frame (a reset locks the timer
+        // wheel, twice a small response).
+        moved: bool,
+        backend: Arc<str>,
         guard: G,
         stalls: Option<Arc<BackendMetrics>>,
     }
 }
 
 impl<B, G> TimeoutBody<B, G> {
-    /// Wrap `inner`.
-    pub fn new(inner: B, timeout: Duration, backend: String, guard: G) -> Self {
+    /// Wrap `inner`, a body from `backend` (its name, for the error).
+    pub fn new(inner: B, timeout: Duration, backend: Arc<str>, guard: G) -> Self {
         Self {
             inner,
             sleep: tokio::time::sleep(timeout),
             timeout,
+            moved: false,
             backend,
             guard,
             stalls: None,
@@ -71,19 +78,22 @@ where
         let mut this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(frame) => {
-                let now = tokio::time::Instant::now();
-                // Config bounds timeouts; a checked add still never panics.
-                let deadline = now.checked_add(*this.timeout).unwrap_or(now);
-                this.sleep.as_mut().reset(deadline);
+                *this.moved = true;
                 Poll::Ready(frame.map(|f| f.map_err(Into::into)))
             }
             Poll::Pending => {
+                if std::mem::take(this.moved) {
+                    let now = tokio::time::Instant::now();
+                    // Config bounds timeouts; a checked add still never panics.
+                    let deadline = now.checked_add(*this.timeout).unwrap_or(now);
+                    this.sleep.as_mut().reset(deadline);
+                }
                 if this.sleep.poll(cx).is_ready() {
                     if let Some(m) = this.stalls.take() {
                         m.body_timeout();
                     }
                     return Poll::Ready(Some(Err(Box::new(BetweenBytesTimeout {
-                        backend: this.backend.clone(),
+                        backend: this.backend.to_string(),
                         timeout: *this.timeout,
                     }))));
                 }

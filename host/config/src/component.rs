@@ -6,41 +6,19 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use inlay_core::ComponentSettings;
+
 use super::read::{Reader, Table, Value, join};
 
 /// What a component backend runs and may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComponentConfig {
-    /// `component`: the `.wasm` file (a `wasi:http/proxy` 0.2 component).
+    /// `component`: the `.wasm` file (a `wasi:http/proxy` 0.2 or
+    /// `wasi:http/service` 0.3 component).
     pub path: PathBuf,
-    /// `cpu_time`: CPU time one request may use (host waits excluded).
-    pub cpu_time: Duration,
-    /// `memory`: linear memory one request's instance may use.
-    pub memory: u64,
-    /// `max_instances`: requests it serves at once (the instance pool).
-    pub max_instances: u32,
-    /// `instance_wait`: how long a request waits for a free instance.
-    pub instance_wait: Duration,
-    /// `request_timeout`: the longest one request may run, waits included.
-    pub request_timeout: Duration,
-    /// `max_subrequests`: outgoing requests one request may make.
-    pub max_subrequests: u32,
-    /// `max_subrequest_bytes`: response bytes one request's outgoing
-    /// requests may read, together.
-    pub max_subrequest_bytes: u64,
-    /// `[backends.NAME.env]`: the guest's environment variables.
-    pub env: BTreeMap<String, String>,
-    /// `read_only_dir`: a directory the guest may read, as `/`.
-    pub read_only_dir: Option<PathBuf>,
-    /// `requests_per_instance`: requests one instance of a 0.3 component
-    /// serves (none: the runtime's default, 128).
-    pub requests_per_instance: Option<u32>,
-    /// `concurrent_requests_per_instance`: requests one instance of a 0.3
-    /// component serves at once (none: the runtime's default, 16).
-    pub concurrent_requests_per_instance: Option<u32>,
-    /// `instance_lifetime`: how long one instance of a 0.3 component
-    /// accepts requests.
-    pub instance_lifetime: Duration,
+    /// The other keys: its limits, environment and files, as the runtime
+    /// runs its requests with them.
+    pub settings: ComponentSettings,
 }
 
 /// The longest a request may wait for an instance.
@@ -79,18 +57,7 @@ impl ComponentConfig {
     pub fn with_defaults(path: PathBuf) -> Self {
         Self {
             path,
-            cpu_time: Duration::from_secs(1),
-            memory: 128 << 20,
-            max_instances: 100,
-            instance_wait: Duration::from_secs(1),
-            request_timeout: Duration::from_secs(60),
-            max_subrequests: 32,
-            max_subrequest_bytes: 16 << 20,
-            env: BTreeMap::new(),
-            read_only_dir: None,
-            requests_per_instance: None,
-            concurrent_requests_per_instance: None,
-            instance_lifetime: Duration::from_secs(60),
+            settings: ComponentSettings::default(),
         }
     }
 }
@@ -124,7 +91,7 @@ impl Reader {
         if path.is_empty() {
             self.err(join(p, "component"), "expected the path of a .wasm file");
         }
-        let d = ComponentConfig::with_defaults(PathBuf::from(&path));
+        let d = ComponentSettings::default();
         let instance_wait = self.duration(t, p, "instance_wait", d.instance_wait);
         if instance_wait > MAX_INSTANCE_WAIT {
             self.err(
@@ -153,8 +120,7 @@ impl Reader {
                 }
             }
         }
-        Some(ComponentConfig {
-            path: d.path.clone(),
+        let settings = ComponentSettings {
             cpu_time: self.positive_duration(t, p, "cpu_time", d.cpu_time),
             memory,
             max_instances: self.uint(t, p, "max_instances", d.max_instances.into(), 1, 100_000)
@@ -180,6 +146,10 @@ impl Reader {
                 "instance_lifetime",
                 d.instance_lifetime,
             ),
+        };
+        Some(ComponentConfig {
+            path: PathBuf::from(path),
+            settings,
         })
     }
 }
@@ -214,6 +184,7 @@ mod tests {
         assert_eq!(b.first_byte_timeout, Duration::from_secs(5));
         let app = b.component.as_ref().expect("a component");
         assert_eq!(app.path.to_str(), Some("app.wasm"));
+        let app = &app.settings;
         assert_eq!(app.cpu_time, Duration::from_millis(200));
         assert_eq!((app.memory, app.max_instances), (32 << 20, 8));
         assert_eq!(app.env["MODE"], "edge");
@@ -240,12 +211,20 @@ mod tests {
              concurrent_requests_per_instance = 2\ninstance_lifetime = \"5s\"\n",
         )
         .expect("valid");
-        let app = c.backends["app"].component.as_ref().expect("a component");
+        let app = &c.backends["app"]
+            .component
+            .as_ref()
+            .expect("a component")
+            .settings;
         assert_eq!(app.requests_per_instance, Some(8));
         assert_eq!(app.concurrent_requests_per_instance, Some(2));
         assert_eq!(app.instance_lifetime, Duration::from_secs(5));
         let d = Config::from_toml("[backends.app]\ncomponent = \"app.wasm\"\n").unwrap();
-        let app = d.backends["app"].component.as_ref().expect("a component");
+        let app = &d.backends["app"]
+            .component
+            .as_ref()
+            .expect("a component")
+            .settings;
         assert_eq!(
             (
                 app.requests_per_instance,

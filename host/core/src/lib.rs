@@ -19,10 +19,13 @@
 //!   director and a key's owner node in a sharded cluster.
 //! - [`LogLimit`]: the one budget of log lines for warnings a client or an
 //!   origin can cause at will.
+//! - [`ComponentSettings`]: what a component backend's requests may use,
+//!   read by the config and run by the runtime.
 //!
 //! This crate depends on neither tokio nor wasmtime.
 
 pub mod body;
+pub mod component;
 mod error;
 mod head;
 pub mod headers;
@@ -33,6 +36,7 @@ pub mod server_timing;
 mod status;
 
 pub use body::{BoxError, ProxyBody};
+pub use component::ComponentSettings;
 pub use error::{Blame, ProxyError};
 pub use head::{RequestHead, ResponseHead, path_and_query};
 pub use log_limit::LogLimit;

@@ -159,6 +159,23 @@ async fn a_component_over_its_cpu_time_or_memory_fails_with_a_502() {
     assert_eq!(get(&inlay.url("/hello")).await.status, 200);
 }
 
+/// A guest blocked in a call into the host (a 0.2 component's
+/// `pollable.block` on an outgoing request) waits on the host: the wait
+/// is not CPU time, however longer than `cpu_time` it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_waiting_on_the_host_past_its_cpu_time_is_not_stopped() {
+    let origin = Origin::start();
+    let inlay = with_settings(
+        "hello-rs",
+        "cpu_time = \"100ms\"",
+        &format!("[backends.api]\naddress = {:?}", origin.url()),
+    )
+    .await;
+    let url = urlencode("http://api/resp?body=late&delay_ms=600");
+    let r = get(&inlay.url(&format!("/fetch?url={url}"))).await;
+    assert_eq!((r.status, r.text()), (200, "200 late".to_owned()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_instance_pool_answers_503_once_instance_wait_is_over() {
     let inlay = with_settings(

@@ -336,6 +336,26 @@ impl CpuClock {
         self.expired = false;
     }
 
+    /// The epoch deadline, in ticks from now, for a guest that enters
+    /// after it was idle (a component instance between its requests'
+    /// guest code): what is left of the budget, or the next yield point if
+    /// that comes first. `None` once the thread clock measures it: its
+    /// deadline stands. Without it, the deadline set at the last entry
+    /// passes while the instance is idle, and the guest's next entry would
+    /// take it for a long run (and read the thread clock at every host call
+    /// from then on).
+    pub(crate) fn resumed(&self) -> Option<u64> {
+        let measured = self
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.segments.on.load(Ordering::Relaxed));
+        if measured {
+            return None;
+        }
+        let left = self.budget.saturating_sub(self.used());
+        Some(self.next_deadline(left).min(YIELD_EVERY_TICKS))
+    }
+
     /// The guest calls the host: the running CPU segment ends.
     pub(crate) fn host_call_starts(&self) {
         if let Some(shared) = &self.shared {
@@ -565,5 +585,27 @@ mod tests {
             wasmtime::UpdateDeadline::Interrupt
         ));
         assert!(clock.expired);
+    }
+
+    #[test]
+    fn a_guest_resuming_after_idle_gets_a_deadline_for_what_is_left() {
+        let tick = Duration::from_millis(1);
+        let mut clock = CpuClock::new(Duration::from_millis(20), tick);
+        clock.restart(Instant::now());
+        // Idle for longer than the first yield point: time out of guest
+        // code is excluded, so the deadline is the next yield point again.
+        std::thread::sleep(Duration::from_millis(8));
+        clock.exclude(Duration::from_millis(8));
+        assert_eq!(clock.resumed(), Some(YIELD_EVERY_TICKS));
+        // Its budget spent: the deadline is the next tick.
+        std::thread::sleep(Duration::from_millis(21));
+        assert_eq!(clock.resumed(), Some(1));
+        // Measured by the thread clock from its first deadline on: its
+        // deadline stands.
+        assert!(matches!(
+            clock.on_deadline(),
+            wasmtime::UpdateDeadline::Interrupt
+        ));
+        assert_eq!(clock.resumed(), None);
     }
 }

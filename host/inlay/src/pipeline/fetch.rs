@@ -138,7 +138,7 @@ impl Upstream {
                     body::boxed(TimeoutBody::new(
                         incoming,
                         timeouts.between_bytes_timeout,
-                        name,
+                        name.into(),
                         (),
                     ))
                 }));

@@ -42,16 +42,24 @@ pub(super) async fn answered(
     if p.config.cache.invalidate_on_unsafe {
         invalidate::after_unsafe(&p.cache, &ctx.head, resp.status(), resp.headers()).await;
     }
-    let defaults = backend_response::default_settings(&resp, &p.cache.rules().defaults);
-    let settings = backend_response::run_policy(
-        ctx.policy.as_mut(),
-        &mut ctx.head,
-        &mut resp,
-        defaults,
-        &p.metrics,
-    )
-    .await?;
-    Ok(Outcome::new(resp, CacheStatus::Pass).with_esi(settings.esi))
+    // Without a policy to show them to, a passed response's cache settings
+    // come to whether it asks for ESI.
+    let esi = match ctx.policy.as_mut() {
+        None => inlay_cache::rules::SurrogateControl::parse(resp.headers()).esi,
+        Some(policy) => {
+            let defaults = backend_response::default_settings(&resp, &p.cache.rules().defaults);
+            let settings = backend_response::run_policy(
+                Some(policy),
+                &mut ctx.head,
+                &mut resp,
+                defaults,
+                &p.metrics,
+            )
+            .await?;
+            settings.esi
+        }
+    };
+    Ok(Outcome::new(resp, CacheStatus::Pass).with_esi(esi))
 }
 
 /// The request body, its bytes counted in `metrics` as they are read (a

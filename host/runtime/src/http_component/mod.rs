@@ -33,7 +33,6 @@
 mod error;
 mod outbound;
 mod p3;
-mod settings;
 mod state;
 
 use std::path::{Path, PathBuf};
@@ -41,6 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use http_body_util::BodyExt;
 use inlay_core::LogLimit;
@@ -49,20 +49,20 @@ use tokio::sync::oneshot;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{CallHook, Store};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
-use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme as WasiScheme;
 use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
 pub use error::ComponentError;
-pub use outbound::{ComponentOutbound, Depth, MAX_DEPTH};
-pub use p3::IDLE_INSTANCE_TIMEOUT;
-pub use settings::{
+pub use inlay_core::component::{
     ComponentSettings, P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE,
 };
+pub use outbound::{ComponentOutbound, Depth, MAX_DEPTH};
+pub use p3::IDLE_INSTANCE_TIMEOUT;
 
 use crate::engine::{EPOCH_TICK, PolicyEngine};
 use crate::limits::PolicyLimits;
 use outbound::{OutboundHooks, Route};
-use state::AppState;
+use state::{AppState, Parked};
 
 /// CPU time the load check's instantiation may take (a cold start of a
 /// large guest on a busy machine; requests get `cpu_time`).
@@ -292,9 +292,14 @@ impl HttpComponent {
         };
         let route = Route::new(Arc::new(NoOutbound), 0, &settings);
         let mut store = self.store(&settings, route)?;
+        let parks = Arc::clone(&store.data().parks);
         let result = match &self.loaded.pre {
-            Pre::P2(pre) => pre.instantiate_async(&mut store).await.map(drop),
-            Pre::P3(pre) => pre.instantiate_async(&mut store).await.map(drop),
+            Pre::P2(pre) => Parked::new(Box::pin(pre.instantiate_async(&mut store)), parks)
+                .await
+                .map(drop),
+            Pre::P3(pre) => Parked::new(Box::pin(pre.instantiate_async(&mut store)), parks)
+                .await
+                .map(drop),
         };
         drop(slot);
         match result {
@@ -337,7 +342,8 @@ impl HttpComponent {
         let task = tokio::spawn(async move {
             let _slot = slot;
             let timeout = this.settings.request_timeout;
-            let outcome = tokio::time::timeout(timeout, run(&mut store)).await;
+            let parks = Arc::clone(&store.data().parks);
+            let outcome = tokio::time::timeout(timeout, Parked::new(run(&mut store), parks)).await;
             let result = match outcome {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(classify(store.data(), &this.settings, e)),
@@ -397,9 +403,10 @@ impl HttpComponent {
         store.epoch_deadline_callback(|mut ctx| Ok(ctx.data_mut().clock.on_deadline()));
         let ticks = store.data_mut().clock.restart(std::time::Instant::now());
         store.set_epoch_deadline(ticks);
-        // The CPU clock runs only while guest code does: not in a call
-        // into the host, nor while no guest code runs at all (a 0.3
-        // guest's tasks waiting in the store's event loop).
+        // The CPU clock runs while the guest does, calls into the host
+        // included: not while it waits on the host (its task parked in a
+        // call), nor while no guest code runs at all (a 0.3 guest's tasks
+        // waiting in the store's event loop). See `state.rs`.
         store.call_hook(|mut ctx, hook| {
             match hook {
                 CallHook::CallingHost => {
@@ -411,10 +418,16 @@ impl HttpComponent {
                     }
                     ctx.data_mut().host_call_starts()
                 }
-                CallHook::ReturningFromWasm => ctx.data_mut().host_call_starts(),
-                CallHook::ReturningFromHost | CallHook::CallingWasm => {
-                    ctx.data_mut().host_call_ends()
+                CallHook::ReturningFromWasm => ctx.data_mut().guest_returns(),
+                CallHook::CallingWasm => {
+                    // The deadline is re-armed at each entry of an idle
+                    // guest: it measures the guest's runs, not the time a
+                    // reused 0.3 instance waits for its next request.
+                    if let Some(ticks) = ctx.data_mut().guest_enters() {
+                        ctx.set_epoch_deadline(ticks);
+                    }
                 }
+                CallHook::ReturningFromHost => ctx.data_mut().host_call_ends(),
             }
             Ok(())
         });
@@ -425,23 +438,20 @@ impl HttpComponent {
     /// its scheme, authority and path: the authority is the client's Host
     /// (or the backend's name).
     fn with_authority(&self, mut req: Request<ProxyBody>) -> Request<ProxyBody> {
-        let pq = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
-        let host = req
+        let authority = req
             .headers()
             .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .filter(|h| h.parse::<http::uri::Authority>().is_ok())
-            .map_or_else(|| self.name.to_string(), str::to_owned);
-        if let Ok(uri) = Uri::builder()
-            .scheme("http")
-            .authority(host)
-            .path_and_query(pq)
-            .build()
-        {
+            .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+            .or_else(|| Authority::try_from(&*self.name).ok());
+        let mut parts = std::mem::take(req.uri_mut()).into_parts();
+        // No authority to give (neither a Host nor a name that is one): the
+        // path alone, as it came.
+        parts.scheme = authority.is_some().then_some(Scheme::HTTP);
+        parts.authority = authority;
+        parts.path_and_query = parts
+            .path_and_query
+            .or_else(|| Some(PathAndQuery::from_static("/")));
+        if let Ok(uri) = Uri::from_parts(parts) {
             *req.uri_mut() = uri;
         }
         req
@@ -490,7 +500,9 @@ fn p2_handle(
         message: format!("{e:#}"),
     };
     let req = req.map(|b| b.map_err(|e| HttpError::InternalError(Some(e.to_string()))));
-    let incoming = http.new_incoming_request(Scheme::Http, req).map_err(bad)?;
+    let incoming = http
+        .new_incoming_request(WasiScheme::Http, req)
+        .map_err(bad)?;
     let out = http
         .new_response_outparam_from_callback(move |resp| {
             answered.store(true, Ordering::Release);

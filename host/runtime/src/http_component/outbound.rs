@@ -16,11 +16,10 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use inlay_core::body::{BoxError, ProxyBody};
-use inlay_core::{LogLimit, ProxyError};
+use inlay_core::{ComponentSettings, LogLimit, ProxyError};
 use wasmtime::component::GuestTaskId;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
-use super::settings::ComponentSettings;
 use crate::services::BodyBudget;
 
 /// How deep components may call components through outgoing requests

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use inlay_core::body::{self, ProxyBody};
+use inlay_core::component::{P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE};
 use wasmtime::component::GuestTaskId;
 use wasmtime::{Store, StoreContextMut};
 use wasmtime_wasi_http::handler::{
@@ -41,9 +42,9 @@ use wasmtime_wasi_http::p3::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{Error as HttpError, WasiHttpView};
 
 use super::outbound::Route;
-use super::settings::{P3_CONCURRENT_REQUESTS_PER_INSTANCE, P3_REQUESTS_PER_INSTANCE};
-use super::state::AppState;
+use super::state::{AppState, Parked, Parks};
 use super::{ComponentError, HttpComponent, NoOutbound, classify};
+use crate::engine::PolicyEngine;
 
 /// How long an instance with no request is kept for the next one (as
 /// `wasmtime serve --idle-instance-timeout` by default).
@@ -195,12 +196,19 @@ impl HandlerState for Instances {
         let mut store = c.store(settings, Route::new(Arc::new(NoOutbound), 0, settings))?;
         let running = Arc::new(AtomicUsize::new(0));
         store.data_mut().hooks_mut().running = Some(Arc::clone(&running));
-        let service = match self.pre.instantiate_async(&mut store).await {
+        let parks = Arc::clone(&store.data().parks);
+        let instantiating = Parked::new(
+            Box::pin(self.pre.instantiate_async(&mut store)),
+            Arc::clone(&parks),
+        );
+        let service = match instantiating.await {
             Ok(service) => service,
             Err(e) => return Err(classify(store.data(), settings, e).into()),
         };
         self.made.fetch_add(1, Ordering::Relaxed);
         let born = Instant::now();
+        let engine = c.loaded.engine.clone();
+        let ends = engine.coarse_now() + settings.instance_lifetime;
         Ok(Instance {
             store,
             proxy: Proxy::P3(service),
@@ -212,6 +220,7 @@ impl HandlerState for Instances {
                 lifetime: settings.instance_lifetime,
                 sleep: Box::pin(tokio::time::sleep(Duration::MAX)),
                 retired: Arc::clone(&self.retired),
+                parks,
             },
             state: Worker {
                 max_requests: settings
@@ -221,8 +230,8 @@ impl HandlerState for Instances {
                     .concurrent_requests_per_instance
                     .unwrap_or(P3_CONCURRENT_REQUESTS_PER_INSTANCE)
                     as usize,
-                born,
-                lifetime: settings.instance_lifetime,
+                engine,
+                ends,
                 retired: Arc::clone(&self.retired),
                 running,
                 cpu_time: settings.cpu_time,
@@ -238,8 +247,11 @@ impl HandlerState for Instances {
 struct Worker {
     max_requests: usize,
     max_concurrent: usize,
-    born: Instant,
-    lifetime: Duration,
+    /// The engine, whose epoch ticker's clock says when the instance's
+    /// lifetime `ends` (asked at every turn of the worker's loop: a clock
+    /// read each time would cost more than the rest of the check).
+    engine: PolicyEngine,
+    ends: Duration,
     retired: Arc<AtomicBool>,
     /// Requests waiting for their response now (as the worker last
     /// counted them), shared with the store's hooks: while one runs
@@ -260,7 +272,7 @@ impl WorkerState for Worker {
         self.running.store(concurrent, Ordering::Relaxed);
         if total >= self.max_requests
             || self.retired.load(Ordering::Relaxed)
-            || self.born.elapsed() >= self.lifetime
+            || self.engine.coarse_now() >= self.ends
         {
             ShouldAccept::Never
         } else if concurrent >= self.max_concurrent {
@@ -315,6 +327,9 @@ struct Expiration {
     /// An idle instance of a generation that went ends at its next poll
     /// (at the latest when it has been idle for `idle`).
     retired: Arc<AtomicBool>,
+    /// Polled each time the store's event loop is pending, before the
+    /// worker's task parks: the store's CPU clock is told.
+    parks: Arc<Parks>,
 }
 
 impl WorkerExpiration for Expiration {
@@ -324,6 +339,7 @@ impl WorkerExpiration for Expiration {
         status: WorkerStatus,
         start: Instant,
     ) -> Poll<()> {
+        self.parks.parked();
         let deadline = match status {
             WorkerStatus::Idle => {
                 if self.retired.load(Ordering::Relaxed) {
@@ -334,9 +350,19 @@ impl WorkerExpiration for Expiration {
             WorkerStatus::Requests | WorkerStatus::PostReturn => start + self.request_timeout,
         };
         let deadline = tokio::time::Instant::from_std(deadline);
-        if self.sleep.deadline() != deadline {
+        // The timer moves only to an earlier deadline: the deadline moves
+        // with every request (its start), and a timer reset locks the timer
+        // wheel. A timer that fires before the current deadline is set to
+        // it then.
+        if deadline < self.sleep.deadline() {
             self.sleep.as_mut().reset(deadline);
         }
-        self.sleep.as_mut().poll(cx)
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if tokio::time::Instant::now() >= deadline {
+                return Poll::Ready(());
+            }
+            self.sleep.as_mut().reset(deadline);
+        }
+        Poll::Pending
     }
 }

@@ -2,11 +2,22 @@
 //! (environment, an optional read-only directory; no sockets, no
 //! stdin), the `wasi:http` context with the outgoing hooks, the memory
 //! cap and the CPU clock.
+//!
+//! The CPU clock runs while the guest runs, its calls into the host
+//! included, and stops while it runs no code: between the host's calls
+//! into it (a 0.3 instance waiting in its event loop, timed at each
+//! entry and return), and while the task that runs the store is parked
+//! during a call into the host (a blocking wait: an outgoing request, a
+//! body write waiting on the client, a timer; [`Parks`]). The host's
+//! other calls are short and on the guest's behalf: timing each of them
+//! would read the clock twice per call, tens of times per request.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use inlay_core::ComponentSettings;
 use parking_lot::Mutex;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
@@ -16,8 +27,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::outbound::OutboundHooks;
 use super::p3::FailureCell;
-use super::settings::ComponentSettings;
-use crate::limits::{CpuClock, MemoryLimiter};
+use crate::limits::{CpuClock, MemoryLimiter, clock_origin};
 
 /// The `T` of `Store<T>` for a component backend's instance: one request
 /// (0.2), or the requests a 0.3 instance serves.
@@ -28,8 +38,15 @@ pub(crate) struct AppState {
     hooks: OutboundHooks,
     pub(crate) limiter: MemoryLimiter,
     pub(crate) clock: CpuClock,
-    /// When the guest's current call into the host began.
-    host_since: Option<Instant>,
+    /// When the guest last returned to the host with no call into it left
+    /// under way: it runs no code until the host calls it again.
+    idle_since: Option<Instant>,
+    /// Calls into the guest under way (1: the host called it; more: the
+    /// host calls it back within a call of its own, as for `realloc`, or
+    /// another of a 0.3 instance's tasks runs while one waits in a call).
+    guest_depth: u32,
+    /// Where the task that runs the store says it parked.
+    pub(crate) parks: Arc<Parks>,
     /// What it wrote to stdout and stderr.
     pub(crate) output: GuestOutput,
     /// Where the failure of a 0.3 instance is told to its requests.
@@ -59,7 +76,9 @@ impl AppState {
             hooks,
             limiter: MemoryLimiter::new(settings.memory),
             clock: CpuClock::new(settings.cpu_time, tick),
-            host_since: None,
+            idle_since: None,
+            guest_depth: 0,
+            parks: Arc::default(),
             output,
             failures: Vec::new(),
         })
@@ -71,28 +90,110 @@ impl AppState {
     }
 
     /// The guest may run `more` from now (a 0.3 instance's new request,
-    /// `more` its share for the requests it runs): a call into the host
-    /// under way is not counted as the guest's.
-    pub(crate) fn extend_cpu(&mut self, more: std::time::Duration) {
+    /// `more` its share for the requests it runs): the time it has been
+    /// idle is not counted as the guest's.
+    pub(crate) fn extend_cpu(&mut self, more: Duration) {
         let pending = self
-            .host_since
+            .idle_since
             .map_or_else(Default::default, |s| s.elapsed());
         self.clock.extend(more, pending);
     }
 
-    /// The guest calls into the host: its CPU time stops.
+    /// The guest calls into the host.
     pub(crate) fn host_call_starts(&mut self) {
+        // A park before this was an epoch yield, which the clock counts.
+        self.parks.resumed();
         self.clock.host_call_starts();
-        self.host_since = Some(Instant::now());
     }
 
-    /// The host returns to the guest: the time in between was not the
-    /// guest's (an outgoing request, a body write waiting on the client,
-    /// a timer).
+    /// The host returns to the guest: the time its task was parked in
+    /// the call was not the guest's.
     pub(crate) fn host_call_ends(&mut self) {
-        if let Some(since) = self.host_since.take() {
-            self.clock.exclude(since.elapsed());
+        let parked = self.parks.resumed().unwrap_or_default();
+        self.clock.exclude(parked);
+    }
+
+    /// The host calls into the guest: `Some(ticks)`, the epoch deadline to
+    /// set, when the guest was idle (no call into it under way).
+    pub(crate) fn guest_enters(&mut self) -> Option<u64> {
+        self.guest_depth += 1;
+        if self.guest_depth > 1 {
+            self.host_call_ends();
+            return None;
         }
+        // Parks while idle are in the idle time.
+        self.parks.resumed();
+        let idle = self.idle_since.take().map(|s| s.elapsed());
+        self.clock.exclude(idle.unwrap_or_default());
+        self.clock.resumed()
+    }
+
+    /// A call into the guest returns.
+    pub(crate) fn guest_returns(&mut self) {
+        self.guest_depth = self.guest_depth.saturating_sub(1);
+        self.host_call_starts();
+        if self.guest_depth == 0 {
+            self.idle_since = Some(Instant::now());
+        }
+    }
+}
+
+/// When the task that runs a store last parked (its future was pending,
+/// so no guest code ran) since the guest last ran: told by the task
+/// ([`Parked`], or a 0.3 instance's worker), read by the store's hooks.
+#[derive(Default)]
+pub(crate) struct Parks {
+    /// Nanoseconds from [`clock_origin`] to the first park since the
+    /// guest last ran; 0: none.
+    since: AtomicU64,
+}
+
+impl Parks {
+    /// The task parks.
+    pub(crate) fn parked(&self) {
+        if self.since.load(Ordering::Relaxed) == 0 {
+            let nanos = u64::try_from(clock_origin().elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.since.store(nanos.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// The guest runs again: how long ago the task first parked since it
+    /// last ran, if it did.
+    fn resumed(&self) -> Option<Duration> {
+        let since = self.since.swap(0, Ordering::Relaxed);
+        (since != 0).then(|| {
+            clock_origin()
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(since))
+        })
+    }
+}
+
+/// A future that runs a store, telling its [`Parks`] each time it is
+/// pending.
+pub(crate) struct Parked<F> {
+    inner: F,
+    parks: Arc<Parks>,
+}
+
+impl<F> Parked<F> {
+    pub(crate) fn new(inner: F, parks: Arc<Parks>) -> Self {
+        Self { inner, parks }
+    }
+}
+
+impl<F: Future + Unpin> Future for Parked<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll(cx);
+        if poll.is_pending() {
+            self.parks.parked();
+        }
+        poll
     }
 }
 

@@ -4,7 +4,8 @@
 //! (how many requests this instance has served, this one included: an
 //! instance reused across requests counts up), `/trap`, `/spin`, `/slow?ms=N` (a
 //! timer, then `/count`'s answer) and `/fetch?url=U&after_ms=N` (an
-//! outgoing GET, after a timer).
+//! outgoing GET, after a timer); `/big?kb=N` a page of N KiB, as the 0.2
+//! example's (the benchmark's 16 KiB page).
 
 wit_bindgen::generate!({
     path: "../wit-p3",
@@ -40,6 +41,18 @@ fn param(q: &str, name: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// A page of about `kb` KiB (the same as the 0.2 example's).
+fn big(kb: usize) -> String {
+    let mut s = String::with_capacity(kb * 1024 + 64);
+    s.push_str("<html><body>\n");
+    let line = "<p>Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do.</p>\n";
+    while s.len() + line.len() + 16 <= kb * 1024 {
+        s.push_str(line);
+    }
+    s.push_str("</body></html>\n");
+    s
+}
+
 /// `GET url`: its status and body, or the error.
 async fn fetch(url: &str) -> String {
     let Some(rest) = url.strip_prefix("http://") else {
@@ -73,6 +86,11 @@ impl Guest for App {
             "/" => (200, "max-age=60", b"<html><body><h1>Rust 0.3 component</h1>\n<esi:include src=\"/fragment\"/>\n</body></html>\n"),
             "/fragment" => (200, "max-age=60", b"<p>fragment from a Rust 0.3 component</p>"),
             "/hello" => (200, "max-age=60", b"hello from a Rust 0.3 component\n"),
+            "/big" => {
+                let kb: usize = param(query, "kb").and_then(|v| v.parse().ok()).unwrap_or(16);
+                made = big(kb.min(4096));
+                (200, "max-age=60", made.as_bytes())
+            }
             "/count" => {
                 made = served.to_string();
                 (200, "no-store", made.as_bytes())

@@ -1,12 +1,15 @@
-//! What a component backend may do and use per request: its limits, its
-//! environment and its files.
+//! What a component backend (`[backends.NAME]` with `component =
+//! "app.wasm"`) may do and use per request: its limits, its environment
+//! and its files. Plain data: `inlay-config` reads and validates it from
+//! the config file, the runtime (`inlay_runtime::http_component`) runs
+//! requests with it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The settings of one component backend (`[backends.NAME]` with
-/// `component = "app.wasm"`): plain data, read by every request.
+/// The settings of one component backend, read by every request. Each
+/// field is the `[backends.NAME]` key of its name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ComponentSettings {
     /// CPU time one request may use (instantiation and `handle`
@@ -29,7 +32,8 @@ pub struct ComponentSettings {
     /// Bytes of outgoing requests' response bodies one request may read,
     /// all together.
     pub max_subrequest_bytes: u64,
-    /// The environment the guest sees (`wasi:cli/environment`).
+    /// The environment the guest sees (`wasi:cli/environment`;
+    /// `[backends.NAME.env]`).
     pub env: BTreeMap<String, String>,
     /// A directory the guest may read, as `/`; none: no files at all.
     pub read_only_dir: Option<PathBuf>,
