@@ -30,9 +30,8 @@
 # reorders below it).
 # Writes OUT/results.jsonl (one line per run) and OUT/summary.md.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
-root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$root/target/release
 out=${1:-$root/loadtests/reports/http3}
 pairs=${PAIRS:-3}
 duration=${DURATION:-10}
@@ -41,48 +40,14 @@ connections=${CONNECTIONS:-4}
 streams=${STREAMS:-16}
 handshakers=${HANDSHAKERS:-16}
 loss=${LOSS:-1}
-for b in inlay inlay-origin inlay-h3bench; do
-    [ -x "$bin/$b" ] || { echo "missing $bin/$b: cargo build --release -p inlay -p inlay-origin -p inlay-loadtools" >&2; exit 1; }
-done
-command -v caddy >/dev/null || { echo "caddy is missing: apt-get install -y caddy" >&2; exit 1; }
-command -v openssl >/dev/null || { echo "openssl is missing" >&2; exit 1; }
+need_bins inlay inlay-origin inlay-h3bench
+need_cmds caddy openssl
 mkdir -p "$out"
 results=$out/results.jsonl
 : >"$results"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
 
-free_port() {
-    # A port free for both TCP and UDP: each server listens on both.
-    python3 -c '
-import socket
-while True:
-    t = socket.socket(); t.bind(("127.0.0.1", 0)); p = t.getsockname()[1]
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        u.bind(("127.0.0.1", p)); print(p); break
-    except OSError:
-        pass
-    finally:
-        u.close(); t.close()'
-}
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
-
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
-    -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
-    -addext basicConstraints=critical,CA:FALSE \
-    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-
-"$bin/inlay-origin" --listen 127.0.0.1:0 >"$work/origin.out" &
-pids+=($!)
-for _ in $(seq 100); do grep -q listening "$work/origin.out" && break; sleep 0.05; done
-origin=$(sed -n 's/^listening on http:\/\///p' "$work/origin.out")
+self_signed_cert
+start_origin
 
 # The same bytes for Caddy's file_server.
 mkdir -p "$work/www/static"
@@ -106,9 +71,8 @@ access_log = "off"
 [cache]
 memory_size = "256MiB"
 EOF
-INLAY_LOG=warn "$bin/inlay" serve --config "$work/inlay.toml" 2>"$work/inlay.err" &
-inlay_pid=$!
-pids+=("$inlay_pid")
+INLAY_LOG=warn spawn "$bin/inlay" serve --config "$work/inlay.toml" 2>"$work/inlay.err"
+inlay_pid=$spawned
 
 caddy_port=$(free_port)
 mkdir -p "$work/caddy-home"
@@ -129,9 +93,8 @@ https://localhost:$caddy_port {
 }
 EOF
 HOME=$work/caddy-home XDG_DATA_HOME=$work/caddy-home XDG_CONFIG_HOME=$work/caddy-home \
-    caddy run --adapter caddyfile --config "$work/Caddyfile" >"$work/caddy.log" 2>&1 &
-caddy_pid=$!
-pids+=("$caddy_pid")
+    spawn caddy run --adapter caddyfile --config "$work/Caddyfile" >"$work/caddy.log" 2>&1
+caddy_pid=$spawned
 
 wait_port "$inlay_port"
 wait_port "$caddy_port"
@@ -149,7 +112,7 @@ curl -fsS --cacert "$work/cert.pem" -o /dev/null -D "$work/hit.h" \
     --resolve "localhost:$inlay_port:127.0.0.1" "https://localhost:$inlay_port/static/177"
 grep -qi '^age:' "$work/hit.h" || { echo "Inlay's /static/177 is not a cache hit:" >&2; cat "$work/hit.h" >&2; exit 1; }
 
-echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$out/loadavg.txt"
+echo "load average at start: $(loadavg)" | tee "$out/loadavg.txt"
 run() { # who pair case
     local who=$1 pair=$2 case=$3 port=$inlay_port pid=$inlay_pid
     if [ "$who" = caddy ]; then port=$caddy_port; pid=$caddy_pid; fi
@@ -176,8 +139,7 @@ done
 if [ "$loss" != 0 ]; then
     esi="/esi/page?n=10&delay_ms=20&cacheable=0"
     for l in 0 "$loss"; do
-        "$bin/inlay-h3bench" relay --to "127.0.0.1:$inlay_port" --loss "$l" >"$work/relay-$l.out" &
-        pids+=($!)
+        spawn "$bin/inlay-h3bench" relay --to "127.0.0.1:$inlay_port" --loss "$l" >"$work/relay-$l.out"
     done
     for l in 0 "$loss"; do
         for _ in $(seq 100); do grep -q relaying "$work/relay-$l.out" && break; sleep 0.05; done
@@ -192,7 +154,7 @@ if [ "$loss" != 0 ]; then
         done
     done
 fi
-echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/loadavg.txt"
+echo "load average at end: $(loadavg)" | tee -a "$out/loadavg.txt"
 grep -c . "$work/caddy.log" >/dev/null && grep -i '"level":"error"' "$work/caddy.log" | head -3 >&2 || true
 
 python3 - "$results" "$out/loadavg.txt" >"$out/summary.md" <<'EOF'

@@ -15,44 +15,29 @@
 #   needs nftables, curl with HTTP/2, openssl)
 # Environment: LOSS (1), PAIRS (3), REQUESTS (300), DURATION (8).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
-root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$root/target/release
 out=${1:-$root/loadtests/reports/http3}
 loss=${LOSS:-1}
 pairs=${PAIRS:-3}
 requests=${REQUESTS:-300}
 duration=${DURATION:-8}
-for b in inlay inlay-origin inlay-h3bench; do
-    [ -x "$bin/$b" ] || { echo "missing $bin/$b" >&2; exit 1; }
-done
-command -v nft >/dev/null || { echo "nft is missing: apt-get install nftables" >&2; exit 1; }
+need_bins inlay inlay-origin inlay-h3bench
+need_cmds nft curl openssl
 if ip -o link show | grep -qv ': lo:'; then
     echo "run this in a network namespace of its own: unshare -n bash $0" >&2
     exit 1
 fi
 ip link set lo up
 mkdir -p "$out"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    nft flush ruleset 2>/dev/null || true
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-    -subj /CN=localhost -addext subjectAltName=DNS:localhost \
-    -addext basicConstraints=critical,CA:FALSE \
-    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+# Defined only here, past the check: the host's own ruleset is never flushed.
+on_exit() { nft flush ruleset 2>/dev/null; }
+self_signed_cert
+start_origin
 port=18443
-"$bin/inlay-origin" --listen 127.0.0.1:18090 >"$work/origin.log" 2>&1 &
-pids+=($!)
-"$bin/inlay" serve -a "https://127.0.0.1:$port" -a "quic://127.0.0.1:$port" \
-    --tls-cert "$work/cert.pem" --tls-key "$work/key.pem" -b http://127.0.0.1:18090 \
-    >"$work/inlay.log" 2>&1 &
-pids+=($!)
+spawn "$bin/inlay" serve -a "https://127.0.0.1:$port" -a "quic://127.0.0.1:$port" \
+    --tls-cert "$work/cert.pem" --tls-key "$work/key.pem" -b "http://$origin" \
+    >"$work/inlay.log" 2>&1
 url="https://localhost:$port/esi/page?n=10&delay_ms=20&cacheable=0"
 for _ in $(seq 100); do
     curl -s -o /dev/null --cacert "$work/cert.pem" --resolve "localhost:$port:127.0.0.1" "$url" && break
@@ -93,4 +78,4 @@ for p in $(seq "$pairs"); do
         echo "$p $l http/3 $(h3)" | tee -a "$results"
     done
 done
-echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$results"
+echo "# load average at end: $(loadavg)" | tee -a "$results"

@@ -11,9 +11,8 @@
 #   TUNNELS (9500: each tunnel costs a proxy two descriptors, and the
 #   sandbox's hard RLIMIT_NOFILE is 20000), HOLD (10 s).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
-root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$root/target/release
 out=${1:-$root/loadtests/reports/websocket}
 rounds=${ROUNDS:-3}
 connections=${CONNECTIONS:-50}
@@ -21,30 +20,14 @@ messages=${MESSAGES:-400}
 size=${SIZE:-64}
 tunnels=${TUNNELS:-9500}
 hold=${HOLD:-10}
-for b in inlay inlay-origin inlay-wsbench; do
-    [ -x "$bin/$b" ] || { echo "missing $bin/$b: cargo build --release -p inlay -p inlay-origin -p inlay-loadtools" >&2; exit 1; }
-done
-command -v nginx >/dev/null || { echo "nginx is missing: apt-get install nginx-light (or nginx)" >&2; exit 1; }
+need_bins inlay inlay-origin inlay-wsbench
+need_cmds nginx
 mkdir -p "$out"
 results=$out/results.jsonl
 : >"$results"
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
 ulimit -n "$(ulimit -Hn)"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# The origin: its first stdout line names its address.
-"$bin/inlay-origin" --listen 127.0.0.1:0 >"$work/origin.out" &
-pids+=($!)
-for _ in $(seq 100); do grep -q listening "$work/origin.out" && break; sleep 0.05; done
-origin=$(sed -n 's/^listening on http:\/\///p' "$work/origin.out")
+start_origin
 
 inlay_port=$(free_port)
 cat >"$work/inlay.toml" <<EOF
@@ -59,9 +42,8 @@ access_log = "$work/inlay-access.log"
 [websocket]
 max_tunnels = 19000
 EOF
-INLAY_LOG=warn "$bin/inlay" serve --config "$work/inlay.toml" 2>"$work/inlay.err" &
-inlay_pid=$!
-pids+=("$inlay_pid")
+INLAY_LOG=warn spawn "$bin/inlay" serve --config "$work/inlay.toml" 2>"$work/inlay.err"
+inlay_pid=$spawned
 
 nginx_port=$(free_port)
 mkdir -p "$work/nginx"
@@ -89,11 +71,9 @@ http {
     }
 }
 EOF
-nginx -p "$work/nginx" -c "$work/nginx.conf" -g 'daemon off;' &
-nginx_pid=$!
-pids+=("$nginx_pid")
+spawn nginx -p "$work/nginx" -c "$work/nginx.conf" -g 'daemon off;'
+nginx_pid=$spawned
 
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 wait_port "$inlay_port"
 wait_port "$nginx_port"
 

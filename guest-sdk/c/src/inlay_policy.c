@@ -476,14 +476,12 @@ bool inlay_builtin_has_credentials(inlay_request_t req) {
     return has;
 }
 
+/* The host decides it in one call (the rules of the two helpers above). */
 inlay_action_t inlay_builtin_recv(inlay_request_t req) {
-    char *method = inlay_req_method(req);
-    bool lookup = inlay_builtin_is_lookup_method(method);
-    free(method);
-    if (!lookup || inlay_builtin_has_credentials(req)) {
-        return inlay_action_pass();
+    if (inlay_policy_sdk_builtin_recv_lookup(req)) {
+        return inlay_action_lookup();
     }
-    return inlay_action_lookup();
+    return inlay_action_pass();
 }
 
 /*

@@ -138,6 +138,11 @@ func refused(r witTypes.Result[witTypes.Unit, string]) error {
 
 type componentRequest struct{ r *types.Request }
 
+// BuiltinRecvLookup asks the host for the built-in recv's decision.
+func (c componentRequest) BuiltinRecvLookup() bool {
+	return inlay_policy_sdk.BuiltinRecvLookup(c.r)
+}
+
 func (c componentRequest) Method() string                    { return c.r.Method() }
 func (c componentRequest) SetMethod(method string)           { c.r.SetMethod(method) }
 func (c componentRequest) URL() string                       { return c.r.Url() }

@@ -122,10 +122,24 @@ func HasCredentials(req *Request) bool {
 // BuiltinRecv is Varnish's built-in recv: Pass for methods other than GET
 // and HEAD and for requests with credentials, else Lookup.
 func BuiltinRecv(req *Request) Action {
+	if h, ok := req.h.(builtinRecvHost); ok {
+		if h.BuiltinRecvLookup() {
+			return Lookup()
+		}
+		return Pass()
+	}
 	if !IsLookupMethod(req.Method()) || HasCredentials(req) {
 		return Pass()
 	}
 	return Lookup()
+}
+
+// builtinRecvHost is a RequestHost that decides the built-in recv itself
+// (the component's: one host call rather than the method and two headers).
+type builtinRecvHost interface {
+	// BuiltinRecvLookup reports whether the built-in recv looks the
+	// request up.
+	BuiltinRecvLookup() bool
 }
 
 // BuiltinBackendResponse keeps the host's settings (it applied RFC 9111).

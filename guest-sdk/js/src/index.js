@@ -77,12 +77,13 @@ export const Action = Object.freeze({
 
 /** Varnish's built-in behaviour, which the hooks of `definePolicy` default to. */
 export const builtin = Object.freeze({
-  /** `pass` for methods other than GET/HEAD and for credentials, else `lookup`. */
+  /**
+   * `pass` for methods other than GET/HEAD and for credentials, else
+   * `lookup`: the host decides it in one call (the rules of
+   * `isLookupMethod` and `hasCredentials`).
+   */
   recv(req) {
-    if (!builtin.isLookupMethod(req.method()) || builtin.hasCredentials(req)) {
-      return Action.pass;
-    }
-    return Action.lookup;
+    return sdkImport.builtinRecvLookup(req) ? Action.lookup : Action.pass;
   },
   /** GET and HEAD are looked up (methods are case-sensitive). */
   isLookupMethod: (method) => method === 'GET' || method === 'HEAD',

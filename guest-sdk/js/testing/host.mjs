@@ -200,5 +200,10 @@ export const interfaces = {
         host.defaultHooks.push(hook);
       }
     },
+    // The host's built-in recv decision (Inlay's `RequestHead::builtin_lookup`).
+    builtinRecvLookup: (req) =>
+      (req.method() === 'GET' || req.method() === 'HEAD') &&
+      req.header('authorization') === undefined &&
+      req.header('cookie') === undefined,
   },
 };

@@ -163,10 +163,12 @@ class builtin:  # noqa: N801
 
     @staticmethod
     def recv(req: Request) -> RequestAction:
-        """PASS for methods other than GET/HEAD and for credentials, else LOOKUP."""
-        if not builtin.is_lookup_method(req.method()) or builtin.has_credentials(req):
-            return Action.PASS
-        return Action.LOOKUP
+        """PASS for methods other than GET/HEAD and for credentials, else LOOKUP.
+
+        The host decides it in one call (the rules of :meth:`is_lookup_method`
+        and :meth:`has_credentials`).
+        """
+        return Action.LOOKUP if _sdk.builtin_recv_lookup(req) else Action.PASS
 
     @staticmethod
     def backend_response(req: Request, resp: Response, settings: CacheSettings) -> CacheSettings:

@@ -128,6 +128,12 @@ class Response(_Headers):
         self._status = status
 
 
+def _builtin_recv_lookup(req) -> bool:
+    """The host's built-in recv decision (Inlay's ``RequestHead::builtin_lookup``)."""
+    return (req.method() in ("GET", "HEAD") and req.header("authorization") is None
+            and req.header("cookie") is None)
+
+
 class Host:
     """What the capabilities see and record."""
 
@@ -160,4 +166,5 @@ class Host:
         esi.set_enabled = lambda enabled: host.esi.append(("set-enabled", enabled))
         esi.set_var = lambda name, value: host.esi.append(("set-var", name, value))
         sdk.default_hook = host._default_hook
+        sdk.builtin_recv_lookup = _builtin_recv_lookup
         return host

@@ -15,12 +15,13 @@ use crate::{Action, CacheSettings, Request, Response};
 
 /// Built-in recv: [`Action::Pass`] for methods other than `GET` and `HEAD`
 /// and for requests with `Authorization` or `Cookie` (they may be
-/// personal); otherwise [`Action::Lookup`].
+/// personal); otherwise [`Action::Lookup`]. The host decides it in one
+/// call (the same rules as [`is_lookup_method`] and [`has_credentials`]).
 pub fn recv(req: &Request) -> Action {
-    if !is_lookup_method(&req.method()) || has_credentials(req) {
-        Action::Pass
-    } else {
+    if req.builtin_lookup() {
         Action::Lookup
+    } else {
+        Action::Pass
     }
 }
 

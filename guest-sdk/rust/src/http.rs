@@ -146,6 +146,18 @@ impl Request {
             .map(|(_, query)| query.to_owned())
     }
 
+    /// The built-in recv's decision (see [`crate::builtin::recv`]): the
+    /// host's answer in one call, rather than the method and two headers.
+    pub(crate) fn builtin_lookup(&self) -> bool {
+        match &self.inner {
+            RequestInner::Host(h) => crate::bindings::inlay::policy::sdk::builtin_recv_lookup(h),
+            RequestInner::Local(_) => {
+                crate::builtin::is_lookup_method(&self.method())
+                    && !crate::builtin::has_credentials(self)
+            }
+        }
+    }
+
     /// The first value of a header, if present (case-insensitive name).
     pub fn header(&self, name: &str) -> Option<String> {
         match &self.inner {

@@ -51,6 +51,16 @@ impl RequestHead {
             .and_then(|h| h.to_str().ok())
             .unwrap_or("")
     }
+
+    /// Varnish's built-in `vcl_recv` decision: look up a `GET` or `HEAD`
+    /// without `Authorization` or `Cookie` (they may be personal); pass
+    /// the rest. The host's own rules without a policy, a policy hook left
+    /// to its default, and the SDKs' `builtin` recv all decide this way.
+    pub fn builtin_lookup(&self) -> bool {
+        (self.method == Method::GET || self.method == Method::HEAD)
+            && !self.headers.contains_key(header::AUTHORIZATION)
+            && !self.headers.contains_key(header::COOKIE)
+    }
 }
 
 /// The path and query of a URI, `/` when it has none.

@@ -109,12 +109,15 @@ pub struct Connection {
 }
 
 /// What makes the service of each connection: a function of the
-/// [`Connection`] returning a hyper service whose responses have a body
-/// of `Bytes`. Implemented for every such `Fn`.
-pub trait MakeService: Send + Sync + 'static {
+/// [`Connection`] returning a hyper service of requests with a body of
+/// `ReqBody` (hyper's [`Incoming`] on TCP, [`QuicBody`] on QUIC) whose
+/// responses have a body of `Bytes`. Implemented for every such `Fn`.
+///
+/// [`QuicBody`]: crate::QuicBody
+pub trait MakeService<ReqBody = Incoming>: Send + Sync + 'static {
     /// The service one connection's requests go to.
     type Service: Service<
-            Request<Incoming>,
+            Request<ReqBody>,
             Response = Response<Self::Body>,
             Error = Infallible,
             Future = Self::Future,
@@ -131,10 +134,10 @@ pub trait MakeService: Send + Sync + 'static {
     fn make(&self, conn: &Connection) -> Self::Service;
 }
 
-impl<M, S, B> MakeService for M
+impl<M, S, B, ReqBody> MakeService<ReqBody> for M
 where
     M: Fn(&Connection) -> S + Send + Sync + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<B>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,

@@ -53,7 +53,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::CLIENT_WARNINGS;
-use crate::accept::Connection;
+use crate::accept::{Connection, MakeService};
 use crate::limits::Limits;
 use crate::per_client::{ClientSlot, PerClient};
 use crate::tls::Tls;
@@ -355,50 +355,13 @@ impl Body for QuicBody {
     }
 }
 
-/// What makes the service of each QUIC connection: a function of the
-/// [`Connection`] returning a hyper service of requests with a
-/// [`QuicBody`]. Implemented for every such `Fn`.
-pub trait MakeQuicService: Send + Sync + 'static {
-    /// The service one connection's requests go to.
-    type Service: Service<
-            Request<QuicBody>,
-            Response = Response<Self::Body>,
-            Error = Infallible,
-            Future = Self::Future,
-        > + Send
-        + Sync
-        + 'static;
-    /// A request being answered.
-    type Future: Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
-    /// Its responses' body.
-    type Body: Body<Data = Bytes, Error = Self::BodyError> + Send + 'static;
-    /// The body's error.
-    type BodyError: Into<BoxError> + Send;
+/// What makes the service of each QUIC connection: a [`MakeService`] of
+/// requests with a [`QuicBody`], whose service is shared by the tasks of
+/// the connection's request streams (hence `Sync`). Implemented for every
+/// such `MakeService`.
+pub trait MakeQuicService: MakeService<QuicBody, Service: Sync> {}
 
-    /// The service for `conn`.
-    fn make(&self, conn: &Connection) -> Self::Service;
-}
-
-impl<M, S, B> MakeQuicService for M
-where
-    M: Fn(&Connection) -> S + Send + Sync + 'static,
-    S: Service<Request<QuicBody>, Response = Response<B>, Error = Infallible>
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError> + Send,
-{
-    type Service = S;
-    type Future = S::Future;
-    type Body = B;
-    type BodyError = B::Error;
-
-    fn make(&self, conn: &Connection) -> S {
-        self(conn)
-    }
-}
+impl<M: MakeService<QuicBody, Service: Sync>> MakeQuicService for M {}
 
 /// Serves QUIC listeners with HTTP/3, a service made per connection,
 /// within limits that follow a watch ([`Limits`]).

@@ -9,18 +9,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use http::{Method, header};
 use inlay_core::{CacheSettings, EsiOverrides, RequestAction, RequestHead, ResponseHead};
 use tracing::Instrument;
 
 use crate::engine::EPOCH_TICK;
 use crate::errors::{Hook, PolicyError};
-use crate::instance::{Lent, LiveCall, lend, take_back};
 use crate::limits::MemoryLimiter;
 use crate::memo::{Chosen, Entries, Entry, Returned, Tape, Way};
+use crate::policy::instance::{Lent, LiveCall, lend, take_back};
+use crate::policy::state::{StoreState, not_repeated};
 use crate::policy::{LoadedPolicy, PolicyHandle};
 use crate::replay::Replay;
-use crate::state::{StoreState, not_repeated};
+use crate::services::PolicyServices;
 
 /// How a request's hooks are answered.
 enum Run {
@@ -425,18 +425,13 @@ fn builtin(entry: Entry, req: &RequestHead) -> Returned {
     }
 }
 
-/// Built-in recv: pass methods other than GET and HEAD, and requests with
-/// credentials (`Authorization`, `Cookie`); look the others up. The SDKs'
-/// `builtin.recv` and the host's own rules without a policy say the same.
+/// Built-in recv (the SDKs' `builtin.recv` and the host's own rules
+/// without a policy say the same).
 fn builtin_recv(req: &RequestHead) -> RequestAction {
-    let lookup_method = req.method == Method::GET || req.method == Method::HEAD;
-    if !lookup_method
-        || req.headers.contains_key(header::AUTHORIZATION)
-        || req.headers.contains_key(header::COOKIE)
-    {
-        RequestAction::Pass
-    } else {
+    if req.builtin_lookup() {
         RequestAction::Lookup
+    } else {
+        RequestAction::Pass
     }
 }
 
@@ -446,5 +441,33 @@ fn wrong_result(hook: Hook) -> PolicyError {
     PolicyError::InvalidResult {
         hook,
         message: "the recorded result is not this hook's".to_string(),
+    }
+}
+
+impl LoadedPolicy {
+    /// Creates one request's instance: a fresh store from the pool, with
+    /// its limits, instantiated from the pre-instantiated component.
+    pub async fn start(
+        &self,
+        services: Arc<dyn PolicyServices>,
+    ) -> Result<PolicyCall, PolicyError> {
+        PolicyHandle::new(self.clone(), services).start().await
+    }
+
+    /// Starts a request that runs its own instance from the first hook,
+    /// without the recorded paths (for the snapshot tool and tests).
+    pub(crate) async fn start_live(
+        &self,
+        services: Arc<dyn PolicyServices>,
+    ) -> Result<PolicyCall, PolicyError> {
+        PolicyCall::start(PolicyHandle::new(self.clone(), services), false).await
+    }
+}
+
+impl PolicyHandle {
+    /// Starts one request: hooks may be answered from the policy's
+    /// recorded paths; the instance is created when one is needed.
+    pub async fn start(self: &Arc<Self>) -> Result<PolicyCall, PolicyError> {
+        PolicyCall::start(Arc::clone(self), true).await
     }
 }

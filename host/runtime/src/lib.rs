@@ -46,18 +46,18 @@
 mod bindings;
 mod call;
 mod compact;
+mod convert;
 mod engine;
 mod errors;
 pub mod http_component;
 mod imports;
-mod instance;
 mod limits;
+mod load;
 mod memo;
 mod policy;
 mod prewarm;
 mod replay;
 mod services;
-mod state;
 
 #[cfg(test)]
 mod tests;
@@ -66,8 +66,9 @@ pub use call::PolicyCall;
 pub use engine::{EPOCH_TICK, PolicyEngine};
 pub use errors::{Hook, PolicyError};
 pub use limits::PolicyLimits;
+pub use load::PolicySlot;
 pub use memo::MemoStats;
-pub use policy::{LoadedPolicy, PolicyHandle, PolicySlot, PolicySource};
+pub use policy::{LoadedPolicy, PolicyHandle, PolicySource};
 pub use prewarm::warm_request;
 pub use services::{
     BodyBudget, CachedObject, FetchError, NewObject, PolicyServices, SubRequest, SubResponse,

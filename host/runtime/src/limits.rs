@@ -439,10 +439,55 @@ impl CpuClock {
     }
 }
 
+/// How many log lines one request's policy may still write.
+pub(crate) struct LogQuota {
+    written: u32,
+    max: u32,
+}
+
+/// What to do with the next line.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Write it.
+    Write,
+    /// Drop it, saying once that lines are being dropped.
+    DropFirst,
+    /// Drop it silently.
+    Drop,
+}
+
+impl LogQuota {
+    pub(crate) fn new(max: u32) -> Self {
+        Self { written: 0, max }
+    }
+
+    pub(crate) fn admit(&mut self) -> Admit {
+        let n = self.written;
+        self.written = self.written.saturating_add(1);
+        match n {
+            n if n < self.max => Admit::Write,
+            n if n == self.max => Admit::DropFirst,
+            _ => Admit::Drop,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use wasmtime::ResourceLimiter;
+
+    #[test]
+    fn lines_past_the_quota_are_dropped_with_one_warning() {
+        let mut q = LogQuota::new(3);
+        for _ in 0..3 {
+            assert_eq!(q.admit(), Admit::Write);
+        }
+        assert_eq!(q.admit(), Admit::DropFirst);
+        for _ in 0..10_000 {
+            assert_eq!(q.admit(), Admit::Drop);
+        }
+    }
 
     #[test]
     fn limits_parse_with_defaults_and_reject_unknown_fields() {

@@ -59,6 +59,7 @@ pub(crate) type Op<S> = Arc<dyn Fn(&mut S) -> wasmtime::Result<Reply> + Send + S
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Reply {
     Unit,
+    Bool(bool),
     U16(u16),
     Str(String),
     OptStr(Option<String>),
@@ -89,6 +90,7 @@ macro_rules! recordable {
     };
 }
 
+recordable!(bool, Bool);
 recordable!(u16, U16);
 recordable!(String, Str);
 recordable!(Option<String>, OptStr);
@@ -374,6 +376,11 @@ struct Shard<S> {
     /// started (see [`Way`]): moving averages in nanoseconds, 0 until
     /// measured.
     cost: [AtomicU64; 2],
+    /// How many measurements each average holds so far (up to
+    /// 2^[`COST_SHIFT`]): the first ones weigh more, so that one early
+    /// request (the first walk, which records its path) does not hold the
+    /// average up for long.
+    samples: [AtomicU64; 2],
     /// Requests started on this shard: picks the ones measured and the
     /// ones that try the way not chosen.
     started: AtomicU64,
@@ -402,9 +409,12 @@ pub(crate) struct Chosen {
 /// One request in this many tries the way its thread does not prefer now,
 /// so that both costs stay measured (a site's traffic changes).
 const TRY_OTHER_WAY: u64 = 32;
-/// The same when the other way costs more than [`FAR_APART`] times the
-/// preferred one (an interpreted policy's live requests on a popular URL:
-/// trying them one in 32 cost more than the walks took).
+/// The same when running live costs more than [`FAR_APART`] times walking
+/// and walking is preferred (an interpreted policy's live requests on a
+/// popular URL: trying them one in 32 cost more than the walks took). Not
+/// the other way round: walks that cost far more than running live (they
+/// mostly left the paths and recorded new ones) are tried one in 32 still,
+/// so that a thread finds out soon when the paths start to answer.
 const TRY_OTHER_WAY_FAR: u64 = 256;
 const FAR_APART: u64 = 4;
 /// One request in this many of the preferred way is measured (two clock
@@ -504,7 +514,7 @@ fn node_bytes<S>(key: &Key) -> usize {
 
 pub(crate) fn reply_bytes(reply: &Reply) -> usize {
     match reply {
-        Reply::Unit | Reply::U16(_) => 0,
+        Reply::Unit | Reply::Bool(_) | Reply::U16(_) => 0,
         Reply::Str(s) => s.len(),
         Reply::OptStr(s) => s.as_ref().map_or(0, String::len),
         Reply::Strs(v) => v.iter().map(|s| s.len() + 24).sum(),
@@ -536,6 +546,7 @@ impl<S> Shard<S> {
             sighted: (0..sightings).map(|_| AtomicU64::new(0)).collect(),
             first_sightings: AtomicU64::new(0),
             cost: [AtomicU64::new(0), AtomicU64::new(0)],
+            samples: [AtomicU64::new(0), AtomicU64::new(0)],
             started: AtomicU64::new(0),
             unreplayed: AtomicU64::new(0),
         }
@@ -624,8 +635,8 @@ impl<S> Memo<S> {
     /// average of each way's cost per request (the time in the policy's
     /// hooks and in starting the request), prefers the cheaper way, and
     /// sends one request in [`TRY_OTHER_WAY`] the other way so both stay
-    /// measured (one in [`TRY_OTHER_WAY_FAR`] while that way costs more
-    /// than [`FAR_APART`] times as much).
+    /// measured (one in [`TRY_OTHER_WAY_FAR`] while running live costs
+    /// more than [`FAR_APART`] times as much as walking).
     pub(crate) fn start(&self) -> (Option<Start<S>>, Option<Chosen>) {
         if self.disabled.load(Ordering::Relaxed) {
             return (None, None);
@@ -645,7 +656,8 @@ impl<S> Memo<S> {
         };
         let measured_both = live != 0 && replay != 0;
         let every =
-            if measured_both && live.min(replay).saturating_mul(FAR_APART) < live.max(replay) {
+            if measured_both && preferred == Way::Replay && replay.saturating_mul(FAR_APART) < live
+            {
                 TRY_OTHER_WAY_FAR
             } else {
                 TRY_OTHER_WAY
@@ -681,13 +693,20 @@ impl<S> Memo<S> {
 
     /// A measured request's policy took `nanos` (see [`Memo::start`]).
     pub(crate) fn spent(&self, chosen: Chosen, nanos: u64) {
-        let cost = &self.shards[chosen.shard].cost[chosen.way as usize];
+        let shard = &self.shards[chosen.shard];
+        let cost = &shard.cost[chosen.way as usize];
         let average = cost.load(Ordering::Relaxed);
+        // The n-th measurement weighs 1/n until it weighs 1/2^COST_SHIFT.
+        let held = shard.samples[chosen.way as usize].load(Ordering::Relaxed);
+        let weight = (held + 1).min(1 << COST_SHIFT);
+        if held < weight {
+            shard.samples[chosen.way as usize].store(held + 1, Ordering::Relaxed);
+        }
         let next = if average == 0 {
             nanos.max(1)
         } else {
             let nanos = nanos.min(average.saturating_mul(COST_OUTLIER));
-            (average - (average >> COST_SHIFT) + (nanos >> COST_SHIFT)).max(1)
+            (average - average / weight + nanos / weight).max(1)
         };
         cost.store(next, Ordering::Relaxed);
     }
@@ -1006,6 +1025,37 @@ mod tests {
         run_requests(&memo, 4096, cost);
         let live = run_requests(&memo, 2560, cost);
         assert_eq!(live, 2560 / TRY_OTHER_WAY_FAR as usize);
+    }
+
+    #[test]
+    fn walks_that_cost_far_more_are_still_tried_one_in_32_and_win_back() {
+        let memo = Memo::<()>::new(1 << 20, true);
+        let shard = shard_index(memo.shards.len());
+        // The first walk recorded its path (an interpreted policy's first
+        // request): one dear measurement, then walks at 2 us. The first
+        // measurements weigh more, so the average comes down in a few.
+        let chosen = |way| Chosen {
+            shard,
+            way,
+            measured: true,
+        };
+        memo.spent(chosen(Way::Replay), 400_000);
+        for _ in 0..9 {
+            memo.spent(chosen(Way::Replay), 2_000);
+        }
+        let average = memo.shards[shard].cost[Way::Replay as usize].load(Ordering::Relaxed);
+        assert!(average < 45_000, "{average}");
+        // Walking far dearer than live (walks that leave the paths and
+        // record): tried one in 32 still, not one in 256.
+        let dear = |way| if way == Way::Live { 40_000 } else { 400_000 };
+        run_requests(&memo, 32 * 64, dear);
+        let live = run_requests(&memo, 320, dear);
+        assert_eq!(live, 320 - 320 / TRY_OTHER_WAY as usize);
+        // Then the paths answer: the tried walks turn the thread back.
+        let cheap = |way| if way == Way::Live { 40_000 } else { 2_000 };
+        run_requests(&memo, 32 * 64, cheap);
+        let live = run_requests(&memo, 2560, cheap);
+        assert!(live <= 2560 / TRY_OTHER_WAY as usize, "{live}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use wasmtime_wizer::{ComponentInstanceState, Wizer};
 
 use crate::call::PolicyCall;
 use crate::engine::PolicyEngine;
-use crate::instance::LiveCall;
+use crate::policy::instance::LiveCall;
 use crate::policy::{LOAD_CHECK_CPU, LoadedPolicy, PolicySource};
 use crate::services::NoServices;
 

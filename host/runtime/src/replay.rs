@@ -8,10 +8,10 @@
 use std::sync::Arc;
 
 use crate::errors::{Hook, PolicyError};
-use crate::instance::{Lent, LiveCall};
 use crate::limits::MemoryLimiter;
 use crate::memo::{Entries, Entry, Key, Replies, Returned, Tape};
-use crate::state::{Cursor, Memo, Recording, Start, Step, StoreState, not_repeated};
+use crate::policy::instance::{Lent, LiveCall};
+use crate::policy::state::{Cursor, Memo, Recording, Start, Step, StoreState, not_repeated};
 
 /// Where a replayed request's policy runs.
 // The state is inline on purpose: a `Replay` is boxed, and a replayed

@@ -1096,6 +1096,69 @@ mod example_policies {
         assert_eq!(header(&resp.headers, "x-inlay-policy"), Some("headers"));
     }
 
+    /// Every SDK's `builtin` recv is the host's decision, asked in one
+    /// call (`sdk.builtin-recv-lookup`), recorded and replayed like any
+    /// request accessor: a request with credentials or another method
+    /// passes, the same whether the policy ran or its path was walked.
+    #[tokio::test]
+    async fn the_sdks_builtin_recv_is_the_hosts_and_is_replayed() {
+        for name in [
+            "headers",
+            "headers-c",
+            "headers-js",
+            "headers-py",
+            "headers-go",
+        ] {
+            let path = policy_dir().join(format!("{name}.wasm"));
+            assert!(
+                path.exists(),
+                "{} is missing: make policies",
+                path.display()
+            );
+            let policy = LoadedPolicy::load(
+                engine(),
+                PolicySource {
+                    path,
+                    config: BTreeMap::new(),
+                    limits: test_limits(),
+                    name: name.to_string(),
+                    prewarm: true,
+                    pre_instantiate: false,
+                    memo_bytes: 1 << 20,
+                    replay_measured: false,
+                    requests_per_instance: test_requests_per_instance(),
+                    instance_lifetime: Duration::from_secs(60),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("loading {name}: {e}"));
+            let handle = PolicyHandle::new(policy.clone(), FakeServices::new());
+            for (method, header, expected) in [
+                (Method::GET, None, RequestAction::Lookup),
+                (Method::HEAD, None, RequestAction::Lookup),
+                (Method::GET, Some("cookie"), RequestAction::Pass),
+                (Method::GET, Some("authorization"), RequestAction::Pass),
+                (Method::POST, None, RequestAction::Pass),
+            ] {
+                // Twice: the second request walks the path the first recorded.
+                for round in 0..2 {
+                    let mut req = request("/builtin?utm_source=x");
+                    req.headers.remove("cookie");
+                    req.method = method.clone();
+                    if let Some(name) = header {
+                        req.headers.insert(name, HeaderValue::from_static("secret"));
+                    }
+                    let mut call = handle.start().await.expect("start");
+                    let action = call.on_request(&mut req).await.expect("on_request");
+                    assert_eq!(action, expected, "{name} {method} {header:?} round {round}");
+                    assert_eq!(req.uri.to_string(), "/builtin", "{name}");
+                }
+            }
+            let stats = policy.memo_stats().expect("replay is on");
+            assert!(stats.replayed >= 5, "{name}: {stats:?}");
+        }
+    }
+
     /// The SDKs say which hooks a policy leaves to its default: the
     /// host learns it from the warm-up request at load.
     #[tokio::test]

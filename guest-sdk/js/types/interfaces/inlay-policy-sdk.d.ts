@@ -1,3 +1,4 @@
+/// <reference path="./inlay-policy-types.d.ts" />
 declare module 'inlay:policy/sdk@0.1.0' {
   /**
    * The SDK's default for `hook` is running: the policy does not
@@ -10,6 +11,14 @@ declare module 'inlay:policy/sdk@0.1.0' {
    * the policy wrote, even one that ends in the built-in rules.
    */
   export function defaultHook(hook: Hook): void;
+  /**
+   * The built-in recv's decision for `req`: true to look it up (a `GET`
+   * or `HEAD` without `Authorization` or `Cookie`), false to pass it.
+   * The SDKs' `builtin` recv asks this instead of reading the method
+   * and both headers itself: one host call instead of three.
+   */
+  export function builtinRecvLookup(req: Request): boolean;
+  export type Request = import('inlay:policy/types@0.1.0').Request;
   /**
    * One of `handler`'s hooks.
    * # Variants

@@ -346,13 +346,9 @@ async fn route(
 
 /// Varnish's built-in `vcl_recv` decision.
 fn builtin(head: &RequestHead) -> Route {
-    let cacheable_method = head.method == http::Method::GET || head.method == http::Method::HEAD;
-    if !cacheable_method
-        || head.headers.contains_key(header::AUTHORIZATION)
-        || head.headers.contains_key(header::COOKIE)
-    {
-        Route::Pass
-    } else {
+    if head.builtin_lookup() {
         Route::Lookup
+    } else {
+        Route::Pass
     }
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::types::{headers_from_list, headers_to_list};
 use crate::bindings::inlay::policy::cache::{CacheError, CachedObject, Host, NewObject};
+use crate::convert::{headers_from_list, headers_to_list};
+use crate::policy::state::StoreState;
 use crate::services;
-use crate::state::StoreState;
 
 use super::StorageError;
 

@@ -4,7 +4,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::bindings::inlay::policy::clock::Host;
-use crate::state::StoreState;
+use crate::policy::state::StoreState;
 
 impl Host for StoreState {
     fn now_unix_ms(&mut self) -> wasmtime::Result<u64> {

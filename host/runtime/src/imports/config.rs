@@ -2,7 +2,7 @@
 //! (`PolicySource::config`).
 
 use crate::bindings::inlay::policy::config::Host;
-use crate::state::StoreState;
+use crate::policy::state::StoreState;
 
 impl Host for StoreState {
     fn get(&mut self, key: String) -> wasmtime::Result<Option<String>> {

@@ -3,7 +3,7 @@
 //! processor.
 
 use crate::bindings::inlay::policy::esi::Host;
-use crate::state::StoreState;
+use crate::policy::state::StoreState;
 
 impl Host for StoreState {
     fn set_enabled(&mut self, enabled: bool) -> wasmtime::Result<()> {

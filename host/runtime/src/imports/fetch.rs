@@ -9,10 +9,10 @@ use bytes::Bytes;
 use http::Method;
 use tracing::Instrument;
 
-use super::types::{headers_from_list, headers_to_list, parse_path_and_query};
 use crate::bindings::inlay::policy::fetch::{FetchError, FetchRequest, FetchResponse, Host};
+use crate::convert::{headers_from_list, headers_to_list, parse_path_and_query};
+use crate::policy::state::StoreState;
 use crate::services::{self, BodyBudget, SubRequest};
-use crate::state::StoreState;
 
 /// Validates a guest's subrequest and turns it into the host's type.
 fn to_sub_request(

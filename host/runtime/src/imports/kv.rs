@@ -4,7 +4,7 @@
 
 use super::StorageError;
 use crate::bindings::inlay::policy::kv::{Host, KvError};
-use crate::state::StoreState;
+use crate::policy::state::StoreState;
 
 impl StorageError for KvError {
     fn limit_exceeded() -> Self {

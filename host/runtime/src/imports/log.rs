@@ -2,7 +2,8 @@
 //! `tracing` subscriber under the target `inlay::policy`.
 
 use crate::bindings::inlay::policy::log::{Host, Level};
-use crate::state::StoreState;
+use crate::limits::Admit;
+use crate::policy::state::StoreState;
 
 /// Cuts `line` to at most `max` bytes on a character boundary.
 fn truncate(line: &str, max: usize) -> &str {
@@ -14,39 +15,6 @@ fn truncate(line: &str, max: usize) -> &str {
         end -= 1;
     }
     &line[..end]
-}
-
-/// How many log lines one request's policy may still write.
-pub(crate) struct LogQuota {
-    written: u32,
-    max: u32,
-}
-
-/// What to do with the next line.
-#[derive(Debug, PartialEq, Eq)]
-enum Admit {
-    /// Write it.
-    Write,
-    /// Drop it, saying once that lines are being dropped.
-    DropFirst,
-    /// Drop it silently.
-    Drop,
-}
-
-impl LogQuota {
-    pub(crate) fn new(max: u32) -> Self {
-        Self { written: 0, max }
-    }
-
-    fn admit(&mut self) -> Admit {
-        let n = self.written;
-        self.written = self.written.saturating_add(1);
-        match n {
-            n if n < self.max => Admit::Write,
-            n if n == self.max => Admit::DropFirst,
-            _ => Admit::Drop,
-        }
-    }
 }
 
 impl Host for StoreState {
@@ -81,20 +49,6 @@ impl Host for StoreState {
 
 #[cfg(test)]
 mod tests {
-    use super::{Admit, LogQuota};
-
-    #[test]
-    fn lines_past_the_quota_are_dropped_with_one_warning() {
-        let mut q = LogQuota::new(3);
-        for _ in 0..3 {
-            assert_eq!(q.admit(), Admit::Write);
-        }
-        assert_eq!(q.admit(), Admit::DropFirst);
-        for _ in 0..10_000 {
-            assert_eq!(q.admit(), Admit::Drop);
-        }
-    }
-
     #[test]
     fn truncate_respects_char_boundaries() {
         assert_eq!(super::truncate("héllo", 2), "h");

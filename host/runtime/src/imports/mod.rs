@@ -1,6 +1,6 @@
 //! The host side of the WIT interfaces a policy imports, one file per
 //! interface; each implements that interface's `Host` trait on the
-//! request's [`StoreState`](crate::state::StoreState).
+//! request's [`StoreState`](crate::policy::state::StoreState).
 
 mod cache;
 mod clock;
@@ -17,7 +17,7 @@ use std::time::Instant;
 use futures_util::future::BoxFuture;
 use tracing::Instrument;
 
-use crate::state::StoreState;
+use crate::policy::state::StoreState;
 
 /// How an interface that awaits the host's storage reports its failures.
 trait StorageError {

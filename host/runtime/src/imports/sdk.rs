@@ -3,13 +3,18 @@
 //! the built-in rules for that hook itself (see `call.rs`), so a request
 //! needs no instance for a hook the policy does not implement.
 //!
-//! The call is not a reply the guest depends on: it is neither counted
-//! against the host-call cap nor recorded, so replay and catch-up see the
-//! same calls whether or not the host knew the hook yet.
+//! `default-hook` is not a reply the guest depends on: it is neither
+//! counted against the host-call cap nor recorded, so replay and catch-up
+//! see the same calls whether or not the host knew the hook yet.
+//! `builtin-recv-lookup` is a request accessor like `header`: counted,
+//! recorded and replayed.
+
+use inlay_core::RequestHead;
+use wasmtime::component::Resource;
 
 use crate::bindings::inlay::policy::sdk::{Hook as WitHook, Host};
 use crate::errors::Hook;
-use crate::state::StoreState;
+use crate::policy::state::StoreState;
 
 impl Host for StoreState {
     fn default_hook(&mut self, hook: WitHook) -> wasmtime::Result<()> {
@@ -20,5 +25,12 @@ impl Host for StoreState {
         };
         self.handle().policy().learn_builtin(hook);
         Ok(())
+    }
+
+    fn builtin_recv_lookup(&mut self, req: Resource<RequestHead>) -> wasmtime::Result<bool> {
+        let rep = req.rep();
+        self.call("sdk.builtin-recv-lookup", move |s| {
+            Ok(s.request(rep)?.builtin_lookup())
+        })
     }
 }

@@ -7,55 +7,14 @@
 //! access except the strings the guest asks for.
 
 use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Method, StatusCode, Uri};
+use http::{HeaderMap, Method, StatusCode};
 use inlay_core::{RequestHead, ResponseHead, path_and_query};
 use wasmtime::component::Resource;
 
 use crate::bindings::inlay::policy::types::{Headers, Host, HostRequest, HostResponse};
+use crate::convert::{headers_to_list, lossy, parse_name, parse_path_and_query, parse_value};
 use crate::errors::Hook;
-use crate::state::StoreState;
-
-/// Parses a guest-supplied path and query; it must start with `/`.
-pub(crate) fn parse_path_and_query(url: &str) -> Result<Uri, String> {
-    if !url.starts_with('/') {
-        return Err(format!("url must start with `/`: {url:?}"));
-    }
-    let pq =
-        http::uri::PathAndQuery::try_from(url).map_err(|e| format!("invalid url {url:?}: {e}"))?;
-    Ok(Uri::from(pq))
-}
-
-/// Parses a guest-supplied header name (lower-cased by `http`).
-pub(crate) fn parse_name(name: &str) -> Result<HeaderName, String> {
-    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name {name:?}"))
-}
-
-/// Parses a guest-supplied header value (no control characters).
-pub(crate) fn parse_value(name: &str, value: &str) -> Result<HeaderValue, String> {
-    HeaderValue::from_str(value).map_err(|_| format!("invalid value for header {name:?}"))
-}
-
-/// Builds a header map from a WIT header list, refusing the first bad field.
-pub(crate) fn headers_from_list(list: Headers) -> Result<HeaderMap, String> {
-    let mut map = HeaderMap::with_capacity(list.len());
-    for (name, value) in list {
-        let value = parse_value(&name, &value)?;
-        map.append(parse_name(&name)?, value);
-    }
-    Ok(map)
-}
-
-/// A header map as a WIT header list, in the map's order.
-pub(crate) fn headers_to_list(map: &HeaderMap) -> Headers {
-    map.iter()
-        .map(|(name, value)| (name.as_str().to_string(), lossy(value)))
-        .collect()
-}
-
-/// Header values may hold non-UTF-8 bytes; the guest gets them lossily.
-fn lossy(value: &HeaderValue) -> String {
-    String::from_utf8_lossy(value.as_bytes()).into_owned()
-}
+use crate::policy::state::StoreState;
 
 // The helpers below take names and fields parsed once, when the guest
 // makes the call: a replayed call (see `runtime::memo`) then clones them
@@ -377,6 +336,8 @@ impl HostResponse for StoreState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::convert::headers_from_list;
+    use http::Uri;
 
     #[test]
     fn header_helpers_validate_and_keep_order() {

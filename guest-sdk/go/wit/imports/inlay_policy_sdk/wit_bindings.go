@@ -5,7 +5,11 @@
 
 package inlay_policy_sdk
 
-import ()
+import (
+	"example.invalid/inlay/guest-sdk/go/wit/imports/inlay_policy_types"
+)
+
+type Request = inlay_policy_types.Request
 
 const (
 	Hook_OnRequest         uint8 = 0
@@ -22,5 +26,15 @@ func wasm_import_default_hook(arg0 int32)
 func DefaultHook(hook Hook) {
 
 	wasm_import_default_hook(int32(hook))
+
+}
+
+//go:wasmimport inlay:policy/sdk@0.1.0 builtin-recv-lookup
+func wasm_import_builtin_recv_lookup(arg0 int32) int32
+
+func BuiltinRecvLookup(req *inlay_policy_types.Request) bool {
+
+	result := wasm_import_builtin_recv_lookup((req).Handle())
+	return (result != 0)
 
 }

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use inlay_core::EsiOverrides;
 use inlay_core::{RequestHead, ResponseHead};
 
+use super::{PolicyHandle, PolicyShared};
 use crate::errors::{Hook, HostLimitTrap};
-use crate::imports::log::LogQuota;
+use crate::limits::LogQuota;
 use crate::limits::{CpuClock, MemoryLimiter};
 use crate::memo::{self, Recordable, Recorded, Reply, Tape};
-use crate::policy::{PolicyHandle, PolicyShared};
 use crate::services::{BodyBudget, PolicyServices};
 
 /// The replay tree and its parts, over this store state.

@@ -14,13 +14,13 @@ use tracing::Instrument;
 use wasmtime::Store;
 use wasmtime::component::{ComponentType, Instance, Lift, Resource};
 
+use super::state::{REQUEST_REP, RESPONSE_REP, StoreState};
 use crate::bindings::Policy;
 use crate::bindings::inlay::policy::types as wit;
+use crate::convert::headers_from_list;
 use crate::errors::{Hook, HostLimitTrap, PolicyError};
-use crate::imports::types::headers_from_list;
 use crate::limits::MemoryLimiter;
 use crate::memo::{Entry, Returned};
-use crate::state::{REQUEST_REP, RESPONSE_REP, StoreState};
 
 fn secs(d: Duration) -> u32 {
     u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
