@@ -85,10 +85,10 @@ def components(ctx: Context) -> Section:
         "without the cookie: hits. *ESI*: a page of ten uncacheable fragments, all from the Rust component "
         "(`/esi?n=10`, in-process) against the test origin's `/esi/page?n=10&delay_ms=0&cacheable=0` "
         "(ten fragments over loopback sockets), both through Inlay. `vs wasmtime` is the median of the "
-        "ratios within the pairs. *0.3*: the `wasi:http/service` 0.3 example's `/hello`, uncached, from "
+        "ratios within the pairs. *0.3*: the `wasi:http/service` 0.3 example's pages, uncached, from "
         "Inlay reusing instances (its defaults, as `wasmtime serve`'s: 128 requests per instance, 16 at "
         "once) against Inlay with `requests_per_instance = 1` (a fresh instance per request) and "
-        "`wasmtime serve` with its 0.3 defaults."
+        "`wasmtime serve` with its 0.3 defaults, `/hello` and `/big?kb=16`."
     )
     comp_dir = ctx.policy_dir.parent / "components"
     built = [(lang, name) for lang, name in LANGUAGES if (comp_dir / f"{name}.wasm").exists()]
@@ -182,39 +182,43 @@ def components(ctx: Context) -> Section:
 
 
 def p3_reuse(ctx: Context, sec: Section, wasm: Path, wasmtime: str | None) -> None:
-    """The 0.3 example's `/hello`, uncached: Inlay reusing instances (128
-    requests each, 16 at once) against Inlay with `requests_per_instance =
-    1`, and `wasmtime serve` with its 0.3 defaults (the same reuse)."""
+    """The 0.3 example's `/hello` and 16 KiB page, uncached: Inlay reusing
+    instances (128 requests each, 16 at once) against Inlay with
+    `requests_per_instance = 1`, and `wasmtime serve` with its 0.3 defaults
+    (the same reuse)."""
     targets = {
         "Inlay, reused": ctx.inlay("component-p3-reused", component=wasm),
         "Inlay, fresh": ctx.inlay("component-p3-fresh", component=wasm, requests_per_instance=1),
     }
     if wasmtime is not None:
         targets["wasmtime serve"] = WasmtimeServe(ctx.reg, wasmtime, wasm, "hello-p3-rs")
+    paths = {"hello": "/hello", "16 KiB": "/big?kb=16"}
     for t in targets.values():
-        status, headers, _ = http_get(t.url + "/hello", headers=dict(h.split(": ", 1) for h in UNCACHED))
-        if status != 200 or is_hit(headers):
-            raise BenchError(f"hello-p3-rs: {t.url}/hello answered {status} {headers}")
-    res = ctx.alternate(["hello"], list(targets),
-                        lambda c, t: ctx.wrk(targets[t], "/hello", connections=CONNECTIONS, headers=UNCACHED))
+        for path in paths.values():
+            status, headers, _ = http_get(t.url + path, headers=dict(h.split(": ", 1) for h in UNCACHED))
+            if status != 200 or is_hit(headers):
+                raise BenchError(f"hello-p3-rs: {t.url}{path} answered {status} {headers}")
+    res = ctx.alternate(list(paths), list(targets),
+                        lambda c, t: ctx.wrk(targets[t], paths[c], connections=CONNECTIONS, headers=UNCACHED))
     sec.raw["hello-p3-rs"] = res
     if "wasmtime serve" in targets:
         targets["wasmtime serve"].stop()
-    by = res["hello"]
-    reuse = pair_ratios(by["Inlay, reused"], by["Inlay, fresh"], lambda r: r["rps"])
-    sec.ratio("Rust 0.3 component, hello: Inlay reusing instances / a fresh instance per request (req/s)",
-              med(reuse), detail=ratio_detail(reuse))
-    vs = {}
-    if "wasmtime serve" in by:
-        rs = pair_ratios(by["Inlay, reused"], by["wasmtime serve"], lambda r: r["rps"])
-        vs["Inlay, reused"] = med(rs)
-        sec.ratio("Rust 0.3 component, hello: Inlay reusing instances / wasmtime serve (req/s)", med(rs),
-                  target=1.0, detail=ratio_detail(rs))
-    sec.tables.append(Table(f"wasi:http/service 0.3 (hello-p3-rs, `/hello` uncached), {CONNECTIONS} connections", [
-        "server", "req/s", "vs fresh", "vs wasmtime", "p50 ms", "p99 ms", "server CPU µs/req"],
-        [[tname, num(med([r["rps"] for r in runs])),
-          xr(med(reuse)) if tname == "Inlay, reused" else ("1.00x" if tname == "Inlay, fresh" else "-"),
-          xr(vs[tname]) if tname in vs else ("1.00x" if tname == "wasmtime serve" else "-"),
-          ms(med([r["latency_ms"]["p50"] for r in runs])), ms(med([r["latency_ms"]["p99"] for r in runs])),
-          num(med([r["cpu_us_per_req"] for r in runs]))]
-         for tname, runs in by.items()]))
+    rows = []
+    for case, by in res.items():
+        reuse = pair_ratios(by["Inlay, reused"], by["Inlay, fresh"], lambda r: r["rps"])
+        sec.ratio(f"Rust 0.3 component, {case}: Inlay reusing instances / a fresh instance per request (req/s)",
+                  med(reuse), detail=ratio_detail(reuse))
+        vs = {}
+        if "wasmtime serve" in by:
+            rs = pair_ratios(by["Inlay, reused"], by["wasmtime serve"], lambda r: r["rps"])
+            vs["Inlay, reused"] = med(rs)
+            sec.ratio(f"Rust 0.3 component, {case}: Inlay reusing instances / wasmtime serve (req/s)", med(rs),
+                      target=1.0, detail=ratio_detail(rs))
+        rows += [[case, tname, num(med([r["rps"] for r in runs])),
+                  xr(med(reuse)) if tname == "Inlay, reused" else ("1.00x" if tname == "Inlay, fresh" else "-"),
+                  xr(vs[tname]) if tname in vs else ("1.00x" if tname == "wasmtime serve" else "-"),
+                  ms(med([r["latency_ms"]["p50"] for r in runs])), ms(med([r["latency_ms"]["p99"] for r in runs])),
+                  num(med([r["cpu_us_per_req"] for r in runs]))]
+                 for tname, runs in by.items()]
+    sec.tables.append(Table(f"wasi:http/service 0.3 (hello-p3-rs, uncached), {CONNECTIONS} connections", [
+        "page", "server", "req/s", "vs fresh", "vs wasmtime", "p50 ms", "p99 ms", "server CPU µs/req"], rows))

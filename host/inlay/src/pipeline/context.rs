@@ -155,9 +155,9 @@ impl RequestTiming {
         self.on.then(Instant::now)
     }
 
-    /// Record phase `name` as having run since `since`.
+    /// Record phase `name` as having run since `since`, when timing is on.
     pub(super) fn phase(&mut self, name: &str, since: Option<Instant>) {
-        if let Some(since) = since {
+        if let Some(since) = since.filter(|_| self.on) {
             self.head.phase(name, since.elapsed());
         }
     }

@@ -27,6 +27,10 @@ const PARTIAL_FIELDS: [header::HeaderName; 5] = [
     header::RANGE,
 ];
 
+/// Sent on every backend request (a name made once: inserting by a string
+/// makes a new one each time).
+const SURROGATE_CAPABILITY: HeaderName = HeaderName::from_static("surrogate-capability");
+
 /// The upstreams of one generation: its backends and directors, and the
 /// cluster's key owners when it shards.
 #[derive(Clone)]
@@ -203,7 +207,7 @@ fn request(
     }
     // Tell the origin we process ESI (Edge Architecture Specification).
     h.insert(
-        "surrogate-capability",
+        SURROGATE_CAPABILITY,
         http::HeaderValue::from_static("inlay=\"Surrogate/1.0 ESI/1.0\""),
     );
     // A peer's hop token is for this node, not for the origin.

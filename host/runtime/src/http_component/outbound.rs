@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -60,8 +60,11 @@ pub(crate) struct Route {
     /// Outgoing requests made so far, and the cap.
     sent: AtomicU32,
     max: u32,
-    /// Response body bytes the request's outgoing requests may still read.
-    budget: BodyBudget,
+    /// Response body bytes the request's outgoing requests may read, and
+    /// what is left of them, made at its first outgoing request (most
+    /// requests make none).
+    max_bytes: u64,
+    budget: OnceLock<BodyBudget>,
 }
 
 impl Route {
@@ -77,7 +80,8 @@ impl Route {
             depth,
             sent: AtomicU32::new(0),
             max: settings.max_subrequests,
-            budget: BodyBudget::new(settings.max_subrequest_bytes),
+            max_bytes: settings.max_subrequest_bytes,
+            budget: OnceLock::new(),
         })
     }
 }
@@ -208,7 +212,10 @@ impl WasiHttpHooks for OutboundHooks {
         let sent = route
             .outbound
             .send(&backend, Request::from_parts(parts, body));
-        let budget = route.budget.clone();
+        let budget = route
+            .budget
+            .get_or_init(|| BodyBudget::new(route.max_bytes))
+            .clone();
         Box::new(async move {
             let resp = sent.await.map_err(|e| wasi_error(&e))?;
             let resp = resp.map(|body| Budgeted { body, budget }.boxed_unsync());

@@ -143,6 +143,13 @@ impl P3Pool {
             failure: Arc::clone(&failure),
         };
         let req = req.map(|b| {
+            // An empty body (a GET's) is a boxed zero-sized value: no
+            // allocation.
+            if http_body::Body::is_end_stream(&b) {
+                return http_body_util::Empty::new()
+                    .map_err(|never| match never {})
+                    .boxed_unsync();
+            }
             b.map_err(|e| HttpError::InternalError(Some(e.to_string())))
                 .boxed_unsync()
         });

@@ -13,7 +13,7 @@
 //! would read the clock twice per call, tens of times per request.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -121,8 +121,7 @@ impl AppState {
             self.host_call_ends();
             return None;
         }
-        // Parks while idle are in the idle time.
-        self.parks.resumed();
+        self.parks.busy.store(true, Ordering::Relaxed);
         let idle = self.idle_since.take().map(|s| s.elapsed());
         self.clock.exclude(idle.unwrap_or_default());
         self.clock.resumed()
@@ -133,6 +132,7 @@ impl AppState {
         self.guest_depth = self.guest_depth.saturating_sub(1);
         self.host_call_starts();
         if self.guest_depth == 0 {
+            self.parks.busy.store(false, Ordering::Relaxed);
             self.idle_since = Some(Instant::now());
         }
     }
@@ -143,6 +143,10 @@ impl AppState {
 /// ([`Parked`], or a 0.3 instance's worker), read by the store's hooks.
 #[derive(Default)]
 pub(crate) struct Parks {
+    /// A call into the guest is under way: a park while none is falls in
+    /// the guest's idle time, which its hooks time (and needs no clock
+    /// read here).
+    busy: AtomicBool,
     /// Nanoseconds from [`clock_origin`] to the first park since the
     /// guest last ran; 0: none.
     since: AtomicU64,
@@ -151,7 +155,7 @@ pub(crate) struct Parks {
 impl Parks {
     /// The task parks.
     pub(crate) fn parked(&self) {
-        if self.since.load(Ordering::Relaxed) == 0 {
+        if self.busy.load(Ordering::Relaxed) && self.since.load(Ordering::Relaxed) == 0 {
             let nanos = u64::try_from(clock_origin().elapsed().as_nanos()).unwrap_or(u64::MAX);
             self.since.store(nanos.max(1), Ordering::Relaxed);
         }
@@ -160,6 +164,11 @@ impl Parks {
     /// The guest runs again: how long ago the task first parked since it
     /// last ran, if it did.
     fn resumed(&self) -> Option<Duration> {
+        // Read before it is cleared: a read is a plain load, a swap a
+        // locked instruction, and most calls find no park.
+        if self.since.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let since = self.since.swap(0, Ordering::Relaxed);
         (since != 0).then(|| {
             clock_origin()
