@@ -6,7 +6,7 @@
 //!
 //! The diagnostic log is a process-global `tracing` subscriber, so no test
 //! may assert on it; to read it while debugging, set a filter:
-//! `INLAY_TEST_LOG=debug cargo test -p inlay --test cache -- purge`.
+//! `INLAY_TEST_LOG=debug cargo test -p inlay --test server -- cache::purge`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! Process-level behaviour: the real `inlay` binary, for what only a
 //! process shows (signals, kill -9, a full disk, the command line, the
 //! memory of the whole process, what it writes on stderr). Every other
-//! behaviour is tested in process: `tests/<area>.rs` with
+//! behaviour is tested in process: `tests/server/<area>.rs` with
 //! `common::Harness`. The layout rule: `docs/ARCHITECTURE.md`.
 
 #[path = "../common/mod.rs"]

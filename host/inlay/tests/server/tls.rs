@@ -4,9 +4,9 @@
 //! TLS and the QUIC listener), and clients that never finish (or never
 //! start) a handshake.
 //!
-//! `cargo test -p inlay --test tls`
+//! `cargo test -p inlay --test server -- tls::`
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -5,7 +5,7 @@
 //! `x-inlay-policy: headers` to responses, so a node's behaviour says which
 //! one it runs.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -95,7 +95,7 @@ fn version(v: &Value) -> Option<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_reaches_every_node_and_a_rollback_returns_them_all() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&origin, &nats, "edge-a", "").await;
@@ -122,7 +122,7 @@ async fn a_push_reaches_every_node_and_a_rollback_returns_them_all() {
         version(&status(n).await) == Some(v2.as_str()) && runs_headers(n).await
     })
     .await;
-    // A figure for docs/SCALE.md: `cargo test -p inlay --test cluster_rollout -- --nocapture`.
+    // A figure for docs/SCALE.md: `cargo test -p inlay --test server -- --nocapture cluster_rollout::`.
     eprintln!(
         "rollout: from the push request to 3 nodes seen running the new version: {:?} (debug build)",
         pushed.elapsed()
@@ -164,7 +164,7 @@ async fn a_push_reaches_every_node_and_a_rollback_returns_them_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_changes() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let extra = "policy_max_size = \"1MiB\"";
@@ -239,7 +239,7 @@ async fn a_component_that_does_not_compile_is_refused_everywhere_and_nothing_cha
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_started_after_a_push_runs_the_pushed_version() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&origin, &nats, "edge-a", "").await;
@@ -295,7 +295,7 @@ async fn hello(node: &Harness) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_backends_file_rolls_out_to_every_node_without_dropping_a_request() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let a = component_node(&nats, "edge-a").await;
     let b = component_node(&nats, "edge-b").await;

@@ -1,11 +1,11 @@
 //! The HTTP/2 server limits (`server.h2_*`), against h2c in process with
 //! a raw HTTP/2 client (the `h2` crate): concurrent streams, header list
 //! size, the rapid-reset protection, keep-alive pings and idle close.
-//! (h2 over TLS is served by the same builder: `tests/tls.rs`.)
+//! (h2 over TLS is served by the same builder: `tls.rs`.)
 //!
-//! `cargo test -p inlay --test h2_limits`
+//! `cargo test -p inlay --test server -- h2_limits::`
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

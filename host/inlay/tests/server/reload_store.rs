@@ -4,9 +4,9 @@
 //! be opened changes nothing. The real proxy in the test process, reloaded
 //! through the admin API's `POST /reload` after the test rewrote its file.
 //!
-//! Run: `cargo test -p inlay --test reload_store`
+//! Run: `cargo test -p inlay --test server -- reload_store::`
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! Every request names `Host: www.example.com`, so the three nodes compute
 //! the same cache keys whatever port the client reached them on.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -191,7 +191,7 @@ fn object(i: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_the_origin_sees_one_fetch_per_object_not_one_per_node() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let nodes = three_nodes(&nats, &origin).await;
@@ -243,7 +243,7 @@ async fn sharded_the_origin_sees_one_fetch_per_object_not_one_per_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_shard_every_node_fetches_every_object() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let mut nodes = Vec::new();
@@ -268,7 +268,7 @@ async fn without_shard_every_node_fetches_every_object() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clients_hop_field_does_not_bypass_the_owner() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let nodes = three_nodes(&nats, &origin).await;
@@ -306,7 +306,7 @@ async fn a_clients_hop_field_does_not_bypass_the_owner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_stopped_under_load_costs_no_client_an_error() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let mut nodes = three_nodes(&nats, &origin).await;
@@ -398,7 +398,7 @@ async fn each_once(node: &Node, origin: &Origin, range: std::ops::Range<usize>) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_owner_falls_back_to_the_origin_within_the_connect_timeout() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let node = Node::start(&nats, &origin, "edge-a", "peer_connect_timeout = \"300ms\"").await;
@@ -461,7 +461,7 @@ async fn a_dead_owner_falls_back_to_the_origin_within_the_connect_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_announcing_this_nodes_own_address_does_not_make_it_loop() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let node = Node::start(&nats, &origin, "edge-a", "").await;
@@ -489,7 +489,7 @@ async fn a_member_announcing_this_nodes_own_address_does_not_make_it_loop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_heartbeats_neither_panic_nor_grow_the_member_table() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let node = Node::start(&nats, &origin, "edge-a", "").await;
@@ -530,7 +530,7 @@ async fn hostile_heartbeats_neither_panic_nor_grow_the_member_table() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_caches_the_owners_response_as_it_would_the_origins() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let nodes = three_nodes(&nats, &origin).await;
@@ -579,7 +579,7 @@ async fn a_peer_caches_the_owners_response_as_it_would_the_origins() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_objects_refresh_goes_to_its_owner_too() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let nodes = three_nodes(&nats, &origin).await;

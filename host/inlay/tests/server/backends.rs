@@ -2,7 +2,7 @@
 //! the test (its own CA, rcgen; tokio-rustls), verification, SNI, client
 //! certificates and HTTP/2 to the origin.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

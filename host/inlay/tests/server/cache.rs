@@ -1,7 +1,7 @@
 //! The cache, in process against the test origin: freshness rules, Vary,
 //! coalescing, grace, stale-if-error, revalidation, Range, purge.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! requires it: the right credentials join, wrong or missing ones stop the
 //! start with the reason.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -40,7 +40,7 @@ async fn join(origin: &Origin, cluster: &str) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_from_token_file_is_shown_to_a_server_that_requires_one() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start_with(&["--auth", "s3cret-token"]);
     let origin = Origin::start();
     let dir = tempfile::tempdir().unwrap();
@@ -66,7 +66,7 @@ async fn a_token_from_token_file_is_shown_to_a_server_that_requires_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_nkey_seed_signs_the_servers_challenge() {
-    require_nats!();
+    crate::require_nats!();
     let user = nkeys::KeyPair::new_user();
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("nats.conf");
@@ -108,7 +108,7 @@ async fn an_nkey_seed_signs_the_servers_challenge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_to_nats_verifies_the_server_against_ca_file() {
-    require_nats!();
+    crate::require_nats!();
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("nats test CA");
     let (cert, key) = ca.issue(&["127.0.0.1"]).write(dir.path(), "nats");

@@ -3,10 +3,10 @@
 //! is not installed) and one origin. Every request names the same Host, so
 //! the nodes share cache keys.
 //!
-//! The fan-out latency figures: `cargo test -p inlay --test cluster_fanout
-//! fan_out_latency -- --nocapture` prints p50/p99 over 200 purges.
+//! The fan-out latency figures: `cargo test -p inlay --test server --
+//! --nocapture cluster_fanout::fan_out_latency` prints p50/p99 over 200 purges.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -92,7 +92,7 @@ fn ok(r: &Reply) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purges_soft_purges_and_bans_on_one_node_reach_the_others() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&nats, &origin, "a", "").await;
@@ -155,7 +155,7 @@ async fn metric(node: &Harness, series: &str) -> u64 {
 /// `inlay_purged_objects_total`, as its own purges' do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_another_nodes_purge_removes_here_are_counted_here() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&nats, &origin, "a", "").await;
@@ -176,7 +176,7 @@ async fn objects_another_nodes_purge_removes_here_are_counted_here() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purges_and_bans_through_the_admin_api_reach_the_others() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&nats, &origin, "a", "[admin]\nlisten = \"127.0.0.1:0\"").await;
@@ -204,7 +204,7 @@ async fn purges_and_bans_through_the_admin_api_reach_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_on_its_disk_serves_nothing_purged_while_it_was_away() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let dir = tempfile::tempdir().unwrap();
@@ -241,7 +241,7 @@ async fn a_node_restarted_on_its_disk_serves_nothing_purged_while_it_was_away() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_missed_more_than_the_stream_keeps_starts_empty() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let dir = tempfile::tempdir().unwrap();
@@ -272,7 +272,7 @@ async fn outsider(nats: &NatsServer) -> async_nats::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_delivered_twice_is_applied_once_and_malformed_ones_are_skipped() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let b = node(&nats, &origin, "b", "").await;
@@ -339,7 +339,7 @@ async fn a_message_delivered_twice_is_applied_once_and_malformed_ones_are_skippe
 /// applying it, over 200 purges. Prints the figures; asserts only that
 /// every purge reached every node.
 async fn fan_out_latency_with(disk: bool) {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -397,7 +397,7 @@ async fn fan_out_latency_disk_tier() {
 /// or key its request names).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purges_a_policy_makes_reach_the_others() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let policy = format!(
@@ -425,7 +425,7 @@ async fn purges_a_policy_makes_reach_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purges_made_while_nats_is_down_apply_here_and_reach_the_others_when_it_is_back() {
-    require_nats!();
+    crate::require_nats!();
     let mut nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&nats, &origin, "a", "invalidation_queue = 2").await;
@@ -467,7 +467,7 @@ async fn purges_made_while_nats_is_down_apply_here_and_reach_the_others_when_it_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_max_disconnected_a_node_cut_off_from_purges_stops_reading_its_cache_until_it_caught_up()
  {
-    require_nats!();
+    crate::require_nats!();
     let mut nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&nats, &origin, "a", "").await;
@@ -522,7 +522,7 @@ async fn with_max_disconnected_a_node_cut_off_from_purges_stops_reading_its_cach
 /// before it serves. Prints the figure; asserts that it replayed them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_rate_at_start() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let dir = tempfile::tempdir().unwrap();
@@ -545,7 +545,7 @@ async fn replay_rate_at_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_deleted_under_running_nodes_is_made_anew_and_their_caches_emptied() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&nats, &origin, "a", "").await;
@@ -569,7 +569,7 @@ async fn a_stream_deleted_under_running_nodes_is_made_anew_and_their_caches_empt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ban_past_a_nodes_memory_budget_is_refused_there_and_counted() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&nats, &origin, "a", "").await;

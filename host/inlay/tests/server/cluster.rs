@@ -2,7 +2,7 @@
 //! real `nats-server` on a loopback port (skipped, saying so, where it is
 //! not installed).
 
-mod common;
+use crate::common;
 
 use common::{NatsServer, Origin, unused_port};
 use inlay::config::Config;
@@ -17,7 +17,7 @@ fn config(origin: &str, cluster: &str) -> Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_joins_its_nats_servers_before_it_serves() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let proxy = Proxy::load(config(

@@ -1,7 +1,7 @@
 //! ESI, in process against the test origin: opt-in, parallel fetch, order,
 //! limits, failures, safety, gzip.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

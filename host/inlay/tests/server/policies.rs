@@ -2,7 +2,7 @@
 //! origin, and the sandbox fixtures. `headers` and `ab-test` run unchanged
 //! for every language's port.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,9 +4,9 @@
 //! `max_connections_per_client`; a connection without a valid header is
 //! closed.
 //!
-//! `cargo test -p inlay --test proxy_protocol`
+//! `cargo test -p inlay --test server -- proxy_protocol::`
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

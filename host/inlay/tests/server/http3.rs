@@ -4,9 +4,9 @@
 //! `Alt-Svc` of the TLS listener, the drain, and a flood of Initials from
 //! one address while another client is served.
 //!
-//! `cargo test -p inlay --test http3`
+//! `cargo test -p inlay --test server -- http3::`
 
-mod common;
+use crate::common;
 
 use std::future::poll_fn;
 use std::net::SocketAddr;

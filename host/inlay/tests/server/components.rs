@@ -4,9 +4,9 @@
 //! example components of `policies/components/` (built by `make
 //! components`), in the test process.
 //!
-//! Run: `cargo test -p inlay --test components`
+//! Run: `cargo test -p inlay --test server -- components::`
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

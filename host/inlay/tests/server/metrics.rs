@@ -1,9 +1,9 @@
 //! Prometheus metrics (`inlay::metrics`): what `GET /metrics` renders after
 //! known traffic, checked against the access log the same requests wrote.
 //!
-//! `cargo test -p inlay --test metrics`
+//! `cargo test -p inlay --test server -- metrics::`
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -5,9 +5,9 @@
 //! hostile requests), the idle timeout, and what is logged and counted.
 //! The drain at SIGTERM and a reload's are in `process/signals.rs`.
 //!
-//! Run: `cargo test -p inlay --test websocket`
+//! Run: `cargo test -p inlay --test server -- websocket::`
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

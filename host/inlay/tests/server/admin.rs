@@ -2,7 +2,7 @@
 //! what public traffic cached, the config, JSON errors and limits, and
 //! the routes other parts fill through hooks.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! streaming, HEAD, chunked, h2c, failures, malformed and slow clients, the
 //! access log.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! compressed as they stream, pass responses compressed as they stream,
 //! and what is left alone.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! (`/cap/kv` counts in the kv key `hits`), and the nodes' own
 //! [`SharedKv`] where a test must read a node's copy without writing.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,7 @@ fn text(v: Option<Vec<u8>>) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policys_kv_writes_reach_the_other_nodes_and_a_node_started_later() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let origin = Origin::start();
     let a = node(&origin, &nats, "edge-a").await;
@@ -108,7 +108,7 @@ async fn a_policys_kv_writes_reach_the_other_nodes_and_a_node_started_later() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_and_deletes_propagate_between_nodes() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let a = shared_kv(&nats, "edge-a", "").await;
     let b = shared_kv(&nats, "edge-b", "").await;
@@ -118,8 +118,8 @@ async fn writes_and_deletes_propagate_between_nodes() {
         text(b.get(NS, "colour")).as_deref() == Some("blue")
     })
     .await;
-    // A figure for docs/SCALE.md (`cargo test -p inlay --test cluster_kv
-    // -- --nocapture`): from a write's start on one node to its read on
+    // A figure for docs/SCALE.md (`cargo test -p inlay --test server --
+    // --nocapture cluster_kv::writes_and_deletes`): from a write's start on one node to its read on
     // the other, over 100 writes.
     let mut seen = Vec::new();
     for i in 0..100 {
@@ -165,7 +165,7 @@ async fn writes_and_deletes_propagate_between_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shared_kv_is_bounded_in_the_bucket_and_in_each_copy() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     // The first node makes the bucket, with its bound.
     let small = shared_kv(&nats, "edge-small", "kv_max_bytes = \"4KiB\"").await;
@@ -195,7 +195,7 @@ async fn the_shared_kv_is_bounded_in_the_bucket_and_in_each_copy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_leaves_out_what_does_not_fit_its_bound_and_oversized_messages_are_refused() {
-    require_nats!();
+    crate::require_nats!();
     let nats = NatsServer::start();
     let large = shared_kv(&nats, "edge-large", "kv_max_bytes = \"1MiB\"").await;
     let small = shared_kv(&nats, "edge-small", "kv_max_bytes = \"4KiB\"").await;
