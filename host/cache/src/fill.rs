@@ -138,6 +138,11 @@ impl Filling {
         &self.meta
     }
 
+    /// Whether the whole body has been read from the backend.
+    pub(crate) fn is_complete(&self) -> bool {
+        matches!(self.progress.borrow().end, Some(End::Complete))
+    }
+
     /// Whether the body is an ESI template.
     pub(crate) fn esi(&self) -> bool {
         self.esi

@@ -573,6 +573,8 @@ impl HttpCache {
     /// the same key if there is one (request coalescing). See [`lookup`].
     pub async fn lookup(&self, primary: &PrimaryKey, req_headers: &HeaderMap) -> Lookup {
         let mut waited = false;
+        let codings = &self.rules.accept_encoding;
+        let selects = |f: &fill::Filling| f.serves(primary, req_headers, codings);
         loop {
             let found = self.get(primary, req_headers).await;
             let now = inlay_storage::now_ms();
@@ -582,7 +584,23 @@ impl HttpCache {
                     return Lookup::Fresh(obj);
                 }
                 if obj.meta.in_grace(now) {
-                    let refresh = self.inner.flights.try_fly(primary).map(|flight| {
+                    let flight = self.inner.flights.try_fly(primary);
+                    // A fetch in flight that has its whole body is storing
+                    // it, not refreshing: the object found may be the one it
+                    // just stored (its flight ends right after), or the one
+                    // it replaces. Without this wait the object would be
+                    // served stale and nobody refresh it. A fresh response
+                    // is joined; otherwise look again once it is stored.
+                    if flight.is_none() && !waited && self.inner.flights.is_storing(primary) {
+                        waited = true;
+                        match self.inner.flights.wait(primary, selects).await {
+                            Waited::Joined(filling) => {
+                                return Lookup::Joined(JoinedFill { filling });
+                            }
+                            Waited::Ended | Waited::NoFlight => continue,
+                        }
+                    }
+                    let refresh = flight.map(|flight| {
                         CacheFetch::new(
                             self.clone(),
                             primary,
@@ -611,8 +629,6 @@ impl HttpCache {
                 return fetch(None);
             }
             if !waited {
-                let codings = &self.rules.accept_encoding;
-                let selects = |f: &fill::Filling| f.serves(primary, req_headers, codings);
                 match self.inner.flights.wait(primary, selects).await {
                     Waited::Joined(filling) => return Lookup::Joined(JoinedFill { filling }),
                     Waited::Ended => {

@@ -28,6 +28,9 @@ struct Recording {
     inner: MemoryStore,
     threads: Mutex<Vec<(&'static str, ThreadId)>>,
     gets: AtomicUsize,
+    /// When set, the next put stores its object (lookups see it), then
+    /// returns only once the test sends or drops the other end.
+    hold_next_put: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl Recording {
@@ -49,7 +52,12 @@ impl ObjectStore for Recording {
     }
     fn put(&self, key: &str, meta: ObjectMeta, body: Bytes) -> Result<Arc<ObjectMeta>, StoreError> {
         self.note("put");
-        self.inner.put(key, meta, body)
+        let stored = self.inner.put(key, meta, body);
+        let hold = self.hold_next_put.lock().take();
+        if let Some(release) = hold {
+            let _ = release.recv();
+        }
+        stored
     }
     fn update_meta(&self, key: &str, meta: ObjectMeta) -> Result<bool, StoreError> {
         self.note("update_meta");
@@ -129,6 +137,7 @@ fn fixture_with_kv(kv_bytes: u64) -> Fixture {
         inner: MemoryStore::new(64 << 20, kv_bytes),
         threads: Mutex::new(Vec::new()),
         gets: AtomicUsize::new(0),
+        hold_next_put: Mutex::new(None),
     });
     let rules = CacheRules {
         defaults: Defaults {
@@ -381,6 +390,44 @@ async fn a_stale_object_in_grace_is_served_and_refreshed_by_one_request() {
     )
     .await;
     assert_eq!(fresh_soon(&f.cache, &primary).await.body, "new");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_response_stale_on_arrival_is_refreshed_by_the_next_request_even_before_its_fill_ends() {
+    let f = fixture();
+    let primary = key("/stale-on-arrival");
+    let (release, held) = std::sync::mpsc::channel();
+    *f.store.hold_next_put.lock() = Some(held);
+    // max-age=0: stale at once, kept for the default grace. The client has
+    // the whole body before the fill task stores it, and the fill's flight
+    // ends only after the store returns, which the store holds here.
+    let fetch = fetch_of(f.cache.lookup(&primary, &HeaderMap::new()).await);
+    let (body, _) = answer(fetch, response(200, &[("cache-control", "max-age=0")], "a")).await;
+    assert_eq!(body, "a");
+    let mut stored = false;
+    for _ in 0..400 {
+        if f.cache.get(&primary, &HeaderMap::new()).await.is_some() {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(stored, "the fill stored the object");
+    // The next request finds it stored while the flight is still held: it
+    // must not be served stale with nobody refreshing it.
+    let (cache, again) = (f.cache.clone(), primary.clone());
+    let next = tokio::spawn(async move { cache.lookup(&again, &HeaderMap::new()).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    release.send(()).expect("the put is held");
+    match next.await.expect("lookup") {
+        Lookup::Stale { object, refresh } => {
+            assert_eq!(object.body, "a");
+            assert!(refresh.is_some(), "a stale hit that nobody refreshes");
+        }
+        Lookup::Fetch(_) => panic!("the object is in its grace"),
+        Lookup::Fresh(_) => panic!("a response stale on arrival is not fresh"),
+        Lookup::Joined(_) => panic!("a response stale on arrival was joined"),
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -79,6 +79,14 @@ impl Flights {
         })
     }
 
+    /// Whether the fetch of `primary` in flight has its whole body and is
+    /// only storing it: its flight ends once the object is stored.
+    pub(crate) fn is_storing(&self, primary: &PrimaryKey) -> bool {
+        let map = self.map.lock();
+        map.get(primary)
+            .is_some_and(|rx| rx.borrow().as_deref().is_some_and(Filling::is_complete))
+    }
+
     /// Waits, up to [`MAX_WAIT`], for the fetch of `primary` in flight to
     /// publish an object being filled that `accept` takes (the variant the
     /// request selects), or to end.
