@@ -14,6 +14,7 @@ library only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import shutil
@@ -108,8 +109,12 @@ def main() -> int:
     ap.add_argument("--only", default="", help=f"comma-separated sections: {','.join(SECTIONS)}")
     ap.add_argument("--out", default=str(ROOT / "loadtests" / "reports" / "latest"))
     ap.add_argument("--keep-workdir", action="store_true", help="keep logs and configs for debugging")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="A/B pairs per measurement instead of the mode's (more pairs: a steadier median)")
     args = ap.parse_args()
     mode = MODES[args.mode]
+    if args.pairs > 0:
+        mode = dataclasses.replace(mode, pairs=args.pairs)
     only = [s for s in args.only.split(",") if s]
     for s in only:
         if s not in SECTIONS:
@@ -196,7 +201,8 @@ def main() -> int:
         "root": str(ROOT),
         "workdir": str(workdir),
         "invocation": f"make bench{'-quick' if mode.name == 'quick' else ''}"
-                      f" (bash loadtests/bench/run.sh {mode.name})" + (f" --only {args.only}" if only else ""),
+                      f" (bash loadtests/bench/run.sh {mode.name})" + (f" --only {args.only}" if only else "")
+                      + (f" --pairs {args.pairs}" if args.pairs > 0 else ""),
         "elapsed_s": elapsed,
         "pairs": mode.pairs,
         "mode_settings": mode.__dict__,

@@ -4,7 +4,7 @@
 # binaries if absent, then runs harness.py, which writes
 # loadtests/reports/latest/{report.md,report.json,*.svg}.
 #
-#   bash loadtests/bench/run.sh quick|full [--only hits,esi,...] [--keep-workdir]
+#   bash loadtests/bench/run.sh quick|full [--only hits,esi,...] [--keep-workdir] [--pairs N]
 #
 # Everything listens on 127.0.0.1. The harness stops what it starts; should
 # it die without cleaning up, the EXIT trap below stops the process groups
