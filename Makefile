@@ -68,6 +68,10 @@ test: deps vendor-check
 	bash policies/build-lang.sh --test
 	bash policies/components/build.sh
 	$(CARGO) test --workspace
+	# The policy tests again with a fresh instance per request (the
+	# default reuses instances): both modes must hold.
+	INLAY_TEST_REQUESTS_PER_INSTANCE=1 $(CARGO) test -p inlay-runtime --lib
+	INLAY_TEST_REQUESTS_PER_INSTANCE=1 $(CARGO) test -p inlay --test server -- policies::
 	bash loadtests/scripts/package-test.sh
 
 # The Debian package, target/debian/inlay_<version>-1_amd64.deb, from the
