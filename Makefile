@@ -69,9 +69,11 @@ test: deps vendor-check
 	bash policies/components/build.sh
 	$(CARGO) test --workspace
 	# The policy tests again with a fresh instance per request (the
-	# default reuses instances): both modes must hold.
-	INLAY_TEST_REQUESTS_PER_INSTANCE=1 $(CARGO) test -p inlay-runtime --lib
-	INLAY_TEST_REQUESTS_PER_INSTANCE=1 $(CARGO) test -p inlay --test server -- policies::
+	# default reuses instances): both modes must hold. --workspace keeps
+	# the features of the build above (`-p inlay-runtime` alone would
+	# build wasmtime again with fewer).
+	INLAY_TEST_REQUESTS_PER_INSTANCE=1 $(CARGO) test --workspace --lib
+	INLAY_TEST_REQUESTS_PER_INSTANCE=1 $(CARGO) test --workspace --test server -- policies::
 	bash loadtests/scripts/package-test.sh
 
 # The Debian package, target/debian/inlay_<version>-1_amd64.deb, from the
