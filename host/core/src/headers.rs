@@ -72,11 +72,29 @@ pub fn protected_connection_option(
 /// `Upgrade` goes too: a request Inlay tunnels (a WebSocket) is found
 /// before, and its tunnel sets the fields of the switch itself.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = connection_options(headers).collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    // One pass over the message's few names (a known name compares as a
+    // tag), then a hashed removal only for the fields it has: most
+    // messages have none, or only `Connection`.
+    let is_hop = |k: &HeaderName| *k == header::UPGRADE || HOP_BY_HOP.contains(k);
+    if !headers.keys().any(is_hop) {
+        return;
+    }
+    let mut named: Vec<HeaderName> = connection_options(headers).collect();
+    named.extend(headers.keys().filter(|k| is_hop(k)).cloned());
+    for name in &named {
         headers.remove(name);
     }
-    headers.remove(header::UPGRADE);
+}
+
+/// Remove every field of `names` from `headers`. The message's few names
+/// are looked over first: one that has none of them (most) costs no
+/// hashed removal.
+pub fn remove_each(headers: &mut HeaderMap, names: &[HeaderName]) {
+    if headers.keys().any(|k| names.contains(k)) {
+        for name in names {
+            headers.remove(name);
+        }
+    }
 }
 
 /// Whether `value` is a `Host` field value: `uri-host [ ":" port ]` (RFC
@@ -186,16 +204,33 @@ pub fn add_via(headers: &mut HeaderMap) {
     headers.append(header::VIA, HeaderValue::from_static(VIA));
 }
 
+/// `X-Forwarded-For`.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// Append the client's address to `X-Forwarded-For`, as Varnish does.
 pub fn add_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
-    let name = HeaderName::from_static("x-forwarded-for");
-    let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {client}"),
-        _ => client.to_string(),
+    use std::io::Write as _;
+    // An address is at most 39 characters (IPv6): written on the stack,
+    // then copied once into the value.
+    let mut buf = [0u8; 48];
+    let mut at = std::io::Cursor::new(&mut buf[..]);
+    let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => {
+            let mut joined = Vec::with_capacity(prev.len() + 2 + 39);
+            joined.extend_from_slice(prev.as_bytes());
+            joined.extend_from_slice(b", ");
+            let _ = write!(joined, "{client}");
+            HeaderValue::from_bytes(&joined)
+        }
+        _ => {
+            let _ = write!(at, "{client}");
+            let n = usize::try_from(at.position()).unwrap_or(0);
+            HeaderValue::from_bytes(&buf[..n])
+        }
     };
-    // An IP address and ASCII commas always make a valid value.
-    if let Ok(v) = HeaderValue::from_str(&joined) {
-        headers.insert(name, v);
+    // Visible ASCII, an address and ", " always make a valid value.
+    if let Ok(v) = value {
+        headers.insert(X_FORWARDED_FOR, v);
     }
 }
 

@@ -40,11 +40,10 @@ pub const MAX_DESC_LEN: usize = 100;
 /// `on-request` set [`REQUEST_FLAG`] to `1`). The field is removed either
 /// way, so that it never reaches a backend.
 pub fn take_request_flag(headers: &mut HeaderMap) -> bool {
-    let on = headers
-        .get(REQUEST_FLAG)
-        .is_some_and(|v| v.as_bytes().trim_ascii() == b"1");
-    headers.remove(REQUEST_FLAG);
-    on
+    // One removal, which gives the (first) value.
+    headers
+        .remove(REQUEST_FLAG)
+        .is_some_and(|v| v.as_bytes().trim_ascii() == b"1")
 }
 
 /// Whether the response to a request of this version and (client) fields

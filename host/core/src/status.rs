@@ -83,6 +83,27 @@ impl CacheStatus {
         v
     }
 
+    /// [`header_value`](Self::header_value) as a field value: a static one
+    /// for the statuses without numbers (no allocation for a pass or a
+    /// miss).
+    pub fn field(&self) -> http::HeaderValue {
+        use http::HeaderValue;
+        match self {
+            Self::Revalidated => HeaderValue::from_static("inlay; fwd=stale; fwd-status=304"),
+            Self::Miss { stored: true } => HeaderValue::from_static("inlay; fwd=miss; stored"),
+            Self::Miss { stored: false } => HeaderValue::from_static("inlay; fwd=miss"),
+            Self::Pass => HeaderValue::from_static("inlay; fwd=bypass"),
+            Self::Synthetic => HeaderValue::from_static("inlay; detail=synthetic"),
+            Self::Purge => HeaderValue::from_static("inlay; detail=purge"),
+            Self::Error => HeaderValue::from_static("inlay; detail=error"),
+            Self::Hit { .. } | Self::Stale { .. } | Self::HitForMiss { .. } => {
+                // Digits, letters and "; =-" are a valid field value.
+                HeaderValue::from_str(&self.header_value())
+                    .unwrap_or_else(|_| HeaderValue::from_static("inlay"))
+            }
+        }
+    }
+
     /// The short form for the access log's `cache` field.
     pub fn log_name(&self) -> &'static str {
         match self {
@@ -157,6 +178,7 @@ mod tests {
         ];
         for (status, header, log) in cases {
             assert_eq!(status.header_value(), header);
+            assert_eq!(status.field(), header, "{status:?}");
             assert_eq!(status.log_name(), log);
         }
     }
