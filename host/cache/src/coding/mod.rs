@@ -136,11 +136,18 @@ impl MediaPattern {
         }
     }
 
+    /// Whether `essence` (in any case; patterns are lower case) matches.
     fn matches(&self, essence: &str) -> bool {
+        let e = essence.as_bytes();
         match self {
-            MediaPattern::Exact(t) => t == essence,
-            MediaPattern::AnySubtype(prefix) => essence.starts_with(prefix.as_str()),
-            MediaPattern::Suffix(s) => essence.ends_with(s.as_str()),
+            MediaPattern::Exact(t) => e.eq_ignore_ascii_case(t.as_bytes()),
+            MediaPattern::AnySubtype(prefix) => e
+                .get(..prefix.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(prefix.as_bytes())),
+            MediaPattern::Suffix(s) => e
+                .len()
+                .checked_sub(s.len())
+                .is_some_and(|at| e[at..].eq_ignore_ascii_case(s.as_bytes())),
         }
     }
 }
@@ -203,7 +210,8 @@ impl CompressionRules {
         let Some(essence) = media_type(headers) else {
             return false;
         };
-        essence != "text/event-stream" && self.types.iter().any(|t| t.matches(&essence))
+        !essence.eq_ignore_ascii_case("text/event-stream")
+            && self.types.iter().any(|t| t.matches(essence))
     }
 }
 
@@ -218,10 +226,11 @@ pub fn no_transform(headers: &HeaderMap) -> bool {
         .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
 }
 
-/// The lower-case `type/subtype` of `Content-Type`, without parameters.
-fn media_type(headers: &HeaderMap) -> Option<String> {
+/// The `type/subtype` of `Content-Type`, without parameters (in the case
+/// it came in: media types compare without case).
+fn media_type(headers: &HeaderMap) -> Option<&str> {
     let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    let essence = ct.split(';').next()?.trim().to_ascii_lowercase();
+    let essence = ct.split(';').next()?.trim();
     (!essence.is_empty()).then_some(essence)
 }
 
