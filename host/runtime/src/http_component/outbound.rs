@@ -18,7 +18,10 @@ use http_body_util::BodyExt;
 use inlay_core::body::{BoxError, ProxyBody};
 use inlay_core::{ComponentSettings, LogLimit, ProxyError};
 use wasmtime::component::GuestTaskId;
-use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+use wasmtime_wasi_http::{
+    DEFAULT_FORBIDDEN_HEADERS, Error as HttpError, ForbiddenHeaderFilter, RequestOptions, WasiBody,
+    WasiHttpHooks,
+};
 
 use crate::services::BodyBudget;
 
@@ -158,6 +161,18 @@ type SendResult = Result<
 >;
 
 impl WasiHttpHooks for OutboundHooks {
+    // The defaults make a new `Arc` at each call, once per field of every
+    // request and response: the forbidden fields are the default ones,
+    // with a filter made once.
+    fn is_forbidden_header(&mut self, name: &http::HeaderName) -> bool {
+        DEFAULT_FORBIDDEN_HEADERS.contains(name)
+    }
+
+    fn forbidden_header_filter(&mut self) -> ForbiddenHeaderFilter {
+        static FILTER: OnceLock<ForbiddenHeaderFilter> = OnceLock::new();
+        Arc::clone(FILTER.get_or_init(|| Arc::new(|name| DEFAULT_FORBIDDEN_HEADERS.contains(name))))
+    }
+
     fn send_request(
         &mut self,
         request: Request<WasiBody>,
