@@ -81,14 +81,14 @@ impl RequestIds {
 
     /// A new id: `<16 hex digits of this process>-<counter in hex>`.
     pub fn mint(&self) -> HeaderValue {
-        use std::fmt::Write as _;
+        use std::io::Write as _;
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let mut id = String::with_capacity(self.prefix.len() + 16);
-        id.push_str(&self.prefix);
-        let _ = write!(id, "{n:x}");
-        // Taken without a copy; hex digits and '-' are a valid field value.
-        HeaderValue::from_maybe_shared(bytes::Bytes::from(id))
-            .expect("hex digits and '-' are a valid field value")
+        // Written on the stack, copied once into the value.
+        let mut buf = [0u8; 64];
+        let mut at = std::io::Cursor::new(&mut buf[..]);
+        let _ = write!(at, "{}{n:x}", self.prefix);
+        let len = usize::try_from(at.position()).unwrap_or(0);
+        HeaderValue::from_bytes(&buf[..len]).expect("hex digits and '-' are a valid field value")
     }
 }
 

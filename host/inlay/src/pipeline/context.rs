@@ -29,8 +29,8 @@ pub struct RequestCtx {
     pub(super) body: Option<ProxyBody>,
     /// Set when the client's body failed (past `server.max_request_body`,
     /// malformed, cut), so that the failed fetch it causes is the client's
-    /// 413 or 400, not a 502.
-    pub(super) body_fault: Arc<OnceLock<BodyFault>>,
+    /// 413 or 400, not a 502. None for a request without a body.
+    pub(super) body_fault: Option<Arc<OnceLock<BodyFault>>>,
     /// `server.max_request_body` when the request came.
     pub(super) body_limit: u64,
     /// This request's policy instance, when the generation runs a policy.
@@ -69,7 +69,7 @@ impl RequestCtx {
             http1: parts.version < http::Version::HTTP_2,
             head: RequestHead::default(),
             body: None,
-            body_fault: Arc::default(),
+            body_fault: None,
             body_limit: u64::MAX,
             policy: None,
             upgrade: None,

@@ -6,8 +6,10 @@
 //! what is only for us, the policy's `on-deliver`; then, on every response
 //! (failures included), the request id and `Server-Timing`.
 
+use std::sync::OnceLock;
+
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError, RequestHead, ResponseHead, headers};
 use inlay_runtime::{Hook, PolicyCall};
@@ -61,7 +63,7 @@ pub(super) async fn run(
 pub(super) fn failure(ctx: &mut RequestCtx, e: ProxyError) -> Response<ProxyBody> {
     // A backend fetch that failed because the client's body did is the
     // client's error.
-    let e = match ctx.body_fault.get() {
+    let e = match ctx.body_fault.as_deref().and_then(OnceLock::get) {
         Some(BodyFault::TooLarge) => ProxyError::RequestTooLarge {
             limit: ctx.body_limit,
         },
@@ -403,7 +405,10 @@ async fn run_policy(
     };
     let length = rh.headers.get(header::CONTENT_LENGTH).cloned();
     let started = metrics.hook_start();
-    let result = call.on_deliver(head, &mut rh).await;
+    // Boxed: a policy call's future is large, and inline it would make
+    // every request's future (and its copy into the heap) larger, with
+    // or without a policy.
+    let result = Box::pin(call.on_deliver(head, &mut rh)).await;
     metrics.hook_done(Hook::OnDeliver, started, &result);
     headers::restore_framing(&mut rh.headers, length);
     *resp.status_mut() = rh.status;
@@ -422,15 +427,21 @@ fn finish(mut resp: Response<ProxyBody>, status: CacheStatus) -> Response<ProxyB
     // Surrogate-Control and Surrogate-Key speak to the edge only, and
     // Inlay-Cache-Control to us alone (CDN-Cache-Control goes on, for the
     // CDNs in front of us: RFC 9213 makes it end-to-end).
-    h.remove("surrogate-control");
-    h.remove("surrogate-key");
-    h.remove("inlay-cache-control");
+    headers::remove_each(h, &EDGE_ONLY);
     headers::add_via(h);
-    if let Ok(v) = HeaderValue::from_str(&status.header_value()) {
-        h.insert("cache-status", v);
-    }
+    h.insert(CACHE_STATUS, status.field());
     resp
 }
+
+/// Response fields for the edge alone, never sent to clients.
+const EDGE_ONLY: [HeaderName; 3] = [
+    HeaderName::from_static("surrogate-control"),
+    HeaderName::from_static("surrogate-key"),
+    HeaderName::from_static("inlay-cache-control"),
+];
+
+/// `Cache-Status` (RFC 9211).
+pub(super) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 #[cfg(test)]
 mod tests {

@@ -291,7 +291,9 @@ impl Pipeline {
     async fn start_policy(&self) -> Result<Option<PolicyCall>, ProxyError> {
         match (&self.policy, &self.pinned) {
             (Some(slot), Some(policy)) => {
-                Ok(Some(slot.handle_of(policy, &self.services).start().await?))
+                // Boxed, as the hooks are (`recv::route`).
+                let handle = slot.handle_of(policy, &self.services);
+                Ok(Some(Box::pin(handle.start()).await?))
             }
             _ => Ok(None),
         }

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use http_body::Body as _;
 use http_body_util::BodyExt;
 use inlay_core::body::{self, ProxyBody};
 use inlay_core::{CacheStatus, ProxyError};
@@ -65,7 +66,7 @@ pub(super) async fn answered(
 /// The request body, its bytes counted in `metrics` as they are read (a
 /// passed request's body; the cache never reads one).
 fn counted_body(body: ProxyBody, metrics: &Arc<Metrics>) -> ProxyBody {
-    if !metrics.enabled() {
+    if !metrics.enabled() || body.is_end_stream() {
         return body;
     }
     let metrics = Arc::clone(metrics);

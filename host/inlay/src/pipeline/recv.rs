@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
+use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -70,11 +70,19 @@ pub(super) async fn run(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     // Only the policy may turn Server-Timing on for one request.
-    parts.headers.remove(server_timing::REQUEST_FLAG);
+    headers::remove_each(&mut parts.headers, &[server_timing::REQUEST_FLAG]);
     let limit = p.config.server.max_request_body;
     ctx.body_limit = limit;
     check_declared_length(&parts.headers, limit)?;
-    ctx.body = Some(capped_body(body, limit, ctx.body_fault.clone()));
+    ctx.body = Some(match body.is_end_stream() {
+        // No body (a GET's): nothing to count nor to fail.
+        true => body,
+        false => {
+            let fault = Arc::new(OnceLock::new());
+            ctx.body_fault = Some(Arc::clone(&fault));
+            capped_body(body, limit, fault)
+        }
+    });
     let upgrade = super::tunnel::requested(&mut parts, &p.config.websocket)?;
     ctx.head = normalise(parts, ctx.peer, p.backends.default_name())?;
     if let Some(up) = &upgrade {
@@ -120,6 +128,10 @@ pub trait ClientBody {
 
 impl ClientBody for Incoming {
     fn bounded(mut self, limit: u64) -> ProxyBody {
+        if self.is_end_stream() {
+            // No body: one that costs no allocation.
+            return body::empty();
+        }
         // A chunk whose declared size cannot fit fails the body before its
         // data (a patched hyper: vendor/hyper/PATCHES.md).
         self.limit_declared_length(limit);
@@ -300,9 +312,14 @@ pub fn normalise(
             "unsupported request target {pq:?}"
         )));
     }
-    let uri: Uri = pq
-        .parse()
-        .map_err(|_| ProxyError::BadRequest(format!("bad request target {pq:?}")))?;
+    // The origin form as it came (no copy), or the path and query of an
+    // absolute one.
+    let uri = match parts.uri.scheme().is_none() && parts.uri.authority().is_none() {
+        true => parts.uri,
+        false => pq
+            .parse()
+            .map_err(|_| ProxyError::BadRequest(format!("bad request target {pq:?}")))?,
+    };
     headers::strip_hop_by_hop(&mut headers);
     Ok(RequestHead {
         method: parts.method,
@@ -327,7 +344,10 @@ async fn route(
     // The client's body goes on as it came: the policy cannot reframe it.
     let length = head.headers.get(header::CONTENT_LENGTH).cloned();
     let started = metrics.hook_start();
-    let action = call.on_request(head).await;
+    // Boxed: a policy call's future is large, and inline it would make
+    // every request's future (and its copy into the heap) larger, with
+    // or without a policy.
+    let action = Box::pin(call.on_request(head)).await;
     metrics.hook_done(Hook::OnRequest, started, &action);
     headers::restore_framing(&mut head.headers, length);
     Ok(match action? {

@@ -269,9 +269,7 @@ fn switched(backend: http::response::Parts, up: &UpgradeRequest) -> Response<Pro
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     }
     headers::add_via(&mut h);
-    if let Ok(v) = HeaderValue::from_str(&CacheStatus::Pass.header_value()) {
-        h.insert("cache-status", v);
-    }
+    h.insert(super::deliver::CACHE_STATUS, CacheStatus::Pass.field());
     *resp.headers_mut() = h;
     resp
 }
