@@ -6,7 +6,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Request, Response};
@@ -95,18 +94,24 @@ pub async fn serve(
     let stop = CancellationToken::new();
     let tcp = Server::new(limits.clone(), {
         let current = Arc::clone(&current);
-        move |conn: &Connection| PipelineService {
-            current: Arc::clone(&current),
-            conn: *conn,
-            alt_svc: alt_svc.clone().filter(|_| conn.tls),
+        move |conn: &Connection| {
+            PipelineService {
+                current: Arc::clone(&current),
+                conn: *conn,
+                alt_svc: alt_svc.clone().filter(|_| conn.tls),
+            }
+            .into_service::<Incoming>()
         }
     })
     .with_stats(stats.tcp)
     .serve(listeners, stop.clone().cancelled_owned());
-    let h3 = QuicServer::new(limits, move |conn: &Connection| PipelineService {
-        current: Arc::clone(&current),
-        conn: *conn,
-        alt_svc: None,
+    let h3 = QuicServer::new(limits, move |conn: &Connection| {
+        PipelineService {
+            current: Arc::clone(&current),
+            conn: *conn,
+            alt_svc: None,
+        }
+        .into_service::<QuicBody>()
     })
     .with_stats(stats.quic)
     .serve(quic, stop.clone().cancelled_owned());
@@ -132,33 +137,29 @@ struct PipelineService {
     alt_svc: Option<http::HeaderValue>,
 }
 
-/// A request being answered. Boxed: the request's future is about 10 KB,
-/// and hyper moves the service's future (into a task of its own per
-/// HTTP/2 stream); a box moves as a pointer.
-type Answer = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
-
-impl hyper::service::Service<Request<Incoming>> for PipelineService {
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = Answer;
-
-    fn call(&self, req: Request<Incoming>) -> Answer {
-        self.answer(req)
-    }
-}
-
-impl hyper::service::Service<Request<QuicBody>> for PipelineService {
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = Answer;
-
-    fn call(&self, req: Request<QuicBody>) -> Answer {
-        self.answer(req)
-    }
-}
-
 impl PipelineService {
-    fn answer(&self, mut req: Request<impl ClientBody + Send + 'static>) -> Answer {
+    /// The connection's service. Its future (the request's, about 10 KB)
+    /// is not boxed: HTTP/1 keeps it in the connection's own slot, made
+    /// once, instead of a large allocation per request (which glibc
+    /// serves from its slow path); an HTTP/2 or HTTP/3 stream's task
+    /// holds it as it would hold a box.
+    fn into_service<B: ClientBody + http_body::Body + Send + 'static>(
+        self,
+    ) -> impl hyper::service::Service<
+        Request<B>,
+        Response = Response<ProxyBody>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
+    > + Send
+    + Sync
+    + 'static {
+        hyper::service::service_fn(move |req| self.answer(req))
+    }
+
+    fn answer<B: ClientBody + Send + 'static>(
+        &self,
+        mut req: Request<B>,
+    ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + use<B> {
         // Read once: the request finishes on this generation.
         let pipeline = self.current.load_full();
         if self.conn.tls {
@@ -171,13 +172,13 @@ impl PipelineService {
         }
         let peer = self.conn.peer;
         let alt_svc = self.alt_svc.clone();
-        Box::pin(async move {
+        async move {
             let mut resp = pipeline.handle(req, peer).await;
             if let Some(v) = alt_svc {
                 resp.headers_mut().insert(http::header::ALT_SVC, v);
             }
             Ok(resp)
-        })
+        }
     }
 }
 
