@@ -467,7 +467,10 @@ pub(crate) const GIVE_BACK_AT: usize = 1 << 20;
 /// 260 MB once the lurker had dropped them). `malloc_trim` returns every
 /// free page of every arena; it runs on the blocking pool when there is
 /// one (it walks the heap), after a lurker walk that dropped at least
-/// [`GIVE_BACK_AT`] bytes of bans.
+/// [`GIVE_BACK_AT`] bytes of bans. The `inlay` binary allocates with
+/// mimalloc, which gives freed pages back by itself (10 ms after they are
+/// freed); this is for glibc's heap: what C libraries allocate, and a
+/// program that embeds the crate with the system allocator.
 pub(crate) fn give_back_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[allow(unsafe_code)]
