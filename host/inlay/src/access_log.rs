@@ -248,6 +248,11 @@ impl AccessLog {
         })
     }
 
+    /// Whether lines are written (the access log is not `off`).
+    pub fn is_on(&self) -> bool {
+        self.handle.is_some()
+    }
+
     /// Hand one line in. When the writer is behind by the whole queue, the
     /// line is dropped and counted: logging must not hold requests.
     pub fn write(&self, r: &AccessRecord) {

@@ -61,8 +61,14 @@ pub(super) enum BodyFault {
 }
 
 impl RequestCtx {
-    /// The context of a request that just arrived from `peer`.
-    pub(super) fn new(parts: &http::request::Parts, peer: SocketAddr, server_timing: bool) -> Self {
+    /// The context of a request that just arrived from `peer`; `logged`:
+    /// an access-log line will be written for it.
+    pub(super) fn new(
+        parts: &http::request::Parts,
+        peer: SocketAddr,
+        server_timing: bool,
+        logged: bool,
+    ) -> Self {
         Self {
             started: Instant::now(),
             peer,
@@ -75,7 +81,7 @@ impl RequestCtx {
             upgrade: None,
             for_peer: false,
             request_id: None,
-            record: super::log::start(parts, peer),
+            record: super::log::start(parts, peer, logged),
             timing: RequestTiming {
                 on: server_timing,
                 trailers: server_timing::trailers_allowed(parts.version, &parts.headers),

@@ -20,12 +20,15 @@ use crate::metrics::Metrics;
 use crate::tunnels::Moved;
 use tokio::sync::oneshot;
 
-/// Start the record from the request head as received.
-pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRecord {
+/// Start the record from the request head as received. Without a log line
+/// to write (`logged` false) only what diagnostics name is copied: the
+/// method and the URL.
+pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr, logged: bool) -> AccessRecord {
     let get = |name: http::header::HeaderName| {
         parts
             .headers
             .get(name)
+            .filter(|_| logged)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
@@ -37,11 +40,20 @@ pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr) -> AccessRec
             .path_and_query()
             .map(|p| p.to_string())
             .unwrap_or_else(|| "/".into()),
-        protocol: format!("{:?}", parts.version),
+        protocol: match logged {
+            true => format!("{:?}", parts.version),
+            false => String::new(),
+        },
         tls: parts.extensions.get::<inlay_listener::OverTls>().is_some(),
         referer: get(http::header::REFERER),
         user_agent: get(http::header::USER_AGENT),
-        host: get(http::header::HOST).or_else(|| parts.uri.authority().map(|a| a.to_string())),
+        host: get(http::header::HOST).or_else(|| {
+            parts
+                .uri
+                .authority()
+                .filter(|_| logged)
+                .map(|a| a.to_string())
+        }),
         // Until the pipeline says otherwise, the request failed.
         cache: inlay_core::CacheStatus::Error,
         ..Default::default()

@@ -342,7 +342,12 @@ impl Pipeline {
     ) -> Response<ProxyBody> {
         let (parts, body) = req.into_parts();
         let body = body.bounded(self.config.server.max_request_body);
-        let mut ctx = RequestCtx::new(&parts, peer, self.config.server.server_timing);
+        let mut ctx = RequestCtx::new(
+            &parts,
+            peer,
+            self.config.server.server_timing,
+            self.access_log.is_on(),
+        );
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);
         let req = Request::from_parts(parts, body);
         let resp = match self.phases(&mut ctx, req).instrument(span).await {

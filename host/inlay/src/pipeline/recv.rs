@@ -64,11 +64,13 @@ pub(super) async fn run(
         shard.accept_hop(&mut parts.headers);
     }
     ctx.request_id = p.request_ids.assign(&mut parts.headers);
-    ctx.record.request_id = ctx
-        .request_id
-        .as_ref()
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    if p.access_log.is_on() {
+        ctx.record.request_id = ctx
+            .request_id
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+    }
     // Only the policy may turn Server-Timing on for one request.
     headers::remove_each(&mut parts.headers, &[server_timing::REQUEST_FLAG]);
     let limit = p.config.server.max_request_body;
@@ -114,7 +116,9 @@ pub(super) async fn run(
     // Whatever the policy set, the flag goes no further.
     ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
     ctx.timing.phase("recv", Some(ctx.started));
-    ctx.record.backend = Some(ctx.head.backend.clone());
+    if p.access_log.is_on() {
+        ctx.record.backend = Some(ctx.head.backend.clone());
+    }
     Ok(route)
 }
 
