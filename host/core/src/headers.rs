@@ -205,7 +205,7 @@ pub fn add_via(headers: &mut HeaderMap) {
 }
 
 /// `X-Forwarded-For`.
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Append the client's address to `X-Forwarded-For`, as Varnish does.
 pub fn add_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {

@@ -41,4 +41,4 @@ pub use error::{Blame, ProxyError};
 pub use head::{RequestHead, ResponseHead, path_and_query};
 pub use log_limit::LogLimit;
 pub use policy::{CacheSettings, EsiOverrides, RequestAction, SyntheticResponse};
-pub use status::{CacheStatus, StaleReason};
+pub use status::{CACHE_STATUS, CacheStatus, StaleReason};

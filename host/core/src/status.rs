@@ -1,7 +1,12 @@
 //! How a response was served: the value of its `Cache-Status` field
 //! (RFC 9211) and the short form in the access log.
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
+
+use http::{HeaderName, HeaderValue};
+
+/// The `Cache-Status` field name (RFC 9211).
+pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 /// How a response was served. Every response has exactly one; until the
 /// host knows better, it is [`CacheStatus::Error`] (the default).
@@ -56,51 +61,36 @@ pub enum StaleReason {
 
 impl CacheStatus {
     /// The `Cache-Status` field value (RFC 9211), with `inlay` as the
-    /// cache's name.
-    pub fn header_value(&self) -> String {
-        let mut v = String::from("inlay; ");
-        // Writing to a String cannot fail.
-        let _ = match self {
-            Self::Hit { ttl_left } => write!(v, "hit; ttl={ttl_left}"),
-            Self::Stale { stale_for, reason } => write!(
-                v,
-                "hit; ttl=-{stale_for}; detail={}",
-                match reason {
+    /// cache's name: static for the statuses without numbers.
+    pub fn header_value(&self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
+            Self::Hit { ttl_left } => return format!("inlay; hit; ttl={ttl_left}").into(),
+            Self::Stale { stale_for, reason } => {
+                let reason = match reason {
                     StaleReason::Grace => "grace",
                     StaleReason::StaleIfError => "stale-if-error",
-                }
-            ),
-            Self::Revalidated => write!(v, "fwd=stale; fwd-status=304"),
-            Self::Miss { stored } => write!(v, "fwd=miss{}", stored_param(*stored)),
-            Self::HitForMiss { stored } => {
-                write!(v, "fwd=miss{}; detail=hit-for-miss", stored_param(*stored))
+                };
+                return format!("inlay; hit; ttl=-{stale_for}; detail={reason}").into();
             }
-            Self::Pass => write!(v, "fwd=bypass"),
-            Self::Synthetic => write!(v, "detail=synthetic"),
-            Self::Purge => write!(v, "detail=purge"),
-            Self::Error => write!(v, "detail=error"),
-        };
-        v
+            Self::HitForMiss { stored: true } => "inlay; fwd=miss; stored; detail=hit-for-miss",
+            Self::HitForMiss { stored: false } => "inlay; fwd=miss; detail=hit-for-miss",
+            Self::Revalidated => "inlay; fwd=stale; fwd-status=304",
+            Self::Miss { stored: true } => "inlay; fwd=miss; stored",
+            Self::Miss { stored: false } => "inlay; fwd=miss",
+            Self::Pass => "inlay; fwd=bypass",
+            Self::Synthetic => "inlay; detail=synthetic",
+            Self::Purge => "inlay; detail=purge",
+            Self::Error => "inlay; detail=error",
+        })
     }
 
-    /// [`header_value`](Self::header_value) as a field value: a static one
-    /// for the statuses without numbers (no allocation for a pass or a
-    /// miss).
-    pub fn field(&self) -> http::HeaderValue {
-        use http::HeaderValue;
-        match self {
-            Self::Revalidated => HeaderValue::from_static("inlay; fwd=stale; fwd-status=304"),
-            Self::Miss { stored: true } => HeaderValue::from_static("inlay; fwd=miss; stored"),
-            Self::Miss { stored: false } => HeaderValue::from_static("inlay; fwd=miss"),
-            Self::Pass => HeaderValue::from_static("inlay; fwd=bypass"),
-            Self::Synthetic => HeaderValue::from_static("inlay; detail=synthetic"),
-            Self::Purge => HeaderValue::from_static("inlay; detail=purge"),
-            Self::Error => HeaderValue::from_static("inlay; detail=error"),
-            Self::Hit { .. } | Self::Stale { .. } | Self::HitForMiss { .. } => {
-                // Digits, letters and "; =-" are a valid field value.
-                HeaderValue::from_str(&self.header_value())
-                    .unwrap_or_else(|_| HeaderValue::from_static("inlay"))
-            }
+    /// [`header_value`](Self::header_value) as a field value (no
+    /// allocation for a status without numbers: a pass, a miss).
+    pub fn field(&self) -> HeaderValue {
+        match self.header_value() {
+            Cow::Borrowed(v) => HeaderValue::from_static(v),
+            // Digits, letters and "; =-" are a valid field value.
+            Cow::Owned(v) => HeaderValue::try_from(v).unwrap_or(HeaderValue::from_static("inlay")),
         }
     }
 
@@ -118,10 +108,6 @@ impl CacheStatus {
             Self::Error => "error",
         }
     }
-}
-
-fn stored_param(stored: bool) -> &'static str {
-    if stored { "; stored" } else { "" }
 }
 
 #[cfg(test)]

@@ -35,9 +35,7 @@ pub async fn run_policy(
     };
     let length = rh.headers.get(header::CONTENT_LENGTH).cloned();
     let started = metrics.hook_start();
-    // Boxed: a policy call's future is large, and inline it would make
-    // every request's future (and its copy into the heap) larger, with
-    // or without a policy.
+    // Boxed, as every hook call is (`recv::route` says why).
     let result = Box::pin(call.on_backend_response(head, &mut rh, defaults)).await;
     metrics.hook_done(Hook::OnBackendResponse, started, &result);
     // What goes to the client and the store is framed by the backend's

@@ -405,9 +405,7 @@ async fn run_policy(
     };
     let length = rh.headers.get(header::CONTENT_LENGTH).cloned();
     let started = metrics.hook_start();
-    // Boxed: a policy call's future is large, and inline it would make
-    // every request's future (and its copy into the heap) larger, with
-    // or without a policy.
+    // Boxed, as every hook call is (`recv::route` says why).
     let result = Box::pin(call.on_deliver(head, &mut rh)).await;
     metrics.hook_done(Hook::OnDeliver, started, &result);
     headers::restore_framing(&mut rh.headers, length);
@@ -429,7 +427,7 @@ fn finish(mut resp: Response<ProxyBody>, status: CacheStatus) -> Response<ProxyB
     // CDNs in front of us: RFC 9213 makes it end-to-end).
     headers::remove_each(h, &EDGE_ONLY);
     headers::add_via(h);
-    h.insert(CACHE_STATUS, status.field());
+    h.insert(inlay_core::CACHE_STATUS, status.field());
     resp
 }
 
@@ -439,9 +437,6 @@ const EDGE_ONLY: [HeaderName; 3] = [
     HeaderName::from_static("surrogate-key"),
     HeaderName::from_static("inlay-cache-control"),
 ];
-
-/// `Cache-Status` (RFC 9211).
-pub(super) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 #[cfg(test)]
 mod tests {

@@ -211,7 +211,7 @@ fn request(
         http::HeaderValue::from_static("inlay=\"Surrogate/1.0 ESI/1.0\""),
     );
     // A peer's hop token is for this node, not for the origin.
-    headers::remove_each(h, &[inlay_cluster::shard::HOP]);
+    h.remove(inlay_cluster::shard::HOP);
     headers::add_via(h);
     headers::add_forwarded_for(h, head.client_ip);
     req

@@ -291,7 +291,7 @@ impl Pipeline {
     async fn start_policy(&self) -> Result<Option<PolicyCall>, ProxyError> {
         match (&self.policy, &self.pinned) {
             (Some(slot), Some(policy)) => {
-                // Boxed, as the hooks are (`recv::route`).
+                // Boxed, as every hook call is (`recv::route` says why).
                 let handle = slot.handle_of(policy, &self.services);
                 Ok(Some(Box::pin(handle.start()).await?))
             }

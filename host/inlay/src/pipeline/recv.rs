@@ -64,7 +64,9 @@ pub(super) async fn run(
         shard.accept_hop(&mut parts.headers);
     }
     ctx.request_id = p.request_ids.assign(&mut parts.headers);
-    if p.access_log.is_on() {
+    // The record's copies are made only for a line to write.
+    let logged = p.access_log.is_on();
+    if logged {
         ctx.record.request_id = ctx
             .request_id
             .as_ref()
@@ -72,7 +74,7 @@ pub(super) async fn run(
             .map(str::to_owned);
     }
     // Only the policy may turn Server-Timing on for one request.
-    headers::remove_each(&mut parts.headers, &[server_timing::REQUEST_FLAG]);
+    parts.headers.remove(server_timing::REQUEST_FLAG);
     let limit = p.config.server.max_request_body;
     ctx.body_limit = limit;
     check_declared_length(&parts.headers, limit)?;
@@ -116,7 +118,7 @@ pub(super) async fn run(
     // Whatever the policy set, the flag goes no further.
     ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
     ctx.timing.phase("recv", Some(ctx.started));
-    if p.access_log.is_on() {
+    if logged {
         ctx.record.backend = Some(ctx.head.backend.clone());
     }
     Ok(route)
@@ -348,9 +350,9 @@ async fn route(
     // The client's body goes on as it came: the policy cannot reframe it.
     let length = head.headers.get(header::CONTENT_LENGTH).cloned();
     let started = metrics.hook_start();
-    // Boxed: a policy call's future is large, and inline it would make
-    // every request's future (and its copy into the heap) larger, with
-    // or without a policy.
+    // Boxed, as every hook call is: a policy call's future is large, and
+    // inline it would make every request's future larger (and the copy of
+    // it hyper makes), with or without a policy.
     let action = Box::pin(call.on_request(head)).await;
     metrics.hook_done(Hook::OnRequest, started, &action);
     headers::restore_framing(&mut head.headers, length);

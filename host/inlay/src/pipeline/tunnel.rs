@@ -269,7 +269,7 @@ fn switched(backend: http::response::Parts, up: &UpgradeRequest) -> Response<Pro
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     }
     headers::add_via(&mut h);
-    h.insert(super::deliver::CACHE_STATUS, CacheStatus::Pass.field());
+    h.insert(inlay_core::CACHE_STATUS, CacheStatus::Pass.field());
     *resp.headers_mut() = h;
     resp
 }
