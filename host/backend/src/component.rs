@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
@@ -175,18 +176,20 @@ pub(crate) fn prepare(req: &mut Request<ProxyBody>, name: &str, host_header: Opt
 }
 
 /// Serve `req` with `component`, its outgoing requests going to the
-/// backends of `outbound` (none without).
+/// backends of `outbound` (none without), its response head due within
+/// `first_byte` (a 504 after, as an origin's).
 pub(crate) async fn serve(
     component: &HttpComponent,
     req: Request<ProxyBody>,
     outbound: Option<Backends>,
+    first_byte: Duration,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let outbound: Arc<dyn ComponentOutbound> = match outbound {
         Some(b) => Arc::new(b),
         None => Arc::new(NoOutbound),
     };
     component
-        .serve(req, outbound)
+        .serve(req, outbound, first_byte)
         .await
         .map_err(|e| e.into_proxy_error(component.name()))
 }

@@ -44,14 +44,22 @@ pub struct Backend {
     component: Option<HttpComponent>,
 }
 
-/// Every configured backend and director, by name.
+/// Every configured backend and director, by name. Cheap to clone (one
+/// reference count: a component backend's requests each hold the
+/// backends, and a count shared by every thread costs each clone a
+/// cache-line transfer).
 #[derive(Debug, Clone)]
 pub struct Backends {
-    by_name: Arc<HashMap<String, Arc<Backend>>>,
-    directors: Arc<HashMap<String, Arc<director::Director>>>,
-    /// The default backend's name (cheap to clone: a component backend's
-    /// requests each hold the backends).
-    default: Arc<str>,
+    inner: Arc<BackendsInner>,
+}
+
+/// What the clones of a [`Backends`] share.
+#[derive(Debug)]
+struct BackendsInner {
+    by_name: HashMap<String, Arc<Backend>>,
+    directors: HashMap<String, Arc<director::Director>>,
+    /// The default backend's name.
+    default: String,
     /// The component backends' components, which the next generation
     /// keeps where their files did not change.
     components: component::ComponentSet,
@@ -113,7 +121,7 @@ impl Backends {
                 let component = components.get(name).cloned();
                 // The TLS files' digest is in its `Debug` text: a changed
                 // file renews the backend; so does a component loaded anew.
-                let kept = self.by_name.get(name).filter(|old| {
+                let kept = self.inner.by_name.get(name).filter(|old| {
                     format!("{:?}{:?}", old.config, old.tls) == format!("{b:?}{tls:?}")
                         && match (&old.component, &component) {
                             (Some(a), Some(b)) => a.same(b),
@@ -125,6 +133,7 @@ impl Backends {
                     Some(old) => Arc::clone(old),
                     None => {
                         let seen = self
+                            .inner
                             .by_name
                             .get(name)
                             .filter(|old| old.config.address == b.address)
@@ -167,37 +176,39 @@ impl Backends {
             })
             .collect();
         Self {
-            by_name: Arc::new(by_name),
-            directors: Arc::new(directors),
-            default: config.default_backend.as_str().into(),
-            components: components.clone(),
+            inner: Arc::new(BackendsInner {
+                by_name,
+                directors,
+                default: config.default_backend.clone(),
+                components: components.clone(),
+            }),
         }
     }
 
     /// The component backends' components, for the next generation's
     /// [`component::ComponentSet::load`].
     pub fn components(&self) -> &component::ComponentSet {
-        &self.components
+        &self.inner.components
     }
 
     /// Whether `name` is a backend or a director (what a policy's
     /// `set-backend` may name).
     pub fn exists(&self, name: &str) -> bool {
-        self.by_name.contains_key(name) || self.directors.contains_key(name)
+        self.inner.by_name.contains_key(name) || self.inner.directors.contains_key(name)
     }
 
     /// Where a request for backend or director `name` goes; `key` gives
     /// the hash of its cache key ([`director::key_hash`]), asked for only
     /// by a `shard` director.
     pub fn pick(&self, name: &str, key: impl FnOnce() -> u64) -> Option<Picked> {
-        if let Some(backend) = self.by_name.get(name) {
+        if let Some(backend) = self.inner.by_name.get(name) {
             return Some(Picked {
                 backend: Arc::clone(backend),
                 director: None,
                 outbound: self.outbound_of(backend),
             });
         }
-        let director = self.directors.get(name)?;
+        let director = self.inner.directors.get(name)?;
         let key = match director.config().kind {
             inlay_config::DirectorKind::Shard => key(),
             _ => 0,
@@ -206,7 +217,7 @@ impl Backends {
         Some(Picked {
             outbound: self.outbound_of(&backend).or_else(|| {
                 // A retry may go to another member, which may be a component.
-                (!self.components.is_empty()).then(|| self.clone())
+                (!self.inner.components.is_empty()).then(|| self.clone())
             }),
             backend,
             director: Some((Arc::clone(director), key)),
@@ -221,34 +232,34 @@ impl Backends {
 
     /// A backend by name.
     pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {
-        self.by_name.get(name)
+        self.inner.by_name.get(name)
     }
 
     /// The default backend's name.
     pub fn default_name(&self) -> &str {
-        &self.default
+        &self.inner.default
     }
 
     /// Every backend.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Backend>> {
-        self.by_name.values()
+        self.inner.by_name.values()
     }
 
     /// Each backend's health and each director's healthy backends, by
     /// name (the admin API's `GET /stats`): `{"backends": {..},
     /// "directors": {..}}`.
     pub fn health_json(&self) -> serde_json::Value {
-        let mut names: Vec<_> = self.by_name.keys().collect();
+        let mut names: Vec<_> = self.inner.by_name.keys().collect();
         names.sort();
         let backends: serde_json::Map<_, _> = names
             .into_iter()
-            .map(|n| (n.clone(), self.by_name[n].health.json()))
+            .map(|n| (n.clone(), self.inner.by_name[n].health.json()))
             .collect();
-        let mut names: Vec<_> = self.directors.keys().collect();
+        let mut names: Vec<_> = self.inner.directors.keys().collect();
         names.sort();
         let directors: serde_json::Map<_, _> = names
             .into_iter()
-            .map(|n| (n.clone(), self.directors[n].health_json()))
+            .map(|n| (n.clone(), self.inner.directors[n].health_json()))
             .collect();
         serde_json::json!({ "backends": backends, "directors": directors })
     }
@@ -449,16 +460,16 @@ impl Backend {
             &self.config.name,
             self.config.host_header.as_deref(),
         );
+        // The component times the head itself (its instance's worker
+        // holds a timer for the request already).
         let timeout = self.config.first_byte_timeout;
-        let served = tokio::time::timeout(timeout, component::serve(c, req, outbound.cloned()));
-        let resp = match served.await {
-            Err(_) => return Err(self.timed_out()),
-            Ok(Err(error)) => {
+        let resp = match component::serve(c, req, outbound.cloned(), timeout).await {
+            Err(error) => {
                 // A full instance pool never ran the request.
                 let retryable = matches!(error, ProxyError::BackendBusy { .. });
                 return Err(Failed { error, retryable });
             }
-            Ok(Ok(resp)) => resp,
+            Ok(resp) => resp,
         };
         Ok(self.between_bytes(resp, permit))
     }

@@ -278,7 +278,7 @@ impl Prober {
                     .map(|r| r.status())
                     .map_err(|e| chain(&e)),
                 ProbeVia::Component(c) => c
-                    .serve(req, Arc::new(NoOutbound))
+                    .serve(req, Arc::new(NoOutbound), self.probe.timeout)
                     .await
                     .map(|r| r.status())
                     .map_err(|e| e.to_string()),

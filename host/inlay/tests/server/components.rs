@@ -556,6 +556,33 @@ async fn a_0_3_request_over_its_cpu_time_fails_and_discards_its_instance() {
     assert_eq!(counts(&inlay, 1).await, [1]);
 }
 
+/// A 0.3 request's head is due within the backend's `first_byte_timeout`
+/// (a 504, as an origin's) and its run within `request_timeout` (a 502
+/// naming it): each fails alone, and the next request gets an instance
+/// that is not the late one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_3_request_past_its_timeouts_fails_alone() {
+    for (setting, status, says) in [
+        ("first_byte_timeout = \"300ms\"", 504, "first_byte_timeout"),
+        ("request_timeout = \"300ms\"", 502, "request_timeout"),
+    ] {
+        let inlay = with_settings("hello-p3-rs", setting, "").await;
+        assert_eq!(counts(&inlay, 2).await, [1, 2]);
+        let started = Instant::now();
+        let r = get(&inlay.url("/slow?ms=3000")).await;
+        assert_eq!(r.status, status, "{setting}: {}", r.text());
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(2500), "{setting}: {took:?}");
+        let line = inlay
+            .access
+            .json_for("/slow?ms=3000", Duration::from_secs(5))
+            .await;
+        let error = line["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{setting}: {line}");
+        assert_eq!(counts(&inlay, 1).await, [1], "{setting}");
+    }
+}
+
 /// A reload gives a 0.3 component new instances, even of an unchanged
 /// file: no request of the new generation is served by an old one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,14 @@ pub enum ComponentError {
         /// The setting.
         timeout: Duration,
     },
+    /// No response head within the backend's `first_byte_timeout` of the
+    /// request being handed to the component (waiting for an instance
+    /// included), as an origin's.
+    #[error("component gave no response head within {timeout:?} (first_byte_timeout)")]
+    FirstByteTimeout {
+        /// The backend's setting.
+        timeout: Duration,
+    },
     /// `handle` returned without setting a response, or set an error.
     #[error("component gave no response: {message}")]
     NoResponse {
@@ -113,6 +121,7 @@ impl ComponentError {
         let backend = backend.to_owned();
         match self {
             Self::PoolExhausted { .. } => ProxyError::BackendBusy { backend },
+            Self::FirstByteTimeout { timeout } => ProxyError::BackendTimeout { backend, timeout },
             Self::BadRequest { message } => ProxyError::BadRequest(message),
             other => ProxyError::BackendProtocol {
                 backend,

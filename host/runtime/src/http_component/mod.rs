@@ -310,26 +310,47 @@ impl HttpComponent {
 
     /// Serves `req` (its URI a path and query, its `Host` the client's)
     /// with a fresh instance (0.2) or one of the generation's (0.3),
-    /// sending the component's outgoing requests through `outbound`. Returns once the guest has set the response
-    /// head; the body streams from the guest as it writes it. A failure
-    /// before the head is the error; one after it cuts the body.
+    /// sending the component's outgoing requests through `outbound`.
+    /// Returns once the guest has set the response head, within
+    /// `first_byte` ([`ComponentError::FirstByteTimeout`] after it,
+    /// waiting for an instance included); the body streams from the guest
+    /// as it writes it. A failure before the head is the error; one after
+    /// it cuts the body.
     pub async fn serve(
         &self,
         req: Request<ProxyBody>,
         outbound: Arc<dyn ComponentOutbound>,
+        first_byte: std::time::Duration,
     ) -> Result<Response<ProxyBody>, ComponentError> {
         let depth = req.extensions().get::<Depth>().map_or(0, |d| d.0);
         let route = Route::new(outbound, depth, &self.settings);
         let req = self.with_authority(req);
-        let pre = match (&self.loaded.pre, &self.p3) {
-            (Pre::P2(pre), _) => pre.clone(),
-            (Pre::P3(_), Some(pool)) => return pool.serve(req, route).await,
-            (Pre::P3(_), None) => {
-                return Err(ComponentError::Trap {
-                    message: "a 0.3 component without its instances".into(),
-                });
+        match (&self.loaded.pre, &self.p3) {
+            (Pre::P2(pre), _) => {
+                let serving = self.serve_p2(pre.clone(), req, route);
+                tokio::time::timeout(first_byte, serving)
+                    .await
+                    .unwrap_or(Err(ComponentError::FirstByteTimeout {
+                        timeout: first_byte,
+                    }))
             }
-        };
+            // The instance's worker times the head (no timer of its own
+            // here: a request's timers are most of what it costs beyond
+            // the guest).
+            (Pre::P3(_), Some(pool)) => pool.serve(req, route, first_byte).await,
+            (Pre::P3(_), None) => Err(ComponentError::Trap {
+                message: "a 0.3 component without its instances".into(),
+            }),
+        }
+    }
+
+    /// A 0.2 request: a fresh instance, in a task of its own.
+    async fn serve_p2(
+        &self,
+        pre: ProxyPre<AppState>,
+        req: Request<ProxyBody>,
+        route: Arc<Route>,
+    ) -> Result<Response<ProxyBody>, ComponentError> {
         let slot = self.slot().await?;
         let mut store = self.store(&self.settings, route)?;
         let (tx, rx) = oneshot::channel();

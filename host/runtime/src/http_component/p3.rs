@@ -81,6 +81,9 @@ struct Instances {
 /// how its failure is told.
 struct Ticket {
     route: Arc<Route>,
+    /// When the request's response head is due (`first_byte_timeout`
+    /// after it was handed to the pool).
+    head_by: Instant,
     /// The instance's failure, once its worker has ended on one.
     failure: Arc<FailureCell>,
 }
@@ -132,14 +135,22 @@ impl P3Pool {
     /// Serves `req` with an instance that has room for it (one of this
     /// generation's, or a new one). Returns the response head; the body
     /// streams from the guest, which the instance's worker drives.
+    /// The head is due within `first_byte`: the request's expiration (see
+    /// [`Worker::on_request_start`]) is the earlier of that and its
+    /// `request_timeout`.
     pub(super) async fn serve(
         &self,
         req: Request<ProxyBody>,
         route: Arc<Route>,
+        first_byte: Duration,
     ) -> Result<Response<ProxyBody>, ComponentError> {
         let failure = Arc::new(FailureCell::default());
+        let head_by = Instant::now()
+            .checked_add(first_byte)
+            .unwrap_or_else(far_future);
         let ticket = Ticket {
             route,
+            head_by,
             failure: Arc::clone(&failure),
         };
         let req = req.map(|b| {
@@ -155,6 +166,13 @@ impl P3Pool {
         });
         match self.handler.handle(ticket, req).await {
             Ok(resp) => Ok(resp.map(body::boxed)),
+            Err(e)
+                if e.downcast_ref::<ExpirationError>().is_some() && Instant::now() >= head_by =>
+            {
+                Err(ComponentError::FirstByteTimeout {
+                    timeout: first_byte,
+                })
+            }
             Err(e) => Err(self.failed(e, &failure).await),
         }
     }
@@ -304,7 +322,13 @@ impl WorkerState for Worker {
         );
         state.hooks_mut().start(task, ticket.route);
         state.failures.push(ticket.failure);
-        Box::pin(tokio::time::sleep(self.request_timeout))
+        // One timer for both bounds: the head is due by `head_by` (time in
+        // the queue counted), the request's run ends at `request_timeout`.
+        let until = Instant::now()
+            .checked_add(self.request_timeout)
+            .unwrap_or_else(far_future)
+            .min(ticket.head_by);
+        Box::pin(tokio::time::sleep_until(until.into()))
     }
 
     fn drop(&self, store: Store<AppState>, result: wasmtime::Result<()>) {
@@ -320,6 +344,11 @@ impl WorkerState for Worker {
         }
         self.component.log_output(&state.output.text());
     }
+}
+
+/// An instant later than any deadline (a timeout too large to add).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 /// When an instance ends: idle too long, past its lifetime while idle,
