@@ -182,7 +182,25 @@ impl Serving<'_> {
         tokio::pin!(expired);
         let mut closing = false;
         loop {
-            tokio::select! {
+            // The connection's timers and the drain, polled only when one
+            // of them woke the task: most wake-ups are the connection's
+            // (a request, a response), and polling the drain's token takes
+            // a lock every connection shares.
+            let cancelled = stop.cancelled();
+            tokio::pin!(cancelled);
+            let watch = Gated::new(std::future::poll_fn(|cx| {
+                if !closing && cancelled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Watch::Stop);
+                }
+                if let Poll::Ready(why) = expired.as_mut().poll(cx) {
+                    return Poll::Ready(Watch::Expired(why));
+                }
+                if deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Watch::Deadline);
+                }
+                tick.poll_tick(cx).map(|_| Watch::Tick)
+            }));
+            let event = tokio::select! {
                 // The connection first: the response it polls arms the send clock.
                 biased;
                 res = conn.as_mut() => {
@@ -194,19 +212,22 @@ impl Serving<'_> {
                     activity.tunnels_closed().await;
                     return;
                 }
-                _ = stop.cancelled(), if !closing => {
+                event = watch => event,
+            };
+            match event {
+                Watch::Stop => {
                     closing = true;
                     shutdown(conn.as_mut());
                 }
-                why = &mut expired => {
+                Watch::Expired(why) => {
                     info!(%peer, "response not sent within {why}; connection closed");
                     return;
                 }
-                () = &mut deadline => {
+                Watch::Deadline => {
                     info!(%peer, "connection open longer than its deadline; closed");
                     return;
                 }
-                _ = tick.tick() => {
+                Watch::Tick => {
                     // Checked while closing too: a graceful shutdown waits for
                     // writes that a client which reads nothing never lets finish.
                     if activity.write_blocked_for() >= limits.idle_send_timeout {
@@ -226,6 +247,74 @@ impl Serving<'_> {
                 }
             }
         }
+    }
+}
+
+/// What ended a turn of a connection's watch: the drain, its send clock,
+/// its deadline, or its periodic check.
+enum Watch<W> {
+    Stop,
+    Expired(W),
+    Deadline,
+    Tick,
+}
+
+/// A future polled only when its own waker fired since its last poll (and
+/// at its first): the task's other wake-ups pass it by with two atomic
+/// operations on a line of its own.
+struct Gated<F> {
+    inner: F,
+    gate: Arc<Gate>,
+    waker: std::task::Waker,
+}
+
+/// Whether a [`Gated`] future's waker fired, and the task to wake then.
+struct Gate {
+    woken: std::sync::atomic::AtomicBool,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl std::task::Wake for Gate {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, std::sync::atomic::Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl<F> Gated<F> {
+    fn new(inner: F) -> Self {
+        let gate = Arc::new(Gate {
+            woken: std::sync::atomic::AtomicBool::new(true),
+            task: futures_util::task::AtomicWaker::new(),
+        });
+        Self {
+            inner,
+            waker: std::task::Waker::from(Arc::clone(&gate)),
+            gate,
+        }
+    }
+}
+
+impl<F: Future + Unpin> Future for Gated<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Registered before the flag is read: a wake between the two is
+        // seen now or wakes the task again.
+        self.gate.task.register(cx.waker());
+        if !self
+            .gate
+            .woken
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return Poll::Pending;
+        }
+        let this = &mut *self;
+        Pin::new(&mut this.inner).poll(&mut Context::from_waker(&this.waker))
     }
 }
 
