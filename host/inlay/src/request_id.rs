@@ -81,14 +81,20 @@ impl RequestIds {
 
     /// A new id: `<16 hex digits of this process>-<counter in hex>`.
     pub fn mint(&self) -> HeaderValue {
-        use std::io::Write as _;
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        // Written on the stack, copied once into the value.
+        // Written on the stack by hand (the formatter costs more than the
+        // rest of the id), copied once into the value.
         let mut buf = [0u8; 64];
-        let mut at = std::io::Cursor::new(&mut buf[..]);
-        let _ = write!(at, "{}{n:x}", self.prefix);
-        let len = usize::try_from(at.position()).unwrap_or(0);
-        HeaderValue::from_bytes(&buf[..len]).expect("hex digits and '-' are a valid field value")
+        let prefix = self.prefix.as_bytes();
+        let len = prefix.len().min(buf.len() - 16);
+        buf[..len].copy_from_slice(&prefix[..len]);
+        let digits = (16 - n.leading_zeros() as usize / 4).max(1);
+        for (i, slot) in buf[len..len + digits].iter_mut().enumerate() {
+            let nibble = (n >> (4 * (digits - 1 - i))) & 0xf;
+            *slot = b"0123456789abcdef"[nibble as usize];
+        }
+        HeaderValue::from_bytes(&buf[..len + digits])
+            .expect("hex digits and '-' are a valid field value")
     }
 }
 
@@ -124,6 +130,10 @@ mod tests {
         let (second, _) = assign(&ids, &[]);
         assert_eq!(first, "0000000000000abc-0");
         assert_eq!(second, "0000000000000abc-1");
+        for n in [0xf, 0x10, 0xabc, u64::MAX] {
+            ids.counter.store(n, Ordering::Relaxed);
+            assert_eq!(ids.mint(), format!("0000000000000abc-{n:x}").as_str());
+        }
     }
 
     #[test]

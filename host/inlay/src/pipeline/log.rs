@@ -34,12 +34,11 @@ pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr, logged: bool
     };
     AccessRecord {
         client: Some(peer.ip()),
-        method: parts.method.to_string(),
+        method: parts.method.as_str().to_owned(),
         url: parts
             .uri
             .path_and_query()
-            .map(|p| p.to_string())
-            .unwrap_or_else(|| "/".into()),
+            .map_or_else(|| "/".into(), |p| p.as_str().to_owned()),
         protocol: match logged {
             true => format!("{:?}", parts.version),
             false => String::new(),
