@@ -218,19 +218,26 @@ impl CompressionRules {
 /// Whether `Cache-Control` has `no-transform` (RFC 9111 section 5.2: a
 /// response's, or a request's, which asks for it as it is).
 pub fn no_transform(headers: &HeaderMap) -> bool {
+    const DIRECTIVE: &[u8] = b"no-transform";
     headers
         .get_all(header::CACHE_CONTROL)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
+        .map(|v| v.as_bytes())
+        // Asked of every response: most values lack the word, which a
+        // byte scan tells before any split.
+        .filter(|v| {
+            v.windows(DIRECTIVE.len())
+                .any(|w| w.eq_ignore_ascii_case(DIRECTIVE))
+        })
+        .flat_map(|v| v.split(|&b| b == b','))
+        .any(|d| d.trim_ascii().eq_ignore_ascii_case(DIRECTIVE))
 }
 
 /// The `type/subtype` of `Content-Type`, without parameters (in the case
 /// it came in: media types compare without case).
 fn media_type(headers: &HeaderMap) -> Option<&str> {
     let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    let essence = ct.split(';').next()?.trim();
+    let essence = ct.split(';').next()?.trim_ascii();
     (!essence.is_empty()).then_some(essence)
 }
 
@@ -365,6 +372,31 @@ mod tests {
         assert!(!r.applies(
             ok,
             &headers(&[html, ("cache-control", "public, no-transform")])
+        ));
+        for cc in [
+            "NO-TRANSFORM",
+            " no-transform ,max-age=1",
+            "max-age=1,no-transform",
+        ] {
+            assert!(
+                !r.applies(ok, &headers(&[html, ("cache-control", cc)])),
+                "{cc}"
+            );
+        }
+        for cc in [
+            "no-transformx",
+            "x-no-transform",
+            "max-age=60",
+            "\"no-transform\"",
+        ] {
+            assert!(
+                r.applies(ok, &headers(&[html, ("cache-control", cc)])),
+                "{cc}"
+            );
+        }
+        assert!(r.applies(
+            ok,
+            &headers(&[("content-type", " text/html ; charset=utf-8")])
         ));
         assert!(!r.applies(ok, &headers(&[html, ("content-length", "1023")])));
         assert!(r.applies(ok, &headers(&[html, ("content-length", "1024")])));
