@@ -344,7 +344,14 @@ impl CpuClock {
     /// passes while the instance is idle, and the guest's next entry would
     /// take it for a long run (and read the thread clock at every host call
     /// from then on).
+    #[cfg(test)]
     pub(crate) fn resumed(&self) -> Option<u64> {
+        self.resumed_at(Instant::now())
+    }
+
+    /// The deadline for a guest that enters at `now` (the caller's clock
+    /// read, which it also times the idle gap with); see `resumed`.
+    pub(crate) fn resumed_at(&self, now: Instant) -> Option<u64> {
         let measured = self
             .shared
             .as_ref()
@@ -352,7 +359,7 @@ impl CpuClock {
         if measured {
             return None;
         }
-        let left = self.budget.saturating_sub(self.used());
+        let left = self.budget.saturating_sub(self.used_at(now));
         Some(self.next_deadline(left).min(YIELD_EVERY_TICKS))
     }
 
@@ -376,12 +383,18 @@ impl CpuClock {
     /// Guest time used in this hook call so far, at wall time (host waits
     /// and yields excluded).
     pub(crate) fn used(&self) -> Duration {
+        self.used_at(Instant::now())
+    }
+
+    /// [`used`](Self::used) at `now`.
+    fn used_at(&self, now: Instant) -> Duration {
         let yielded = self
             .shared
             .as_ref()
             .map_or(0, |s| s.yielded.load(Ordering::Relaxed));
         let excluded = Duration::from_nanos(self.excluded.saturating_add(yielded));
-        self.started.elapsed().saturating_sub(excluded)
+        now.saturating_duration_since(self.started)
+            .saturating_sub(excluded)
     }
 
     /// Guest CPU time charged so far: wall time until the first yield,
@@ -397,10 +410,15 @@ impl CpuClock {
     }
 
     fn next_deadline(&self, remaining: Duration) -> u64 {
-        let tick_nanos = self.tick.as_nanos().max(1);
+        // In 64 bits (584 years of nanoseconds): a 128-bit division is a
+        // library call, and this runs at every entry into the guest.
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let tick_nanos = nanos(self.tick).max(1);
         // Round up, plus one: the current tick may be almost over already.
-        let ticks = remaining.as_nanos().div_ceil(tick_nanos) + 1;
-        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+        nanos(remaining)
+            .div_ceil(tick_nanos)
+            .saturating_add(1)
+            .max(1)
     }
 
     /// Called by the store when the epoch deadline is reached: trap if the

@@ -96,10 +96,17 @@ impl Route {
 /// into the host while more than one waits for its response
 /// ([`OutboundHooks::entering_host`]).
 pub(crate) struct OutboundHooks {
-    /// The request whose guest code calls the host now.
+    /// The latest request to start, whose guest code calls the host now
+    /// unless `current_task` says another's does.
     current: Arc<Route>,
-    /// A 0.3 instance's requests, by the guest task `handle` runs in.
-    by_task: HashMap<GuestTaskId, Arc<Route>>,
+    /// The task of the request whose guest code called the host last,
+    /// told apart while several run: only the task is kept at each call
+    /// (every call into the host comes through the store's hook); its
+    /// route is looked up when the guest sends a request.
+    current_task: Option<GuestTaskId>,
+    /// A 0.3 instance's requests, by the guest task `handle` runs in
+    /// (task ids are the store's: a fast hash, no SipHash keys needed).
+    by_task: HashMap<GuestTaskId, Arc<Route>, foldhash::fast::FixedState>,
     /// A 0.3 instance's count of the requests waiting for their response
     /// (`None` for a 0.2 store, which serves one).
     pub(crate) running: Option<Arc<AtomicUsize>>,
@@ -111,7 +118,8 @@ impl OutboundHooks {
     pub(crate) fn new(component: Arc<str>, route: Arc<Route>) -> Self {
         Self {
             current: route,
-            by_task: HashMap::new(),
+            current_task: None,
+            by_task: HashMap::default(),
             running: None,
             component,
         }
@@ -120,6 +128,7 @@ impl OutboundHooks {
     /// A 0.3 request starts in `task`.
     pub(crate) fn start(&mut self, task: GuestTaskId, route: Arc<Route>) {
         self.current = Arc::clone(&route);
+        self.current_task = None;
         self.by_task.insert(task, route);
     }
 
@@ -135,9 +144,16 @@ impl OutboundHooks {
 
     /// The guest calls the host from the task whose root is `root`.
     pub(crate) fn entering_host(&mut self, root: Option<GuestTaskId>) {
-        if let Some(route) = root.and_then(|t| self.by_task.get(&t)) {
-            self.current = Arc::clone(route);
+        if let Some(task) = root.filter(|t| self.by_task.contains_key(t)) {
+            self.current_task = Some(task);
         }
+    }
+
+    /// The route of the request whose guest code calls the host now.
+    fn route(&self) -> &Arc<Route> {
+        self.current_task
+            .and_then(|t| self.by_task.get(&t))
+            .unwrap_or(&self.current)
     }
 
     fn refuse(&self, authority: &str, why: &str) {
@@ -187,7 +203,7 @@ impl WasiHttpHooks for OutboundHooks {
         let refused = |e: HttpError| -> Box<dyn Future<Output = SendResult> + Send> {
             Box::new(async move { Err(e) })
         };
-        let route = Arc::clone(&self.current);
+        let route = Arc::clone(self.route());
         if route.depth >= MAX_DEPTH {
             self.refuse(&authority, "components call each other too deep");
             return refused(HttpError::LoopDetected);

@@ -122,9 +122,14 @@ impl AppState {
             return None;
         }
         self.parks.busy.store(true, Ordering::Relaxed);
-        let idle = self.idle_since.take().map(|s| s.elapsed());
+        // One clock read for the idle time and the deadline.
+        let now = Instant::now();
+        let idle = self
+            .idle_since
+            .take()
+            .map(|s| now.saturating_duration_since(s));
         self.clock.exclude(idle.unwrap_or_default());
-        self.clock.resumed()
+        self.clock.resumed_at(now)
     }
 
     /// A call into the guest returns.
