@@ -182,18 +182,17 @@ impl Serving<'_> {
         tokio::pin!(expired);
         let mut closing = false;
         loop {
-            // The connection's timers and the drain, polled only when one
-            // of them woke the task: most wake-ups are the connection's
-            // (a request, a response), and polling the drain's token takes
-            // a lock every connection shares.
+            // The drain, the deadline and the idle tick, polled only when
+            // one of them woke the task: most wake-ups are the
+            // connection's (a request, a response), and polling the
+            // drain's token takes a lock every connection shares. The
+            // send clock is not behind the gate: the response arms it as
+            // the connection is polled, and nothing wakes it.
             let cancelled = stop.cancelled();
             tokio::pin!(cancelled);
             let watch = Gated::new(std::future::poll_fn(|cx| {
                 if !closing && cancelled.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Watch::Stop);
-                }
-                if let Poll::Ready(why) = expired.as_mut().poll(cx) {
-                    return Poll::Ready(Watch::Expired(why));
                 }
                 if deadline.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Watch::Deadline);
@@ -212,6 +211,7 @@ impl Serving<'_> {
                     activity.tunnels_closed().await;
                     return;
                 }
+                why = &mut expired => Watch::Expired(why),
                 event = watch => event,
             };
             match event {
@@ -250,7 +250,7 @@ impl Serving<'_> {
     }
 }
 
-/// What ended a turn of a connection's watch: the drain, its send clock,
+/// What ended a turn of a connection's loop: the drain, its send clock,
 /// its deadline, or its periodic check.
 enum Watch<W> {
     Stop,

@@ -372,12 +372,14 @@ async fn a_response_that_takes_longer_than_send_timeout_is_cut() {
         .start_in_process()
         .await;
     // 10 chunks 300 ms apart: about 3 s at the origin, read at once by the client.
+    let started = std::time::Instant::now();
     let (got, closed) = raw(
         inlay.addr,
         b"GET /bytes/10000?chunk=1000&chunk_delay_ms=300&cc=no-store HTTP/1.1\r\nHost: a\r\n\r\n",
         Duration::from_secs(20),
     )
     .await;
+    let took = started.elapsed();
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     assert!(closed, "the connection stayed open");
     let body = &got[got.find("\r\n\r\n").unwrap() + 4..];
@@ -386,6 +388,48 @@ async fn a_response_that_takes_longer_than_send_timeout_is_cut() {
         "the whole body was sent: {} bytes",
         body.len()
     );
+    assert!(took < Duration::from_millis(2500), "cut after {took:?}");
+}
+
+/// The send clock of a keep-alive connection's second response runs from
+/// its first poll: a `send_timeout` shorter than the connection's
+/// periodic check (a second) cuts it on time, not at the next check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_response_on_a_connection_is_cut_at_its_send_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("send_timeout = \"300ms\"")
+        .start_in_process()
+        .await;
+    let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    s.write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    for _ in 0..10 {
+        // A second request at several points of the connection's check.
+        tokio::time::sleep(Duration::from_millis(170)).await;
+        let started = std::time::Instant::now();
+        s.write_all(
+            b"GET /bytes/10000?chunk=1000&chunk_delay_ms=100&cc=no-store HTTP/1.1\r\nHost: a\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let (_, closed) = read_until_closed(&mut s, Duration::from_secs(5)).await;
+        let took = started.elapsed();
+        assert!(closed, "the connection stayed open");
+        assert!(took < Duration::from_millis(550), "cut after {took:?}");
+        s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+        s.write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
