@@ -235,28 +235,22 @@ fn write_ipv4(buf: &mut [u8; 48], addr: std::net::Ipv4Addr) -> usize {
 /// Append the client's address to `X-Forwarded-For`, as Varnish does.
 pub fn add_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
     use std::io::Write as _;
-    // An address is at most 39 characters (IPv6): written on the stack,
-    // then copied once into the value.
+    // An address is at most 39 characters (IPv6): written on the stack.
     let mut buf = [0u8; 48];
-    let mut at = std::io::Cursor::new(&mut buf[..]);
+    let n = match client {
+        IpAddr::V4(v4) => write_ipv4(&mut buf, v4),
+        IpAddr::V6(_) => {
+            let mut at = std::io::Cursor::new(&mut buf[..]);
+            let _ = write!(at, "{client}");
+            usize::try_from(at.position()).unwrap_or(0)
+        }
+    };
+    let addr = &buf[..n];
     let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prev) if !prev.trim().is_empty() => {
-            let mut joined = Vec::with_capacity(prev.len() + 2 + 39);
-            joined.extend_from_slice(prev.as_bytes());
-            joined.extend_from_slice(b", ");
-            let _ = write!(joined, "{client}");
-            HeaderValue::from_bytes(&joined)
+            HeaderValue::from_bytes(&[prev.as_bytes(), b", ", addr].concat())
         }
-        _ => {
-            let n = match client {
-                IpAddr::V4(v4) => write_ipv4(&mut buf, v4),
-                IpAddr::V6(_) => {
-                    let _ = write!(at, "{client}");
-                    usize::try_from(at.position()).unwrap_or(0)
-                }
-            };
-            HeaderValue::from_bytes(&buf[..n])
-        }
+        _ => HeaderValue::from_bytes(addr),
     };
     // Visible ASCII, an address and ", " always make a valid value.
     if let Ok(v) = value {

@@ -6,6 +6,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Request, Response};
@@ -94,24 +95,18 @@ pub async fn serve(
     let stop = CancellationToken::new();
     let tcp = Server::new(limits.clone(), {
         let current = Arc::clone(&current);
-        move |conn: &Connection| {
-            PipelineService {
-                current: Arc::clone(&current),
-                conn: *conn,
-                alt_svc: alt_svc.clone().filter(|_| conn.tls),
-            }
-            .into_service::<Incoming>()
+        move |conn: &Connection| PipelineService {
+            current: Arc::clone(&current),
+            conn: *conn,
+            alt_svc: alt_svc.clone().filter(|_| conn.tls),
         }
     })
     .with_stats(stats.tcp)
     .serve(listeners, stop.clone().cancelled_owned());
-    let h3 = QuicServer::new(limits, move |conn: &Connection| {
-        PipelineService {
-            current: Arc::clone(&current),
-            conn: *conn,
-            alt_svc: None,
-        }
-        .into_service::<QuicBody>()
+    let h3 = QuicServer::new(limits, move |conn: &Connection| PipelineService {
+        current: Arc::clone(&current),
+        conn: *conn,
+        alt_svc: None,
     })
     .with_stats(stats.quic)
     .serve(quic, stop.clone().cancelled_owned());
@@ -137,29 +132,36 @@ struct PipelineService {
     alt_svc: Option<http::HeaderValue>,
 }
 
-impl PipelineService {
-    /// The connection's service. Its future is small: the request's own
-    /// (about 9 KB, its states for every phase) is made in a box of its
-    /// own, where it stays; a future that large held by value is copied
-    /// at each move (hyper's and the listener's wrappers: three copies,
-    /// 28 KB a request, most of the memory traffic of an uncached one).
-    fn into_service<B: ClientBody + http_body::Body + Send + 'static>(
-        self,
-    ) -> impl hyper::service::Service<
-        Request<B>,
-        Response = Response<ProxyBody>,
-        Error = Infallible,
-        Future = impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
-    > + Send
-    + Sync
-    + 'static {
-        hyper::service::service_fn(move |req| self.answer(req))
-    }
+/// A request being answered: boxed, and made in its box. The request's
+/// future (about 9 KB, its states for every phase) held by value would be
+/// copied at each move (the listener's wrapper, hyper's slot: 28 KB a
+/// request); `Box::pin` of a value makes it on the stack and copies it
+/// once more, where `Box::write(Box::new_uninit(), ..)` writes it into
+/// the allocation.
+type Answer = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
-    fn answer<B: ClientBody + Send + 'static>(
-        &self,
-        mut req: Request<B>,
-    ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + use<B> {
+impl hyper::service::Service<Request<Incoming>> for PipelineService {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, req: Request<Incoming>) -> Answer {
+        self.answer(req)
+    }
+}
+
+impl hyper::service::Service<Request<QuicBody>> for PipelineService {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, req: Request<QuicBody>) -> Answer {
+        self.answer(req)
+    }
+}
+
+impl PipelineService {
+    fn answer(&self, mut req: Request<impl ClientBody + Send + 'static>) -> Answer {
         // Read once: the request finishes on this generation.
         let pipeline = self.current.load_full();
         if self.conn.tls {
@@ -172,19 +174,14 @@ impl PipelineService {
         }
         let peer = self.conn.peer;
         let alt_svc = self.alt_svc.clone();
-        // Made in place: the box is allocated first and the future
-        // written into it (`Box::pin(f())` makes it on the stack, then
-        // copies it).
-        let handling = Box::into_pin(Box::write(Box::new_uninit(), async move {
-            pipeline.handle(req, peer).await
-        }));
-        async move {
-            let mut resp = handling.await;
+        let answer = Box::write(Box::new_uninit(), async move {
+            let mut resp = pipeline.handle(req, peer).await;
             if let Some(v) = alt_svc {
                 resp.headers_mut().insert(http::header::ALT_SVC, v);
             }
             Ok(resp)
-        }
+        });
+        Box::into_pin(answer)
     }
 }
 

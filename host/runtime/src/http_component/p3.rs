@@ -82,8 +82,9 @@ struct Instances {
 struct Ticket {
     route: Arc<Route>,
     /// When the request's response head is due (`first_byte_timeout`
-    /// after it was handed to the pool).
-    head_by: Instant,
+    /// after it was handed to the pool; none for a timeout too large to
+    /// add).
+    head_by: Option<Instant>,
     /// The instance's failure, once its worker has ended on one.
     failure: Arc<FailureCell>,
 }
@@ -145,9 +146,7 @@ impl P3Pool {
         first_byte: Duration,
     ) -> Result<Response<ProxyBody>, ComponentError> {
         let failure = Arc::new(FailureCell::default());
-        let head_by = Instant::now()
-            .checked_add(first_byte)
-            .unwrap_or_else(far_future);
+        let head_by = Instant::now().checked_add(first_byte);
         let ticket = Ticket {
             route,
             head_by,
@@ -167,7 +166,8 @@ impl P3Pool {
         match self.handler.handle(ticket, req).await {
             Ok(resp) => Ok(resp.map(body::boxed)),
             Err(e)
-                if e.downcast_ref::<ExpirationError>().is_some() && Instant::now() >= head_by =>
+                if e.downcast_ref::<ExpirationError>().is_some()
+                    && head_by.is_some_and(|t| Instant::now() >= t) =>
             {
                 Err(ComponentError::FirstByteTimeout {
                     timeout: first_byte,
@@ -324,11 +324,10 @@ impl WorkerState for Worker {
         state.failures.push(ticket.failure);
         // One timer for both bounds: the head is due by `head_by` (time in
         // the queue counted), the request's run ends at `request_timeout`.
-        let until = Instant::now()
-            .checked_add(self.request_timeout)
-            .unwrap_or_else(far_future)
-            .min(ticket.head_by);
-        Box::pin(tokio::time::sleep_until(until.into()))
+        let head_in = ticket.head_by.map_or(Duration::MAX, |t| {
+            t.saturating_duration_since(Instant::now())
+        });
+        Box::pin(tokio::time::sleep(self.request_timeout.min(head_in)))
     }
 
     fn drop(&self, store: Store<AppState>, result: wasmtime::Result<()>) {
@@ -344,11 +343,6 @@ impl WorkerState for Worker {
         }
         self.component.log_output(&state.output.text());
     }
-}
-
-/// An instant later than any deadline (a timeout too large to add).
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 /// When an instance ends: idle too long, past its lifetime while idle,
