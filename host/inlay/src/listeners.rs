@@ -10,12 +10,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use inlay_core::ProxyBody;
 use inlay_listener::open_files::{self, Shortfall};
 use inlay_listener::{
-    CertificateSet, Connection, ConnectionStats, Limits, PeerFilter, QuicBody, QuicServer,
-    QuicStats, Server,
+    CertificateSet, Connection, ConnectionStats, Limits, PeerFilter, QuicServer, QuicStats, Server,
 };
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject as _;
@@ -140,22 +138,12 @@ struct PipelineService {
 /// the allocation.
 type Answer = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
-impl hyper::service::Service<Request<Incoming>> for PipelineService {
+impl<B: ClientBody + Send + 'static> hyper::service::Service<Request<B>> for PipelineService {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = Answer;
 
-    fn call(&self, req: Request<Incoming>) -> Answer {
-        self.answer(req)
-    }
-}
-
-impl hyper::service::Service<Request<QuicBody>> for PipelineService {
-    type Response = Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = Answer;
-
-    fn call(&self, req: Request<QuicBody>) -> Answer {
+    fn call(&self, req: Request<B>) -> Answer {
         self.answer(req)
     }
 }
