@@ -5422,6 +5422,10 @@ pub struct ConcurrentState {
     ///
     /// Used in the implementation of `Accessor::poll_ready_for_concurrent_call`.
     ready_for_concurrent_call_waker: Option<Waker>,
+
+    /// Inlay patch: the payload type checks of host-made futures and streams
+    /// that passed (see `futures_and_streams::typecheck_lowered_transmit`).
+    host_payload_checks: Vec<futures_and_streams::HostPayloadCheck>,
 }
 
 impl Default for ConcurrentState {
@@ -5439,6 +5443,8 @@ impl Default for ConcurrentState {
             interesting_tasks: 0,
             interesting_tasks_empty_waker: None,
             ready_for_concurrent_call_waker: None,
+            // Inlay patch.
+            host_payload_checks: Vec::new(),
         }
     }
 }
@@ -5538,6 +5544,8 @@ impl ConcurrentState {
             interesting_tasks: _,
             interesting_tasks_empty_waker: _,
             ready_for_concurrent_call_waker: _,
+            // Inlay patch: no GC references.
+            host_payload_checks: _,
         } = self;
 
         for entry in table.get_mut().iter_mut() {

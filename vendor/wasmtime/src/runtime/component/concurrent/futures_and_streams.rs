@@ -1524,11 +1524,31 @@ fn typecheck_lowered_transmit<U>(
     payload: Option<&InterfaceType>,
 ) -> Result<()> {
     let origin = cx.store.0.transmit_origin(id)?;
+    // Inlay patch: a host-made future or stream whose payload type already
+    // passed this check for this instance passes again without the walk
+    // (for `wasi:http`'s `result<option<trailers>, error-code>`, the
+    // error-code variant's 40 cases and their names, thousands of
+    // instructions at every request).
+    if let TransmitOrigin::Host { typecheck } = origin {
+        let key = HostPayloadCheck {
+            typecheck: typecheck as usize,
+            instance: cx.instance_handle().id().instance(),
+            payload: payload.copied(),
+        };
+        if cx.store.0.concurrent_state_mut()?.host_payload_checks.contains(&key) {
+            return Ok(());
+        }
+        typecheck(payload, &cx.instance_type()).context("future or stream payload types differ")?;
+        let checks = &mut cx.store.0.concurrent_state_mut()?.host_payload_checks;
+        if checks.len() < HOST_PAYLOAD_CHECKS_KEPT {
+            checks.push(key);
+        }
+        return Ok(());
+    }
     let dst = cx.instance_type();
     let equivalent = match origin {
-        TransmitOrigin::Host { typecheck } => {
-            return typecheck(payload, &dst).context("future or stream payload types differ");
-        }
+        // Inlay patch: checked above.
+        TransmitOrigin::Host { .. } => bail_bug!("host payload checked above"),
         TransmitOrigin::GuestFuture(id, ty) => {
             let src = InstanceType::new(cx.store.0.component_instance(id));
             types::FutureType::from(src.types[ty].ty, &src).equivalent_payload_guest(&dst, payload)
@@ -1543,6 +1563,25 @@ fn typecheck_lowered_transmit<U>(
     }
     Ok(())
 }
+
+/// Inlay patch: a payload type check of a host-made future or stream that
+/// passed, kept by its store (`ConcurrentState::host_payload_checks`). The
+/// check's outcome depends only on these: the checking function (one per
+/// host payload type), the instance lowered into (its component's types
+/// and its resources, fixed at instantiation; a store never reuses an
+/// instance's id) and the payload type in that instance's types. Two
+/// checking functions that share an address (merged as identical code)
+/// check alike; one with two addresses is only checked once per address.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct HostPayloadCheck {
+    typecheck: usize,
+    instance: ComponentInstanceId,
+    payload: Option<InterfaceType>,
+}
+
+/// Inlay patch: at most this many passed checks are kept per store (a
+/// `wasi:http` instance needs two or three); more are checked every time.
+const HOST_PAYLOAD_CHECKS_KEPT: usize = 32;
 
 /// Transfer ownership of the read end of a future from the host to a guest.
 pub(super) fn lower_future_to_index<U>(
