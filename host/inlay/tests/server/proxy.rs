@@ -322,6 +322,55 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     );
 }
 
+/// A keep-alive connection's later heads are timed as its first is, also
+/// after a response that took longer than `header_read_timeout` (hyper's
+/// head timer is kept from one request to the next, and fires unpolled
+/// while that response is made).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_head_that_never_finishes_is_cut_off_too() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let origin = Origin::start();
+    let inlay = Harness::builder()
+        .backend(&origin)
+        .server("header_read_timeout = \"1s\"")
+        .start_in_process()
+        .await;
+    let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    let mut seen = Vec::new();
+    for (path, body) in [
+        ("/resp?delay_ms=1500&cc=no-store&body=first", "first"),
+        ("/resp?cc=no-store&body=second", "second"),
+    ] {
+        let head = format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut buf = [0u8; 4096];
+            while !seen.ends_with(body.as_bytes()) {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(
+                    n > 0,
+                    "closed before {body}: {}",
+                    String::from_utf8_lossy(&seen)
+                );
+                seen.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await;
+        assert!(answered.is_ok(), "no {body} response");
+    }
+    let started = Instant::now();
+    s.write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nX-Slow:")
+        .await
+        .unwrap();
+    let (_, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
+    assert!(closed, "the third head was never cut off");
+    let t = started.elapsed();
+    assert!(
+        t >= Duration::from_millis(900) && t < Duration::from_secs(5),
+        "closed after {t:?}"
+    );
+}
+
 /// Reads until the server closes the connection or `timeout`: how many
 /// bytes came, and whether the server closed.
 async fn read_until_closed(s: &mut tokio::net::TcpStream, timeout: Duration) -> (usize, bool) {

@@ -278,8 +278,13 @@ where
 
         #[cfg(feature = "server")]
         {
+            // Inlay patch: the timer is kept for the next head, which resets
+            // it (a later deadline: the timer moves without re-registering),
+            // instead of a new one boxed and registered at every request and
+            // this one dropped (both lock the runtime's timer wheel). Unpolled
+            // until then, it at most wakes the connection once if it fires
+            // meanwhile.
             self.state.h1_header_read_timeout_running = false;
-            self.state.h1_header_read_timeout_fut = None;
         }
 
         // Note: don't deconstruct `msg` into local variables, it appears
