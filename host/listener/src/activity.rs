@@ -8,22 +8,23 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::coarse;
 use crate::send_clock::{ClockArm, SendClock};
 
 /// When the connection last moved bytes, how many requests are open on
 /// it, and since when a write has been waiting for the client to read.
 #[derive(Debug)]
 pub(crate) struct Activity {
-    born: Instant,
+    /// When it last moved bytes, on the [`coarse`](crate::coarse) clock.
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
-    /// When a write found the socket full, in ms since `born` plus one;
+    /// When a write found the socket full, on the coarse clock plus one;
     /// 0 when the last write went through.
     blocked_since: AtomicU64,
     /// HTTP/2: idle means no stream for `idle_timeout`, whatever else moves.
@@ -37,8 +38,7 @@ pub(crate) struct Activity {
 impl Default for Activity {
     fn default() -> Self {
         Self {
-            born: Instant::now(),
-            last_ms: AtomicU64::new(0),
+            last_ms: AtomicU64::new(coarse::now_ms()),
             in_flight: AtomicUsize::new(0),
             blocked_since: AtomicU64::new(0),
             h2: AtomicBool::new(false),
@@ -50,8 +50,7 @@ impl Default for Activity {
 
 impl Activity {
     fn touch(&self) {
-        let ms = self.born.elapsed().as_millis() as u64;
-        self.last_ms.store(ms, Ordering::Relaxed);
+        self.last_ms.store(coarse::now_ms(), Ordering::Relaxed);
     }
 
     /// Bytes moved on the socket. On an HTTP/2 connection they do not
@@ -74,8 +73,8 @@ impl Activity {
             self.touch_io();
             self.blocked_since.store(0, Ordering::Relaxed);
         } else if self.blocked_since.load(Ordering::Relaxed) == 0 {
-            let ms = self.born.elapsed().as_millis() as u64 + 1;
-            self.blocked_since.store(ms, Ordering::Relaxed);
+            self.blocked_since
+                .store(coarse::now_ms() + 1, Ordering::Relaxed);
         }
     }
 
@@ -85,8 +84,7 @@ impl Activity {
         if since == 0 {
             return Duration::ZERO;
         }
-        let now = self.born.elapsed().as_millis() as u64 + 1;
-        Duration::from_millis(now.saturating_sub(since))
+        Duration::from_millis((coarse::now_ms() + 1).saturating_sub(since))
     }
 
     /// How long nothing has moved and no request has been open.
@@ -94,8 +92,8 @@ impl Activity {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
             return Duration::ZERO;
         }
-        let now = self.born.elapsed().as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+        let last = self.last_ms.load(Ordering::Relaxed);
+        Duration::from_millis(coarse::now_ms().saturating_sub(last))
     }
 }
 

@@ -36,6 +36,7 @@
 mod accept;
 mod activity;
 mod admission;
+mod coarse;
 mod copy;
 mod limits;
 pub mod open_files;

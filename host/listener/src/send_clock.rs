@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tracing::info;
 
+use crate::coarse;
 use crate::limits::Limits;
 
 /// `send_timeout` and `idle_send_timeout`.
@@ -72,11 +73,13 @@ where
 /// every response woke its own task, which tokio then yielded and handed a
 /// wake-up to the other worker thread: two futex calls per request.)
 pub(crate) struct SendClock {
-    born: Instant,
+    /// When it was made, on the fine clock and on the [`coarse`] one (whose
+    /// milliseconds it counts in), for the timer's deadline.
+    born: (Instant, u64),
     limits: SendLimits,
     /// Whether a body that is not asked for its next chunk counts as idle.
     watch_handover: bool,
-    /// When the response started, in ms since `born` plus one; 0: none.
+    /// When the response started, on the coarse clock plus one; 0: none.
     started: AtomicU64,
     /// When a chunk was handed over and not yet followed by a request for
     /// the next, as `started`; 0: the body is being asked.
@@ -96,7 +99,7 @@ enum Due {
 impl SendClock {
     pub(crate) fn new(limits: SendLimits, watch_handover: bool) -> Self {
         Self {
-            born: Instant::now(),
+            born: (Instant::now(), coarse::now_ms()),
             limits,
             watch_handover,
             started: AtomicU64::new(0),
@@ -105,7 +108,7 @@ impl SendClock {
     }
 
     fn now(&self) -> u64 {
-        self.born.elapsed().as_millis() as u64 + 1
+        coarse::now_ms() + 1
     }
 
     /// A response starts: its head is handed to hyper.
@@ -153,7 +156,8 @@ impl SendClock {
             // A chunk handed over from now on expires after this at the earliest.
             next = next.min(now + idle_ms);
         }
-        Due::At(self.born + Duration::from_millis(next - 1))
+        let (instant, ms) = self.born;
+        Due::At(instant + Duration::from_millis((next - 1).saturating_sub(ms)))
     }
 
     /// Resolves when the armed response has taken too long, with the
@@ -241,8 +245,10 @@ mod tests {
         c.arm();
         let why = expired_within(&c, Duration::from_secs(5)).await;
         assert_eq!(why, Some("send_timeout"));
+        // Not before send_timeout, less the coarse clock's tick (4 ms here,
+        // at most 10).
         assert!(
-            armed.elapsed() >= Duration::from_millis(99),
+            armed.elapsed() >= Duration::from_millis(90),
             "{:?}",
             armed.elapsed()
         );
