@@ -9,7 +9,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 pub const VIA: &str = "1.1 inlay";
 
 /// Hop-by-hop fields (RFC 9110 section 7.6.1) that a proxy must not forward.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// (A static: a `const` array is a new array at each use, made and
+/// dropped, here once per field of every message.)
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -26,7 +28,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// a request a pass). RFC 9110 section 7.6.1 forbids naming end-to-end
 /// fields; a client that does gets a 400 rather than a request whose
 /// checks saw fields the backend and the cache key do not.
-pub const CONNECTION_PROTECTED: [HeaderName; 5] = [
+pub static CONNECTION_PROTECTED: [HeaderName; 5] = [
     header::HOST,
     header::CONTENT_LENGTH,
     header::TRANSFER_ENCODING,

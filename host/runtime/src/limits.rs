@@ -318,11 +318,11 @@ impl CpuClock {
         self.next_deadline(self.budget).min(YIELD_EVERY_TICKS)
     }
 
-    /// A new budget: `more` beyond what the guest was charged so far,
-    /// `pending` (time in the host not yet excluded) not counted as
+    /// A new budget at `now`: `more` beyond what the guest was charged so
+    /// far, `pending` (time in the host not yet excluded) not counted as
     /// charged. An instance that serves several requests gets its budget
     /// this way at each one.
-    pub(crate) fn extend(&mut self, more: Duration, pending: Duration) {
+    pub(crate) fn extend(&mut self, more: Duration, pending: Duration, now: Instant) {
         let measured = self
             .shared
             .as_ref()
@@ -330,7 +330,7 @@ impl CpuClock {
         let charged = if measured {
             self.charged()
         } else {
-            self.used().saturating_sub(pending)
+            self.used_at(now).saturating_sub(pending)
         };
         self.budget = charged.saturating_add(more);
         self.expired = false;

@@ -432,7 +432,7 @@ fn finish(mut resp: Response<ProxyBody>, status: CacheStatus) -> Response<ProxyB
 }
 
 /// Response fields for the edge alone, never sent to clients.
-const EDGE_ONLY: [HeaderName; 3] = [
+static EDGE_ONLY: [HeaderName; 3] = [
     HeaderName::from_static("surrogate-control"),
     HeaderName::from_static("surrogate-key"),
     HeaderName::from_static("inlay-cache-control"),

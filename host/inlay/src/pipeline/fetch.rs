@@ -19,7 +19,7 @@ use crate::backend::{Backends, Picked};
 
 /// Client fields that would make the backend answer with less than a whole
 /// object; a fetch for the cache drops them (and adds its own validators).
-const PARTIAL_FIELDS: [header::HeaderName; 5] = [
+static PARTIAL_FIELDS: [header::HeaderName; 5] = [
     header::IF_NONE_MATCH,
     header::IF_MODIFIED_SINCE,
     header::IF_MATCH,

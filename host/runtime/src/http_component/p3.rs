@@ -315,19 +315,27 @@ impl WorkerState for Worker {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
         let running = self.running.fetch_add(1, Ordering::Relaxed) + 1;
         let state = store.data_mut();
+        // One clock read for the CPU budget and the timer.
+        let now = Instant::now();
         // The guest may now run `cpu_time` for each request it runs.
         state.extend_cpu(
             self.cpu_time
                 .saturating_mul(u32::try_from(running).unwrap_or(u32::MAX)),
+            now,
         );
         state.hooks_mut().start(task, ticket.route);
         state.failures.push(ticket.failure);
         // One timer for both bounds: the head is due by `head_by` (time in
         // the queue counted), the request's run ends at `request_timeout`.
-        let head_in = ticket.head_by.map_or(Duration::MAX, |t| {
-            t.saturating_duration_since(Instant::now())
-        });
-        Box::pin(tokio::time::sleep(self.request_timeout.min(head_in)))
+        let head_in = ticket
+            .head_by
+            .map_or(Duration::MAX, |t| t.saturating_duration_since(now));
+        let expires_in = self.request_timeout.min(head_in);
+        match tokio::time::Instant::from_std(now).checked_add(expires_in) {
+            Some(at) => Box::pin(tokio::time::sleep_until(at)),
+            // Too far to add: tokio's own far future.
+            None => Box::pin(tokio::time::sleep(expires_in)),
+        }
     }
 
     fn drop(&self, store: Store<AppState>, result: wasmtime::Result<()>) {

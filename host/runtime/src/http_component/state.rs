@@ -89,14 +89,14 @@ impl AppState {
         &mut self.hooks
     }
 
-    /// The guest may run `more` from now (a 0.3 instance's new request,
+    /// The guest may run `more` from `now` (a 0.3 instance's new request,
     /// `more` its share for the requests it runs): the time it has been
     /// idle is not counted as the guest's.
-    pub(crate) fn extend_cpu(&mut self, more: Duration) {
+    pub(crate) fn extend_cpu(&mut self, more: Duration, now: Instant) {
         let pending = self
             .idle_since
-            .map_or_else(Default::default, |s| s.elapsed());
-        self.clock.extend(more, pending);
+            .map_or_else(Default::default, |s| now.saturating_duration_since(s));
+        self.clock.extend(more, pending, now);
     }
 
     /// The guest calls into the host.
