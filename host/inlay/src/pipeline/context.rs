@@ -17,8 +17,10 @@ use inlay_core::server_timing::{self, IncludeTimings};
 
 /// Everything one request carries from phase to phase.
 pub struct RequestCtx {
-    /// When the request head arrived.
-    pub(super) started: Instant,
+    /// When the request head arrived; read only for what times the whole
+    /// request (an access-log line, `Server-Timing`, which a policy may
+    /// turn on): others do not read the clock for it.
+    pub(super) started: Option<Instant>,
     /// The client's address (the PROXY header's, when there is one).
     pub(super) peer: SocketAddr,
     /// HTTP/1.x: after a malformed request the connection is closed.
@@ -62,15 +64,16 @@ pub(super) enum BodyFault {
 
 impl RequestCtx {
     /// The context of a request that just arrived from `peer`; `logged`:
-    /// an access-log line will be written for it.
+    /// an access-log line will be written for it; `timed`: it may have
+    /// `Server-Timing` (the config's, or a policy's for this request).
     pub(super) fn new(
         parts: &http::request::Parts,
         peer: SocketAddr,
-        server_timing: bool,
+        (server_timing, timed): (bool, bool),
         logged: bool,
     ) -> Self {
         Self {
-            started: Instant::now(),
+            started: (logged || timed).then(Instant::now),
             peer,
             http1: parts.version < http::Version::HTTP_2,
             head: RequestHead::default(),

@@ -20,6 +20,12 @@ use crate::metrics::Metrics;
 use crate::tunnels::Moved;
 use tokio::sync::oneshot;
 
+/// The time since `started`; none when the request was not timed (no
+/// line to write it in).
+fn elapsed(started: Option<Instant>) -> std::time::Duration {
+    started.map(|s| s.elapsed()).unwrap_or_default()
+}
+
 /// Start the record from the request head as received. Without a log line
 /// to write (`logged` false) only what diagnostics name is copied: the
 /// method and the URL.
@@ -130,7 +136,7 @@ impl TunnelLog {
 /// An access-log line waiting for the end of its tunnel.
 pub(super) struct PendingLine {
     record: AccessRecord,
-    started: Instant,
+    started: Option<Instant>,
     log: AccessLog,
     metrics: Option<Arc<Metrics>>,
 }
@@ -148,7 +154,7 @@ impl PendingLine {
         } = self;
         record.bytes = moved.to_client;
         record.received = Some(moved.to_backend);
-        record.duration = started.elapsed();
+        record.duration = elapsed(started);
         record.error = error;
         if let Some(m) = metrics {
             m.response_body_bytes(moved.to_client);
@@ -162,7 +168,7 @@ pin_project_lite::pin_project! {
     struct LoggedBody {
         #[pin]
         inner: ProxyBody,
-        pending: Option<(AccessRecord, Instant, AccessLog)>,
+        pending: Option<(AccessRecord, Option<Instant>, AccessLog)>,
         bytes: u64,
         metrics: Option<Arc<Metrics>>,
     }
@@ -171,7 +177,7 @@ pin_project_lite::pin_project! {
             let this = this.project();
             if let Some((mut r, started, log)) = this.pending.take() {
                 r.bytes = *this.bytes;
-                r.duration = started.elapsed();
+                r.duration = elapsed(started);
                 if r.error.is_none() && !this.inner.is_end_stream() {
                     // Dropped before the end: the client went away or the stream failed.
                     r.error = Some("response not completed".into());
@@ -204,7 +210,7 @@ impl Body for LoggedBody {
             Poll::Ready(None) => {
                 if let Some((mut r, started, log)) = this.pending.take() {
                     r.bytes = *this.bytes;
-                    r.duration = started.elapsed();
+                    r.duration = elapsed(started);
                     if let Some(m) = this.metrics {
                         m.response_body_bytes(r.bytes);
                     }

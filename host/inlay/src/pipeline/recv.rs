@@ -117,7 +117,7 @@ pub(super) async fn run(
     };
     // Whatever the policy set, the flag goes no further.
     ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
-    ctx.timing.phase("recv", Some(ctx.started));
+    ctx.timing.phase("recv", ctx.started);
     if logged {
         ctx.record.backend = Some(ctx.head.backend.clone());
     }
