@@ -715,3 +715,52 @@ async fn a_component_backend_whose_probe_fails_gets_no_requests() {
     let error = line["error"].as_str().unwrap_or_default();
     assert!(error.contains("sick"), "{line}");
 }
+
+/// A response without a `Date` of its own (a component's) gets one, and
+/// the date is the time of the response: two answers on one keep-alive
+/// connection 1.5 s apart carry dates at least a second apart (hyper's
+/// cached date is brought up to date where it is written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_without_its_own_date_gets_the_current_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let inlay = serving("hello-p3-rs").await;
+    let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
+    let mut dates = Vec::new();
+    for i in 0..2 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+        // The cookie makes it a pass: each answer is the component's.
+        let head = "GET /hello HTTP/1.1\r\nHost: a\r\nCookie: s=1\r\n\r\n";
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        let body = b"hello from a Rust 0.3 component\n";
+        // The whole answer: its body, and the last chunk when chunked.
+        let whole = |seen: &[u8]| {
+            let text = String::from_utf8_lossy(seen).to_ascii_lowercase();
+            seen.windows(body.len()).any(|w| w == body)
+                && (!text.contains("transfer-encoding: chunked") || text.ends_with("0\r\n\r\n"))
+        };
+        while !whole(&seen) {
+            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+                .await
+                .expect("an answer within 10 s")
+                .unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        let date = text
+            .lines()
+            .find_map(|l| l.strip_prefix("date: "))
+            .unwrap_or_else(|| panic!("no date: {text}"));
+        let date = httpdate::parse_http_date(date.trim()).expect("an HTTP date");
+        let now = std::time::SystemTime::now();
+        let off = now.duration_since(date).unwrap_or_else(|e| e.duration());
+        assert!(off < Duration::from_secs(3), "date {date:?}, now {now:?}");
+        dates.push(date);
+    }
+    let apart = dates[1].duration_since(dates[0]).unwrap_or_default();
+    assert!(apart >= Duration::from_secs(1), "dates {dates:?}");
+}

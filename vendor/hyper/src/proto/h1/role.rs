@@ -515,7 +515,10 @@ impl Http1Transaction for Server {
     }
 
     fn update_date() {
-        date::update();
+        // Inlay patch: the cached date is brought up to date where it is
+        // written (`encode`), not at every poll of every connection: two
+        // clock reads a request, where a response that has its own `Date`
+        // (a proxied or cached one) needs none.
     }
 }
 
@@ -985,6 +988,8 @@ impl Server {
         if !wrote_date && msg.date_header {
             dst.reserve(date::DATE_VALUE_LENGTH + 8);
             header_name_writer.write_header_name_with_colon(dst, "date: ", header::DATE);
+            // Inlay patch: checked here (see `update_date`).
+            date::update();
             date::extend(dst);
             extend(dst, b"\r\n\r\n");
         } else {
