@@ -143,13 +143,7 @@ impl<B: ClientBody + Send + 'static> hyper::service::Service<Request<B>> for Pip
     type Error = Infallible;
     type Future = Answer;
 
-    fn call(&self, req: Request<B>) -> Answer {
-        self.answer(req)
-    }
-}
-
-impl PipelineService {
-    fn answer(&self, mut req: Request<impl ClientBody + Send + 'static>) -> Answer {
+    fn call(&self, mut req: Request<B>) -> Answer {
         // Read once: the request finishes on this generation.
         let pipeline = self.current.load_full();
         if self.conn.tls {

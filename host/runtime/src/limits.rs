@@ -336,21 +336,15 @@ impl CpuClock {
         self.expired = false;
     }
 
-    /// The epoch deadline, in ticks from now, for a guest that enters
-    /// after it was idle (a component instance between its requests'
-    /// guest code): what is left of the budget, or the next yield point if
-    /// that comes first. `None` once the thread clock measures it: its
-    /// deadline stands. Without it, the deadline set at the last entry
-    /// passes while the instance is idle, and the guest's next entry would
-    /// take it for a long run (and read the thread clock at every host call
-    /// from then on).
-    #[cfg(test)]
-    pub(crate) fn resumed(&self) -> Option<u64> {
-        self.resumed_at(Instant::now())
-    }
-
-    /// The deadline for a guest that enters at `now` (the caller's clock
-    /// read, which it also times the idle gap with); see `resumed`.
+    /// The epoch deadline, in ticks from now, for a guest that enters at
+    /// `now` after it was idle (a component instance between its
+    /// requests' guest code; `now` is the caller's clock read, which it
+    /// also times the idle gap with): what is left of the budget, or the
+    /// next yield point if that comes first. `None` once the thread clock
+    /// measures it: its deadline stands. Without it, the deadline set at
+    /// the last entry passes while the instance is idle, and the guest's
+    /// next entry would take it for a long run (and read the thread clock
+    /// at every host call from then on).
     pub(crate) fn resumed_at(&self, now: Instant) -> Option<u64> {
         let measured = self
             .shared
@@ -614,16 +608,16 @@ mod tests {
         // code is excluded, so the deadline is the next yield point again.
         std::thread::sleep(Duration::from_millis(8));
         clock.exclude(Duration::from_millis(8));
-        assert_eq!(clock.resumed(), Some(YIELD_EVERY_TICKS));
+        assert_eq!(clock.resumed_at(Instant::now()), Some(YIELD_EVERY_TICKS));
         // Its budget spent: the deadline is the next tick.
         std::thread::sleep(Duration::from_millis(21));
-        assert_eq!(clock.resumed(), Some(1));
+        assert_eq!(clock.resumed_at(Instant::now()), Some(1));
         // Measured by the thread clock from its first deadline on: its
         // deadline stands.
         assert!(matches!(
             clock.on_deadline(),
             wasmtime::UpdateDeadline::Interrupt
         ));
-        assert_eq!(clock.resumed(), None);
+        assert_eq!(clock.resumed_at(Instant::now()), None);
     }
 }

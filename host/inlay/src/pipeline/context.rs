@@ -63,17 +63,19 @@ pub(super) enum BodyFault {
 }
 
 impl RequestCtx {
-    /// The context of a request that just arrived from `peer`; `logged`:
-    /// an access-log line will be written for it; `timed`: it may have
-    /// `Server-Timing` (the config's, or a policy's for this request).
+    /// The context of a request that just arrived from `peer`: with
+    /// `Server-Timing` when `server_timing` (a `policy` may turn it on for
+    /// the request too); `logged`: an access-log line will be written for
+    /// it.
     pub(super) fn new(
         parts: &http::request::Parts,
         peer: SocketAddr,
-        (server_timing, timed): (bool, bool),
+        server_timing: bool,
+        policy: bool,
         logged: bool,
     ) -> Self {
         Self {
-            started: (logged || timed).then(Instant::now),
+            started: (logged || server_timing || policy).then(Instant::now),
             peer,
             http1: parts.version < http::Version::HTTP_2,
             head: RequestHead::default(),

@@ -342,11 +342,11 @@ impl Pipeline {
     ) -> Response<ProxyBody> {
         let (parts, body) = req.into_parts();
         let body = body.bounded(self.config.server.max_request_body);
-        let server_timing = self.config.server.server_timing;
         let mut ctx = RequestCtx::new(
             &parts,
             peer,
-            (server_timing, server_timing || self.policy.is_some()),
+            self.config.server.server_timing,
+            self.policy.is_some(),
             self.access_log.is_on(),
         );
         let span = debug_span!("request", method = %parts.method, uri = %parts.uri, client = %peer);

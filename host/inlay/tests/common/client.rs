@@ -135,6 +135,29 @@ pub async fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> (String, 
     (String::from_utf8_lossy(&out).into_owned(), closed)
 }
 
+/// Sends `head` on the keep-alive connection `s` and reads its whole
+/// answer (up to `body`, then the last chunk when it is chunked). Panics when the connection
+/// closes first or the answer takes over 10 s.
+pub async fn ask(s: &mut TcpStream, head: &str, body: &[u8]) -> String {
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let whole = |seen: &[u8]| {
+        let text = String::from_utf8_lossy(seen).to_ascii_lowercase();
+        seen.windows(body.len()).any(|w| w == body)
+            && (!text.contains("transfer-encoding: chunked") || text.ends_with("0\r\n\r\n"))
+    };
+    while !whole(&seen) {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
 /// `GET /resp` with `Connection: close` on a new connection from `source`
 /// (another loopback address is another client to Inlay's per-address
 /// limits): the whole answer, as text. Panics when it takes over

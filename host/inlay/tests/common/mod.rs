@@ -18,7 +18,7 @@ mod tls_origin;
 use std::path::{Path, PathBuf};
 
 pub use client::{
-    Reply, echo_headers, echoed, esi_page, get, get_resp_from, get_site, h2_websocket, raw,
+    Reply, ask, echo_headers, echoed, esi_page, get, get_resp_from, get_site, h2_websocket, raw,
     request, urlencode,
 };
 pub use harness::{AccessLog, Harness};

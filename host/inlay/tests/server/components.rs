@@ -11,7 +11,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Harness, Origin, component, esi_page, get, request, urlencode};
+use common::{Harness, Origin, ask, component, esi_page, get, request, urlencode};
 
 /// Inlay with `name` as the default backend, as `inlay serve --component`
 /// (which replaces the file's default backend, as it does the embedded
@@ -722,7 +722,6 @@ async fn a_component_backend_whose_probe_fails_gets_no_requests() {
 /// cached date is brought up to date where it is written).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_without_its_own_date_gets_the_current_one() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let inlay = serving("hello-p3-rs").await;
     let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
     let mut dates = Vec::new();
@@ -732,25 +731,7 @@ async fn a_response_without_its_own_date_gets_the_current_one() {
         }
         // The cookie makes it a pass: each answer is the component's.
         let head = "GET /hello HTTP/1.1\r\nHost: a\r\nCookie: s=1\r\n\r\n";
-        s.write_all(head.as_bytes()).await.unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        let body = b"hello from a Rust 0.3 component\n";
-        // The whole answer: its body, and the last chunk when chunked.
-        let whole = |seen: &[u8]| {
-            let text = String::from_utf8_lossy(seen).to_ascii_lowercase();
-            seen.windows(body.len()).any(|w| w == body)
-                && (!text.contains("transfer-encoding: chunked") || text.ends_with("0\r\n\r\n"))
-        };
-        while !whole(&seen) {
-            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
-                .await
-                .expect("an answer within 10 s")
-                .unwrap();
-            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
-            seen.extend_from_slice(&buf[..n]);
-        }
-        let text = String::from_utf8_lossy(&seen).into_owned();
+        let text = ask(&mut s, head, b"hello from a Rust 0.3 component\n").await;
         let date = text
             .lines()
             .find_map(|l| l.strip_prefix("date: "))

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Harness, Origin, get, get_resp_from, raw, request};
+use common::{Harness, Origin, ask, get, get_resp_from, raw, request};
 use http_body_util::BodyExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,7 +328,7 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
 /// while that response is made).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_head_that_never_finishes_is_cut_off_too() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let origin = Origin::start();
     let inlay = Harness::builder()
         .backend(&origin)
@@ -336,27 +336,12 @@ async fn a_later_head_that_never_finishes_is_cut_off_too() {
         .start_in_process()
         .await;
     let mut s = tokio::net::TcpStream::connect(inlay.addr).await.unwrap();
-    let mut seen = Vec::new();
     for (path, body) in [
         ("/resp?delay_ms=1500&cc=no-store&body=first", "first"),
         ("/resp?cc=no-store&body=second", "second"),
     ] {
         let head = format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n");
-        s.write_all(head.as_bytes()).await.unwrap();
-        let answered = tokio::time::timeout(Duration::from_secs(10), async {
-            let mut buf = [0u8; 4096];
-            while !seen.ends_with(body.as_bytes()) {
-                let n = s.read(&mut buf).await.unwrap();
-                assert!(
-                    n > 0,
-                    "closed before {body}: {}",
-                    String::from_utf8_lossy(&seen)
-                );
-                seen.extend_from_slice(&buf[..n]);
-            }
-        })
-        .await;
-        assert!(answered.is_ok(), "no {body} response");
+        ask(&mut s, &head, body.as_bytes()).await;
     }
     let started = Instant::now();
     s.write_all(b"GET /resp HTTP/1.1\r\nHost: a\r\nX-Slow:")
