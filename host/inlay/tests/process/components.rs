@@ -2,8 +2,11 @@
 //! check` of a config with component backends.
 
 use std::process::Command;
+use std::time::Duration;
 
-use crate::common::{component, get, spawn_without_config};
+use bytes::Bytes;
+
+use crate::common::{component, get, request, spawn_without_config};
 
 #[tokio::test]
 async fn serve_component_runs_a_component_as_the_default_backend_of_the_embedded_config() {
@@ -23,6 +26,35 @@ async fn serve_component_runs_a_component_as_the_default_backend_of_the_embedded
         page.contains("<p>fragment from a Rust component</p>"),
         "{page}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_0_3_instances_kept_for_reuse_exits_without_a_failure() {
+    let app = component("hello-p3-rs").display().to_string();
+    let mut inlay = spawn_without_config(&["-a", "127.0.0.1:0", "--component", &app]);
+    // Uncached (a cookie makes the built-in rules pass), at once: the
+    // instances stay, idle, for the next requests.
+    let asks = (0..4).map(|i| {
+        let url = inlay.url(&format!("/hello?n={i}"));
+        tokio::spawn(async move {
+            request("GET", &url, &[("cookie", "session=1")], Bytes::new())
+                .await
+                .status
+        })
+    });
+    for ask in asks.collect::<Vec<_>>() {
+        assert_eq!(ask.await.unwrap(), 200);
+    }
+    inlay.signal("TERM");
+    let st =
+        tokio::task::block_in_place(|| inlay.wait(Duration::from_secs(10))).expect("inlay exited");
+    let log = inlay.log.text();
+    assert!(st.success(), "exit status {st:?}\n{log}");
+    // Each kept instance's worker ends with the runtime: not a trap, not
+    // a failed response.
+    assert!(log.contains("all connections drained"), "{log}");
+    assert!(!log.contains("component failed"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 #[test]

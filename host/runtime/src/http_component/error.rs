@@ -102,6 +102,10 @@ pub enum ComponentError {
         /// Why.
         message: String,
     },
+    /// The instance's worker was stopped before the request finished: the
+    /// server is shutting down.
+    #[error("component instance stopped: the server is shutting down")]
+    Stopped,
 }
 
 impl ComponentError {

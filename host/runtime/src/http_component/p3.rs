@@ -343,14 +343,36 @@ impl WorkerState for Worker {
         // A failure ends the worker (the store is not used again): its
         // requests are told why.
         if let Err(e) = result {
-            let error = classify(state, &self.component.settings, e);
-            self.component.log_failure(&error);
+            let error = match stopped(&e) {
+                true => ComponentError::Stopped,
+                false => classify(state, &self.component.settings, e),
+            };
+            match error {
+                ComponentError::Stopped => tracing::debug!(
+                    component = %self.component.name,
+                    "a 0.3 instance's worker stopped with the runtime"
+                ),
+                _ => self.component.log_failure(&error),
+            }
             for cell in &state.failures {
                 cell.tell(error.clone());
             }
         }
         self.component.log_output(&state.output.text());
     }
+}
+
+/// What wasmtime-wasi-http's worker ends with when its task is dropped
+/// before it finishes (`handler.rs`, `Dropper`).
+const WORKER_DROPPED: &str = "worker panicked";
+
+/// Whether `e` is a worker's task dropped unfinished, not a failure of
+/// the guest: the runtime ending at shutdown drops every task, and an
+/// instance kept for reuse is one. wasmtime-wasi-http says "worker
+/// panicked" both then and when the worker panics, which unwinds through
+/// here.
+fn stopped(e: &wasmtime::Error) -> bool {
+    !std::thread::panicking() && e.to_string() == WORKER_DROPPED
 }
 
 /// When an instance ends: idle too long, past its lifetime while idle,
