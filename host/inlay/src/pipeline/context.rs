@@ -89,7 +89,9 @@ impl RequestCtx {
             record: super::log::start(parts, peer, logged),
             timing: RequestTiming {
                 on: server_timing,
-                trailers: server_timing::trailers_allowed(parts.version, &parts.headers),
+                // Server-Timing is on only by the config or a policy.
+                trailers: (server_timing || policy)
+                    && server_timing::trailers_allowed(parts.version, &parts.headers),
                 ..RequestTiming::default()
             },
         }

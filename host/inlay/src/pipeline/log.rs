@@ -30,11 +30,11 @@ fn elapsed(started: Option<Instant>) -> std::time::Duration {
 /// to write (`logged` false) only what diagnostics name is copied: the
 /// method and the URL.
 pub(super) fn start(parts: &http::request::Parts, peer: SocketAddr, logged: bool) -> AccessRecord {
+    // Looked up only for a line that is written.
     let get = |name: http::header::HeaderName| {
-        parts
-            .headers
-            .get(name)
-            .filter(|_| logged)
+        logged
+            .then(|| parts.headers.get(name))
+            .flatten()
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };

@@ -115,8 +115,11 @@ pub(super) async fn run(
         Route::Lookup | Route::Pass if ctx.upgrade.is_some() => Route::Tunnel,
         route => route,
     };
-    // Whatever the policy set, the flag goes no further.
-    ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
+    // Whatever the policy set, the flag goes no further (the client's
+    // was removed above).
+    if ctx.policy.is_some() {
+        ctx.timing.on |= server_timing::take_request_flag(&mut ctx.head.headers);
+    }
     ctx.timing.phase("recv", ctx.started);
     if logged {
         ctx.record.backend = Some(ctx.head.backend.clone());
