@@ -251,11 +251,41 @@ impl TrackedIo {
 /// connection new to the reactor is not known to be writable until the
 /// reactor's next turn, and tokio's write waits for that (the response to
 /// a request read before the connection joined the reactor waited a turn
-/// of the event loop). `None`: the socket is full, tokio's write follows.
+/// of the event loop). `None`: the socket is full, [`poll_send`] follows.
 fn first_write(stream: &TcpStream, bufs: &[io::IoSlice<'_>]) -> Option<io::Result<usize>> {
-    match socket2::SockRef::from(stream).send_vectored(bufs) {
+    match send(stream, bufs) {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
         r => Some(r),
+    }
+}
+
+/// Writes `bufs` on the socket when the reactor says it is writable.
+/// tokio's own write is `writev`, which goes through the VFS (the file's
+/// position lock, its checks, its write notification) before it reaches
+/// the socket; `send` and `sendmsg` go to the socket directly: in perf,
+/// the write path of a cached hit's response 0.44 -> 0.29 µs.
+fn poll_send(
+    stream: &TcpStream,
+    cx: &mut Context<'_>,
+    bufs: &[io::IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    loop {
+        std::task::ready!(stream.poll_write_ready(cx))?;
+        // A WouldBlock clears the readiness: the next poll waits for it.
+        match stream.try_io(tokio::io::Interest::WRITABLE, || send(stream, bufs)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return Poll::Ready(r),
+        }
+    }
+}
+
+/// One `send` (one buffer) or `sendmsg` (several) on the socket, without
+/// a SIGPIPE if the peer has gone.
+fn send(stream: &TcpStream, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    let socket = socket2::SockRef::from(stream);
+    match bufs {
+        [one] => socket.send_with_flags(one, libc::MSG_NOSIGNAL),
+        _ => socket.send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL),
     }
 }
 
@@ -323,7 +353,7 @@ impl AsyncWrite for TrackedIo {
         };
         let r = match first {
             Some(r) => Poll::Ready(r),
-            None => this.inner.poll_write_vectored(cx, bufs),
+            None => poll_send(&this.inner, cx, bufs),
         };
         note_write(this.activity, &r);
         r
@@ -346,6 +376,71 @@ mod tests {
     use tokio::io::AsyncReadExt as _;
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_write_to_a_full_socket_waits_for_the_peer_and_loses_nothing() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let activity = Arc::new(Activity::default());
+        let io = TrackedIo::new(server, activity.clone(), Bytes::new());
+        tokio::pin!(io);
+        // Two buffers a write (sendmsg) until the socket is full, with a
+        // client that reads nothing yet.
+        let (head, body) = (vec![1u8; 1000], vec![2u8; 63 * 1024]);
+        let bufs = [io::IoSlice::new(&head), io::IoSlice::new(&body)];
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // What each write took: the start of (head, body), whole or cut.
+        let mut writes = Vec::new();
+        let mut sent = 0;
+        let full = loop {
+            match io.as_mut().poll_write_vectored(&mut cx, &bufs) {
+                Poll::Ready(Ok(n)) => {
+                    writes.push(n);
+                    sent += n;
+                }
+                Poll::Ready(Err(e)) => panic!("{e}"),
+                Poll::Pending => break true,
+            }
+            if sent > 64 << 20 {
+                break false;
+            }
+        };
+        assert!(full, "64 MiB went into an unread socket");
+        assert!(sent > 0);
+        // The client reads; the writer waits for room and goes on, one
+        // buffer a write (send).
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let more = vec![3u8; 300 * 1024];
+        // A write that never learns the socket has room hangs here.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            io.write_all(&more).await.unwrap();
+            io.shutdown().await.unwrap();
+        })
+        .await
+        .expect("the writer resumes once the client reads");
+        let got = reader.await.unwrap();
+        assert_eq!(got.len(), sent + more.len());
+        // In order: each write's part of (head, body), then `more`.
+        let round: Vec<u8> = [head, body].concat();
+        let mut rest = &got[..];
+        for (i, n) in writes.into_iter().enumerate() {
+            let (this, after) = rest.split_at(n);
+            assert!(
+                this == &round[..n],
+                "write {i} of {n} bytes came out changed"
+            );
+            rest = after;
+        }
+        assert!(rest.iter().all(|&b| b == 3));
+    }
 
     #[tokio::test]
     async fn the_first_write_goes_out_before_the_reactor_has_seen_the_connection() {
