@@ -70,27 +70,25 @@ train() {
 echo "pgo-build: instrumented build (target/pgo-gen)"
 build gen "-Cprofile-generate=$data"
 
-echo "pgo-build: training"
-port=$(free_port)
-cat >"$work/component.toml" <<EOF
+# config NAME BACKEND: a config on a free port whose default backend is
+# BACKEND (its `component = ...` or `address = ...` line), in
+# $work/NAME.toml.
+config() {
+    cat >"$work/$1.toml" <<EOF
 [server]
-listen = ["127.0.0.1:$port"]
+listen = ["127.0.0.1:$(free_port)"]
 [backends.default]
-component = "$component"
+$2
 [log]
 access_log = "off"
 EOF
+}
+
+echo "pgo-build: training"
+config component "component = \"$component\""
 train "$work/component.toml" /hello '/big?kb=16' nocookie /hello
 start_origin
-port=$(free_port)
-cat >"$work/origin.toml" <<EOF
-[server]
-listen = ["127.0.0.1:$port"]
-[backends.default]
-address = "http://$origin"
-[log]
-access_log = "off"
-EOF
+config origin "address = \"http://$origin\""
 train "$work/origin.toml" /static/177 nocookie /static/177 /static/16384 \
     '/esi/page?n=10&delay_ms=0'
 

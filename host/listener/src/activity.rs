@@ -229,8 +229,6 @@ pin_project_lite::pin_project! {
         rest: Bytes,
         // Whether the first bytes were looked at for the h2c preface.
         sniffed: bool,
-        // Whether anything was written yet.
-        wrote: bool,
     }
 }
 
@@ -242,33 +240,28 @@ impl TrackedIo {
             activity,
             rest,
             sniffed: false,
-            wrote: false,
         }
     }
 }
 
-/// The first write of a connection, made on its socket at once: a
-/// connection new to the reactor is not known to be writable until the
-/// reactor's next turn, and tokio's write waits for that (the response to
-/// a request read before the connection joined the reactor waited a turn
-/// of the event loop). `None`: the socket is full, [`poll_send`] follows.
-fn first_write(stream: &TcpStream, bufs: &[io::IoSlice<'_>]) -> Option<io::Result<usize>> {
-    match send(stream, bufs) {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-        r => Some(r),
-    }
-}
-
-/// Writes `bufs` on the socket when the reactor says it is writable.
-/// tokio's own write is `writev`, which goes through the VFS (the file's
-/// position lock, its checks, its write notification) before it reaches
-/// the socket; `send` and `sendmsg` go to the socket directly: in perf,
-/// the write path of a cached hit's response 0.44 -> 0.29 µs.
+/// Writes `bufs` on the socket: at once, then, if it is full, when the
+/// reactor says it is writable. At once, because a connection new to the
+/// reactor is not known to be writable until the reactor's next turn,
+/// and waiting for that held the response to a request read before the
+/// connection joined the reactor for a turn of the event loop. With
+/// `send` and `sendmsg`, not tokio's `writev`, which goes through the VFS
+/// (the file's position lock, its checks, its write notification) before
+/// it reaches the socket: in perf, the write path of a cached hit's
+/// response 0.44 -> 0.29 µs.
 fn poll_send(
     stream: &TcpStream,
     cx: &mut Context<'_>,
     bufs: &[io::IoSlice<'_>],
 ) -> Poll<io::Result<usize>> {
+    match send(stream, bufs) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        r => return Poll::Ready(r),
+    }
     loop {
         std::task::ready!(stream.poll_write_ready(cx))?;
         // A WouldBlock clears the readiness: the next poll waits for it.
@@ -345,16 +338,7 @@ impl AsyncWrite for TrackedIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
-        let first = if *this.wrote || bufs.iter().all(|b| b.is_empty()) {
-            None
-        } else {
-            *this.wrote = true;
-            first_write(&this.inner, bufs)
-        };
-        let r = match first {
-            Some(r) => Poll::Ready(r),
-            None => poll_send(&this.inner, cx, bufs),
-        };
+        let r = poll_send(&this.inner, cx, bufs);
         note_write(this.activity, &r);
         r
     }

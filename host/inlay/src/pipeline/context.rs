@@ -74,8 +74,10 @@ impl RequestCtx {
         policy: bool,
         logged: bool,
     ) -> Self {
+        // Server-Timing is on only by the config or a policy.
+        let timed = server_timing || policy;
         Self {
-            started: (logged || server_timing || policy).then(Instant::now),
+            started: (logged || timed).then(Instant::now),
             peer,
             http1: parts.version < http::Version::HTTP_2,
             head: RequestHead::default(),
@@ -89,9 +91,7 @@ impl RequestCtx {
             record: super::log::start(parts, peer, logged),
             timing: RequestTiming {
                 on: server_timing,
-                // Server-Timing is on only by the config or a policy.
-                trailers: (server_timing || policy)
-                    && server_timing::trailers_allowed(parts.version, &parts.headers),
+                trailers: timed && server_timing::trailers_allowed(parts.version, &parts.headers),
                 ..RequestTiming::default()
             },
         }

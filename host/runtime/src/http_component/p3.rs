@@ -343,17 +343,17 @@ impl WorkerState for Worker {
         // A failure ends the worker (the store is not used again): its
         // requests are told why.
         if let Err(e) = result {
-            let error = match stopped(&e) {
-                true => ComponentError::Stopped,
-                false => classify(state, &self.component.settings, e),
-            };
-            match error {
-                ComponentError::Stopped => tracing::debug!(
+            let error = if stopped(&e) {
+                tracing::debug!(
                     component = %self.component.name,
                     "a 0.3 instance's worker stopped with the runtime"
-                ),
-                _ => self.component.log_failure(&error),
-            }
+                );
+                ComponentError::Stopped
+            } else {
+                let error = classify(state, &self.component.settings, e);
+                self.component.log_failure(&error);
+                error
+            };
             for cell in &state.failures {
                 cell.tell(error.clone());
             }
