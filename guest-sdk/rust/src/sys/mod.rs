@@ -21,7 +21,8 @@ pub(crate) enum Hook {
 }
 
 impl Hook {
-    /// The hook's name in the WIT.
+    /// The hook's name in the WIT (for the native test harness, `testing`).
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn name(self) -> &'static str {
         match self {
             Hook::OnRequest => "on-request",
