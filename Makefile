@@ -55,13 +55,16 @@ cluster-demo: deps
 	@bash loadtests/scripts/cluster-demo.sh target/demo
 
 # Every test: the vendored crate against its release and patches, formatting,
-# lints, unit and integration tests (host, storage, origin, SDK), the
-# policies' native tests and the other languages' tests.
+# lints, the bench harness's unit tests, unit and integration tests (host,
+# storage, origin, SDK), the policies' native tests and the other languages'
+# tests.
 # One debug build serves the tests and builds the binaries they start (and
 # the componentize tool); the policies are built between it and the runs.
 test: deps vendor-check
 	$(CARGO) fmt --all -- --check
 	python3 loadtests/scripts/check-doc-links.py
+	# The bench harness's own unit tests (no servers, no load; seconds).
+	python3 -m unittest discover -s loadtests/bench -p 'test_*.py'
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --no-run
 	bash policies/build.sh --test
