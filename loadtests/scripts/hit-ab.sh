@@ -2,7 +2,7 @@
 # Cache hits of two builds of Inlay side by side: is NEW slower than OLD?
 # One inlay-origin; two Inlay servers, one per binary, on the same
 # configuration (one plain listener, the origin as the default backend, a
-# memory cache of 256 MiB, no policy); each path is fetched once to fill
+# memory cache of 256 MiB, no policy unless POLICY names one); each path is fetched once to fill
 # the cache (the second fetch must be a hit), then PAIRS A/B pairs per path
 # of `wrk -t THREADS -c CONNECTIONS -d DURATION`, the order alternated
 # within pairs (old new, new old, ...), with the access log off and then
@@ -21,7 +21,9 @@
 #   (seconds: after the pairs, `perf record -g` on each server under the
 #   same load for that long, per path and log setting; flat profiles go
 #   to OUT/perf-*.txt, call graphs to OUT/perf-*-graph.txt; 0, the
-#   default, skips it).
+#   default, skips it), POLICY (a policy component both servers run,
+#   `[policy] path`; none by default), POLICY_MEMO (its `memo_size`: "0"
+#   runs the policy on every request instead of replaying its decision).
 # Writes OUT/results.tsv (one line per run) and OUT/summary.md.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -38,6 +40,12 @@ logs=${LOGS:-off on}
 warmup=${WARMUP:-2}
 perf_secs=${PERF:-0}
 origin_bin=${ORIGIN:-$bin/inlay-origin}
+policy=()
+if [ -n "${POLICY:-}" ]; then
+    [ -f "$POLICY" ] || { echo "no policy $POLICY" >&2; exit 1; }
+    policy=("[policy]" "path = \"$(realpath "$POLICY")\"")
+    [ -z "${POLICY_MEMO:-}" ] || policy+=("memo_size = \"$POLICY_MEMO\"")
+fi
 need_cmds wrk curl python3
 [ "$perf_secs" = 0 ] || need_cmds perf
 for b in "$old_bin" "$new_bin" "$origin_bin"; do
@@ -77,6 +85,7 @@ memory_size = "256MiB"
 level = "warn"
 access_log = "$access"
 EOF
+    [ "${#policy[@]}" = 0 ] || printf '%s\n' "${policy[@]}" >>"$work/$who.toml"
     spawn "$binary" serve --config "$work/$who.toml" >"$work/$who.out" 2>"$work/$who.err"
     printf -v "pid_$who" %s "$spawned"
     printf -v "port_$who" %s "$port"
