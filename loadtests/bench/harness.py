@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import os
 import platform
 import shutil
@@ -86,6 +87,20 @@ def machine() -> dict:
     }
 
 
+def build_kind(inlay: Path, stamp: Path = ROOT / "target" / "pgo-data" / "built-from") -> str:
+    """Whether `inlay` is the profile-guided build `make build` ships: the
+    digest pgo-build.sh recorded in `stamp` (the instrumented binary's, then
+    the one it copied to target/release/inlay)."""
+    try:
+        shipped = stamp.read_text().split()[1]
+        digest = hashlib.sha256(inlay.read_bytes()).hexdigest()
+    except (OSError, IndexError):
+        return "plain release build (no profile-guided build recorded)"
+    if digest == shipped:
+        return "profile-guided (`make build`, loadtests/scripts/pgo-build.sh)"
+    return "plain release build (`cargo build --release`, or `make build PGO=off`)"
+
+
 def versions(inlay: Path, varnishd: str, k6: str, wrk: str, nginx: str | None, h2load: str | None,
              openssl: str | None) -> dict:
     rev = first_line(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"])
@@ -93,6 +108,7 @@ def versions(inlay: Path, varnishd: str, k6: str, wrk: str, nginx: str | None, h
                            capture_output=True, text=True).stdout.strip()
     return {
         "inlay": f"{first_line([str(inlay), '--version'])} (git {rev}{', working tree has uncommitted changes' if dirty else ''})",
+        "inlay build": build_kind(inlay),
         "varnishd": first_line([varnishd, "-V"]),
         "k6": first_line([k6, "version"]),
         "wrk": first_line([wrk, "--version"]).split("Copyright")[0].strip(),

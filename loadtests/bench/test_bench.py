@@ -28,6 +28,7 @@ from procs import (  # noqa: E402
     BenchError, CpuMeter, Registry, RssSampler, descendants, http_get, https_raw_get, instance_counts, is_hit,
     NGINX_BROTLI_MODULE, log_section, make_certificates, nginx_config, replay_counts,
 )
+from harness import build_kind  # noqa: E402
 from scenarios import fragment_delays, swap_link  # noqa: E402
 
 
@@ -436,6 +437,22 @@ class PolicyLink(unittest.TestCase):
             swap_link(link, a)
             self.assertEqual(link.read_text(), "a")
             self.assertEqual(sorted(p.name for p in link.parent.iterdir()), ["headers.wasm"])
+
+
+class BuildKind(unittest.TestCase):
+    def test_the_report_says_whether_the_binary_is_the_profile_guided_build(self):
+        import hashlib
+        with tempfile.TemporaryDirectory() as d:
+            inlay, stamp = Path(d) / "inlay", Path(d) / "built-from"
+            inlay.write_bytes(b"guided")
+            self.assertIn("no profile-guided build recorded", build_kind(inlay, stamp))
+            stamp.write_text(f"{'0' * 64} {hashlib.sha256(b'guided').hexdigest()} {'1' * 64}\n")
+            self.assertTrue(build_kind(inlay, stamp).startswith("profile-guided"))
+            # cargo linked its own build over it since.
+            inlay.write_bytes(b"plain")
+            self.assertTrue(build_kind(inlay, stamp).startswith("plain release build (`cargo"))
+            stamp.write_text("truncated")
+            self.assertIn("no profile-guided build recorded", build_kind(inlay, stamp))
 
 
 class ProcFs(unittest.TestCase):

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what a fresh machine lacks. `build`: a Rust toolchain with cargo,
-# and nats-server for the cluster tests.
+# and nats-server for the cluster tests. `pgo`: what the profile-guided
+# release build needs (loadtests/scripts/pgo-build.sh): the llvm-profdata
+# of rustc's own LLVM (Debian's llvm-N), wrk, h2load, openssl and curl.
 # `bench`: also wrk, varnish, nginx, h2load (nghttp2-client) and k6. `package`: cargo-deb and dpkg-deb.
 # `conformance`: h2spec (with go install), openssl, node and python3.
 # Idempotent; quiet when all is present.
@@ -34,6 +36,21 @@ fi
 if [ "$what" = build ] && ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
   echo "ensure-deps: installing nats-server (Debian) for the cluster tests" >&2
   apt_install nats-server || echo "ensure-deps: nats-server could not be installed: the cluster tests will be SKIPPED" >&2
+fi
+
+if [ "$what" = pgo ]; then
+  llvm=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+  if ! command -v "llvm-profdata-$llvm" >/dev/null 2>&1; then
+    echo "ensure-deps: installing llvm-$llvm (Debian) for its llvm-profdata, rustc's LLVM being $llvm" >&2
+    apt_install "llvm-$llvm" || {
+      echo "ensure-deps: no llvm-profdata-$llvm: \`make build PGO=off\` builds without profile guidance" >&2
+      exit 1
+    }
+  fi
+  command -v wrk >/dev/null 2>&1 || apt_install wrk
+  command -v h2load >/dev/null 2>&1 || apt_install nghttp2-client
+  command -v openssl >/dev/null 2>&1 || apt_install openssl
+  command -v curl >/dev/null 2>&1 || apt_install curl
 fi
 
 if [ "$what" = package ]; then
